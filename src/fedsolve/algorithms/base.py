@@ -1,0 +1,141 @@
+"""The algorithm interface: five small functions, in the shape of TFF's learning process.
+
+* ``init(x0, rngs)`` -> server state (``{name: tensor}``) and ``ClientStates`` (``[m, ...]``);
+* ``broadcast(server, ids, round)`` -> the message record for the selected clients (``[k, ...]``);
+* ``local_update(state, msg, ctx)`` -> ONE client's new state rows and its upload record;
+* ``aggregate(server, ids, uploads, round)`` -> new server state;
+* ``eval_broadcast(server, ids)`` + ``eval_model(state, msg)`` -> the flat parameters each client
+  is scored with (its personalized model, its cluster's model or the global one).
+
+``local_update`` and ``eval_model`` are pure tensor functions of one client's rows, so the
+engine may run them client by client or vectorized; the server side never reads client
+state, so the same object runs under Flower with client state in ``context.state``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from fedsolve.core.executor import LocalContext, Work
+from fedsolve.core.rng import RngStreams
+from fedsolve.core.states import ClientStates
+
+Record = dict[str, Tensor]
+
+
+class AlgorithmConfig(BaseModel):
+    """Hyper-parameters shared by algorithms that train locally with SGD."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    lr: float = Field(0.05, gt=0, description="local learning rate")
+    local_epochs: float | None = Field(1.0, gt=0, description="local passes over the client's data")
+    local_steps: int | None = Field(None, ge=1, description="fixed number of local steps (overrides local_epochs)")
+    batch_size: int | None = Field(32, ge=1, description="minibatch size (null = full batch)")
+    weight_decay: float = Field(0.0, ge=0, description="L2 term (wd/2)||w||^2 added to every client loss")
+
+
+class Algorithm:
+    """Base class; subclasses set ``name``, ``description``, ``Config`` and the five functions."""
+
+    name: ClassVar[str] = "base"
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    #: False for algorithms whose clients never talk to the server (e.g. Local)
+    communicates: ClassVar[bool] = True
+
+    def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
+        if config is None:
+            config = self.Config()
+        elif not isinstance(config, self.Config):
+            config = self.Config(**dict(config))
+        self.cfg = config
+        self.problem = problem
+        self.layout = problem.layout
+        self.num_clients = problem.num_clients
+        self.client_weights = problem.data.weights.to(torch.float32)
+        self.setup()
+
+    def setup(self) -> None:
+        """Hook for subclasses (masks, derived constants)."""
+
+    # ----------------------------------------------------------- local work
+    def work(self) -> dict[str, Work]:
+        """Phases of local work and their size (default: one ``train`` phase from the config)."""
+        c = self.cfg
+        return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
+
+    def local_sgd(self, ctx: LocalContext, params: Tensor, phase: str = "train", extra=None, mask=None,
+                  lr: float | None = None, scale: float | Tensor = 1.0, until=None) -> Tensor:
+        """``ctx.sgd`` with this algorithm's learning rate and weight decay folded into ``f_i``."""
+        wd = self.cfg.weight_decay
+        if wd > 0:
+            base = extra
+            extra = (lambda p: scale * wd * p + (base(p) if base is not None else 0.0))
+        return ctx.sgd(params, self.cfg.lr if lr is None else lr, phase, extra=extra, mask=mask, scale=scale,
+                       until=until)
+
+    # ----------------------------------------------------------- the five functions
+    def init(self, x0: Tensor, rngs: RngStreams) -> tuple[Record, ClientStates]:
+        raise NotImplementedError
+
+    def broadcast(self, server: Record, ids: Tensor, round_: int) -> Record:
+        raise NotImplementedError
+
+    def local_update(self, state: Record, msg: Record, ctx: LocalContext) -> tuple[Record, Record]:
+        raise NotImplementedError
+
+    def aggregate(self, server: Record, ids: Tensor, uploads: Record, round_: int) -> Record:
+        raise NotImplementedError
+
+    def eval_broadcast(self, server: Record, ids: Tensor) -> Record:
+        """What the server sends for evaluation (default: nothing; clients use their state)."""
+        return {}
+
+    def eval_model(self, state: Record, msg: Record) -> Tensor:
+        """ONE client's evaluation parameters from its state rows and the eval message."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------- optional
+    def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
+        """Extra per-round scalars for the metrics log (e.g. model deviation, clusters found)."""
+        return {}
+
+    def finalize(self, server: Record, clients: ClientStates) -> dict[str, Any]:
+        """Anything to store in summary.json at the end (e.g. cluster assignments)."""
+        return {}
+
+    # ----------------------------------------------------------- helpers for subclasses
+    def expand(self, vec: Tensor, ids: Tensor) -> Tensor:
+        """One server tensor sent to every selected client: ``[d] -> [k, d]`` (a view)."""
+        return vec.unsqueeze(0).expand(ids.numel(), *vec.shape)
+
+    def weighted_mean(self, rows: Tensor, ids: Tensor) -> Tensor:
+        """Sample-size weighted mean of the selected clients' rows (FedAvg aggregation)."""
+        w = self.client_weights[ids]
+        w = (w / w.sum()).to(rows.dtype)
+        return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
+
+
+# ------------------------------------------------------------------ registry
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise ValueError(f"algorithm {cls.name!r} registered twice")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    from fedsolve import algorithms as _  # noqa: F401  (populate the registry)
+
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"algorithm: unknown {name!r}; allowed: {sorted(ALGORITHMS)}") from None

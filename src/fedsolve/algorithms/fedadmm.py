@@ -1,0 +1,72 @@
+"""FedADMM: inexact consensus ADMM with one dual per client (Zhou & Li 2023; Gong et al. 2022).
+
+Consensus form  min sum_i f_i(w_i)  s.t.  w_i = z.  Client i (selected) solves inexactly
+
+    w_i^{t+1} ~ argmin_w  f_i(w) + <lam_i^t, w - z^t> + (rho/2)||w - z^t||^2     (local SGD)
+    lam_i^{t+1} = lam_i^t + rho (w_i^{t+1} - z^t)
+    upload  u_i = w_i^{t+1} + lam_i^{t+1} / rho
+
+and the server sets z^{t+1} = mean_i u_i over ALL m clients, using the cached (stale) u_i of
+clients that were not selected. The dual lam_i is client state keyed by client id, never
+shared between clients (the FL-bench pitfall in specs/prior-art.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.core.states import ClientStates, repeat_rows
+
+
+class FedADMMConfig(AlgorithmConfig):
+    rho: float = Field(0.1, gt=0, description="ADMM penalty rho")
+    aggregate_over: Literal["all", "selected"] = Field(
+        "all", description="'all': mean over all m cached uploads (inexact ADMM); 'selected': only this round's")
+    warm_start: Literal["server", "local"] = Field("server", description="local solve starts at z^t or at w_i^t")
+    weighting: Literal["uniform", "samples"] = Field("uniform", description="server mean weights")
+
+
+@register
+class FedADMM(Algorithm):
+    name = "fedadmm"
+    description = "FedADMM: inexact consensus ADMM, per-client duals, server averages w_i + lam_i/rho"
+    Config = FedADMMConfig
+
+    def init(self, x0, rngs):
+        m = self.num_clients
+        server = {"z": x0.clone(), "u": repeat_rows(x0, m)}
+        clients = ClientStates(m, {"w": repeat_rows(x0, m), "lam": torch.zeros(m, x0.numel(), dtype=x0.dtype)})
+        return server, clients
+
+    def broadcast(self, server, ids, round_):
+        return {"z": self.expand(server["z"], ids)}
+
+    def local_update(self, state, msg, ctx):
+        z, lam, rho = msg["z"], state["lam"], self.cfg.rho
+        start = z if self.cfg.warm_start == "server" else state["w"]
+        w = self.local_sgd(ctx, start, extra=lambda p: lam + rho * (p - z))
+        lam_new = lam + rho * (w - z)
+        return {"w": w, "lam": lam_new}, {"u": w + lam_new / rho}
+
+    def aggregate(self, server, ids, uploads, round_):
+        u = server["u"].clone()
+        u[ids] = uploads["u"]
+        if self.cfg.aggregate_over == "selected":
+            rows, sel = uploads["u"], ids
+        else:
+            rows, sel = u, torch.arange(self.num_clients)
+        if self.cfg.weighting == "samples":
+            z = self.weighted_mean(rows, sel)
+        else:
+            z = rows.mean(0)
+        return {"z": z, "u": u}
+
+    def eval_broadcast(self, server, ids):
+        return {"z": self.expand(server["z"], ids)}
+
+    def eval_model(self, state, msg):
+        return msg["z"]

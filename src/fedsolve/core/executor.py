@@ -1,0 +1,281 @@
+"""Executors: how the selected clients' ``local_update`` runs — one by one or all at once.
+
+The algorithm writes ``local_update`` for ONE client. Before it runs, the executor draws
+each client's minibatch *plan* (global row indices into the pooled training tensors, sample
+weights, and which steps are active) from the client's own RNG stream, so both executors see
+exactly the same minibatches:
+
+* ``sequential`` calls ``local_update`` client by client (any model, batch-norm included);
+* ``vectorized`` runs it for all selected clients at once with ``torch.func.vmap`` over the
+  stacked state rows, messages and plans (``functional_call`` on the shared module);
+* ``auto`` picks by model size (crossover measured in ``benchmarks/round_time.py``).
+
+Variable amounts of local work are inactive (masked) steps, so every client in a vmapped
+batch runs the same program.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedsolve.core.rng import RngStreams
+
+Record = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class Work:
+    """How much local work one phase of ``local_update`` does.
+
+    ``steps`` (a fixed number of minibatch steps) takes precedence over ``epochs`` (passes over
+    the client's data). ``batch_size=None`` means full-batch gradient steps.
+    """
+
+    epochs: float | None = 1.0
+    steps: int | None = None
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is None and (self.epochs is None or self.epochs <= 0):
+            raise ValueError("Work: give steps >= 1 or epochs > 0")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"Work.steps must be >= 1, got {self.steps}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"Work.batch_size must be >= 1 or None (full batch), got {self.batch_size}")
+
+
+@dataclass
+class Plan:
+    """Stacked minibatch plan for K clients: ``idx``/``w`` ``[K, S, B]``, ``active`` ``[K, S]``."""
+
+    idx: Tensor
+    w: Tensor
+    active: Tensor
+
+    def row(self, k: int) -> "Plan":
+        return Plan(self.idx[k], self.w[k], self.active[k])
+
+
+def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: RngStreams, round_: int,
+                scale: Tensor | None = None) -> dict[str, Plan]:
+    """Draw every selected client's minibatch plan for every phase (deterministic per client)."""
+    sizes = (offsets[1:] - offsets[:-1])[ids].tolist()
+    starts = offsets[:-1][ids].tolist()
+    cids = ids.tolist()
+    plans: dict[str, Plan] = {}
+    for phase, wk in work.items():
+        per_client = []
+        for k, (cid, n, a) in enumerate(zip(cids, sizes, starts)):
+            if n <= 0:
+                raise ValueError(f"client {cid} has no training samples")
+            bs = n if wk.batch_size is None else min(wk.batch_size, n)
+            per_epoch = math.ceil(n / bs)
+            steps = wk.steps if wk.steps is not None else max(1, math.ceil(wk.epochs * per_epoch))
+            if scale is not None:
+                steps = max(1, int(round(steps * float(scale[k]))))
+            g = rngs.numpy("batches", round_, cid, phase)
+            batches: list[np.ndarray] = []
+            while len(batches) < steps:  # epoch-aligned: each pass is split into ceil(n/bs) batches
+                order = np.arange(n) if bs == n else g.permutation(n)
+                batches.extend(order[b0:b0 + bs] for b0 in range(0, n, bs))
+            batches = batches[:steps]
+            per_client.append((a, bs, batches))
+        S = max(len(b) for _, _, b in per_client)
+        B = max(bs for _, bs, _ in per_client)
+        K = len(per_client)
+        idx = np.zeros((K, S, B), dtype=np.int64)
+        w = np.zeros((K, S, B), dtype=np.float32)
+        act = np.zeros((K, S), dtype=bool)
+        for k, (a, bs, batches) in enumerate(per_client):
+            for s, b in enumerate(batches):
+                idx[k, s, :len(b)] = a + b
+                idx[k, s, len(b):] = a
+                w[k, s, :len(b)] = 1.0 / len(b)
+                act[k, s] = True
+        plans[phase] = Plan(torch.from_numpy(idx), torch.from_numpy(w), torch.from_numpy(act))
+    return plans
+
+
+class LocalContext:
+    """What ``local_update`` may use: gradients on its planned minibatches and local SGD loops.
+
+    Inside the vectorized executor every tensor here is one client's slice of a batched tensor,
+    so ``local_update`` code is written for one client and never sees the client dimension.
+    """
+
+    def __init__(self, problem, plans: Mapping[str, Plan], n: Tensor, weight: Tensor, client: Tensor,
+                 train_x: Tensor, train_y: Tensor):
+        self._problem = problem
+        self._model = problem.model
+        self._layout = problem.layout
+        self._loss = problem.loss_fn
+        self.plans = plans
+        self.n = n
+        self.weight = weight
+        self.client = client
+        self._x = train_x
+        self._y = train_y
+        self._loss_sum = torch.zeros((), dtype=torch.float32)
+        self._loss_cnt = torch.zeros((), dtype=torch.float32)
+
+    # -------------------------------------------------------------- gradients
+    def loss_on(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """Weighted mean loss of the model with flat ``params`` on ``(x, y)``."""
+        out = functional_call(self._model, self._layout.unflatten(params), (x,))
+        return (self._loss(out, y) * w).sum()
+
+    def loss_grad(self, params: Tensor, phase: str = "train", step: int = 0,
+                  loss: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """``(loss, grad)`` on minibatch ``step`` of ``phase`` (weighted mean over its samples).
+
+        ``loss(params, x, y, w)`` replaces the model loss (e.g. a bilevel or adversarial objective).
+        """
+        p = self.plans[phase]
+        ix, w = p.idx[step], p.w[step]
+        x, y = self._x[ix], self._y[ix]
+        f = loss if loss is not None else self.loss_on
+        g, v = grad_and_value(lambda q: f(q, x, y, w))(params)
+        return v, g
+
+    def num_steps(self, phase: str = "train") -> Tensor:
+        """Number of active local steps of this client in ``phase`` (a tensor)."""
+        return self.plans[phase].active.sum().to(torch.float32)
+
+    def max_steps(self, phase: str = "train") -> int:
+        return int(self.plans[phase].active.shape[-1])
+
+    def is_active(self, phase: str, step: int) -> Tensor:
+        return self.plans[phase].active[step]
+
+    def record_loss(self, loss: Tensor, active: Tensor) -> None:
+        a = active.to(torch.float32)
+        self._loss_sum = self._loss_sum + loss.detach() * a
+        self._loss_cnt = self._loss_cnt + a
+
+    @property
+    def train_loss(self) -> Tensor:
+        return self._loss_sum / self._loss_cnt.clamp_min(1.0)
+
+    # -------------------------------------------------------------- loops
+    def sgd(self, params: Tensor, lr: float | Tensor, phase: str = "train",
+            extra: Callable[[Tensor], Tensor] | None = None, mask: Tensor | None = None,
+            scale: float | Tensor = 1.0, until: Callable[[Tensor, Tensor], Tensor] | None = None,
+            loss: Callable | None = None) -> Tensor:
+        """Plain (minibatch) gradient descent over the planned steps of ``phase``.
+
+        Each step: ``g = scale * grad f(params) + extra(params)``; ``g *= mask``;
+        ``params -= lr * g``. Inactive steps (variable local work) leave ``params`` unchanged.
+        ``until(params, g) -> bool`` stops this client for good once true (inexactness rules).
+        """
+        steps = self.max_steps(phase)
+        done = torch.zeros((), dtype=torch.bool)
+        for s in range(steps):
+            fval, g = self.loss_grad(params, phase, s, loss)
+            g = g * scale
+            if extra is not None:
+                g = g + extra(params)
+            if mask is not None:
+                g = g * mask
+            live = self.plans[phase].active[s]
+            if until is not None:
+                done = done | until(params, g)
+                live = live & ~done
+            self.record_loss(fval, live)
+            params = torch.where(live, params - lr * g, params)
+        return params
+
+
+# ------------------------------------------------------------------ executors
+class Executor:
+    name = "base"
+
+    def run(self, algo, rows: Record, msgs: Record, ids: Tensor, plans: Mapping[str, Plan], data,
+            ) -> tuple[Record, Record, Tensor]:
+        raise NotImplementedError
+
+
+def _ctx_inputs(data, ids: Tensor):
+    n = data.train_sizes[ids].to(torch.float32)
+    w = data.weights[ids].to(torch.float32)
+    return n, w
+
+
+class SequentialExecutor(Executor):
+    """Runs ``local_update`` client by client."""
+
+    name = "sequential"
+
+    def run(self, algo, rows, msgs, ids, plans, data):
+        n, wt = _ctx_inputs(data, ids)
+        outs_s, outs_u, losses = [], [], []
+        for k in range(ids.numel()):
+            ctx = LocalContext(algo.problem, {p: pl.row(k) for p, pl in plans.items()}, n[k], wt[k], ids[k],
+                               data.train_x, data.train_y)
+            s, u = algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()}, ctx)
+            outs_s.append(s)
+            outs_u.append(u)
+            losses.append(ctx.train_loss)
+        stack = lambda lst: {key: torch.stack([d[key] for d in lst]) for key in (lst[0] if lst else {})}
+        return stack(outs_s), stack(outs_u), torch.stack(losses)
+
+
+class VectorizedExecutor(Executor):
+    """Runs ``local_update`` for all selected clients at once (``torch.func.vmap``)."""
+
+    name = "vectorized"
+
+    def __init__(self, chunk_size: int | None = None):
+        self.chunk_size = chunk_size
+
+    def run(self, algo, rows, msgs, ids, plans, data):
+        if not algo.problem.vmappable:
+            raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "
+                             "stats); use executor: sequential or auto")
+        n, wt = _ctx_inputs(data, ids)
+        tx, ty = data.train_x, data.train_y
+        phases = list(plans)
+
+        def one(row, msg, idxs, ws, acts, n_, w_, cid):
+            pl = {p: Plan(i, w, a) for p, i, w, a in zip(phases, idxs, ws, acts)}
+            ctx = LocalContext(algo.problem, pl, n_, w_, cid, tx, ty)
+            s, u = algo.local_update(row, msg, ctx)
+            return s, u, ctx.train_loss
+
+        f = vmap(one, in_dims=(0, 0, 0, 0, 0, 0, 0, 0), randomness="error")
+        K = ids.numel()
+        cs = self.chunk_size or K
+        outs = []
+        for a in range(0, K, cs):
+            sl = slice(a, a + cs)
+            outs.append(f({k: v[sl] for k, v in rows.items()}, {k: v[sl] for k, v in msgs.items()},
+                          [plans[p].idx[sl] for p in phases], [plans[p].w[sl] for p in phases],
+                          [plans[p].active[sl] for p in phases], n[sl], wt[sl], ids[sl]))
+        if len(outs) == 1:
+            return outs[0]
+        cat = lambda i: {k: torch.cat([o[i][k] for o in outs]) for k in outs[0][i]}
+        return cat(0), cat(1), torch.cat([o[2] for o in outs])
+
+
+#: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
+#: Measured in benchmarks/round_time.py on a 2-core CPU (see docs/concepts.md).
+AUTO_MAX_PARAMS = 50_000
+
+
+def make_executor(name: str, problem, chunk_size: int | None = None) -> Executor:
+    """``sequential`` | ``vectorized`` | ``auto`` (vectorized for small buffer-free models)."""
+    if name == "sequential":
+        return SequentialExecutor()
+    if name == "vectorized":
+        return VectorizedExecutor(chunk_size)
+    if name == "auto":
+        if problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS:
+            return VectorizedExecutor(chunk_size)
+        return SequentialExecutor()
+    raise ValueError(f"executor: unknown {name!r}; allowed: 'auto', 'sequential', 'vectorized'")

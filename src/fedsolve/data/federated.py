@@ -1,0 +1,151 @@
+"""Federated data: per-client train/test splits stored as pooled tensors with offsets.
+
+All clients' training samples live in one tensor ``train_x`` ordered by client; client ``i``
+owns rows ``train_offsets[i]:train_offsets[i+1]``. This layout lets the vectorized executor
+gather minibatches of many clients with one indexing operation (global row indices), without
+padding every client to the largest one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Task = Literal["classification", "regression"]
+
+
+def _offsets(sizes: Sequence[int]) -> Tensor:
+    out = torch.zeros(len(sizes) + 1, dtype=torch.long)
+    out[1:] = torch.cumsum(torch.as_tensor(list(sizes), dtype=torch.long), 0)
+    return out
+
+
+@dataclass
+class FederatedData:
+    """Per-client train/test data of one federated problem.
+
+    Attributes:
+        train_x, train_y: pooled training samples, grouped by client.
+        train_offsets: ``[m+1]`` long tensor; client ``i`` owns rows ``offsets[i]:offsets[i+1]``.
+        test_x, test_y, test_offsets: the same for the test splits.
+        task: ``"classification"`` (``y`` long, ``num_classes`` set) or ``"regression"`` (``y`` float).
+        num_classes: number of classes (``None`` for regression).
+        weights: ``[m]`` client weights, by default ``n_i / n`` (training sizes).
+        clusters: optional ``[m]`` ground-truth cluster ids (clustered benchmarks).
+        name: dataset name for reports; ``meta`` free-form provenance (partition, substitutes, ...).
+    """
+
+    train_x: Tensor
+    train_y: Tensor
+    train_offsets: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    test_offsets: Tensor
+    task: Task = "classification"
+    num_classes: int | None = None
+    weights: Tensor | None = None
+    clusters: Tensor | None = None
+    name: str = "data"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m = self.num_clients
+        if self.test_offsets.numel() != m + 1:
+            raise ValueError("test_offsets and train_offsets must describe the same number of clients")
+        if int(self.train_offsets[-1]) != self.train_x.shape[0] or self.train_y.shape[0] != self.train_x.shape[0]:
+            raise ValueError("train_offsets[-1] must equal the number of training rows")
+        if int(self.test_offsets[-1]) != self.test_x.shape[0] or self.test_y.shape[0] != self.test_x.shape[0]:
+            raise ValueError("test_offsets[-1] must equal the number of test rows")
+        if self.weights is None:
+            n = self.train_sizes.to(torch.float64)
+            self.weights = (n / n.sum()).to(torch.float32)
+        if self.clusters is not None:
+            self.clusters = torch.as_tensor(self.clusters, dtype=torch.long)
+            if self.clusters.numel() != m:
+                raise ValueError("clusters must have one id per client")
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def num_clients(self) -> int:
+        return self.train_offsets.numel() - 1
+
+    @property
+    def train_sizes(self) -> Tensor:
+        return self.train_offsets[1:] - self.train_offsets[:-1]
+
+    @property
+    def test_sizes(self) -> Tensor:
+        return self.test_offsets[1:] - self.test_offsets[:-1]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    # ----------------------------------------------------------------- access
+    def client_train(self, i: int) -> tuple[Tensor, Tensor]:
+        a, b = int(self.train_offsets[i]), int(self.train_offsets[i + 1])
+        return self.train_x[a:b], self.train_y[a:b]
+
+    def client_test(self, i: int) -> tuple[Tensor, Tensor]:
+        a, b = int(self.test_offsets[i]), int(self.test_offsets[i + 1])
+        return self.test_x[a:b], self.test_y[a:b]
+
+    def subset(self, clients: Sequence[int]) -> "FederatedData":
+        """A new FederatedData holding only ``clients`` (in that order); used by Flower nodes."""
+        clients = list(clients)
+        tr = [self.client_train(i) for i in clients]
+        te = [self.client_test(i) for i in clients]
+        w = self.weights[clients] if self.weights is not None else None
+        return FederatedData(
+            train_x=torch.cat([x for x, _ in tr]) if tr else self.train_x[:0],
+            train_y=torch.cat([y for _, y in tr]) if tr else self.train_y[:0],
+            train_offsets=_offsets([x.shape[0] for x, _ in tr]),
+            test_x=torch.cat([x for x, _ in te]) if te else self.test_x[:0],
+            test_y=torch.cat([y for _, y in te]) if te else self.test_y[:0],
+            test_offsets=_offsets([x.shape[0] for x, _ in te]),
+            task=self.task, num_classes=self.num_classes, weights=w,
+            clusters=self.clusters[clients] if self.clusters is not None else None,
+            name=self.name, meta=dict(self.meta),
+        )
+
+    def to(self, device: torch.device | str) -> "FederatedData":
+        for k in ("train_x", "train_y", "test_x", "test_y"):
+            setattr(self, k, getattr(self, k).to(device))
+        return self
+
+    # ----------------------------------------------------------------- build
+    @classmethod
+    def from_client_arrays(
+        cls,
+        train: Sequence[tuple[np.ndarray | Tensor, np.ndarray | Tensor]],
+        test: Sequence[tuple[np.ndarray | Tensor, np.ndarray | Tensor]],
+        *,
+        task: Task = "classification",
+        num_classes: int | None = None,
+        clusters: Sequence[int] | None = None,
+        name: str = "data",
+        meta: dict[str, Any] | None = None,
+    ) -> "FederatedData":
+        """Build from per-client ``(x, y)`` pairs (train and test lists of equal length)."""
+        if len(train) != len(test):
+            raise ValueError("train and test must list the same clients")
+
+        def cat(parts, idx, dtype):
+            ts = [torch.as_tensor(np.asarray(p[idx]) if not isinstance(p[idx], Tensor) else p[idx]) for p in parts]
+            return torch.cat(ts).to(dtype)
+
+        xdt = torch.float32
+        ydt = torch.long if task == "classification" else torch.float32
+        return cls(
+            train_x=cat(train, 0, xdt), train_y=cat(train, 1, ydt),
+            train_offsets=_offsets([len(p[1]) for p in train]),
+            test_x=cat(test, 0, xdt), test_y=cat(test, 1, ydt),
+            test_offsets=_offsets([len(p[1]) for p in test]),
+            task=task, num_classes=num_classes,
+            clusters=None if clusters is None else torch.as_tensor(list(clusters)),
+            name=name, meta=meta or {},
+        )

@@ -1,0 +1,106 @@
+"""Models with named parameter groups.
+
+Every model exposes ``GROUPS``: ``{group: [parameter-name patterns]}``, used to build named
+blocks of the flat parameter vector (e.g. ``personal = head`` for output personalization).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression (or linear regression with ``out_dim=1``)."""
+
+    GROUPS = {"head": ["linear.*"], "body": []}
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.linear = nn.Linear(in_dim, out_dim)
+
+    def forward(self, x):
+        return self.linear(x.reshape(x.shape[0], -1))
+
+
+class MLP(nn.Module):
+    """Fully connected network; ``body`` = hidden layers, ``head`` = output layer."""
+
+    GROUPS = {"body": ["hidden.*"], "head": ["out.*"]}
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int] = (200, 200)):
+        super().__init__()
+        layers: list[nn.Module] = []
+        d = in_dim
+        for h in hidden:
+            layers += [nn.Linear(d, h), nn.ReLU()]
+            d = h
+        self.hidden = nn.Sequential(*layers)
+        self.out = nn.Linear(d, out_dim)
+
+    def forward(self, x):
+        return self.out(self.hidden(x.reshape(x.shape[0], -1)))
+
+
+class LeNet(nn.Module):
+    """LeNet-style CNN: conv(6,5x5,pad 2)-pool-conv(16,5x5)-pool-fc-fc.
+
+    ``body`` = convolutions, ``head`` = fully connected layers (FedAPM output personalization;
+    FPFC fuses the last layer ``fc2`` only with ``fc_hidden=0``).
+    """
+
+    GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc2.*"], "last": ["fc2.*"]}
+
+    def __init__(self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120):
+        super().__init__()
+        c, h, w = in_shape
+        self.conv1 = nn.Conv2d(c, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5, padding=2 if h < 16 else 0)
+        with torch.no_grad():
+            n = self._features(torch.zeros(1, c, h, w)).shape[1]
+        if fc_hidden:
+            self.fc1 = nn.Linear(n, fc_hidden)
+            self.fc2 = nn.Linear(fc_hidden, out_dim)
+        else:
+            self.fc1 = None
+            self.fc2 = nn.Linear(n, out_dim)
+            self.GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc2.*"], "last": ["fc2.*"]}
+
+    def _features(self, x):
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return x.flatten(1)
+
+    def forward(self, x):
+        z = self._features(x)
+        if self.fc1 is not None:
+            z = torch.relu(self.fc1(z))
+        return self.fc2(z)
+
+
+MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
+    "logreg": (LogisticRegression, "multinomial logistic / linear regression on flattened inputs"),
+    "mlp": (MLP, "fully connected ReLU network, hidden sizes configurable (default 200-200)"),
+    "lenet": (LeNet, "LeNet-style CNN: 2 conv + 2 fc (fc_hidden=0: one fc, FPFC's ConvNet)"),
+}
+
+
+def build_model_fn(name: str, input_shape: Sequence[int], out_dim: int, **params) -> Callable[[], nn.Module]:
+    """A factory for model ``name`` sized to the data (``input_shape`` without the batch dim)."""
+    if name not in MODELS:
+        raise ValueError(f"model: unknown {name!r}; allowed: {sorted(MODELS)}")
+    cls = MODELS[name][0]
+    flat = int(math.prod(input_shape))
+    if name == "lenet":
+        shape = tuple(input_shape) if len(input_shape) == 3 else (1, *input_shape)
+        if len(shape) != 3:
+            raise ValueError(f"model: 'lenet' needs image inputs [C,H,W], got shape {tuple(input_shape)}")
+        return lambda: cls(shape, out_dim, **params)
+    return lambda: cls(flat, out_dim, **params)
+
+
+def model_groups(model: nn.Module) -> dict[str, list[str]]:
+    return {k: list(v) for k, v in getattr(model, "GROUPS", {}).items()}

@@ -1,0 +1,78 @@
+"""FederatedProblem: what the user brings (data, model, loss, named blocks).
+
+Problems are data, not subclasses of the solver: a problem holds the per-client data, a model
+factory and a per-sample loss, and, where a family needs it, extra named pieces (constraints,
+upper/lower losses, source/target roles) in ``extras``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedsolve.core.layout import ParamLayout
+from fedsolve.data.federated import FederatedData
+
+PerSampleLoss = Callable[[Tensor, Tensor], Tensor]
+
+
+def cross_entropy(out: Tensor, y: Tensor) -> Tensor:
+    """Per-sample cross-entropy."""
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def squared_error(out: Tensor, y: Tensor) -> Tensor:
+    """Per-sample 0.5 * squared error (scalar or vector outputs)."""
+    out = out.reshape(y.shape[0], -1)
+    return 0.5 * (out - y.reshape(y.shape[0], -1)).pow(2).sum(-1)
+
+
+LOSSES: dict[str, PerSampleLoss] = {"cross_entropy": cross_entropy, "squared_error": squared_error}
+
+
+@dataclass
+class FederatedProblem:
+    """A federated optimization problem.
+
+    Args:
+        data: the clients' train/test splits.
+        model_fn: builds a fresh model (the same architecture for every client).
+        loss: per-sample loss name (``cross_entropy`` | ``squared_error``) or callable.
+        blocks: named parameter blocks ``{name: [patterns]}`` (e.g. ``{"personal": ["fc2.*"]}``).
+        extras: family-specific pieces (constraints, bilevel splits, domain roles, ...).
+    """
+
+    data: FederatedData
+    model_fn: Callable[[], nn.Module]
+    loss: str | PerSampleLoss = "cross_entropy"
+    blocks: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    name: str = "problem"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss, str):
+            if self.loss not in LOSSES:
+                raise ValueError(f"loss: unknown {self.loss!r}; allowed: {sorted(LOSSES)}")
+            self.loss_name = self.loss
+            self.loss_fn: PerSampleLoss = LOSSES[self.loss]
+        else:
+            self.loss_name = getattr(self.loss, "__name__", "custom")
+            self.loss_fn = self.loss
+        self.model = self.model_fn()
+        self.layout = ParamLayout(self.model, self.blocks)
+        self.vmappable = not any(len(list(m.buffers(recurse=False))) for m in self.model.modules())
+
+    @property
+    def num_clients(self) -> int:
+        return self.data.num_clients
+
+    def init_params(self, generator: torch.Generator) -> Tensor:
+        """A fresh random initial flat parameter vector (deterministic given ``generator``)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+            model = self.model_fn()
+        return self.layout.flatten(model)

@@ -1,0 +1,107 @@
+"""Evaluation: each client's test split scored with the model the algorithm says it uses.
+
+Per-client metrics: loss, accuracy, weighted F1 and macro one-vs-rest AUC (scikit-learn) for
+classification; loss and RMSE for regression. They are averaged uniformly over clients, with
+the spread across clients (std, mean of the worst 10%).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+from sklearn.metrics import f1_score, roc_auc_score
+from torch import Tensor
+from torch.func import functional_call, vmap
+
+
+def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[int], vectorized: bool,
+             chunk: int = 64) -> list[Tensor]:
+    """Model outputs of each client on its own rows of ``x_all``."""
+    model, layout = problem.model, problem.layout
+    outs: list[Tensor] = []
+    with torch.no_grad():
+        if vectorized:
+            f = vmap(lambda p, x: functional_call(model, layout.unflatten(p), (x,)))
+            for a in range(0, len(ids), chunk):
+                cs = ids[a:a + chunk]
+                sizes = [int(offsets[i + 1] - offsets[i]) for i in cs]
+                T = max(max(sizes), 1)
+                idx = torch.zeros(len(cs), T, dtype=torch.long)
+                for k, i in enumerate(cs):
+                    s = int(offsets[i])
+                    idx[k, :sizes[k]] = torch.arange(s, s + sizes[k])
+                    idx[k, sizes[k]:] = s
+                o = f(params[cs], x_all[idx])
+                outs.extend(o[k, :sizes[k]] for k in range(len(cs)))
+        else:
+            model.eval()
+            for i in ids:
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                outs.append(functional_call(model, layout.unflatten(params[i]), (x_all[a:b],)))
+            model.train()
+    return outs
+
+
+def client_metrics(problem, out: Tensor, y: Tensor, which: tuple[str, ...]) -> dict[str, float]:
+    res: dict[str, float] = {}
+    if y.numel() == 0:
+        return res
+    res["loss"] = float(problem.loss_fn(out, y).mean())
+    if problem.data.task == "regression":
+        res["rmse"] = math.sqrt(float((out.reshape(y.shape[0], -1) - y.reshape(y.shape[0], -1)).pow(2).mean()))
+        return res
+    pred = out.argmax(-1)
+    yt = y.cpu().numpy()
+    res["accuracy"] = float((pred == y).float().mean())
+    if "f1" in which:
+        res["f1"] = float(f1_score(yt, pred.cpu().numpy(), average="weighted", zero_division=0))
+    if "auc" in which:
+        present = np.unique(yt)
+        if present.size >= 2:
+            prob = torch.softmax(out.double(), -1).cpu().numpy()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    if out.shape[-1] == 2:
+                        res["auc"] = float(roc_auc_score(yt, prob[:, 1]))
+                    else:
+                        # macro one-vs-rest over the classes present in this client's test split
+                        sub = prob[:, present]
+                        sub = sub / sub.sum(1, keepdims=True)
+                        res["auc"] = float(roc_auc_score(yt, sub if present.size > 2 else sub[:, 1],
+                                                         multi_class="ovr", average="macro",
+                                                         labels=present if present.size > 2 else None))
+                except ValueError:
+                    pass
+    return res
+
+
+def summarize(per_client: list[dict[str, float]], prefix: str = "test_") -> dict[str, float]:
+    """Uniform mean over clients, plus std and worst-10% mean of accuracy / rmse."""
+    keys = sorted({k for d in per_client for k in d})
+    out: dict[str, float] = {}
+    for k in keys:
+        vals = np.array([d[k] for d in per_client if k in d and np.isfinite(d[k])], dtype=np.float64)
+        if vals.size == 0:
+            continue
+        out[prefix + k] = float(vals.mean())
+        if k in ("accuracy", "rmse", "f1"):
+            out[prefix + k + "_std"] = float(vals.std())
+            n10 = max(1, int(math.ceil(0.1 * vals.size)))
+            worst = np.sort(vals)[:n10] if k != "rmse" else np.sort(vals)[-n10:]
+            out[prefix + k + "_worst10"] = float(worst.mean())
+    return out
+
+
+def evaluate(problem, params: Tensor, vectorized: bool, which: tuple[str, ...] = ("f1", "auc"),
+             split: str = "test") -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client)."""
+    d = problem.data
+    x, y, off = (d.test_x, d.test_y, d.test_offsets) if split == "test" else (d.train_x, d.train_y, d.train_offsets)
+    ids = list(range(d.num_clients))
+    outs = _outputs(problem, params, x, off, ids, vectorized)
+    per = [client_metrics(problem, o, y[int(off[i]):int(off[i + 1])], which) for i, o in zip(ids, outs)]
+    return summarize(per, prefix=split + "_"), per
