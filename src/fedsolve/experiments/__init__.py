@@ -1,0 +1,8 @@
+"""Experiments: typed YAML configs, run / compare drivers and reports."""
+
+from fedsolve.experiments.config import (AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides, load_config,
+                                         parse_config)
+from fedsolve.experiments.runner import build_algorithm, build_data, build_problem, compare, run_one
+
+__all__ = ["AlgorithmSpec", "ConfigError", "ExperimentConfig", "apply_overrides", "load_config", "parse_config",
+           "build_algorithm", "build_data", "build_problem", "compare", "run_one"]

@@ -1,0 +1,237 @@
+"""Experiment configs: YAML validated into typed objects.
+
+An unknown key or a bad value is rejected with the field's dotted name and the allowed values
+(``ConfigError``). Algorithm hyper-parameters are validated by the algorithm's own typed
+config, so every default is the paper's default unless the YAML says otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedsolve.simulation.loop import SimulationConfig
+
+
+class ConfigError(ValueError):
+    """A config problem, naming the field and what is allowed."""
+
+
+class DataConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dataset: str = Field(..., description="dataset name (fedsolve list datasets)")
+    num_clients: int = Field(20, ge=1, description="number of clients m")
+    partition: str = Field("iid", description="partitioner name (fedsolve list partitioners)")
+    partition_params: dict[str, Any] = Field(default_factory=dict, description="partitioner parameters")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's samples held out for test")
+    params: dict[str, Any] = Field(default_factory=dict, description="dataset parameters")
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        from fedsolve.data.datasets import DATASETS
+
+        if v not in DATASETS:
+            raise ValueError(f"unknown dataset {v!r}; allowed: {sorted(DATASETS)}")
+        return v
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, v: str) -> str:
+        from fedsolve.data.partition import PARTITIONERS
+
+        if v not in PARTITIONERS:
+            raise ValueError(f"unknown partition {v!r}; allowed: {sorted(PARTITIONERS)}")
+        return v
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("logreg", description="model name (fedsolve list models)")
+    params: dict[str, Any] = Field(default_factory=dict, description="model constructor parameters")
+    blocks: dict[str, list[str]] = Field(default_factory=dict,
+                                         description="named parameter blocks {name: [patterns]}, e.g. personal")
+    personalization: str | None = Field(None, description="preset for the 'personal' block: input | output | "
+                                                          "split-input (see fedsolve.personalization)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        from fedsolve.models import MODELS
+
+        if v not in MODELS and not _extra_model(v):
+            raise ValueError(f"unknown model {v!r}; allowed: {sorted(set(MODELS) | set(_extra_models()))}")
+        return v
+
+
+def _extra_models() -> dict:
+    try:
+        from fedsolve.models import multimodal  # noqa: F401
+
+        return getattr(multimodal, "MODELS", {})
+    except ImportError:
+        return {}
+
+
+def _extra_model(name: str) -> bool:
+    return name in _extra_models()
+
+
+class AlgorithmSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., description="algorithm name (fedsolve list algorithms)")
+    label: str | None = Field(None, description="name shown in reports (default: name)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+class ExperimentConfig(BaseModel):
+    """A whole experiment: one problem, one or several algorithms, several seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("experiment", description="experiment name (run folder name)")
+    description: str = Field("", description="free text shown in the report")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="seeds (compare runs each)")
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+    algorithm: AlgorithmSpec | None = Field(None, description="the algorithm of `fedsolve run`")
+    algorithms: list[AlgorithmSpec] = Field(default_factory=list, description="algorithms of `fedsolve compare`")
+    defaults: dict[str, Any] = Field(default_factory=dict,
+                                     description="hyper-parameters applied to every algorithm that has them")
+    paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers, shown next to ours")
+    threads: int | None = Field(None, ge=1, description="torch threads (default: min(2, cores))")
+    out_dir: str = Field("runs", description="parent folder of run folders")
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if any(s < 0 for s in v):
+            raise ValueError("seeds must be non-negative integers")
+        if len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct")
+        return v
+
+    @model_validator(mode="after")
+    def _algos(self):
+        from fedsolve.algorithms import get_algorithm
+
+        specs = ([self.algorithm] if self.algorithm else []) + list(self.algorithms)
+        if not specs:
+            raise ValueError("give `algorithm` (for run) or `algorithms` (for compare)")
+        for spec in specs:
+            cls = get_algorithm(spec.name)
+            params = merged_params(cls, self.defaults, spec.params)
+            try:
+                cls.Config(**params)
+            except ValidationError as e:
+                raise ValueError(_format_validation(e, prefix=f"algorithm {spec.name!r} params")) from None
+        labels = [s.display for s in self.algorithms]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"algorithms: labels must be distinct, got {labels}; set `label`")
+        return self
+
+    def all_algorithms(self) -> list[AlgorithmSpec]:
+        return list(self.algorithms) if self.algorithms else [self.algorithm]
+
+
+def merged_params(cls, defaults: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` (only the keys the algorithm's config has) overridden by ``params``."""
+    fields = cls.Config.model_fields
+    out = {k: v for k, v in defaults.items() if k in fields}
+    out.update(params)
+    return out
+
+
+def _format_validation(e: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"] if x != "__root__")
+        where = ".".join(p for p in (prefix, loc) if p)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+            parent = _model_at(err)
+            if parent is not None:
+                msg += f"; allowed keys: {sorted(parent)}"
+        elif err["type"] == "literal_error":
+            msg = f"{msg} (got {err.get('input')!r})"
+        lines.append(f"{where or 'config'}: {msg}")
+    return "; ".join(lines)
+
+
+def _model_at(err) -> dict | None:
+    """Allowed keys of the model that rejected an extra key (best effort)."""
+    model: Any = ExperimentConfig
+    for part in err["loc"][:-1]:
+        if isinstance(part, int):
+            continue
+        f = getattr(model, "model_fields", {}).get(part)
+        if f is None:
+            return None
+        ann = f.annotation
+        for cand in getattr(ann, "__args__", ()) or (ann,):
+            if hasattr(cand, "model_fields"):
+                model = cand
+                break
+        else:
+            if hasattr(ann, "model_fields"):
+                model = ann
+            else:
+                return None
+    return getattr(model, "model_fields", None)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``["simulation.rounds=5", "algorithm.params.lr=0.1"]`` -> nested updates (values parsed as YAML)."""
+    raw = copy.deepcopy(raw)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value (e.g. simulation.rounds=5)")
+        key, val = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = raw
+        for p in parts[:-1]:
+            if isinstance(node, list):
+                node = node[int(p)]
+            else:
+                node = node.setdefault(p, {})
+                if not isinstance(node, (dict, list)):
+                    raise ConfigError(f"--set {key}: {p!r} is not a section")
+        last = parts[-1]
+        value = yaml.safe_load(val)
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return raw
+
+
+def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("config: the top level must be a mapping")
+    try:
+        return ExperimentConfig(**raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return parse_config(apply_overrides(raw, overrides or []))
+
+
+ExecutorName = Literal["auto", "sequential", "vectorized"]

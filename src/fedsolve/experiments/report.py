@@ -1,0 +1,210 @@
+"""Reports: markdown tables and matplotlib plots for run and compare folders."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fedsolve.simulation.loop import atomic_write_bytes, atomic_write_text  # noqa: E402
+
+PLOT_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "train_loss", "test_rmse",
+                "test_accuracy_worst10", "num_clusters", "ari", "model_deviation")
+TABLE_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "test_rmse", "test_accuracy_std",
+                 "test_accuracy_worst10", "train_loss", "num_clusters", "ari")
+NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macro AUC", "test_loss": "test loss",
+        "train_loss": "train loss", "test_rmse": "RMSE", "test_accuracy_std": "acc. std (clients)",
+        "test_accuracy_worst10": "acc. worst 10%", "num_clusters": "clusters", "ari": "ARI",
+        "model_deviation": "model deviation"}
+
+
+def _lower(metric: str) -> bool:
+    from fedsolve.experiments.runner import lower_is_better
+
+    return lower_is_better(metric)
+
+
+def _save(fig, path: Path) -> None:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _fmt(v: float) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if abs(v) >= 1000 or (abs(v) < 1e-3 and v != 0):
+        return f"{v:.3g}"
+    return f"{v:.4f}"
+
+
+def _mb(b: float) -> str:
+    return f"{b / 1e6:.2f}"
+
+
+# ------------------------------------------------------------------ single run
+def write_run_report(run_dir: Path, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    run_dir = Path(run_dir)
+    plots = []
+    for m in PLOT_METRICS:
+        pts = [(r["round"], r[m]) for r in history if m in r and r[m] == r[m]]
+        if len(pts) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".")
+        ax.set_xlabel("round")
+        ax.set_ylabel(NICE.get(m, m))
+        ax.set_title(f"{summary['label']} (seed {summary['seed']})")
+        ax.grid(alpha=0.3)
+        _save(fig, run_dir / "plots" / f"{m}.png")
+        plots.append(m)
+    lines = [f"# {summary['experiment']}: {summary['label']} on {summary['dataset']} (seed {summary['seed']})", ""]
+    if summary.get("status") != "completed":
+        lines += [f"**Run {summary.get('status')}:** {summary.get('message', '')}", ""]
+    lines += ["| metric | final | best |", "|---|---|---|"]
+    fin, best = summary["metrics"]["final"], summary["metrics"]["best"]
+    for k in sorted(fin):
+        if k.endswith("_bytes"):
+            continue
+        lines.append(f"| {NICE.get(k, k)} | {_fmt(fin[k])} | {_fmt(best.get(k, float('nan')))} |")
+    c = summary["communication"]
+    lines += ["", f"Rounds: {summary['rounds']}. Communication: {_mb(c['uplink_bytes'])} MB up, "
+              f"{_mb(c['downlink_bytes'])} MB down. Wall time {summary['wall_time_s']:.1f} s, median round "
+              f"{(summary.get('round_time_s_median') or 0) * 1000:.1f} ms.", ""]
+    lines += [f"![{m}](plots/{m}.png)" for m in plots]
+    atomic_write_text(run_dir / "report.md", "\n".join(lines) + "\n")
+
+
+# ------------------------------------------------------------------ compare
+def _curves(histories: list[list[dict]], metric: str):
+    rounds = sorted({r["round"] for h in histories for r in h if metric in r})
+    if len(rounds) < 2:
+        return None
+    mat = np.full((len(histories), len(rounds)), np.nan)
+    pos = {r: i for i, r in enumerate(rounds)}
+    for s, h in enumerate(histories):
+        for r in h:
+            if metric in r and r[metric] is not None:
+                mat[s, pos[r["round"]]] = r[metric]
+    return np.array(rounds), mat
+
+
+def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[str, list[list[dict]]]) -> None:
+    base = Path(base)
+    algos = list(agg["algorithms"])
+    plots = []
+    for m in PLOT_METRICS:
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        drawn = 0
+        for label in algos:
+            cur = _curves(histories.get(label, []), m)
+            if cur is None:
+                continue
+            x, mat = cur
+            with np.errstate(all="ignore"):
+                mean = np.nanmean(mat, 0)
+                std = np.nanstd(mat, 0)
+            line, = ax.plot(x, mean, label=label)
+            if mat.shape[0] > 1:
+                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, linewidth=0)
+            drawn += 1
+        if drawn == 0:
+            plt.close(fig)
+            continue
+        ax.set_xlabel("round")
+        ax.set_ylabel(NICE.get(m, m))
+        ax.set_title(f"{cfg.name}: {NICE.get(m, m)} (mean ± std over {len(cfg.seeds)} seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        _save(fig, base / "plots" / f"{m}.png")
+        plots.append(m)
+
+    cols = [m for m in TABLE_METRICS if any(m in agg["algorithms"][a]["final"] for a in algos)]
+    best_of = {}
+    for m in cols:
+        vals = {a: agg["algorithms"][a]["final"].get(m, {}).get("mean") for a in algos}
+        vals = {a: v for a, v in vals.items() if v is not None}
+        if vals:
+            best_of[m] = (min if _lower(m) else max)(vals, key=vals.get)
+    lines = [f"# {cfg.name}", ""]
+    if cfg.description:
+        lines += [cfg.description.strip(), ""]
+    lines += [f"Dataset **{cfg.data.dataset}**, {cfg.data.num_clients} clients, partition `{cfg.data.partition}` "
+              f"{json.dumps(cfg.data.partition_params)}, model `{cfg.model.name}`, "
+              f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
+              "Final-round metrics, mean ± std over seeds (best in bold; clients weighted uniformly):", ""]
+    head = "| algorithm | " + " | ".join(NICE.get(m, m) for m in cols) + " | up MB | wall s |"
+    lines += [head, "|" + "---|" * (len(cols) + 3)]
+    for a in algos:
+        e = agg["algorithms"][a]
+        cells = []
+        for m in cols:
+            st = e["final"].get(m)
+            if st is None:
+                cells.append("–")
+                continue
+            txt = f"{_fmt(st['mean'])} ± {_fmt(st['std'])}"
+            cells.append(f"**{txt}**" if best_of.get(m) == a else txt)
+        flag = f" ({e['diverged']} diverged)" if e.get("diverged") else ""
+        lines.append(f"| {a}{flag} | " + " | ".join(cells) + f" | {_mb(e['uplink_bytes'])} | "
+                     f"{(e.get('wall_time_s') or 0):.1f} |")
+    if "test_accuracy" in cols:
+        lines += ["", "Best-over-rounds accuracy (as the papers report), mean ± std:", "",
+                  "| algorithm | best accuracy |", "|---|---|"]
+        for a in algos:
+            st = agg["algorithms"][a]["best"].get("test_accuracy")
+            if st:
+                lines.append(f"| {a} | {_fmt(st['mean'])} ± {_fmt(st['std'])} |")
+    paper = cfg.paper or {}
+    if paper.get("values"):
+        lines += ["", f"## Paper's numbers: {paper.get('source', '')}", ""]
+        if paper.get("note"):
+            lines += [paper["note"].strip(), ""]
+        metric = paper.get("metric", "test_accuracy")
+        lines += [f"| algorithm | paper | ours ({NICE.get(metric, metric)}, {paper.get('ours', 'best')}) |",
+                  "|---|---|---|"]
+        for a, v in paper["values"].items():
+            ours = agg["algorithms"].get(a, {}).get(paper.get("ours", "best"), {}).get(metric)
+            ours_s = f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else "not run"
+            lines.append(f"| {a} | {v} | {ours_s} |")
+    lines += ["", f"Total wall time {agg.get('wall_time_s', 0):.1f} s.", ""]
+    lines += [f"![{m}](plots/{m}.png)" for m in plots]
+    atomic_write_text(base / "report.md", "\n".join(lines) + "\n")
+
+
+def report_dir(path: str | Path) -> Path:
+    """Rebuild report.md and plots of a run or compare folder from its files (``fedsolve report``)."""
+    from fedsolve.experiments.config import parse_config
+    from fedsolve.experiments.runner import _read_jsonl
+
+    import yaml
+
+    path = Path(path)
+    summ = path / "summary.json"
+    if not summ.exists():
+        raise FileNotFoundError(f"{path}: no summary.json (not a fedsolve run or compare folder)")
+    summary = json.loads(summ.read_text())
+    if "algorithms" in summary:
+        cfg = parse_config(yaml.safe_load((path / "config.yaml").read_text()))
+        histories: dict[str, list[list[dict]]] = {}
+        from fedsolve.experiments.runner import default_run_dir
+
+        for spec in cfg.all_algorithms():
+            for seed in cfg.seeds:
+                h = _read_jsonl(default_run_dir(cfg, spec, seed, path) / "metrics.jsonl")
+                if h:
+                    histories.setdefault(spec.display, []).append(h)
+        write_compare_report(path, cfg, summary, histories)
+    else:
+        write_run_report(path, summary, _read_jsonl(path / "metrics.jsonl"))
+    return path / "report.md"

@@ -1,0 +1,237 @@
+"""Run and compare experiments; write run folders a person can read.
+
+Run folder: ``config.yaml`` (fully resolved), ``metrics.jsonl``, ``summary.json``,
+``checkpoint.pt`` (atomic; ``--resume`` continues bit-identically), ``plots/*.png``, ``report.md``.
+Compare folder: one run folder per algorithm and seed, plus a ``summary.json`` with each
+metric's mean and std over seeds and a ``report.md`` with the table and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from fedsolve.algorithms import get_algorithm
+from fedsolve.experiments.config import AlgorithmSpec, ExperimentConfig, merged_params
+from fedsolve.problems import FederatedProblem
+from fedsolve.simulation.loop import (DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation,
+                                      atomic_write_text)
+
+LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Loss-like metrics, spreads (``_std``), costs: lower is better; accuracy-like: higher."""
+    return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
+
+
+def set_threads(n: int | None) -> None:
+    n = n or min(2, os.cpu_count() or 1)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------ building
+def build_data(cfg: ExperimentConfig, seed: int):
+    from fedsolve.data.datasets import build_federated
+
+    d = cfg.data
+    return build_federated(d.dataset, num_clients=d.num_clients, partition=d.partition,
+                           partition_params=dict(d.partition_params), seed=seed, test_fraction=d.test_fraction,
+                           dataset_params=dict(d.params))
+
+
+def model_factory(cfg: ExperimentConfig, data):
+    from fedsolve.models import MODELS, build_model_fn
+
+    out_dim = data.num_classes if data.task == "classification" else (
+        1 if data.train_y.dim() == 1 else data.train_y.shape[1])
+    if cfg.model.name in MODELS:
+        return build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
+    from fedsolve.models import multimodal
+
+    return multimodal.build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
+
+
+def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProblem:
+    data = data if data is not None else build_data(cfg, seed)
+    model_fn = model_factory(cfg, data)
+    blocks = {k: list(v) for k, v in cfg.model.blocks.items()}
+    if cfg.model.personalization:
+        from fedsolve.personalization import personal_patterns
+
+        blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
+    loss = "cross_entropy" if data.task == "classification" else "squared_error"
+    return FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
+
+
+def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: FederatedProblem):
+    cls = get_algorithm(spec.name)
+    return cls(cls.Config(**merged_params(cls, cfg.defaults, spec.params)), problem)
+
+
+# ------------------------------------------------------------------ one run
+def resolved_config(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int) -> dict[str, Any]:
+    cls = get_algorithm(spec.name)
+    algo_cfg = cls.Config(**merged_params(cls, cfg.defaults, spec.params))
+    raw = cfg.model_dump(mode="json", exclude={"algorithms"})
+    raw["algorithm"] = {"name": spec.name, "label": spec.display, "params": algo_cfg.model_dump(mode="json")}
+    raw["seeds"] = [seed]
+    return raw
+
+
+def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
+    keys = {k for r in history for k in r if isinstance(r.get(k), (int, float)) and k not in ("round", "time_s")}
+    best: dict[str, float] = {}
+    for k in sorted(keys):
+        vals = [r[k] for r in history if k in r and r[k] == r[k]]
+        if vals:
+            best[k] = float(min(vals) if lower_is_better(k) else max(vals))
+    return best
+
+
+def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, res: RunResult | None,
+                  history: list[dict], status: str, message: str = "", wall: float = 0.0,
+                  round_times: list[float] | None = None, extras: dict | None = None) -> dict[str, Any]:
+    final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
+    ledger = res.ledger if res is not None else None
+    summary = {
+        "algorithm": spec.name, "label": spec.display, "dataset": cfg.data.dataset, "experiment": cfg.name,
+        "seed": seed, "rounds": history[-1]["round"] if history else 0, "status": status, "message": message,
+        "metrics": {"final": final, "best": best_metrics(history)},
+        "communication": {"uplink_bytes": ledger.uplink_bytes if ledger else final.get("uplink_bytes", 0),
+                          "downlink_bytes": ledger.downlink_bytes if ledger else final.get("downlink_bytes", 0)},
+        "wall_time_s": wall,
+        "round_time_s_median": statistics.median(round_times) if round_times else None,
+        "extras": extras or {},
+    }
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=_json_default))
+    return summary
+
+
+def _json_default(o):
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
+            progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True) -> dict:
+    """Run one algorithm with one seed into ``run_dir``; returns the summary dict."""
+    from fedsolve.experiments.report import write_run_report
+
+    set_threads(cfg.threads)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    problem = problem if problem is not None else build_problem(cfg, seed)
+    algo = build_algorithm(cfg, spec, problem)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_config(cfg, spec, seed), sort_keys=False))
+    sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
+                     callbacks=[JsonlLogger(run_dir / "metrics.jsonl"),
+                                ProgressBar(f"{spec.display} s{seed}", disable=not progress)])
+    t0 = time.perf_counter()
+    try:
+        res = sim.run(resume=resume)
+    except DivergenceError as e:
+        summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
+                                wall=time.perf_counter() - t0, round_times=sim.round_times)
+        if write_report:
+            write_run_report(run_dir, summary, sim.history)
+        raise
+    summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
+                            round_times=res.round_times, extras=res.extras)
+    atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
+    if write_report:
+        write_run_report(run_dir, summary, res.history)
+    return summary
+
+
+def default_run_dir(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, out: str | Path | None = None) -> Path:
+    base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
+    return base / _slug(spec.display) / f"seed{seed}"
+
+
+def _slug(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+
+
+# ------------------------------------------------------------------ compare
+def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
+            stop_on_divergence: bool = False) -> dict[str, Any]:
+    """Every algorithm x every seed on the same problem (the data of a seed is shared by all)."""
+    from fedsolve.experiments.report import write_compare_report
+
+    base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
+    base.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(base / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    runs: dict[str, list[dict]] = {}
+    histories: dict[str, list[list[dict]]] = {}
+    t0 = time.perf_counter()
+    for seed in cfg.seeds:
+        set_threads(cfg.threads)
+        data = build_data(cfg, seed)
+        for spec in cfg.all_algorithms():
+            problem = build_problem(cfg, seed, data=data)
+            run_dir = default_run_dir(cfg, spec, seed, base)
+            resuming = resume and (run_dir / "checkpoint.pt").exists()
+            if resume and (run_dir / "summary.json").exists():
+                done = json.loads((run_dir / "summary.json").read_text())
+                if done.get("status") == "completed":
+                    runs.setdefault(spec.display, []).append(done)
+                    histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
+                    continue
+            try:
+                summary = run_one(cfg, spec, seed, run_dir, resume=resuming, progress=progress, problem=problem,
+                                  write_report=False)
+            except DivergenceError as e:
+                if stop_on_divergence:
+                    raise
+                print(f"[fedsolve] {spec.display} seed {seed} diverged: {e}")
+                summary = json.loads((run_dir / "summary.json").read_text())
+            runs.setdefault(spec.display, []).append(summary)
+            histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
+    agg = aggregate_runs(cfg, runs)
+    agg["wall_time_s"] = time.perf_counter() - t0
+    atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
+    write_compare_report(base, cfg, agg, histories)
+    return agg
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"experiment": cfg.name, "dataset": cfg.data.dataset, "seeds": cfg.seeds,
+                           "algorithms": {}}
+    for label, lst in runs.items():
+        entry: dict[str, Any] = {"algorithm": lst[0]["algorithm"], "runs": len(lst),
+                                 "diverged": sum(1 for s in lst if s.get("status") != "completed")}
+        for which in ("final", "best"):
+            keys = sorted({k for s in lst for k in s["metrics"][which]})
+            stats = {}
+            for k in keys:
+                vals = [s["metrics"][which][k] for s in lst if k in s["metrics"][which]]
+                vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
+                if vals:
+                    stats[k] = {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1
+                                else 0.0, "n": len(vals)}
+            entry[which] = stats
+        for k in ("wall_time_s", "round_time_s_median"):
+            vals = [s[k] for s in lst if s.get(k) is not None]
+            entry[k] = statistics.fmean(vals) if vals else None
+        entry["uplink_bytes"] = statistics.fmean([s["communication"]["uplink_bytes"] for s in lst])
+        entry["downlink_bytes"] = statistics.fmean([s["communication"]["downlink_bytes"] for s in lst])
+        out["algorithms"][label] = entry
+    return out

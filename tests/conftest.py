@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny synthetic federated problems that run in milliseconds."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np
+import pytest
+import torch
+
+from fedsolve.data.federated import FederatedData
+from fedsolve.models import build_model_fn
+from fedsolve.problems import FederatedProblem
+
+torch.set_num_threads(1)
+
+
+def make_data(m: int = 6, d: int = 5, classes: int = 3, seed: int = 0, n_range=(8, 30),
+              dtype=np.float32, image: bool = False) -> FederatedData:
+    """Heterogeneous multinomial-logistic data: each client has its own sample count and shift."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(d, classes))
+    tr, te = [], []
+    for i in range(m):
+        n = int(rng.integers(*n_range))
+        x = rng.normal(size=(n + 6, d)) + 0.5 * rng.normal(size=d)
+        y = (x @ W + 0.3 * rng.normal(size=(n + 6, classes))).argmax(1)
+        x = x.astype(dtype)
+        if image:
+            x = x.reshape(-1, 1, 1, d)
+        tr.append((x[:n], y[:n]))
+        te.append((x[n:], y[n:]))
+    return FederatedData.from_client_arrays(tr, te, num_classes=classes, name="tiny")
+
+
+def make_problem(model: str = "logreg", m: int = 6, seed: int = 0, **kw) -> FederatedProblem:
+    data = make_data(m=m, seed=seed, **kw)
+    return FederatedProblem(data, build_model_fn(model, data.input_shape, data.num_classes,
+                                                 **({"hidden": (7,)} if model == "mlp" else {})))
+
+
+@pytest.fixture
+def tiny_problem():
+    return make_problem()
