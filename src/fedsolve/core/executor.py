@@ -124,6 +124,8 @@ class LocalContext:
         self._y = train_y
         self._loss_sum = torch.zeros((), dtype=torch.float32)
         self._loss_cnt = torch.zeros((), dtype=torch.float32)
+        #: True in the sequential executor: plain autograd on one client (no torch.func overhead)
+        self.eager = False
 
     # -------------------------------------------------------------- gradients
     def loss_on(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
@@ -140,9 +142,26 @@ class LocalContext:
         p = self.plans[phase]
         ix, w = p.idx[step], p.w[step]
         x, y = self._x[ix], self._y[ix]
-        f = loss if loss is not None else self.loss_on
-        g, v = grad_and_value(lambda q: f(q, x, y, w))(params)
-        return v, g
+        if loss is not None:
+            g, v = grad_and_value(lambda q: loss(q, x, y, w))(params)
+            return v, g
+        return self._model_loss_grad(params, x, y, w)
+
+    def _model_loss_grad(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        """Gradient w.r.t. the per-parameter tensors, concatenated (no slice-backward over ``[d]``)."""
+        lay, model, lossf = self._layout, self._model, self._loss
+
+        def f(pd):
+            return (lossf(functional_call(model, pd, (x,)), y) * w).sum()
+
+        if self.eager:
+            leaves = {k: t.detach().requires_grad_(True) for k, t in lay.unflatten(params).items()}
+            with torch.enable_grad():
+                v = f(leaves)
+                gs = torch.autograd.grad(v, list(leaves.values()))
+            return v.detach(), torch.cat([g.reshape(-1) for g in gs])
+        gd, v = grad_and_value(f)(lay.unflatten(params))
+        return v, torch.cat([gd[e.name].reshape(-1) for e in lay.entries])
 
     def num_steps(self, phase: str = "train") -> Tensor:
         """Number of active local steps of this client in ``phase`` (a tensor)."""
@@ -218,6 +237,7 @@ class SequentialExecutor(Executor):
         for k in range(ids.numel()):
             ctx = LocalContext(algo.problem, {p: pl.row(k) for p, pl in plans.items()}, n[k], wt[k], ids[k],
                                data.train_x, data.train_y)
+            ctx.eager = True
             s, u = algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()}, ctx)
             outs_s.append(s)
             outs_u.append(u)

@@ -24,10 +24,15 @@ class ConfigError(ValueError):
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dataset: str = Field(..., description="dataset name (fedsolve list datasets)")
-    num_clients: int = Field(20, ge=1, description="number of clients m")
+    num_clients: int | None = Field(20, ge=1, description="number of clients m (null: the dataset's own, e.g. "
+                                                          "natural users or a paper's fixed split)")
     partition: str = Field("iid", description="partitioner name (fedsolve list partitioners)")
     partition_params: dict[str, Any] = Field(default_factory=dict, description="partitioner parameters")
-    test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's samples held out for test")
+    test_fraction: float | None = Field(0.25, gt=0, lt=1, description="share of each client's samples held out "
+                                        "for test (null: keep the dataset's own test set, partitioned separately)")
+    cluster_transform: Literal["label_swap", "rotation"] | None = Field(
+        None, description="clustered transform applied per client (records true clusters)")
+    transform_params: dict[str, Any] = Field(default_factory=dict, description="cluster transform parameters")
     params: dict[str, Any] = Field(default_factory=dict, description="dataset parameters")
 
     @field_validator("dataset")

@@ -45,7 +45,8 @@ def build_data(cfg: ExperimentConfig, seed: int):
     d = cfg.data
     return build_federated(d.dataset, num_clients=d.num_clients, partition=d.partition,
                            partition_params=dict(d.partition_params), seed=seed, test_fraction=d.test_fraction,
-                           dataset_params=dict(d.params))
+                           dataset_params=dict(d.params), cluster_transform=d.cluster_transform,
+                           transform_params=dict(d.transform_params))
 
 
 def model_factory(cfg: ExperimentConfig, data):

