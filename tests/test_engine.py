@@ -150,3 +150,23 @@ def test_plans_variable_work_and_epochs():
     half = build_plans({"train": Work(steps=10, batch_size=4)}, offsets, ids, RngStreams(0), 0,
                        scale=torch.tensor([0.5, 0.1, 1.0]))["train"]
     assert half.active.sum(1).tolist() == [5, 1, 10]
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadmm"])
+def test_shared_only_leaves_personal_block_at_init(name):
+    from fedsolve.problems import FederatedProblem
+    from fedsolve.models import build_model_fn
+
+    base = make_problem("mlp")
+    problem = FederatedProblem(base.data, base.model_fn, blocks={"personal": ["out.*"]})
+    algo = get_algorithm(name)({"lr": 0.1, "batch_size": 4, "shared_only": True}, problem)
+    sim = Simulation(problem, algo, SimulationConfig(rounds=2, eval_every=2), seed=0)
+    x0 = sim.eval_params()[0].clone()
+    sim.run()
+    after = sim.eval_params()[0]
+    pm = problem.layout.mask("personal")
+    # averaging identical personal rows with weights summing to 1 may round in the last bit
+    torch.testing.assert_close(after[pm], x0[pm], rtol=0, atol=1e-6)
+    assert (after[~pm] - x0[~pm]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="personal"):
+        get_algorithm(name)({"shared_only": True}, make_problem("mlp")).shared_mask()

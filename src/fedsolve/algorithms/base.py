@@ -69,9 +69,25 @@ class Algorithm:
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
+    def shared_mask(self) -> Tensor | None:
+        """Mask of the parameters this algorithm trains when ``cfg.shared_only`` is set.
+
+        The FedAPM paper's code runs FedAvg/FedProx/FedADMM on the shared block only (the personal
+        block never trains and stays at its common init, fedapm spec 4.3); ``shared_only`` reproduces
+        that. Off by default: baselines train the whole model.
+        """
+        if not getattr(self.cfg, "shared_only", False):
+            return None
+        if not self.layout.has_block("personal"):
+            raise ValueError(f"{self.name}: shared_only=true needs a 'personal' block in the problem "
+                             f"(model.blocks or model.personalization)")
+        return (~self.layout.mask("personal")).to(torch.float32)
+
     def local_sgd(self, ctx: LocalContext, params: Tensor, phase: str = "train", extra=None, mask=None,
                   lr: float | None = None, scale: float | Tensor = 1.0, until=None) -> Tensor:
         """``ctx.sgd`` with this algorithm's learning rate and weight decay folded into ``f_i``."""
+        if mask is None:
+            mask = self.shared_mask()
         wd = self.cfg.weight_decay
         if wd > 0:
             base = extra

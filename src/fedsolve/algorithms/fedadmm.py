@@ -28,6 +28,7 @@ class FedADMMConfig(AlgorithmConfig):
         "all", description="'all': mean over all m cached uploads (inexact ADMM); 'selected': only this round's")
     warm_start: Literal["server", "local"] = Field("server", description="local solve starts at z^t or at w_i^t")
     weighting: Literal["uniform", "samples"] = Field("uniform", description="server mean weights")
+    shared_only: bool = Field(False, description="train only the shared block (FedAPM paper's baseline code)")
 
 
 @register
