@@ -197,7 +197,8 @@ class LocalContext:
         done = torch.zeros((), dtype=torch.bool)
         for s in range(steps):
             fval, g = self.loss_grad(params, phase, s, loss)
-            g = g * scale
+            if not (isinstance(scale, (int, float)) and scale == 1.0):
+                g = g * scale
             if extra is not None:
                 g = g + extra(params)
             if mask is not None:
@@ -207,7 +208,8 @@ class LocalContext:
                 done = done | until(params, g)
                 live = live & ~done
             self.record_loss(fval, live)
-            params = torch.where(live, params - lr * g, params)
+            # one fused pass over the [d] vector: params - lr * g on active steps, unchanged otherwise
+            params = torch.addcmul(params, g, live.to(params.dtype) * (-lr))
         return params
 
 
