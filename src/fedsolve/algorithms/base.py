@@ -47,6 +47,8 @@ class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: False for algorithms whose clients never talk to the server (e.g. Local)
     communicates: ClassVar[bool] = True
+    #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
+    finite_check_keys: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
         if config is None:
@@ -64,8 +66,8 @@ class Algorithm:
         """Hook for subclasses (masks, derived constants)."""
 
     # ----------------------------------------------------------- local work
-    def work(self) -> dict[str, Work]:
-        """Phases of local work and their size (default: one ``train`` phase from the config)."""
+    def work(self, round_: int = 0) -> dict[str, Work]:
+        """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
@@ -117,6 +119,10 @@ class Algorithm:
         raise NotImplementedError
 
     # ----------------------------------------------------------- optional
+    def make_executor(self, name: str, chunk_size: int | None = None):
+        """An algorithm-specific executor for ``name`` (e.g. a batched closed form), or None."""
+        return None
+
     def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
         """Extra per-round scalars for the metrics log (e.g. model deviation, clusters found)."""
         return {}

@@ -84,7 +84,7 @@ class FedAPM(PartialAlgorithm):
     description = "FedAPM: ADMM with partial personalization, prox v-step, inexact u-step, z=u+pi/rho (Zhu 2025)"
     Config = FedAPMConfig
 
-    def work(self):
+    def work(self, round_: int = 0):
         if self.cfg.solver == "xi_controlled":
             return {"v": Work(steps=self.cfg.max_steps, batch_size=None),
                     "u": Work(steps=self.cfg.max_steps, batch_size=None)}

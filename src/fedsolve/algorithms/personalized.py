@@ -113,7 +113,7 @@ class PartialAlgorithm(Algorithm):
         return 1.0 if a == "one" else (1.0 / self.num_clients if a == "uniform" else ctx.weight)
 
     # ------------------------------------------------------------------ local work
-    def work(self) -> dict[str, Work]:
+    def work(self, round_: int = 0) -> dict[str, Work]:
         c = self.cfg
         w = {"u": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
         if self.d_v:
@@ -206,7 +206,7 @@ class FedSim(PartialAlgorithm):
     name = "fedsim"
     description = "FedSim: simultaneous local SGD on personal and shared blocks (Pillutla et al. 2022)"
 
-    def work(self):
+    def work(self, round_: int = 0):
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
@@ -271,7 +271,7 @@ class Ditto(FedAvg):
         server, _ = super().init(x0, rngs)
         return server, ClientStates(self.num_clients, {"v": repeat_rows(x0, self.num_clients)})
 
-    def work(self):
+    def work(self, round_: int = 0):
         c = self.cfg
         pe = c.personal_epochs if c.personal_epochs is not None else c.local_epochs
         return {**super().work(), "personal": Work(epochs=pe, steps=c.local_steps if c.personal_epochs is None

@@ -249,12 +249,41 @@ class SequentialExecutor(Executor):
 
 
 class VectorizedExecutor(Executor):
-    """Runs ``local_update`` for all selected clients at once (``torch.func.vmap``)."""
+    """Runs ``local_update`` for all selected clients at once (``torch.func.vmap``).
+
+    Clients are grouped into *buckets* of similar work (steps x batch size) so that a client
+    with 250 samples is not padded to one with 25,000: each bucket's plans are trimmed to its
+    own longest step count and batch, and each bucket is one vmapped call (at most
+    ``chunk_size`` clients). Padded samples carry zero weight and trailing steps are inactive,
+    so trimming changes no number.
+    """
 
     name = "vectorized"
 
-    def __init__(self, chunk_size: int | None = None):
+    def __init__(self, chunk_size: int | None = None, bucket_ratio: float = 2.0):
         self.chunk_size = chunk_size
+        self.bucket_ratio = bucket_ratio
+
+    def buckets(self, plans: Mapping[str, Plan], K: int) -> list[Tensor]:
+        """Client positions grouped by work, largest first (each bucket within ``bucket_ratio``)."""
+        cost = torch.zeros(K, dtype=torch.float64)
+        for pl in plans.values():
+            bsz = (pl.w > 0).sum(-1).amax(-1).clamp_min(1)
+            cost += pl.active.sum(-1).clamp_min(1) * bsz
+        order = torch.argsort(cost, descending=True, stable=True)
+        groups, cur, first = [], [], None
+        cap = self.chunk_size or K
+        for pos in order.tolist():
+            c = float(cost[pos])
+            if cur and (len(cur) >= cap or c * self.bucket_ratio < first):
+                groups.append(torch.tensor(cur))
+                cur = []
+            if not cur:
+                first = c
+            cur.append(pos)
+        if cur:
+            groups.append(torch.tensor(cur))
+        return groups
 
     def run(self, algo, rows, msgs, ids, plans, data):
         if not algo.problem.vmappable:
@@ -272,17 +301,26 @@ class VectorizedExecutor(Executor):
 
         f = vmap(one, in_dims=(0, 0, 0, 0, 0, 0, 0, 0), randomness="error")
         K = ids.numel()
-        cs = self.chunk_size or K
+        groups = self.buckets(plans, K)
         outs = []
-        for a in range(0, K, cs):
-            sl = slice(a, a + cs)
-            outs.append(f({k: v[sl] for k, v in rows.items()}, {k: v[sl] for k, v in msgs.items()},
-                          [plans[p].idx[sl] for p in phases], [plans[p].w[sl] for p in phases],
-                          [plans[p].active[sl] for p in phases], n[sl], wt[sl], ids[sl]))
-        if len(outs) == 1:
+        for g in groups:
+            idxs, ws, acts = [], [], []
+            for p in phases:
+                pl = plans[p]
+                a = pl.active[g]
+                S = max(int(a.sum(-1).max()), 1)
+                B = max(int((pl.w[g] > 0).sum(-1).max()), 1)
+                idxs.append(pl.idx[g][:, :S, :B])
+                ws.append(pl.w[g][:, :S, :B])
+                acts.append(a[:, :S])
+            outs.append(f({k: v[g] for k, v in rows.items()}, {k: v[g] for k, v in msgs.items()}, idxs, ws, acts,
+                          n[g], wt[g], ids[g]))
+        if len(outs) == 1 and torch.equal(groups[0], torch.arange(K)):
             return outs[0]
-        cat = lambda i: {k: torch.cat([o[i][k] for o in outs]) for k in outs[0][i]}
-        return cat(0), cat(1), torch.cat([o[2] for o in outs])
+        inv = torch.empty(K, dtype=torch.long)
+        inv[torch.cat(groups)] = torch.arange(K)
+        cat = lambda i: {k: torch.cat([o[i][k] for o in outs])[inv] for k in outs[0][i]}
+        return cat(0), cat(1), torch.cat([o[2] for o in outs])[inv]
 
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
@@ -300,4 +338,5 @@ def make_executor(name: str, problem, chunk_size: int | None = None) -> Executor
         if problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS:
             return VectorizedExecutor(chunk_size)
         return SequentialExecutor()
-    raise ValueError(f"executor: unknown {name!r}; allowed: 'auto', 'sequential', 'vectorized'")
+    raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
+                     f"'sequential', 'vectorized'")

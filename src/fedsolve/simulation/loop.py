@@ -50,7 +50,8 @@ class SimulationConfig(BaseModel):
     eval_every: int = Field(10, ge=1, description="evaluate every k rounds (and at round 0 and the end)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     work: WorkConfig = Field(default_factory=WorkConfig)
-    executor: Literal["auto", "sequential", "vectorized"] = Field("auto", description="how clients run")
+    executor: Literal["auto", "sequential", "vectorized", "fpfc_linear"] = Field(
+        "auto", description="how clients run ('fpfc_linear': FPFC's batched linear-model executor)")
     chunk_size: int | None = Field(None, ge=1, description="max clients per vectorized call (memory bound)")
     metrics: list[Literal["f1", "auc"]] = Field(default_factory=lambda: ["f1", "auc"],
                                                 description="extra classification metrics")
@@ -118,7 +119,8 @@ class Simulation:
         self.rngs = RngStreams(seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.callbacks = list(callbacks or [])
-        self.executor = make_executor(cfg.executor, problem, cfg.chunk_size)
+        self.executor = algorithm.make_executor(cfg.executor, cfg.chunk_size) or make_executor(
+            cfg.executor, problem, cfg.chunk_size)
         self.vectorized_eval = problem.vmappable
         self.history: list[dict[str, Any]] = []
         self.round_times: list[float] = []
@@ -190,7 +192,8 @@ class Simulation:
 
     # ------------------------------------------------------------ checks
     def _check(self, round_: int, train_loss: float, uploads: dict[str, torch.Tensor]) -> None:
-        bad = [k for k, v in self.server.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        keys = self.algo.finite_check_keys or tuple(self.server)
+        bad = [k for k in keys if self.server[k].is_floating_point() and not torch.isfinite(self.server[k]).all()]
         bad += [f"upload:{k}" for k, v in uploads.items() if v.is_floating_point() and not torch.isfinite(v).all()]
         if bad or not math.isfinite(train_loss):
             raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; "
@@ -214,7 +217,7 @@ class Simulation:
             g = self.rngs.numpy("work", t)
             scale = torch.as_tensor(g.uniform(self.cfg.work.min_fraction, 1.0, size=m))[ids]
         msgs = self.algo.broadcast(self.server, ids, t)
-        plans = build_plans(self.algo.work(), data.train_offsets, ids, self.rngs, t, scale)
+        plans = build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale)
         rows = self.clients.gather(ids)
         new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, ids, plans, data)
         self.clients.scatter(ids, new_rows)
