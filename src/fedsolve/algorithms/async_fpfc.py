@@ -99,7 +99,7 @@ def run_async_fpfc(problem, algo_cfg: dict, cfg: AsyncConfig | dict | None = Non
         algo._round = k
         plans = build_plans(algo.work(k), data.train_offsets, ids, rngs, k)
         rows = clients.gather(ids)
-        new_rows, uploads, _ = ex.run(algo, rows, {"zeta": zeta}, ids, plans, data)
+        new_rows, uploads, _ = ex.run(algo, rows, {"zeta": zeta}, ids, plans, data, k)
         clients.scatter(ids, new_rows)
         algo.server_update(server, ids, uploads["w"])
         heapq.heappush(heap, (t + delays(i), i, algo.zeta(server, ids)))

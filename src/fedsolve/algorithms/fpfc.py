@@ -416,7 +416,7 @@ class FPFC(Algorithm):
             w0 = w0.index_copy(0, self.sidx, msg["shared"])
             fidx = self.fidx
             extra = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))  # noqa
-        w = self.local_sgd(ctx, w0, extra=extra, lr=self.lr_at(self._round))
+        w = self.local_sgd(ctx, w0, extra=extra, lr=self.lr_at(ctx.round))
         return {"w": w}, {"w": w}
 
     def server_update(self, server, ids: Tensor, W_new: Tensor) -> dict[str, Tensor]:
@@ -661,7 +661,7 @@ def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: i
         msg = {"zeta": zeta}
         if not algo.all_fused:
             msg["shared"] = W[:, algo.sidx]
-        rows, _, _ = ex.run(new_algo, {"w": W}, msg, ids, plans, data)
+        rows, _, _ = ex.run(new_algo, {"w": W}, msg, ids, plans, data, r + 1)
         W = rows["w"]
     # final pair update so theta reflects the last w
     Wf = W[:, fidx].to(algo.sdtype)
@@ -758,7 +758,7 @@ class LinearGDExecutor:
         k = W.shape[0]
         return torch.cat([W.reshape(k, -1), b], 1) if self.w_first else torch.cat([b, W.reshape(k, -1)], 1)
 
-    def run(self, algo, rows, msgs, ids, plans, data):
+    def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         c = algo.cfg
         if not getattr(algo, "all_fused", False) or c.batch_size is not None:
             raise ValueError("LinearGDExecutor: needs FPFC with the whole model fused and batch_size=null")
@@ -769,7 +769,7 @@ class LinearGDExecutor:
         XT, XN, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XT, self.XN, self.CW, self.Y))
         steps = plans["train"].active.sum(1)                       # [k] active steps per client
         S = int(steps.max())
-        lr = algo.lr_at(algo._round)
+        lr = algo.lr_at(round_)
         rho, wd = c.rho, c.weight_decay
         w = rows["w"].to(torch.float32)
         zeta = msgs["zeta"].to(torch.float32)

@@ -111,7 +111,7 @@ class LocalContext:
     """
 
     def __init__(self, problem, plans: Mapping[str, Plan], n: Tensor, weight: Tensor, client: Tensor,
-                 train_x: Tensor, train_y: Tensor):
+                 train_x: Tensor, train_y: Tensor, round_: int = 0):
         self._problem = problem
         self._model = problem.model
         self._layout = problem.layout
@@ -120,6 +120,8 @@ class LocalContext:
         self.n = n
         self.weight = weight
         self.client = client
+        #: the communication round (a Python int, the same for every client of a vectorized call)
+        self.round = int(round_)
         self._x = train_x
         self._y = train_y
         self._loss_sum = torch.zeros((), dtype=torch.float32)
@@ -218,7 +220,7 @@ class Executor:
     name = "base"
 
     def run(self, algo, rows: Record, msgs: Record, ids: Tensor, plans: Mapping[str, Plan], data,
-            ) -> tuple[Record, Record, Tensor]:
+            round_: int = 0) -> tuple[Record, Record, Tensor]:
         raise NotImplementedError
 
 
@@ -233,12 +235,12 @@ class SequentialExecutor(Executor):
 
     name = "sequential"
 
-    def run(self, algo, rows, msgs, ids, plans, data):
+    def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         n, wt = _ctx_inputs(data, ids)
         outs_s, outs_u, losses = [], [], []
         for k in range(ids.numel()):
             ctx = LocalContext(algo.problem, {p: pl.row(k) for p, pl in plans.items()}, n[k], wt[k], ids[k],
-                               data.train_x, data.train_y)
+                               data.train_x, data.train_y, round_)
             ctx.eager = True
             s, u = algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()}, ctx)
             outs_s.append(s)
@@ -285,7 +287,7 @@ class VectorizedExecutor(Executor):
             groups.append(torch.tensor(cur))
         return groups
 
-    def run(self, algo, rows, msgs, ids, plans, data):
+    def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         if not algo.problem.vmappable:
             raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "
                              "stats); use executor: sequential or auto")
@@ -295,7 +297,7 @@ class VectorizedExecutor(Executor):
 
         def one(row, msg, idxs, ws, acts, n_, w_, cid):
             pl = {p: Plan(i, w, a) for p, i, w, a in zip(phases, idxs, ws, acts)}
-            ctx = LocalContext(algo.problem, pl, n_, w_, cid, tx, ty)
+            ctx = LocalContext(algo.problem, pl, n_, w_, cid, tx, ty, round_)
             s, u = algo.local_update(row, msg, ctx)
             return s, u, ctx.train_loss
 

@@ -69,7 +69,7 @@ def plan_shapes(algorithm, train_offsets: Tensor, ids: Tensor, rngs: RngStreams,
     so the node pads its own plan the same way to get bit-identical gradients. Needs only the
     clients' sizes (offsets), no data.
     """
-    plans = build_plans(algorithm.work(), train_offsets, ids, rngs, t, scale)
+    plans = build_plans(algorithm.work(t), train_offsets, ids, rngs, t, scale)
     return {p: (int(pl.idx.shape[1]), int(pl.idx.shape[2])) for p, pl in plans.items()}
 
 
@@ -112,12 +112,13 @@ def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x
     n = int(train_x.shape[0])
     ids = torch.tensor([cid], dtype=torch.long)
     sc = None if scale is None else torch.tensor([scale], dtype=torch.float64)
-    plans = build_plans(algorithm.work(), local_offsets(cid, num_clients, n), ids, rngs, t, sc)
+    plans = build_plans(algorithm.work(t), local_offsets(cid, num_clients, n), ids, rngs, t, sc)
     if pad:
         plans = {p: _pad(pl, *pad[p]) if p in pad else pl for p, pl in plans.items()}
     ctx = LocalContext(algorithm.problem, {p: pl.row(0) for p, pl in plans.items()},
                        torch.tensor(float(n), dtype=torch.float32), weight.to(torch.float32), ids[0],
-                       train_x, train_y)
+                       train_x, train_y, t)
+    ctx.eager = True  # the sequential executor's path, so deployment == simulation bit for bit
     new_state, upload = algorithm.local_update(dict(state), dict(msg), ctx)
     return new_state, upload, ctx.train_loss
 

@@ -206,10 +206,15 @@ class Simulation:
                                   f"try a smaller learning rate. The last good checkpoint is kept.")
 
     # ------------------------------------------------------------ main loop
+    def participants(self, t: int, ids: torch.Tensor) -> torch.Tensor:
+        """The sampled clients that take part in round ``t`` (hook: a deployment replay drops the
+        clients whose uploads never arrived, treating them as not selected)."""
+        return ids
+
     def run_round(self, t: int) -> dict[str, Any]:
         m = self.problem.num_clients
         data = self.problem.data
-        ids = sample_clients(self.cfg.sampling, m, data.weights, self.rngs.numpy("sampling", t))
+        ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights, self.rngs.numpy("sampling", t)))
         if ids.numel() == 0:
             return {"round": t, "clients": 0, "train_loss": float("nan"), "ids": ids}
         scale = None
@@ -219,7 +224,7 @@ class Simulation:
         msgs = self.algo.broadcast(self.server, ids, t)
         plans = build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale)
         rows = self.clients.gather(ids)
-        new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, ids, plans, data)
+        new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, ids, plans, data, t)
         self.clients.scatter(ids, new_rows)
         self.server = self.algo.aggregate(self.server, ids, uploads, t)
         if self.algo.communicates:
