@@ -1,0 +1,68 @@
+"""Every FedAPM suite in experiments/fedapm/ loads and runs (tiny version: 1 seed, 2 rounds, small data).
+
+The suites themselves are reduced CPU versions of the paper's Table 3 / Fig. 6 / Fig. 7 settings;
+this only checks that each YAML is valid, builds its problem and runs every algorithm it lists to a
+report with the paper block. Suites on fetched data (mnist, fmnist, hapt) are marked ``realdata``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsolve.experiments.config import load_config
+from fedsolve.experiments.runner import compare
+
+SUITES = sorted((Path(__file__).resolve().parents[1] / "experiments" / "fedapm").glob("*.yaml"))
+REAL = {"mnist", "fmnist", "hapt"}
+
+
+def _dataset(path: Path) -> str:
+    return yaml.safe_load(path.read_text())["data"]["dataset"]
+
+
+def _tiny(path: Path) -> list[str]:
+    ds = _dataset(path)
+    sets = ["seeds=[0]", "simulation.rounds=2", "simulation.eval_every=1", "defaults.local_epochs=1",
+            "defaults.log_stationarity=false"]
+    if ds in ("mnist", "fmnist"):
+        sets += ["data.params.limit=400", "data.params.test_limit=100"]
+    if ds == "hapt":
+        sets += ["data.params.window=32", "data.params.step=256"]
+    return sets
+
+
+def _params(path: Path):
+    marks = [pytest.mark.realdata] if _dataset(path) in REAL else []
+    return pytest.param(path, id=path.stem, marks=marks)
+
+
+def test_suites_found():
+    names = {p.stem for p in SUITES}
+    assert {"table3_fmnist", "table3_mnist", "table3_hapt", "table3_hapt_input", "rho_sweep",
+            "participation_sweep"} <= names
+
+
+@pytest.mark.parametrize("path", [_params(p) for p in SUITES])
+def test_suite_runs_tiny(path, tmp_path):
+    cfg = load_config(path, _tiny(path))
+    assert cfg.description.strip(), f"{path.name}: the description must say how the suite is reduced"
+    agg = compare(cfg, out=tmp_path / "run", progress=False)
+    labels = [s.display for s in cfg.all_algorithms()]
+    assert set(agg["algorithms"]) == set(labels)
+    for label, entry in agg["algorithms"].items():
+        assert entry["runs"] == 1
+        assert entry["diverged"] == 0, f"{label} diverged in the tiny run"
+        acc = entry["final"]["test_accuracy"]["mean"]
+        assert 0.0 <= acc <= 1.0
+    report = (tmp_path / "run" / "report.md").read_text()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["seeds"] == [0]
+    if cfg.paper.get("values"):
+        # the paper's numbers sit next to ours, one row per method in the paper block
+        assert "Paper's numbers" in report
+        for label in cfg.paper["values"]:
+            assert label in labels, f"{path.name}: paper.values label {label!r} is not an algorithm label"
