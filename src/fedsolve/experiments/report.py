@@ -170,14 +170,19 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
         lines += ["", f"## Paper's numbers: {paper.get('source', '')}", ""]
         if paper.get("note"):
             lines += [paper["note"].strip(), ""]
-        metric = paper.get("metric", "test_accuracy")
-        lines += [f"| algorithm | paper | ours ({NICE.get(metric, metric)}, {paper.get('ours', 'best')}) |",
-                  "|---|---|---|"]
+        # values: {label: number} for `metric`, or {label: {metric: number}} for several metrics
+        which = paper.get("ours", "best")
+        metrics = paper.get("metrics") or [paper.get("metric", "test_accuracy")]
+        head = " | ".join(f"paper {NICE.get(m, m)} | ours ({which})" for m in metrics)
+        lines += [f"| algorithm | {head} |", "|---|" + "---|---|" * len(metrics)]
         for a, v in paper["values"].items():
-            ours = agg["algorithms"].get(a, {}).get(paper.get("ours", "best"), {}).get(metric)
-            ours_s = f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else "not run"
-            lines.append(f"| {a} | {v} | {ours_s} |")
-    lines += ["", f"Total wall time {agg.get('wall_time_s', 0):.1f} s.", ""]
+            cells = []
+            for m in metrics:
+                pv = v.get(m, "–") if isinstance(v, dict) else v
+                ours = agg["algorithms"].get(a, {}).get(which, {}).get(m)
+                cells += [str(pv), f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else "not run"]
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    lines += ["", f"Total wall time of all runs {agg.get('wall_time_s', 0):.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
     atomic_write_text(base / "report.md", "\n".join(lines) + "\n")
 

@@ -201,7 +201,9 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
             runs.setdefault(spec.display, []).append(summary)
             histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
     agg = aggregate_runs(cfg, runs)
-    agg["wall_time_s"] = time.perf_counter() - t0
+    # total compute of all runs (also right after --resume, where this call only did part of it)
+    agg["wall_time_s"] = sum(s.get("wall_time_s") or 0.0 for lst in runs.values() for s in lst)
+    agg["invocation_time_s"] = time.perf_counter() - t0
     atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
     write_compare_report(base, cfg, agg, histories)
     return agg
