@@ -116,3 +116,28 @@ def test_cli_divergence_exit_code(tmp_path, capsys):
     assert "diverged" in capsys.readouterr().err
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "diverged" and "learning rate" in s["message"]
+
+
+def test_bad_data_params_are_config_errors(tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(apply_overrides(BASE, ['data.dataset=synthetic_fpfc', 'data.num_clients=20'])))
+    assert main(["run", str(p), "--quiet", "--out", str(tmp_path / "o"), "--algorithm", "FedAvg"]) == 2
+    err = capsys.readouterr().err
+    assert "data:" in err and "num_clients" in err
+
+
+def test_blowup_in_first_round_is_divergence(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(apply_overrides(BASE, ["defaults.lr=1e6", "simulation.rounds=3"])))
+    assert main(["run", str(p), "--out", str(tmp_path / "d"), "--quiet", "--algorithm", "FedAvg"]) == 3
+
+
+def test_cli_import_plugin_algorithm(tmp_path, monkeypatch):
+    """`fedsolve --import MODULE` registers a user's algorithm (docs/writing-an-algorithm.md)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "examples"))
+    assert main(["--import", "my_fedavgm", "run", str(root / "examples" / "my_fedavgm.yaml"), "--quiet",
+                 "--out", str(tmp_path / "o"), "--set", "simulation.rounds=2"]) == 0
+    assert (tmp_path / "o" / "summary.json").exists()

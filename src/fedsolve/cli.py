@@ -105,6 +105,8 @@ def _cmd_report(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsolve", description="Structured federated optimization")
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                   help="import MODULE first (e.g. a file of your own @register-ed algorithms); repeatable")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
@@ -135,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import importlib
+
+    for mod in args.imports or []:  # user plugins: modules that @register algorithms
+        sys.path.insert(0, os.getcwd())
+        importlib.import_module(mod)
     from fedsolve.experiments.config import ConfigError
     from fedsolve.simulation.loop import DivergenceError
 

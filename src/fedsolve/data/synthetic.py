@@ -7,7 +7,8 @@
 * :func:`fedprox_synthetic` -- FedProx's Synthetic(alpha, beta) heterogeneous logistic data (Li et al. 2020),
   used by FedAPM's code for theory checks (FedAPM spec sec. 7).
 
-All return :class:`~fedsolve.data.federated.FederatedData` with ``clusters`` set; the same seed gives
+All return :class:`~fedsolve.data.federated.FederatedData` (with ``clusters`` set, except
+``fedprox_synthetic``, which has no cluster structure); the same seed gives
 identical data.
 """
 

@@ -42,7 +42,16 @@ def set_threads(n: int | None) -> None:
 def build_data(cfg: ExperimentConfig, seed: int):
     from fedsolve.data.datasets import build_federated
 
+    from fedsolve.experiments.config import ConfigError
+
     d = cfg.data
+    try:
+        return _build_federated(build_federated, d, seed)
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"data: {e}") from None
+
+
+def _build_federated(build_federated, d, seed: int):
     return build_federated(d.dataset, num_clients=d.num_clients, partition=d.partition,
                            partition_params=dict(d.partition_params), seed=seed, test_fraction=d.test_fraction,
                            dataset_params=dict(d.params), cluster_transform=d.cluster_transform,
@@ -89,7 +98,8 @@ def resolved_config(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int) -> di
 
 
 def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
-    keys = {k for r in history for k in r if isinstance(r.get(k), (int, float)) and k not in ("round", "time_s")}
+    keys = {k for r in history for k in r if isinstance(r.get(k), (int, float)) and k not in ("round", "time_s")
+            and not k.endswith("_bytes")}
     best: dict[str, float] = {}
     for k in sorted(keys):
         vals = [r[k] for r in history if k in r and r[k] == r[k]]

@@ -243,9 +243,13 @@ class Simulation:
             cb.on_start(self)
         if self.start_round == 0 and not self.history:
             rec = self.evaluate(0, None)
+            # the loss of the initial model is the reference for "exploding" (a blow-up in round 1 counts)
+            if math.isfinite(rec.get("test_loss", float("nan"))):
+                self._first_loss = max(abs(rec["test_loss"]), 1e-8)
             self.history.append(rec)
             for cb in self.callbacks:
                 cb.on_eval(self, rec)
+            self.save_checkpoint(0)  # the initial state is the first "last good" checkpoint
         last_loss = None
         for t in range(self.start_round, self.cfg.rounds):
             t1 = time.perf_counter()
@@ -259,6 +263,10 @@ class Simulation:
             is_eval = done % self.cfg.eval_every == 0 or done == self.cfg.rounds
             if is_eval:
                 rec = self.evaluate(done, last_loss)
+                tl = rec.get("test_loss", rec.get("test_rmse", 0.0))
+                if not math.isfinite(tl):
+                    raise DivergenceError(f"round {done}: the evaluated models give a non-finite test loss; try a "
+                                          f"smaller learning rate. The last good checkpoint is kept.")
                 self.history.append(rec)
                 for cb in self.callbacks:
                     cb.on_eval(self, rec)
