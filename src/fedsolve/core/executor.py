@@ -327,7 +327,7 @@ class VectorizedExecutor(Executor):
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
 #: Measured in benchmarks/round_time.py on a 2-core CPU (see docs/concepts.md).
-AUTO_MAX_PARAMS = 50_000
+AUTO_MAX_PARAMS = 2_000_000
 
 
 def make_executor(name: str, problem, chunk_size: int | None = None) -> Executor:
