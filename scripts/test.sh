@@ -7,5 +7,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,flower"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 export FEDSOLVE_FETCH="${FEDSOLVE_FETCH:-1}"
+# Fashion-MNIST and Boston housing come from Debian packages: a fresh machine has no package lists yet.
+if [ "$FEDSOLVE_FETCH" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+   && ! apt-cache show dataset-fashion-mnist >/dev/null 2>&1; then
+  apt-get update -qq || echo "warning: apt-get update failed; Debian-packaged datasets may not be fetchable"
+fi
 # pytest exits 5 when it collects no test: that fails this script like any other failure.
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
