@@ -341,3 +341,8 @@ class PerFedAvg(Algorithm):
 
     def eval_model(self, state, msg):
         return state["personal"]
+
+
+# attacked variants (byz_fpfc, byz_ifca, ...) register once every base algorithm above exists;
+# imported here because algorithms/__init__.py (shared) does not list the module yet.
+from fedsolve.algorithms import byzantine as _byzantine  # noqa: E402,F401

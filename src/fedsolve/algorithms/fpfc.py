@@ -533,7 +533,7 @@ def _val_accuracy(sim, val_problem) -> float:
 def warmup_lambda_path(problem, lams: Sequence[float], algo_cfg: dict | FPFCConfig, sim_cfg, seed: int = 0,
                        val_problem=None, tol: float = 1e-4, check_every: int = 1, min_rounds: int = 1,
                        max_rounds_per_lambda: int | None = None, total_rounds: int | None = None,
-                       algorithm: str = "fpfc") -> dict[str, Any]:
+                       algorithm: str = "fpfc", stop_at_selection: bool = False) -> dict[str, Any]:
     """Warmup lambda path (Sec. 4.3, spec 2.11).
 
     Train with lams[0] from the initial state; every ``check_every`` rounds compute the validation
@@ -542,8 +542,10 @@ def warmup_lambda_path(problem, lams: Sequence[float], algo_cfg: dict | FPFCConf
     change since the last check is below ``tol`` (after ``min_rounds``) or after
     ``max_rounds_per_lambda``. The validation accuracy at the switch is that lambda's score. As soon
     as a lambda scores below the previous one, go back to the best lambda's saved state and train it
-    until ``total_rounds`` (default ``sim_cfg.rounds``) is used up. Returns the best lambda, the switch
-    rounds, per-lambda scores, the final Simulation and its validation history.
+    until ``total_rounds`` (default ``sim_cfg.rounds``) is used up. ``stop_at_selection`` returns as
+    soon as the lambda is chosen (state = the best lambda's saved state; ``rounds_used`` says how many
+    rounds were spent), e.g. to continue training on train + validation data. Returns the best lambda,
+    the switch rounds, per-lambda scores, the final Simulation and its validation history.
     """
     from fedsolve.algorithms.base import get_algorithm
     from fedsolve.simulation.loop import Simulation
@@ -589,6 +591,8 @@ def warmup_lambda_path(problem, lams: Sequence[float], algo_cfg: dict | FPFCConf
             algo._version += 1
             switches.append((t, lam_b))
             stopped = True
+            if stop_at_selection:
+                break
             continue
         best = (acc, lam, copy.deepcopy(sim.server), sim.clients.clone(), algo._version)
         if s + 1 < len(lams):
@@ -599,7 +603,10 @@ def warmup_lambda_path(problem, lams: Sequence[float], algo_cfg: dict | FPFCConf
             start = t
         else:
             stopped = True
+            if stop_at_selection:
+                break
     return {"best_lambda": algo.cfg.lam, "switches": switches, "scores": scores, "history": history,
+            "rounds_used": t,
             "simulation": sim, "algorithm": algo, "wall_time_s": time.perf_counter() - sim._t0}
 
 
@@ -690,15 +697,18 @@ class LinearGDExecutor:
 
     An executor (same ``run`` interface as ``core.executor``) that runs the selected clients' FPFC
     local updates at once, for a problem whose model is one ``nn.Linear`` (``logreg``) with
-    ``cross_entropy`` or ``squared_error`` loss, full-batch plans and the whole model fused. Each
-    client's samples are cut into chunks of ``chunk`` columns (only each client's last chunk is
-    padded), stored transposed (``[60, C]``) so the class softmax runs over contiguous columns, and
-    every GD step is three ``bmm`` calls over all chunks plus segment sums per client: a handful
-    of kernels per step instead of one autograd pass per client. It computes the same numbers as
-    the sequential executor up to float rounding (a test checks); step counts come from the plans,
-    so variable work and growing schedules work. Use: ``sim.executor = LinearGDExecutor(problem)``.
+    ``cross_entropy`` or ``squared_error`` loss, full-batch plans and the whole model fused. The bias
+    is folded in as a constant-1 feature (``[W | b]`` acts on ``[x, 1]``); each client's samples are
+    cut into chunks of ``chunk`` rows (only its last chunk is padded, with all-zero rows, so padding
+    contributes nothing to the gradient), stored once as ``[chunks, C, in+1]``. Every GD step is two
+    ``bmm`` calls over all chunks (forward on the transposed view, backward on the stored layout), one
+    fused softmax over the class dimension and a segment sum per client; the 1/n_i of the mean loss
+    is applied per client after the segment sum. Same numbers as the sequential executor up to float
+    rounding (a test checks). The reported loss is -log softmax at the label with p clamped at 1e-30
+    (differs from the exact cross-entropy only when a training margin is below -69). Step counts come
+    from the plans, so variable work and growing schedules work. Selected automatically by
+    ``FPFC.make_executor`` (``executor: auto`` or ``fpfc_linear``).
     """
-
     name = "fpfc_linear"
 
     def __init__(self, problem, chunk: int = 256):
@@ -710,53 +720,48 @@ class LinearGDExecutor:
             raise ValueError("LinearGDExecutor supports cross_entropy and squared_error losses")
         self.ce = problem.loss_name == "cross_entropy"
         self.out_dim, self.in_dim = lins[0].weight.shape
-        names = problem.layout.names
-        self.w_first = names[0].endswith("weight")
+        self.w_first = problem.layout.names[0].endswith("weight")
         self.C = chunk
         d = problem.data
         X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float32)
+        X = torch.cat([X, X.new_ones(X.shape[0], 1)], 1)          # bias as a constant feature
         off = d.train_offsets.tolist()
         m = d.num_clients
-        self.first = []  # first chunk id of each client
-        self.count = []
-        XT, XN, Y, CW = [], [], [], []
+        first, count, XA, Y, CW = [], [], [], [], []
         c0 = 0
         for i in range(m):
             a, b = off[i], off[i + 1]
             n = b - a
             nc = max(1, math.ceil(n / chunk))
             pad = nc * chunk - n
-            xi = torch.cat([X[a:b], X.new_zeros(pad, X.shape[1])]).reshape(nc, chunk, -1).transpose(1, 2)
-            cw = torch.cat([torch.full((n,), 1.0 / max(n, 1)), torch.zeros(pad)]).reshape(nc, 1, chunk)
-            XT.append(xi)
-            XN.append(xi.transpose(1, 2))
-            CW.append(cw)
+            XA.append(torch.cat([X[a:b], X.new_zeros(pad, X.shape[1])]).reshape(nc, chunk, -1))
+            CW.append(torch.cat([torch.ones(n), torch.zeros(pad)]).reshape(nc, 1, chunk))
             if self.ce:
                 yi = torch.cat([d.train_y[a:b].long(), torch.zeros(pad, dtype=torch.long)]).reshape(nc, 1, chunk)
             else:
                 yi = torch.cat([d.train_y[a:b].reshape(n, -1).float(), torch.zeros(pad, self.out_dim)])
                 yi = yi.reshape(nc, chunk, -1).transpose(1, 2)
             Y.append(yi)
-            self.first.append(c0)
-            self.count.append(nc)
-            c0 += nc
-        self.XT = torch.cat(XT).contiguous()      # [N_chunks, in, C]  (forward: W @ X^T)
-        self.XN = torch.cat(XN).contiguous()      # [N_chunks, C, in]  (backward: G @ X)
-        self.CW = torch.cat(CW).contiguous()      # [N_chunks, 1, C]   1/n_i, 0 on padding
+            first.append(c0); count.append(nc); c0 += nc
+        self.XA = torch.cat(XA).contiguous()      # [N_chunks, C, in+1]; padding rows are all zero
+        self.CW = torch.cat(CW).contiguous()      # [N_chunks, 1, C]  1 on samples, 0 on padding
         self.Y = torch.cat(Y).contiguous()
-        self.first = torch.tensor(self.first)
-        self.count = torch.tensor(self.count)
+        self.first = torch.tensor(first)
+        self.count = torch.tensor(count)
+        self.n = d.train_sizes.to(torch.float32)
 
-    def _split(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        k = w.shape[0]
-        o, i = self.out_dim, self.in_dim
+    def _to_aug(self, w):
+        k = w.shape[0]; o, i = self.out_dim, self.in_dim
         if self.w_first:
-            return w[:, :o * i].reshape(k, o, i), w[:, o * i:]
-        return w[:, o:].reshape(k, o, i), w[:, :o]
+            W, b = w[:, :o * i].reshape(k, o, i), w[:, o * i:]
+        else:
+            W, b = w[:, o:].reshape(k, o, i), w[:, :o]
+        return torch.cat([W, b.unsqueeze(-1)], 2)
 
-    def _join(self, W: Tensor, b: Tensor) -> Tensor:
-        k = W.shape[0]
-        return torch.cat([W.reshape(k, -1), b], 1) if self.w_first else torch.cat([b, W.reshape(k, -1)], 1)
+    def _from_aug(self, A):
+        k = A.shape[0]
+        W, b = A[:, :, :-1].reshape(k, -1), A[:, :, -1]
+        return torch.cat([W, b], 1) if self.w_first else torch.cat([b, W], 1)
 
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         c = algo.cfg
@@ -764,39 +769,40 @@ class LinearGDExecutor:
             raise ValueError("LinearGDExecutor: needs FPFC with the whole model fused and batch_size=null")
         k = ids.numel()
         cnt = self.count[ids]
-        chunk_ids = torch.cat([torch.arange(int(f), int(f) + int(n)) for f, n in zip(self.first[ids], cnt)])
+        starts = self.first[ids]
         owner = torch.repeat_interleave(torch.arange(k), cnt)
-        XT, XN, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XT, self.XN, self.CW, self.Y))
-        steps = plans["train"].active.sum(1)                       # [k] active steps per client
+        chunk_ids = torch.repeat_interleave(starts - torch.cumsum(cnt, 0) + cnt, cnt) + torch.arange(int(cnt.sum()))
+        XA, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XA, self.CW, self.Y))
+        XT = XA.transpose(1, 2)
+        steps = plans["train"].active.sum(1)
         S = int(steps.max())
         lr = algo.lr_at(round_)
         rho, wd = c.rho, c.weight_decay
-        w = rows["w"].to(torch.float32)
-        zeta = msgs["zeta"].to(torch.float32)
+        inv_n = (1.0 / self.n[ids]).view(k, 1, 1)
+        A = self._to_aug(rows["w"].to(torch.float32))
+        Z = self._to_aug(msgs["zeta"].to(torch.float32))
         loss_sum = torch.zeros(k)
+        gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
         for s in range(S):
-            W, b = self._split(w)
-            z = torch.baddbmm(b[owner].unsqueeze(-1), W[owner], XT)          # [B, out, C]
+            z = torch.bmm(A.index_select(0, owner), XT)                     # [B, out, C]
             if self.ce:
-                zmax = z.amax(1, keepdim=True)
-                e = (z - zmax).exp_()
-                se = e.sum(1, keepdim=True)
-                zy = z.gather(1, Y)
-                lc = ((se.log() + zmax - zy) * CW).sum((1, 2))             # per-chunk loss
-                G = e.div_(se)
-                G.scatter_add_(1, Y, torch.full_like(zy, -1.0))
+                G = torch.softmax(z, 1)
+                py = G.gather(1, Y)
+                lc = -(py.clamp_min(1e-30).log() * CW).sum((1, 2))
+                G.scatter_add_(1, Y, CW.neg())    # -1 at the label (0 on padding, whose X rows are 0 anyway)
             else:
                 G = z.sub_(Y)
                 lc = (0.5 * G.pow(2).sum(1, keepdim=True) * CW).sum((1, 2))
-            G.mul_(CW)
-            gW = torch.zeros(k, self.out_dim, self.in_dim).index_add_(0, owner, torch.bmm(G, XN))
-            gb = torch.zeros(k, self.out_dim).index_add_(0, owner, G.sum(2))
-            g = self._join(gW, gb) + rho * (w - zeta)
+            gA = gbuf.zero_().index_add_(0, owner, torch.bmm(G, XA)).mul_(inv_n)
+            g = gA.add_(A - Z, alpha=rho)
             if wd > 0:
-                g = g + wd * w
+                g = g.add_(A, alpha=wd)
             live = (steps > s)
             loss_sum += torch.zeros(k).index_add_(0, owner, lc) * live
-            w = torch.where(live.unsqueeze(1), w - lr * g, w)
-        losses = loss_sum / steps.clamp_min(1).to(torch.float32)
-        w = w.to(rows["w"].dtype)
+            if bool(live.all()):
+                A = A - lr * g
+            else:
+                A = torch.where(live.view(k, 1, 1), A - lr * g, A)
+        losses = loss_sum * (1.0 / self.n[ids]) / steps.clamp_min(1).to(torch.float32)
+        w = self._from_aug(A).to(rows["w"].dtype)
         return {"w": w}, {"w": w}, losses
