@@ -1,0 +1,101 @@
+"""Every FPFC suite in experiments/fpfc/ loads and runs (tiny: 1 seed, 2 rounds, small data), and every
+driver script has a --smoke mode that writes a report with the paper's numbers.
+
+Suites on fetched data (mnist, fmnist) are marked ``realdata``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsolve.experiments.config import load_config
+from fedsolve.experiments.runner import compare
+
+DIR = Path(__file__).resolve().parents[1] / "experiments" / "fpfc"
+SUITES = sorted(DIR.glob("*.yaml"))
+REAL = {"mnist", "fmnist"}
+DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness"]
+
+
+def _dataset(path: Path) -> str:
+    return yaml.safe_load(path.read_text())["data"]["dataset"]
+
+
+def _tiny(path: Path) -> list[str]:
+    ds = _dataset(path)
+    sets = ["seeds=[0]", "simulation.rounds=2", "simulation.eval_every=1", "defaults.local_epochs=1", "threads=1"]
+    if ds == "synthetic_fpfc":
+        sets += ["data.params.size_scale=0.05", "data.params.max_size=60"]
+    if ds in REAL:
+        sets += ["data.params.limit=400", "data.params.test_limit=100"]
+    return sets
+
+
+def _params(path: Path):
+    marks = [pytest.mark.realdata] if _dataset(path) in REAL else []
+    return pytest.param(path, id=path.stem, marks=marks)
+
+
+def test_suites_found():
+    names = {p.stem for p in SUITES}
+    assert {"synthetic_s1", "synthetic_s3", "hbf", "lambda_sensitivity", "xi_sensitivity", "label_swap_mnist",
+            "label_swap_fmnist"} <= names
+    for d in DRIVERS:
+        assert (DIR / f"{d}.py").exists()
+
+
+@pytest.mark.parametrize("path", [_params(p) for p in SUITES])
+def test_suite_runs_tiny(path, tmp_path):
+    cfg = load_config(path, _tiny(path))
+    assert cfg.description.strip()
+    assert cfg.paper.get("values"), f"{path.name}: the paper block must list the paper's numbers"
+    agg = compare(cfg, out=tmp_path / "run", progress=False)
+    labels = [s.display for s in cfg.all_algorithms()]
+    assert set(agg["algorithms"]) == set(labels)
+    for label, entry in agg["algorithms"].items():
+        assert entry["runs"] == 1
+        assert entry["diverged"] == 0, f"{label} diverged in the tiny run"
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "Paper's numbers" in report
+
+
+def _driver(name):
+    sys.path.insert(0, str(DIR))
+    spec = importlib.util.spec_from_file_location(f"fpfc_driver_{name}", DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("args", [["--protocol", "fixed"], ["--protocol", "warmup", "--refit-full"],
+                                  ["--protocol", "separate"]], ids=["fixed", "warmup", "separate"])
+def test_s1_protocol_smoke(args, tmp_path):
+    res = _driver("s1_protocol").main([*args, "--smoke", "--threads", "1", "--out", str(tmp_path)])
+    assert len(res) == 1 and 1 <= res[0]["num_clusters"] <= 100
+    assert "89.46%" in (tmp_path / "report.md").read_text()
+
+
+def test_table2_smoke(tmp_path):
+    _driver("table2_tuning").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
+    text = (tmp_path / "report.md").read_text()
+    assert "4.02 h" in text and "0.46 h" in text
+
+
+def test_table3_smoke(tmp_path):
+    res = _driver("table3_newcomers").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
+    assert set(res) == {"FPFC", "LOCAL", "FedAvg", "IFCA"}
+    assert "79.31%" in (tmp_path / "report.md").read_text()
+
+
+def test_robustness_smoke(tmp_path):
+    rows = _driver("robustness").main(["--smoke", "--threads", "1", "--algorithms", "fpfc", "fedavg", "local",
+                                       "--out", str(tmp_path)])
+    assert {r["attack"] for r in rows} == {"same_value", "sign_flip", "gaussian"}
+    # LOCAL uploads nothing: the attack cannot touch it
+    loc = {r["fraction"]: r["acc"][0] for r in rows if r["algorithm"] == "LOCAL" and r["attack"] == "gaussian"}
+    assert all(0 <= v <= 1 for v in loc.values())
