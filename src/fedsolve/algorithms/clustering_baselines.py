@@ -123,6 +123,24 @@ class IFCA(Algorithm):
 
 
 # ====================================================================== CFL
+class _ClusterModels(Algorithm):
+    """Shared server read-out of CFL and PACFL: server rows ``W`` (each client's cluster model) and
+    ``cluster`` labels; clients are scored with their cluster's model."""
+
+    def eval_broadcast(self, server, ids):
+        return {"w": server["W"][ids]}
+
+    def eval_model(self, state, msg):
+        return msg["w"]
+
+    def diagnostics(self, server, clients):
+        return _clustering_diag(server["cluster"].numpy(), self.problem)
+
+    def finalize(self, server, clients):
+        lab = server["cluster"].numpy()
+        return {"clusters": lab.tolist(), **_clustering_diag(lab, self.problem)}
+
+
 class CFLConfig(AlgorithmConfig):
     lr: float = Field(0.1, gt=0)
     local_epochs: float | None = Field(10.0, gt=0)
@@ -134,7 +152,7 @@ class CFLConfig(AlgorithmConfig):
 
 
 @register
-class CFL(Algorithm):
+class CFL(_ClusterModels):
     name = "cfl"
     description = "CFL: FedAvg within clusters, recursive cosine bipartition (Sattler et al. 2021)"
     Config = CFLConfig
@@ -183,18 +201,6 @@ class CFL(Algorithm):
                     next_id += 1
         return {"W": W, "cluster": cl, "dW": dW, "seen": seen}
 
-    def eval_broadcast(self, server, ids):
-        return {"w": server["W"][ids]}
-
-    def eval_model(self, state, msg):
-        return msg["w"]
-
-    def diagnostics(self, server, clients):
-        return _clustering_diag(server["cluster"].numpy(), self.problem)
-
-    def finalize(self, server, clients):
-        lab = server["cluster"].numpy()
-        return {"clusters": lab.tolist(), **_clustering_diag(lab, self.problem)}
 
 
 # ====================================================================== PACFL
@@ -247,7 +253,7 @@ def pacfl_clusters(A: np.ndarray, threshold: float) -> np.ndarray:
 
 
 @register
-class PACFL(Algorithm):
+class PACFL(_ClusterModels):
     name = "pacfl"
     description = "PACFL: one-shot principal-angle clustering, then FedAvg per cluster (Vahidian et al. 2023)"
     Config = PACFLConfig
@@ -277,19 +283,8 @@ class PACFL(Algorithm):
             W[cl == c] = (wts.unsqueeze(1) * uploads["w"][sel]).sum(0)
         return {"W": W, "cluster": cl}
 
-    def eval_broadcast(self, server, ids):
-        return {"w": server["W"][ids]}
-
-    def eval_model(self, state, msg):
-        return msg["w"]
-
-    def diagnostics(self, server, clients):
-        return _clustering_diag(server["cluster"].numpy(), self.problem)
-
     def finalize(self, server, clients):
-        lab = server["cluster"].numpy()
-        return {"clusters": lab.tolist(), "one_shot_upload_floats": getattr(self, "upload_floats", 0),
-                **_clustering_diag(lab, self.problem)}
+        return {**super().finalize(server, clients), "one_shot_upload_floats": getattr(self, "upload_floats", 0)}
 
 
 # ====================================================================== Per-FedAvg
