@@ -692,6 +692,35 @@ def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: i
 
 
 # ====================================================================== fast path: batched linear executor
+_MALLOC_TUNED = False
+
+
+def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
+    """Let glibc serve large tensors from the heap and keep freed memory (``mallopt``), process-wide.
+
+    By default every tensor above ~128 KB-32 MB is an ``mmap`` that the kernel zero-fills page by page on
+    first touch and unmaps on free. FPFC's round allocates a dozen 2-8 MB temporaries (the [k, m, d_f]
+    pair blocks, the [chunks, 10, C] logits), so most of the server update's time went to page faults:
+    measured on this 2-core machine, ``DensePairs.update`` (m = 100, k = 30, d_f = 610) 59 ms -> 15 ms.
+    The cost is that the process keeps its peak heap. The same as starting Python with
+    ``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296``. No-op off glibc.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        ok = libc.mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)) == 1
+        ok = ok and libc.mallopt(M_TRIM_THRESHOLD, int(min(4 * threshold_bytes, 2**31 - 1))) == 1
+    except (OSError, AttributeError):
+        ok = False
+    _MALLOC_TUNED = ok
+    return ok
+
+
 class LinearGDExecutor:
     """Batched full-batch local GD for FPFC on a linear model (multinomial logistic or squared loss).
 
@@ -707,11 +736,14 @@ class LinearGDExecutor:
     rounding (a test checks). The reported loss is -log softmax at the label with p clamped at 1e-30
     (differs from the exact cross-entropy only when a training margin is below -69). Step counts come
     from the plans, so variable work and growing schedules work. Selected automatically by
-    ``FPFC.make_executor`` (``executor: auto`` or ``fpfc_linear``).
+    ``FPFC.make_executor`` (``executor: auto`` or ``fpfc_linear``). ``tune_malloc`` calls
+    :func:`keep_freed_memory` (process-wide; about 1.25-4x less time per round, measured).
     """
     name = "fpfc_linear"
 
-    def __init__(self, problem, chunk: int = 256):
+    def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True):
+        if tune_malloc:
+            keep_freed_memory()
         model = problem.model
         lins = [mod for mod in model.modules() if isinstance(mod, torch.nn.Linear)]
         if len(lins) != 1 or len(list(model.parameters())) != 2:

@@ -51,16 +51,53 @@ class Work:
             raise ValueError(f"Work.batch_size must be >= 1 or None (full batch), got {self.batch_size}")
 
 
-@dataclass
 class Plan:
-    """Stacked minibatch plan for K clients: ``idx``/``w`` ``[K, S, B]``, ``active`` ``[K, S]``."""
+    """Stacked minibatch plan for K clients: ``idx``/``w`` ``[K, S, B]``, ``active`` ``[K, S]``.
 
-    idx: Tensor
-    w: Tensor
-    active: Tensor
+    ``idx`` and ``w`` may be built lazily (``build`` returns both): an executor that needs only the
+    step counts (FPFC's batched full-batch executor) never pays for the ``[K, S, n_max]`` index.
+    """
+
+    __slots__ = ("_idx", "_w", "active", "_build")
+
+    def __init__(self, idx: Tensor | None, w: Tensor | None, active: Tensor,
+                 build: Callable[[], tuple[Tensor, Tensor]] | None = None):
+        if (idx is None or w is None) and build is None:
+            raise ValueError("Plan: give idx and w, or a build function")
+        self._idx, self._w, self.active, self._build = idx, w, active, build
+
+    def _materialize(self) -> None:
+        if self._idx is None:
+            self._idx, self._w = self._build()
+            self._build = None
+
+    @property
+    def idx(self) -> Tensor:
+        self._materialize()
+        return self._idx
+
+    @property
+    def w(self) -> Tensor:
+        self._materialize()
+        return self._w
 
     def row(self, k: int) -> "Plan":
         return Plan(self.idx[k], self.w[k], self.active[k])
+
+
+def _stack_plan(per_client: list) -> tuple[Tensor, Tensor]:
+    """``(idx, w)`` ``[K, S, B]`` from per-client ``(start, batch size, list of batches)``."""
+    S = max(len(b) for _, _, b in per_client)
+    B = max(bs for _, bs, _ in per_client)
+    K = len(per_client)
+    idx = np.zeros((K, S, B), dtype=np.int64)
+    w = np.zeros((K, S, B), dtype=np.float32)
+    for k, (a, bs, batches) in enumerate(per_client):
+        for s, b in enumerate(batches):
+            idx[k, s, :len(b)] = a + b
+            idx[k, s, len(b):] = a
+            w[k, s, :len(b)] = 1.0 / len(b)
+    return torch.from_numpy(idx), torch.from_numpy(w)
 
 
 def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: RngStreams, round_: int,
@@ -80,26 +117,21 @@ def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: Rn
             steps = wk.steps if wk.steps is not None else max(1, math.ceil(wk.epochs * per_epoch))
             if scale is not None:
                 steps = max(1, int(round(steps * float(scale[k]))))
-            g = rngs.numpy("batches", round_, cid, phase)
-            batches: list[np.ndarray] = []
-            while len(batches) < steps:  # epoch-aligned: each pass is split into ceil(n/bs) batches
-                order = np.arange(n) if bs == n else g.permutation(n)
-                batches.extend(order[b0:b0 + bs] for b0 in range(0, n, bs))
-            batches = batches[:steps]
+            if bs == n:  # full batch: no randomness, the same (shared) index array every step
+                batches = [np.arange(n)] * steps
+            else:
+                g = rngs.numpy("batches", round_, cid, phase)
+                batches = []
+                while len(batches) < steps:  # epoch-aligned: each pass is split into ceil(n/bs) batches
+                    order = g.permutation(n)
+                    batches.extend(order[b0:b0 + bs] for b0 in range(0, n, bs))
+                batches = batches[:steps]
             per_client.append((a, bs, batches))
         S = max(len(b) for _, _, b in per_client)
-        B = max(bs for _, bs, _ in per_client)
-        K = len(per_client)
-        idx = np.zeros((K, S, B), dtype=np.int64)
-        w = np.zeros((K, S, B), dtype=np.float32)
-        act = np.zeros((K, S), dtype=bool)
-        for k, (a, bs, batches) in enumerate(per_client):
-            for s, b in enumerate(batches):
-                idx[k, s, :len(b)] = a + b
-                idx[k, s, len(b):] = a
-                w[k, s, :len(b)] = 1.0 / len(b)
-                act[k, s] = True
-        plans[phase] = Plan(torch.from_numpy(idx), torch.from_numpy(w), torch.from_numpy(act))
+        act = torch.zeros((len(per_client), S), dtype=torch.bool)
+        for k, (_, _, batches) in enumerate(per_client):
+            act[k, :len(batches)] = True
+        plans[phase] = Plan(None, None, act, build=lambda pc=per_client: _stack_plan(pc))
     return plans
 
 
