@@ -99,3 +99,12 @@ def test_robustness_smoke(tmp_path):
     # LOCAL uploads nothing: the attack cannot touch it
     loc = {r["fraction"]: r["acc"][0] for r in rows if r["algorithm"] == "LOCAL" and r["attack"] == "gaussian"}
     assert all(0 <= v <= 1 for v in loc.values())
+
+
+def test_fpfc_s1_benchmark_smoke():
+    """benchmarks/fpfc_s1.py runs (tiny) and its plain-loop reference runs the same FPFC round."""
+    spec = importlib.util.spec_from_file_location("bench_fpfc_s1", DIR.parent.parent / "benchmarks" / "fpfc_s1.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--rounds", "3", "--ref-rounds", "1", "--threads", "1", "--size-scale", "0.02"])
+    assert out["ratio"] > 0 and out["rounds"] == 3 and 0 <= out["test_accuracy"] <= 1

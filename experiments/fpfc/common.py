@@ -12,9 +12,9 @@ from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
 from fedsolve.simulation import Simulation, SimulationConfig
 
-#: the synthetic protocol of the paper (Sec. 6.1): 10 full-batch GD steps, lr 0.1, w0 ~ N(0, 1) for FPFC
+#: the synthetic protocol of the paper (Sec. 6.1): 10 full-batch GD steps, lr 0.1, w0 ~ N(0, 0.1^2) for FPFC (the code: N(0, 1))
 SYN_DEFAULTS = {"lr": 0.1, "local_epochs": 10, "batch_size": None}
-FPFC_DEFAULTS = {"lam": 0.6, "rho": 1.0, "a": 3.7, "xi": 1e-4, "nu": 0.1, "init_std": 1.0}
+FPFC_DEFAULTS = {"lam": 0.6, "rho": 1.0, "a": 3.7, "xi": 1e-4, "nu": 0.1, "init_std": 0.1}
 
 
 def synthetic_problem(scenario="S1", seed=0, features="uniform", size_scale=1.0, max_size=None, clients=None):
