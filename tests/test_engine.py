@@ -184,3 +184,33 @@ def test_vectorized_buckets_unequal_clients_match_sequential():
     s1, r1 = _run(problem, "fedprox", "sequential", params={"batch_size": None, "local_steps": 3})
     s2, r2 = _run(problem, "fedprox", "vectorized", params={"batch_size": None, "local_steps": 3})
     torch.testing.assert_close(r1.server["w"], r2.server["w"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+def test_full_batch_plans_are_fixed_and_gathered_once_with_same_numbers(executor, monkeypatch):
+    offsets = torch.tensor([0, 10, 13, 30])
+    ids = torch.tensor([0, 2])
+    full = build_plans({"train": Work(steps=3, batch_size=None)}, offsets, ids, RngStreams(0), 0)["train"]
+    mini = build_plans({"train": Work(steps=3, batch_size=4)}, offsets, ids, RngStreams(0), 0)["train"]
+    assert full.fixed and not mini.fixed
+    assert full.idx.shape == (2, 3, 17) and torch.equal(full.idx[1, 2], torch.arange(13, 30))
+    # the one-gather path gives the same numbers as gathering every step
+    problem = make_problem("logreg")
+    variable = {"work": {"variable": "uniform", "min_fraction": 0.3}}
+    _, r_fixed = _run(problem, "fedprox", executor, params={"batch_size": None}, sim=variable)
+    from fedsolve.core import executor as ex
+    orig = ex.build_plans
+
+    def unfixed(*a, **k):
+        plans = orig(*a, **k)
+        for p in plans.values():
+            p.fixed = False
+        return plans
+    monkeypatch.setattr(ex, "build_plans", unfixed)
+    import fedsolve.simulation.loop as loop
+    if hasattr(loop, "build_plans"):
+        monkeypatch.setattr(loop, "build_plans", unfixed)
+    _, r_step = _run(problem, "fedprox", executor, params={"batch_size": None}, sim=variable)
+    for k in r_fixed.server:
+        torch.testing.assert_close(r_fixed.server[k], r_step.server[k], rtol=0, atol=0)
+    assert r_fixed.history[-1]["train_loss"] == r_step.history[-1]["train_loss"]

@@ -56,15 +56,18 @@ class Plan:
 
     ``idx`` and ``w`` may be built lazily (``build`` returns both): an executor that needs only the
     step counts (FPFC's batched full-batch executor) never pays for the ``[K, S, n_max]`` index.
+    ``fixed``: every step uses the same batch (full-batch gradient descent), so a context may
+    gather it once per round instead of once per step.
     """
 
-    __slots__ = ("_idx", "_w", "active", "_build")
+    __slots__ = ("_idx", "_w", "active", "_build", "fixed")
 
     def __init__(self, idx: Tensor | None, w: Tensor | None, active: Tensor,
-                 build: Callable[[], tuple[Tensor, Tensor]] | None = None):
+                 build: Callable[[], tuple[Tensor, Tensor]] | None = None, fixed: bool = False):
         if (idx is None or w is None) and build is None:
             raise ValueError("Plan: give idx and w, or a build function")
         self._idx, self._w, self.active, self._build = idx, w, active, build
+        self.fixed = bool(fixed)
 
     def _materialize(self) -> None:
         if self._idx is None:
@@ -82,7 +85,7 @@ class Plan:
         return self._w
 
     def row(self, k: int) -> "Plan":
-        return Plan(self.idx[k], self.w[k], self.active[k])
+        return Plan(self.idx[k], self.w[k], self.active[k], fixed=self.fixed)
 
 
 def _stack_plan(per_client: list) -> tuple[Tensor, Tensor]:
@@ -128,10 +131,11 @@ def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: Rn
                 batches = batches[:steps]
             per_client.append((a, bs, batches))
         S = max(len(b) for _, _, b in per_client)
+        fixed = all(bs == n for (_, bs, _), n in zip(per_client, sizes))
         act = torch.zeros((len(per_client), S), dtype=torch.bool)
         for k, (_, _, batches) in enumerate(per_client):
             act[k, :len(batches)] = True
-        plans[phase] = Plan(None, None, act, build=lambda pc=per_client: _stack_plan(pc))
+        plans[phase] = Plan(None, None, act, build=lambda pc=per_client: _stack_plan(pc), fixed=fixed)
     return plans
 
 
@@ -158,6 +162,7 @@ class LocalContext:
         self._y = train_y
         self._loss_sum = torch.zeros((), dtype=torch.float32)
         self._loss_cnt = torch.zeros((), dtype=torch.float32)
+        self._fixed_batches: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         #: True in the sequential executor: plain autograd on one client (no torch.func overhead)
         self.eager = False
 
@@ -174,8 +179,14 @@ class LocalContext:
         ``loss(params, x, y, w)`` replaces the model loss (e.g. a bilevel or adversarial objective).
         """
         p = self.plans[phase]
-        ix, w = p.idx[step], p.w[step]
-        x, y = self._x[ix], self._y[ix]
+        if p.fixed:  # full batch: gather once; every step (inactive ones too) sees the whole data
+            if phase not in self._fixed_batches:
+                ix = p.idx[0]
+                self._fixed_batches[phase] = (self._x[ix], self._y[ix], p.w[0])
+            x, y, w = self._fixed_batches[phase]
+        else:
+            ix, w = p.idx[step], p.w[step]
+            x, y = self._x[ix], self._y[ix]
         if loss is not None:
             g, v = grad_and_value(lambda q: loss(q, x, y, w))(params)
             return v, g
@@ -328,7 +339,7 @@ class VectorizedExecutor(Executor):
         phases = list(plans)
 
         def one(row, msg, idxs, ws, acts, n_, w_, cid):
-            pl = {p: Plan(i, w, a) for p, i, w, a in zip(phases, idxs, ws, acts)}
+            pl = {p: Plan(i, w, a, fixed=plans[p].fixed) for p, i, w, a in zip(phases, idxs, ws, acts)}
             ctx = LocalContext(algo.problem, pl, n_, w_, cid, tx, ty, round_)
             s, u = algo.local_update(row, msg, ctx)
             return s, u, ctx.train_loss
