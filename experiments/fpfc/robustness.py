@@ -24,8 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt_pct, params_for, per_client_accuracy, run, set_threads, synthetic_problem  # noqa: E402
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
+from fedsolve.simulation.loop import DivergenceError  # noqa: E402
 
 LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "fedavg": "FedAvg", "ifca": "IFCA", "local": "LOCAL", "cfl": "CFL"}
+
+
+def _cell(r: dict) -> str:
+    """mean +- std of the benign accuracy; runs that diverged are counted and named."""
+    parts = [fmt_pct(r["acc"])] if r["acc"] else []
+    if r.get("diverged"):
+        parts.append(f"diverged {len(r['diverged'])}/{len(r['acc']) + len(r['diverged'])} ({r['diverged'][0]})")
+    return "; ".join(parts)
 
 
 def main(argv=None):
@@ -51,16 +60,21 @@ def main(argv=None):
     for attack in a.attacks:
         for frac in a.fractions:
             for name in a.algorithms:
-                accs = []
+                accs, diverged = [], []
                 for seed in a.seeds:
                     prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
                     prm = params_for(f"byz_{name}", dict(attack=attack, malicious_fraction=frac, attack_seed=seed))
                     if name == "cfl":
                         prm["attack_keys"] = ("dw",)
-                    _, algo, res = run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))
+                    try:
+                        _, algo, res = run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))
+                    except DivergenceError as e:  # a finding, not a crash: reported as such
+                        diverged.append(str(e).split(":")[0])
+                        continue
                     acc = per_client_accuracy(res)[benign_mask(algo).numpy()]
                     accs.append(float(np.nanmean(acc)))
-                rows.append({"attack": attack, "fraction": frac, "algorithm": LABELS.get(name, name), "acc": accs})
+                rows.append({"attack": attack, "fraction": frac, "algorithm": LABELS.get(name, name), "acc": accs,
+                             "diverged": diverged})
                 print(rows[-1], flush=True)
     lines = ["# Byzantine robustness (FPFC Sec. 6.4.1; synthetic, Fig. E.2)", "",
              f"Synthetic {a.scenario}, size_scale={a.size_scale}, max n_i={a.max_size}, {a.rounds} rounds, "
@@ -73,7 +87,7 @@ def main(argv=None):
                   "|---|" + "---|" * len(a.fractions)]
         for name in a.algorithms:
             lab = LABELS.get(name, name)
-            cells = [fmt_pct(r["acc"]) for f in a.fractions for r in rows
+            cells = [_cell(r) for f in a.fractions for r in rows
                      if r["attack"] == attack and r["fraction"] == f and r["algorithm"] == lab]
             lines.append(f"| {lab} | " + " | ".join(cells) + " |")
         lines.append("")

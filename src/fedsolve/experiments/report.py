@@ -139,7 +139,8 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     lines = [f"# {cfg.name}", ""]
     if cfg.description:
         lines += [cfg.description.strip(), ""]
-    lines += [f"Dataset **{cfg.data.dataset}**, {cfg.data.num_clients} clients, partition `{cfg.data.partition}` "
+    clients = cfg.data.num_clients if cfg.data.num_clients is not None else "the dataset's own number of"
+    lines += [f"Dataset **{cfg.data.dataset}**, {clients} clients, partition `{cfg.data.partition}` "
               f"{json.dumps(cfg.data.partition_params)}, model `{cfg.model.name}`, "
               f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
               "Final-round metrics, mean ± std over seeds (best in bold; clients weighted uniformly):", ""]
