@@ -1,7 +1,9 @@
 """Shared helpers of the FPFC driver scripts (robustness.py, table2_tuning.py, table3_newcomers.py)."""
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,6 +13,7 @@ from fedsolve.data.synthetic import fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
 from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.simulation.loop import atomic_write_text
 
 #: the synthetic protocol of the paper (Sec. 6.1): 10 full-batch GD steps, lr 0.1, w0 ~ N(0, 0.1^2) for FPFC (the code: N(0, 1))
 SYN_DEFAULTS = {"lr": 0.1, "local_epochs": 10, "batch_size": None}
@@ -71,3 +74,14 @@ def fmt_pct(v) -> str:
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
+
+
+def write_report(out, lines: list[str], results=None) -> None:
+    """``out/report.md`` (and ``out/results.json``), each written atomically; the report is printed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines)
+    atomic_write_text(out / "report.md", text + "\n")
+    if results is not None:
+        atomic_write_text(out / "results.json", json.dumps(results, indent=1, default=float))
+    print(text)

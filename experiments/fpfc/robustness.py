@@ -13,7 +13,6 @@ usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--o
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt_pct, params_for, per_client_accuracy, run, set_threads, synthetic_problem  # noqa: E402
+from common import (fmt_pct, params_for, per_client_accuracy, run, set_threads, synthetic_problem,  # noqa: E402
+                    write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -92,11 +92,7 @@ def main(argv=None):
             lines.append(f"| {lab} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(f"Total wall time {time.perf_counter() - t0:.0f} s.")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
-    print("\n".join(lines))
+    write_report(a.out, lines, rows)
     return rows
 
 

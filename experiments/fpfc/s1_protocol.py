@@ -19,9 +19,9 @@ usage: python experiments/fpfc/s1_protocol.py --protocol warmup --seeds 0 1 2 --
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +35,9 @@ from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
 from fedsolve.simulation import Simulation, SimulationConfig
 from fedsolve.simulation.metrics import evaluate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_report  # noqa: E402
 
 PAPER = {  # spec 4.4: Table 1 (S1) and Table E.2 (S3), FPFC row; Table 2 selected lambda
     "S1": {"acc": 0.8946, "num": 4.0, "ari": 1.0, "lam_separate": 0.5, "lam_warmup": 3.0},
@@ -166,10 +169,7 @@ def report(a, results, path: Path):
             lines.append(f"- seed {r['seed']}: " + "; ".join(
                 f"lam {g['lam']}: val {g['val_accuracy']:.4f} test {g['test_accuracy']:.4f} "
                 f"({g['num_clusters']} clusters, ARI {g['ari']:.3f})" for g in r["grid"]))
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "report.md").write_text("\n".join(lines) + "\n")
-    (path / "results.json").write_text(json.dumps(results, indent=1, default=float))
-    print("\n".join(lines))
+    write_report(path, lines, results)
 
 
 PROTOCOL = {"fixed": "one lambda, no tuning", "warmup": "warmup lambda path (Sec. 4.3), best validation lambda",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import s1_protocol  # noqa: E402
+from common import write_report  # noqa: E402
 
 PAPER = {"separate": (0.5, "4.02 h"), "warmup": (3.0, "0.46 h")}
 GRID = ["0", "0.5", "1", "1.5", "2", "2.5", "3", "3.5"]
@@ -48,10 +49,7 @@ def main(argv=None):
         t = statistics.mean(r["total_wall_s"] for r in rs)
         acc = statistics.mean(r["test_accuracy"] for r in rs)
         lines.append(f"| {strat} | {PAPER[strat][0]} | {PAPER[strat][1]} | {lams} | {t:.0f} | {100 * acc:.2f}% |")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(a.out, lines)
     return res
 
 

@@ -16,7 +16,6 @@ usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt_pct, params_for, run, set_threads  # noqa: E402
+from common import fmt_pct, params_for, run, set_threads, write_report  # noqa: E402
 
 from fedsolve.algorithms.fpfc import fpfc_newcomers  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
@@ -114,11 +113,7 @@ def main(argv=None):
     for label, pv in PAPER.items():
         lines.append(f"| {label} | {100 * pv:.2f}% | {fmt_pct(res[label]) if label in res else 'not run'} |")
     lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s.")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    (out / "results.json").write_text(json.dumps(res, indent=1))
-    print("\n".join(lines))
+    write_report(a.out, lines, res)
     return res
 
 
