@@ -44,3 +44,17 @@ def make_problem(model: str = "logreg", m: int = 6, seed: int = 0, **kw) -> Fede
 @pytest.fixture
 def tiny_problem():
     return make_problem()
+
+
+def suite_dataset(path) -> str:
+    """The ``data.dataset`` of an experiment YAML."""
+    import yaml
+
+    with open(path) as fh:
+        return yaml.safe_load(fh)["data"]["dataset"]
+
+
+def suite_param(path, real: set[str]):
+    """``pytest.param`` for a suite YAML, marked ``realdata`` when its dataset is fetched."""
+    marks = [pytest.mark.realdata] if suite_dataset(path) in real else []
+    return pytest.param(path, id=path.stem, marks=marks)

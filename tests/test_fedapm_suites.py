@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
+from conftest import suite_dataset, suite_param
 from fedsolve.experiments.config import load_config
 from fedsolve.experiments.runner import compare
 
@@ -20,12 +20,8 @@ SUITES = sorted((Path(__file__).resolve().parents[1] / "experiments" / "fedapm")
 REAL = {"mnist", "fmnist", "hapt"}
 
 
-def _dataset(path: Path) -> str:
-    return yaml.safe_load(path.read_text())["data"]["dataset"]
-
-
 def _tiny(path: Path) -> list[str]:
-    ds = _dataset(path)
+    ds = suite_dataset(path)
     sets = ["seeds=[0]", "simulation.rounds=2", "simulation.eval_every=1", "defaults.local_epochs=1",
             "defaults.log_stationarity=false"]
     if ds in ("mnist", "fmnist"):
@@ -35,18 +31,13 @@ def _tiny(path: Path) -> list[str]:
     return sets
 
 
-def _params(path: Path):
-    marks = [pytest.mark.realdata] if _dataset(path) in REAL else []
-    return pytest.param(path, id=path.stem, marks=marks)
-
-
 def test_suites_found():
     names = {p.stem for p in SUITES}
     assert {"table3_fmnist", "table3_mnist", "table3_hapt", "table3_hapt_input", "rho_sweep",
             "participation_sweep"} <= names
 
 
-@pytest.mark.parametrize("path", [_params(p) for p in SUITES])
+@pytest.mark.parametrize("path", [suite_param(p, REAL) for p in SUITES])
 def test_suite_runs_tiny(path, tmp_path):
     cfg = load_config(path, _tiny(path))
     assert cfg.description.strip(), f"{path.name}: the description must say how the suite is reduced"

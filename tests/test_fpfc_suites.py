@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from conftest import suite_dataset, suite_param
 from fedsolve.experiments.config import load_config
 from fedsolve.experiments.runner import compare
 
@@ -22,23 +22,14 @@ REAL = {"mnist", "fmnist"}
 DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness"]
 
 
-def _dataset(path: Path) -> str:
-    return yaml.safe_load(path.read_text())["data"]["dataset"]
-
-
 def _tiny(path: Path) -> list[str]:
-    ds = _dataset(path)
+    ds = suite_dataset(path)
     sets = ["seeds=[0]", "simulation.rounds=2", "simulation.eval_every=1", "defaults.local_epochs=1", "threads=1"]
     if ds == "synthetic_fpfc":
         sets += ["data.params.size_scale=0.05", "data.params.max_size=60"]
     if ds in REAL:
         sets += ["data.params.limit=400", "data.params.test_limit=100"]
     return sets
-
-
-def _params(path: Path):
-    marks = [pytest.mark.realdata] if _dataset(path) in REAL else []
-    return pytest.param(path, id=path.stem, marks=marks)
 
 
 def test_suites_found():
@@ -49,7 +40,7 @@ def test_suites_found():
         assert (DIR / f"{d}.py").exists()
 
 
-@pytest.mark.parametrize("path", [_params(p) for p in SUITES])
+@pytest.mark.parametrize("path", [suite_param(p, REAL) for p in SUITES])
 def test_suite_runs_tiny(path, tmp_path):
     cfg = load_config(path, _tiny(path))
     assert cfg.description.strip()
