@@ -1,5 +1,6 @@
 """Byzantine model-update attacks (fedsolve.algorithms.byzantine; FPFC Sec. 6.4.1)."""
 
+import pytest
 import torch
 
 from fedsolve.algorithms import get_algorithm
@@ -49,3 +50,83 @@ def test_attacked_fpfc_corrupts_only_malicious_uploads():
     # LOCAL uploads nothing: an attack cannot change it
     loc = get_algorithm("byz_local")(dict(lr=0.1, local_epochs=1, attack="gaussian", malicious_fraction=0.5), prob)
     Simulation(prob, loc, cfg, seed=0).run()
+
+
+def _small_s1():
+    data = fpfc_synthetic("S1", seed=0, features="uniform", size_scale=0.05, max_size=60)
+    return FederatedProblem(data, build_model_fn("logreg", (60,), 10))
+
+
+def _attacked_run(prob, name, rounds, out_dir=None, resume=False, **kw):
+    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="auto", sampling={"fraction": 0.5},
+                           metrics=[])
+    base = dict(local_epochs=5, batch_size=None, malicious_fraction=0.4, attack_seed=2)
+    if name == "byz_fpfc":
+        base.update(lam=0.6, init_std=0.1)
+    algo = get_algorithm(name)(dict(base, **kw), prob)
+    sim = Simulation(prob, algo, cfg, seed=0, out_dir=out_dir)
+    return algo, sim, sim.run(resume=resume)
+
+
+def test_sign_flip_blows_up_the_attackers_own_model_only_when_it_follows_the_server():
+    """attacker_view 'server': zeta_k ~ w~_k = -|c| w_k, so the attacker's own model grows by ~|c| per
+    participation; 'own': it trains from its own model and stays on the benign devices' scale."""
+    prob = _small_s1()
+    scale = {}
+    for view in ("server", "own"):
+        algo, sim, _ = _attacked_run(prob, "byz_fpfc", 8, attack="sign_flip", attacker_view=view)
+        mal = ~benign_mask(algo)
+        w = sim.clients["w"]
+        scale[view] = float(w[mal].abs().mean() / w[~mal].abs().mean())
+    assert scale["server"] > 20
+    assert scale["own"] < 3
+
+
+def test_own_view_attacker_trains_independently_of_the_attack_and_the_others():
+    """With attacker_view 'own', FPFC's malicious device minimizes f_k + rho/2 ||w - w_k^prev||^2 from its
+    own model: its trajectory cannot depend on what it uploads nor on the other devices."""
+    prob = _small_s1()
+    runs = {att: _attacked_run(prob, "byz_fpfc", 6, attack=att, attacker_view="own")
+            for att in ("sign_flip", "gaussian", "same_value")}
+    mal = ~benign_mask(runs["gaussian"][0])
+    ref = runs["gaussian"][1].clients["w"][mal]
+    for att in ("sign_flip", "same_value"):
+        assert torch.allclose(runs[att][1].clients["w"][mal], ref, atol=1e-5)
+    # ... while the benign devices do see the uploads (not identical across attacks)
+    assert not torch.allclose(runs["sign_flip"][1].clients["w"][~mal], runs["gaussian"][1].clients["w"][~mal])
+    # the server keeps each attacker's last true upload: it is the attacker's current model
+    srv, cl = runs["gaussian"][1].server, runs["gaussian"][1].clients["w"]
+    has = srv["byz_has_own"]
+    assert bool(has.any()) and not bool(has[~mal].any())
+    assert torch.allclose(srv["byz_own"][has], cl[has])
+
+
+def test_own_view_messages_for_fedavg_and_ifca_and_errors():
+    from fedsolve.algorithms.byzantine import own_view
+    prob = _small_s1()
+    for name, kw in (("byz_fedavg", {}), ("byz_ifca", {"num_clusters": 4})):
+        algo, sim, res = _attacked_run(prob, name, 4, attack="sign_flip", attacker_view="own", **kw)
+        assert all(torch.isfinite(v).all() for v in sim.server.values() if v.is_floating_point())
+        ids = torch.arange(prob.num_clients)
+        msg = algo.broadcast(sim.server, ids, 4)
+        has = sim.server["byz_has_own"]
+        assert bool(has.any())
+        key = "w" if name == "byz_fedavg" else "models"
+        got = msg[key][has] if key == "w" else msg[key][has][:, 0]
+        assert torch.equal(got, sim.server["byz_own"][has])
+        if key == "models":      # every cluster model sent to an attacker is its own
+            assert torch.equal(msg[key][has][:, 1], got)
+    with pytest.raises(ValueError, match="attacker_view"):
+        own_view(algo, {"dw": torch.zeros(2, 3)}, torch.tensor([True, False]), torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="attacker_view"):
+        get_algorithm("byz_cfl")(dict(attack="sign_flip", attack_keys=("dw",), attacker_view="own"), prob)
+
+
+def test_own_view_state_survives_resume(tmp_path):
+    prob = _small_s1()
+    kw = dict(attack="sign_flip", attacker_view="own")
+    _, full, _ = _attacked_run(prob, "byz_fpfc", 6, **kw)
+    _attacked_run(prob, "byz_fpfc", 3, out_dir=tmp_path, **kw)
+    _, resumed, _ = _attacked_run(prob, "byz_fpfc", 6, out_dir=tmp_path, resume=True, **kw)
+    for k in full.server:
+        assert torch.equal(full.server[k], resumed.server[k]), k

@@ -6,6 +6,10 @@ devices, mean +- std over seeds. Attacks come from ``fedsolve.algorithms.byzanti
 The paper gives this only as figures (Fig. 7 FMNIST, E.2 synthetic, E.3 MNIST): no numbers to copy;
 its claim is that FPFC is the most stable (SCAD is flat beyond a*lambda, so far-away uploads do not
 pull benign devices). Default here: synthetic S1, reduced (size_scale 0.25, 300 rounds) for CPU.
+The paper leaves open what a malicious device trains from; ``--attacker-view own`` (default) lets it train
+from its own last true model, ``server`` from the server's message (in FPFC that message is built from its
+own corrupted upload, and under sign-flip its model blows up; see fedsolve.algorithms.byzantine). CFL
+uploads updates, not models, so it always runs with ``server``.
 
 usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--out runs/fpfc_robustness]
        python experiments/fpfc/robustness.py --smoke
@@ -48,6 +52,8 @@ def main(argv=None):
     p.add_argument("--size-scale", type=float, default=0.25)
     p.add_argument("--max-size", type=int, default=2000)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--attacker-view", choices=["own", "server"], default="own",
+                   help="what a malicious device trains from (fedsolve.algorithms.byzantine)")
     p.add_argument("--out", default="runs/fpfc_robustness")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
@@ -63,9 +69,10 @@ def main(argv=None):
                 accs, diverged = [], []
                 for seed in a.seeds:
                     prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
-                    prm = params_for(f"byz_{name}", dict(attack=attack, malicious_fraction=frac, attack_seed=seed))
+                    prm = params_for(f"byz_{name}", dict(attack=attack, malicious_fraction=frac, attack_seed=seed,
+                                                         attacker_view=a.attacker_view))
                     if name == "cfl":
-                        prm["attack_keys"] = ("dw",)
+                        prm.update(attack_keys=("dw",), attacker_view="server")
                     try:
                         _, algo, res = run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))
                     except DivergenceError as e:  # a finding, not a crash: reported as such
@@ -79,7 +86,8 @@ def main(argv=None):
     lines = ["# Byzantine robustness (FPFC Sec. 6.4.1; synthetic, Fig. E.2)", "",
              f"Synthetic {a.scenario}, size_scale={a.size_scale}, max n_i={a.max_size}, {a.rounds} rounds, "
              f"30% participation, paper hyper-parameters (FPFC lam 0.6, IFCA L=4), seeds {a.seeds}. "
-             "Metric: mean test accuracy of the benign devices (mean +- std over seeds).", "",
+             "Metric: mean test accuracy of the benign devices (mean +- std over seeds). "
+             f"Malicious devices train from: {a.attacker_view} (attacker_view).", "",
              "Paper: figures only (no numbers). Claim: FPFC is the most stable method under all three attacks.",
              ""]
     for attack in a.attacks:

@@ -2,7 +2,18 @@
 
 A fixed set of malicious devices (a fraction ``malicious_fraction`` of the m devices, drawn once
 from ``attack_seed``) uploads a corrupted vector w~_k instead of its true upload, every round it
-takes part. It keeps training on its own true state; only what reaches the server is altered.
+takes part. Only what reaches the server is altered; what the malicious device itself trains from is
+the threat model's other half, which the paper does not state (``attacker_view``):
+
+* ``server`` (default): it follows the protocol and trains from what the server sends. In FPFC that
+  message zeta_k is built from its own corrupted upload (theta_kj = w~_k - w_j for far pairs, so
+  zeta_k ~ w~_k): under sign-flip its model follows -|c| w_k and the next upload multiplies by |c|
+  again, an exponential blow-up of the attacker's own model (measured: float32 overflow after about 40
+  participations, results/fpfc/README.md).
+* ``own``: it ignores the server and trains from its own last true model (FPFC: the proximal centre
+  zeta_k is its own fused block; FedAvg: it starts from its own model, not the global one; IFCA: every
+  cluster model it is sent is its own). Its true model stays bounded, so every upload is a fresh
+  corruption of a sensible model, the reading under which the paper's figures are finite.
 
 * ``same_value``:  w~_k = c * 1_d,        c ~ N(0, sigma^2)      (paper sigma = 100)
 * ``sign_flip``:   w~_k = -|c| * w_k,     c ~ N(0, sigma^2)      (paper sigma = 10)
@@ -62,6 +73,26 @@ def benign_mask(algo: Algorithm) -> Tensor:
     return ~getattr(algo, "malicious", torch.zeros(algo.num_clients, dtype=torch.bool))
 
 
+def own_view(algo: Algorithm, msg: dict, sel: Tensor, own: Tensor) -> dict:
+    """``msg`` with the rows ``sel`` replaced by what a device that ignores the server trains from:
+    its own model ``own`` ``[k_sel, d]`` (FPFC's proximal centre zeta, IFCA's L cluster models, or the
+    FedAvg-type start point ``w``)."""
+    msg = dict(msg)
+    if "zeta" in msg:
+        key, val = "zeta", own[:, algo.fidx]
+    elif "models" in msg:
+        key, val = "models", own.unsqueeze(1).expand(-1, msg["models"].shape[1], -1)
+    elif "w" in msg:
+        key, val = "w", own
+    else:
+        raise ValueError(f"attacker_view: 'own' is not defined for {algo.name} (message keys {sorted(msg)}); "
+                         "use attacker_view 'server'")
+    rows = msg[key].clone()
+    rows[sel] = val.to(rows.dtype)
+    msg[key] = rows
+    return msg
+
+
 def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
     """``cls`` with attacked uploads (see the module docstring)."""
 
@@ -73,6 +104,9 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
                                                                    "(100 same-value, 10 sign-flip, 100 gaussian)")
         attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
         attack_keys: tuple[str, ...] = Field(("w",), description="upload keys that are corrupted")
+        attacker_view: Literal["server", "own"] = Field(
+            "server", description="what a malicious device trains from: the server's message (the protocol) or "
+                                  "its own last true model (see the module docstring)")
 
     Config.__name__ = f"Byzantine{cls.Config.__name__}"
 
@@ -85,20 +119,46 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
             c = self.cfg
             self.malicious = malicious_set(self.num_clients, c.malicious_fraction, c.attack_seed)
             self.sigma = c.attack_sigma if c.attack_sigma is not None else PAPER_SIGMA.get(c.attack, 0.0)
+            if c.attacker_view == "own" and c.attack_keys != ("w",):
+                raise ValueError(f"attacker_view: 'own' needs the uploaded model under key 'w' (attack_keys "
+                                 f"('w',)), got attack_keys {c.attack_keys}; use attacker_view 'server'")
+
+        def init(self, x0, rngs):
+            server, clients = super().init(x0, rngs)
+            if self.cfg.attacker_view == "own":   # kept in the server record, so checkpoints carry it
+                server = dict(server, byz_own=torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
+                              byz_has_own=torch.zeros(self.num_clients, dtype=torch.bool))
+            return server, clients
+
+        def broadcast(self, server, ids, round_):
+            msg = super().broadcast(server, ids, round_)
+            if self.cfg.attacker_view == "own":
+                sel = self.malicious[ids] & server["byz_has_own"][ids]
+                if bool(sel.any()):
+                    msg = own_view(self, msg, sel, server["byz_own"][ids[sel]])
+            return msg
 
         def aggregate(self, server, ids, uploads, round_):
             c = self.cfg
             bad = self.malicious[ids]
+            keep = {}
+            if c.attacker_view == "own":     # the wrapped algorithm's aggregate never sees these keys
+                server = dict(server)
+                keep = {k: server.pop(k) for k in ("byz_own", "byz_has_own")}
             if c.attack != "none" and bool(bad.any()) and uploads:   # LOCAL uploads nothing
                 gen = torch.Generator().manual_seed(c.attack_seed * 1_000_003 + int(round_))
                 uploads = dict(uploads)
+                if keep:   # remember the true uploads before they are corrupted
+                    keep["byz_own"][ids[bad]] = uploads["w"][bad].to(keep["byz_own"].dtype)
+                    keep["byz_has_own"][ids[bad]] = True
                 for key in c.attack_keys:
                     if key not in uploads:
                         raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
                     rows = uploads[key].clone()
                     rows[bad] = attack_rows(rows[bad], c.attack, self.sigma, gen)
                     uploads[key] = rows
-            return super().aggregate(server, ids, uploads, round_)
+            out = super().aggregate(server, ids, uploads, round_)
+            return dict(out, **keep) if keep else out
 
         def diagnostics(self, server, clients):
             out = dict(super().diagnostics(server, clients))
