@@ -95,6 +95,12 @@ def test_cli_run_resume_compare_report(tmp_path, capsys):
     assert (cmp_dir / "plots" / "test_accuracy.png").exists()
     (cmp_dir / "report.md").unlink()
     assert main(["report", str(cmp_dir)]) == 0 and (cmp_dir / "report.md").exists()
+    # --only runs a subset of the config's algorithms; an unknown label is a config error naming the allowed
+    only_dir = tmp_path / "only"
+    assert main(["compare", str(p), "--only", "FedADMM", "--out", str(only_dir), "--quiet"]) == 0
+    assert set(json.loads((only_dir / "summary.json").read_text())["algorithms"]) == {"FedADMM"}
+    assert main(["compare", str(p), "--only", "Nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert "--only 'Nope'" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert main(["list"]) == 0
     listed = capsys.readouterr().out
     assert "fedadmm" in listed and "dirichlet" in listed and "digits" in listed and "lenet" in listed

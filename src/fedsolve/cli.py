@@ -1,7 +1,7 @@
 """fedsolve command line: run, compare, list, report.
 
     fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume] [--seed N]
-    fedsolve compare CONFIG [--set key=value ...] [--out DIR] [--resume]
+    fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume]
     fedsolve list [algorithms|datasets|partitioners|models]
     fedsolve report DIR
 """
@@ -59,6 +59,15 @@ def _cmd_compare(args) -> int:
     from fedsolve.experiments.runner import compare
 
     cfg = load_config(args.config, args.set)
+    if args.only:
+        specs = cfg.all_algorithms()
+        unknown = [o for o in args.only if not any(o in (a.display, a.name) for a in specs)]
+        if unknown:
+            print(f"error: --only {unknown[0]!r} not in config; allowed: {[a.display for a in specs]}",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        keep = [a for a in specs if a.display in args.only or a.name in args.only]
+        cfg = cfg.model_copy(update={"algorithms": keep, "algorithm": None})
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
     agg = compare(cfg, out, resume=args.resume, progress=not args.quiet)
     print(f"\n{cfg.name}: {len(agg['algorithms'])} algorithms x {len(cfg.seeds)} seeds in {agg['wall_time_s']:.1f} s")
@@ -125,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=_cmd_run)
     c = sub.add_parser("compare", help="several algorithms x several seeds on one problem")
     common(c)
+    c.add_argument("--only", action="append", default=[], metavar="LABEL",
+                   help="run only this algorithm of the config (label or name; repeatable); the report shows "
+                        "the others' paper values as 'not run'")
     c.set_defaults(fn=_cmd_compare)
     ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models")
     ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models"])
