@@ -198,6 +198,14 @@ def test_real_housing_and_hbf():
     assert h.clusters.tolist() == [0] * 6 + [1] * 2 and h.input_shape == (14,)
     n = (h.train_sizes + h.test_sizes).tolist()
     assert sum(n[:6]) == 506 and n[6:] == [126, 126]
+    # the stand-in's response on Body fat's scale: same devices and features, an affine map of y
+    b = build_federated("housing_bodyfat", 8, seed=0, dataset_params={"bodyfat_response": "bodyfat"})
+    assert torch.equal(b.train_x, h.train_x)
+    yb = torch.cat([b.train_y[b.train_offsets[6]:], b.test_y[b.test_offsets[6]:]]).double()
+    assert abs(float(yb.mean()) - 19.15) < 1e-3 and abs(float(yb.std(unbiased=False)) - 8.37) < 1e-3
+    assert torch.equal(b.train_y[:b.train_offsets[6]], h.train_y[:h.train_offsets[6]])   # Housing untouched
+    with pytest.raises(ValueError, match="bodyfat_response"):
+        build_federated("housing_bodyfat", 8, seed=0, dataset_params={"bodyfat_response": "nope"})
 
 
 def test_read_idx_roundtrip(tmp_path):
