@@ -59,6 +59,10 @@ def test_set_overrides_and_errors(tmp_path):
     (tmp_path / "bad.yaml").write_text("data: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "bad.yaml")
+    # a repeated key would silently replace the first block: refused, naming the key
+    (tmp_path / "dup.yaml").write_text(yaml.safe_dump(BASE) + "seeds: [3]\n")
+    with pytest.raises(ConfigError, match="'seeds' appears twice"):
+        load_config(tmp_path / "dup.yaml")
 
 
 def test_cli_run_resume_compare_report(tmp_path, capsys):
