@@ -178,11 +178,11 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
         lines += [f"| algorithm | {head} |", "|---|" + "---|---|" * len(metrics)]
         for a, v in paper["values"].items():
             cells = []
+            missing = "–" if a in agg["algorithms"] else "not run"   # ran without this metric, or did not run
             for m in metrics:
                 pv = v.get(m, "–") if isinstance(v, dict) else v
-                ran = a in agg["algorithms"]
                 ours = agg["algorithms"].get(a, {}).get(which, {}).get(m)
-                cells += [str(pv), f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else "–" if ran else "not run"]
+                cells += [str(pv), f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else missing]
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
     lines += ["", f"Total wall time of all runs {agg.get('wall_time_s', 0):.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
