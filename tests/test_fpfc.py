@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from fedsolve.algorithms.fpfc import (FPFC, FPFCL1, LinearGDExecutor, fpfc_newcomers, paper_cost, prox,
+from fedsolve.algorithms.fpfc import (FPFC, FPFCL1, fpfc_newcomers, paper_cost, prox,
                                       prox_scale, scad, smoothed_scad, warmup_lambda_path)
+from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem

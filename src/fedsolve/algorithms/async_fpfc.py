@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedsolve.algorithms.fpfc import FPFC, LinearGDExecutor
+from fedsolve.algorithms.fpfc import FPFC
+from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.core.executor import build_plans, make_executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.simulation.metrics import evaluate

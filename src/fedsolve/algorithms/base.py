@@ -14,13 +14,14 @@ state, so the same object runs under Flower with client state in ``context.state
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from fedsolve.core.executor import LocalContext, Work
+from fedsolve.core.linear import GDStep, LinearGDExecutor, linear_model_problem
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
 
@@ -120,7 +121,48 @@ class Algorithm:
 
     # ----------------------------------------------------------- optional
     def make_executor(self, name: str, chunk_size: int | None = None):
-        """An algorithm-specific executor for ``name`` (e.g. a batched closed form), or None."""
+        """An algorithm-specific executor for ``name``, or None (the engine's).
+
+        ``linear`` (or ``auto`` when :meth:`linear_executor_ok`): the batched one-layer executor of
+        ``core/linear.py``, which runs :meth:`linear_gd`.
+        """
+        if name == "fpfc_linear":   # the executor's former name
+            name = "linear"
+        if name == "linear":
+            if not self.linear_executor_ok(check_problem=False):
+                raise ValueError(f"executor: 'linear' does not run {self.name} with this configuration (it needs "
+                                 f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
+                                 f"'sequential', 'vectorized'")
+            return LinearGDExecutor(self.problem)
+        if name == "auto" and self.linear_executor_ok():
+            return LinearGDExecutor(self.problem)
+        return None
+
+    def supports_linear_gd(self) -> bool:
+        """True when, with this configuration, :meth:`linear_gd` describes the local update."""
+        return False
+
+    def linear_executor_ok(self, check_problem: bool = True) -> bool:
+        """The ``linear`` executor applies: :meth:`supports_linear_gd`, ``linear_gd`` defined by the class
+        that defines ``local_update`` (a subclass that changes one without the other is refused), every
+        work phase full-batch and (``check_problem``) a one-``nn.Linear`` model with a supported loss."""
+        if not self.supports_linear_gd():
+            return False
+        owner = lambda attr: next(k for k in type(self).__mro__ if attr in k.__dict__)  # noqa: E731
+        if owner("local_update") is not owner("linear_gd"):   # a subclass changed the update, not its GD form
+            return False
+        if any(w.batch_size is not None for w in self.work(0).values()):
+            return False
+        return linear_model_problem(self.problem) if check_problem else True
+
+    def linear_gd(self, rows: Record, msgs: Record, ids: Tensor, round_: int,
+                  full_loss: Callable[[Tensor], Tensor]) -> GDStep | None:
+        """This round's local update of clients ``ids`` as full-batch GD (``core.linear.GDStep``), or None.
+
+        ``rows``/``msgs`` are the selected clients' state and messages ``[k, ...]``;
+        ``full_loss(w [k, d]) -> [k]`` is each client's mean training loss (e.g. IFCA's cluster choice).
+        Must match :meth:`local_update` (tests compare the two executors per algorithm).
+        """
         return None
 
     def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:

@@ -33,6 +33,7 @@ from pydantic import Field
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.algorithms.fpfc import adjusted_rand
 from fedsolve.core.executor import Work
+from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -94,6 +95,17 @@ class IFCA(Algorithm):
         w0 = (onehot.unsqueeze(1) * models).sum(0)
         w = self.local_sgd(ctx, w0)
         return {"assign": onehot}, {"w": w, "assign": onehot}
+
+    def supports_linear_gd(self) -> bool:
+        return True
+
+    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+        models = msgs["models"]                                       # [k, L, d]
+        L = models.shape[1]
+        losses = torch.stack([full_loss(models[:, l]) for l in range(L)], 1)
+        onehot = torch.nn.functional.one_hot(losses.argmin(1), L).to(models.dtype)
+        w0 = (onehot.unsqueeze(2) * models).sum(1)
+        return GDStep(start=w0, lr=self.cfg.lr, finish=lambda w: ({"assign": onehot}, {"w": w, "assign": onehot}))
 
     def aggregate(self, server, ids, uploads, round_):
         models = server["models"].clone()
@@ -169,6 +181,12 @@ class CFL(_ClusterModels):
     def local_update(self, state, msg, ctx):
         w = self.local_sgd(ctx, msg["w"])
         return {}, {"dw": w - msg["w"]}
+
+    def supports_linear_gd(self) -> bool:
+        return True
+
+    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"dw": w - msgs["w"]}))
 
     def aggregate(self, server, ids, uploads, round_):
         from sklearn.cluster import AgglomerativeClustering
@@ -271,6 +289,12 @@ class PACFL(_ClusterModels):
 
     def local_update(self, state, msg, ctx):
         return {}, {"w": self.local_sgd(ctx, msg["w"])}
+
+    def supports_linear_gd(self) -> bool:
+        return True
+
+    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
         W, cl = server["W"].clone(), server["cluster"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates
 
 
@@ -29,13 +30,28 @@ class FedAvg(Algorithm):
     def broadcast(self, server, ids, round_):
         return {"w": self.expand(server["w"], ids)}
 
+    def prox_mu(self) -> float:
+        """Coefficient of the proximal term (mu/2)||w - w^t||^2 of the local objective (0 for FedAvg)."""
+        return 0.0
+
     def prox_term(self, msg):
-        """Extra gradient term of the local objective (none for FedAvg)."""
-        return None
+        """Extra gradient term mu (w - w^t) of the local objective (None when mu = 0)."""
+        mu = self.prox_mu()
+        if mu == 0:
+            return None
+        w0 = msg["w"]
+        return lambda w: mu * (w - w0)
 
     def local_update(self, state, msg, ctx):
         w = self.local_sgd(ctx, msg["w"], extra=self.prox_term(msg))
         return {}, {"w": w}
+
+    def supports_linear_gd(self) -> bool:
+        return self.shared_mask() is None
+
+    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+        return GDStep(start=msgs["w"], lr=self.cfg.lr, anchor=msgs["w"], rho=self.prox_mu(),
+                      finish=lambda w: ({}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
         return {"w": self.weighted_mean(uploads["w"], ids)}

@@ -21,6 +21,5 @@ class FedProx(FedAvg):
     description = "FedProx: FedAvg + proximal term (mu/2)||w - w_global||^2 (Li et al. 2020)"
     Config = FedProxConfig
 
-    def prox_term(self, msg):
-        w0, mu = msg["w"], self.cfg.mu
-        return lambda w: mu * (w - w0)
+    def prox_mu(self) -> float:
+        return self.cfg.mu

@@ -62,6 +62,7 @@ from torch import Tensor
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.core.executor import Work
+from fedsolve.core.linear import GDStep, LinearGDExecutor, keep_freed_memory  # noqa: F401 (re-exported)
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -369,15 +370,15 @@ class FPFC(Algorithm):
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=self.local_steps_at(round_), batch_size=c.batch_size)}
 
-    def make_executor(self, name: str, chunk_size: int | None = None):
-        """``executor: fpfc_linear`` (or ``auto`` on a fully fused linear model with full-batch GD):
-        the batched closed-form-gradient executor below; otherwise the engine's executors."""
-        linear = (len(self.layout.entries) == 2 and self.all_fused and self.cfg.batch_size is None
-                  and self.problem.loss_name in ("cross_entropy", "squared_error")
-                  and isinstance(getattr(self.problem.model, "linear", None), torch.nn.Linear))
-        if name == "fpfc_linear" or (name == "auto" and linear):
-            return LinearGDExecutor(self.problem)
-        return None
+    def supports_linear_gd(self) -> bool:
+        return self.all_fused and self.cfg.batch_size is None
+
+    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+        """Eq. 5 for the ``linear`` executor: GD on f_i + (rho/2)||w - zeta_i||^2 from w_i."""
+        if not self.supports_linear_gd():
+            return None
+        return GDStep(start=rows["w"], lr=self.lr_at(round_), anchor=msgs["zeta"], rho=self.cfg.rho,
+                      finish=lambda w: ({"w": w}, {"w": w}))
 
     def lr_at(self, k: int) -> float:
         c = self.cfg
@@ -689,152 +690,3 @@ def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: i
                 joined.append(-1)
     summary, per = evaluate(new_problem, params, new_problem.vmappable, ())
     return {"params": params, "summary": summary, "per_client": per, "theta_norms": tnorm, "joined": joined}
-
-
-# ====================================================================== fast path: batched linear executor
-_MALLOC_TUNED = False
-
-
-def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
-    """Let glibc serve large tensors from the heap and keep freed memory (``mallopt``), process-wide.
-
-    By default every tensor above ~128 KB-32 MB is an ``mmap`` that the kernel zero-fills page by page on
-    first touch and unmaps on free. FPFC's round allocates a dozen 2-8 MB temporaries (the [k, m, d_f]
-    pair blocks, the [chunks, 10, C] logits), so most of the server update's time went to page faults:
-    measured on this 2-core machine, ``DensePairs.update`` (m = 100, k = 30, d_f = 610) 59 ms -> 15 ms.
-    The cost is that the process keeps its peak heap. The same as starting Python with
-    ``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296``. No-op off glibc.
-    """
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED:
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        ok = libc.mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)) == 1
-        ok = ok and libc.mallopt(M_TRIM_THRESHOLD, int(min(4 * threshold_bytes, 2**31 - 1))) == 1
-    except (OSError, AttributeError):
-        ok = False
-    _MALLOC_TUNED = ok
-    return ok
-
-
-class LinearGDExecutor:
-    """Batched full-batch local GD for FPFC on a linear model (multinomial logistic or squared loss).
-
-    An executor (same ``run`` interface as ``core.executor``) that runs the selected clients' FPFC
-    local updates at once, for a problem whose model is one ``nn.Linear`` (``logreg``) with
-    ``cross_entropy`` or ``squared_error`` loss, full-batch plans and the whole model fused. The bias
-    is folded in as a constant-1 feature (``[W | b]`` acts on ``[x, 1]``); each client's samples are
-    cut into chunks of ``chunk`` rows (only its last chunk is padded, with all-zero rows, so padding
-    contributes nothing to the gradient), stored once as ``[chunks, C, in+1]``. Every GD step is two
-    ``bmm`` calls over all chunks (forward on the transposed view, backward on the stored layout), one
-    fused softmax over the class dimension and a segment sum per client; the 1/n_i of the mean loss
-    is applied per client after the segment sum. Same numbers as the sequential executor up to float
-    rounding (a test checks). The reported loss is -log softmax at the label with p clamped at 1e-30
-    (differs from the exact cross-entropy only when a training margin is below -69). Step counts come
-    from the plans, so variable work and growing schedules work. Selected automatically by
-    ``FPFC.make_executor`` (``executor: auto`` or ``fpfc_linear``). ``tune_malloc`` calls
-    :func:`keep_freed_memory` (process-wide; about 1.25-4x less time per round, measured).
-    """
-    name = "fpfc_linear"
-
-    def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True):
-        if tune_malloc:
-            keep_freed_memory()
-        model = problem.model
-        lins = [mod for mod in model.modules() if isinstance(mod, torch.nn.Linear)]
-        if len(lins) != 1 or len(list(model.parameters())) != 2:
-            raise ValueError("LinearGDExecutor needs a model made of one nn.Linear (e.g. 'logreg')")
-        if problem.loss_name not in ("cross_entropy", "squared_error"):
-            raise ValueError("LinearGDExecutor supports cross_entropy and squared_error losses")
-        self.ce = problem.loss_name == "cross_entropy"
-        self.out_dim, self.in_dim = lins[0].weight.shape
-        self.w_first = problem.layout.names[0].endswith("weight")
-        self.C = chunk
-        d = problem.data
-        X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float32)
-        X = torch.cat([X, X.new_ones(X.shape[0], 1)], 1)          # bias as a constant feature
-        off = d.train_offsets.tolist()
-        m = d.num_clients
-        first, count, XA, Y, CW = [], [], [], [], []
-        c0 = 0
-        for i in range(m):
-            a, b = off[i], off[i + 1]
-            n = b - a
-            nc = max(1, math.ceil(n / chunk))
-            pad = nc * chunk - n
-            XA.append(torch.cat([X[a:b], X.new_zeros(pad, X.shape[1])]).reshape(nc, chunk, -1))
-            CW.append(torch.cat([torch.ones(n), torch.zeros(pad)]).reshape(nc, 1, chunk))
-            if self.ce:
-                yi = torch.cat([d.train_y[a:b].long(), torch.zeros(pad, dtype=torch.long)]).reshape(nc, 1, chunk)
-            else:
-                yi = torch.cat([d.train_y[a:b].reshape(n, -1).float(), torch.zeros(pad, self.out_dim)])
-                yi = yi.reshape(nc, chunk, -1).transpose(1, 2)
-            Y.append(yi)
-            first.append(c0); count.append(nc); c0 += nc
-        self.XA = torch.cat(XA).contiguous()      # [N_chunks, C, in+1]; padding rows are all zero
-        self.CW = torch.cat(CW).contiguous()      # [N_chunks, 1, C]  1 on samples, 0 on padding
-        self.Y = torch.cat(Y).contiguous()
-        self.first = torch.tensor(first)
-        self.count = torch.tensor(count)
-        self.n = d.train_sizes.to(torch.float32)
-
-    def _to_aug(self, w):
-        k = w.shape[0]; o, i = self.out_dim, self.in_dim
-        if self.w_first:
-            W, b = w[:, :o * i].reshape(k, o, i), w[:, o * i:]
-        else:
-            W, b = w[:, o:].reshape(k, o, i), w[:, :o]
-        return torch.cat([W, b.unsqueeze(-1)], 2)
-
-    def _from_aug(self, A):
-        k = A.shape[0]
-        W, b = A[:, :, :-1].reshape(k, -1), A[:, :, -1]
-        return torch.cat([W, b], 1) if self.w_first else torch.cat([b, W], 1)
-
-    def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        c = algo.cfg
-        if not getattr(algo, "all_fused", False) or c.batch_size is not None:
-            raise ValueError("LinearGDExecutor: needs FPFC with the whole model fused and batch_size=null")
-        k = ids.numel()
-        cnt = self.count[ids]
-        starts = self.first[ids]
-        owner = torch.repeat_interleave(torch.arange(k), cnt)
-        chunk_ids = torch.repeat_interleave(starts - torch.cumsum(cnt, 0) + cnt, cnt) + torch.arange(int(cnt.sum()))
-        XA, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XA, self.CW, self.Y))
-        XT = XA.transpose(1, 2)
-        steps = plans["train"].active.sum(1)
-        S = int(steps.max())
-        lr = algo.lr_at(round_)
-        rho, wd = c.rho, c.weight_decay
-        inv_n = (1.0 / self.n[ids]).view(k, 1, 1)
-        A = self._to_aug(rows["w"].to(torch.float32))
-        Z = self._to_aug(msgs["zeta"].to(torch.float32))
-        loss_sum = torch.zeros(k)
-        gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
-        for s in range(S):
-            z = torch.bmm(A.index_select(0, owner), XT)                     # [B, out, C]
-            if self.ce:
-                G = torch.softmax(z, 1)
-                py = G.gather(1, Y)
-                lc = -(py.clamp_min(1e-30).log() * CW).sum((1, 2))
-                G.scatter_add_(1, Y, CW.neg())    # -1 at the label (0 on padding, whose X rows are 0 anyway)
-            else:
-                G = z.sub_(Y)
-                lc = (0.5 * G.pow(2).sum(1, keepdim=True) * CW).sum((1, 2))
-            gA = gbuf.zero_().index_add_(0, owner, torch.bmm(G, XA)).mul_(inv_n)
-            g = gA.add_(A - Z, alpha=rho)
-            if wd > 0:
-                g = g.add_(A, alpha=wd)
-            live = (steps > s)
-            loss_sum += torch.zeros(k).index_add_(0, owner, lc) * live
-            if bool(live.all()):
-                A = A - lr * g
-            else:
-                A = torch.where(live.view(k, 1, 1), A - lr * g, A)
-        losses = loss_sum * (1.0 / self.n[ids]) / steps.clamp_min(1).to(torch.float32)
-        w = self._from_aug(A).to(rows["w"].dtype)
-        return {"w": w}, {"w": w}, losses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -21,6 +22,12 @@ class Local(Algorithm):
 
     def local_update(self, state, msg, ctx):
         return {"w": self.local_sgd(ctx, state["w"])}, {}
+
+    def supports_linear_gd(self) -> bool:
+        return True
+
+    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+        return GDStep(start=rows["w"], lr=self.cfg.lr, finish=lambda w: ({"w": w}, {}))
 
     def aggregate(self, server, ids, uploads, round_):
         return server

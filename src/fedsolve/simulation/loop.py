@@ -50,8 +50,9 @@ class SimulationConfig(BaseModel):
     eval_every: int = Field(10, ge=1, description="evaluate every k rounds (and at round 0 and the end)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     work: WorkConfig = Field(default_factory=WorkConfig)
-    executor: Literal["auto", "sequential", "vectorized", "fpfc_linear"] = Field(
-        "auto", description="how clients run ('fpfc_linear': FPFC's batched linear-model executor)")
+    executor: Literal["auto", "sequential", "vectorized", "linear", "fpfc_linear"] = Field(
+        "auto", description="how clients run ('linear': batched full-batch GD for one-layer models, see "
+                            "core/linear.py; 'fpfc_linear' is its former name)")
     chunk_size: int | None = Field(None, ge=1, description="max clients per vectorized call (memory bound)")
     metrics: list[Literal["f1", "auc"]] = Field(default_factory=lambda: ["f1", "auc"],
                                                 description="extra classification metrics")

@@ -1,0 +1,214 @@
+"""Batched full-batch local GD for one-layer models: the ``linear`` executor.
+
+Many local updates of the FPFC paper's suites (and of their baselines) are the same computation:
+``T_i`` full-batch gradient steps, from a start point, on
+
+    f_i(w) + (wd/2) ||w||^2 + (rho/2) ||w - anchor_i||^2
+
+with ``f_i`` the mean multinomial-logistic or squared loss of a model that is one ``nn.Linear``.
+LOCAL (start = own model), FedAvg / PACFL / CFL (start = the server's model), FedProx (anchor = the
+global model, rho = mu), FPFC (start = own model, anchor = zeta_i) and IFCA (start = the cluster
+model with the lowest full-batch loss) differ only in start, anchor and what is kept afterwards. An
+algorithm states its update in that form with :meth:`Algorithm.linear_gd` (returning a
+:class:`GDStep`) and this executor runs all selected clients at once with closed-form gradients:
+
+* the bias is folded in as a constant-1 feature (``[W | b]`` acts on ``[x, 1]``);
+* each client's samples are cut into chunks of ``chunk`` rows (only its last chunk is padded, with
+  all-zero rows, so padding contributes nothing), stored once as ``[chunks, C, in+1]``;
+* every step is two ``bmm`` calls over all chunks, one fused softmax over the class dimension and a
+  segment sum per client; the 1/n_i of the mean loss is applied after the segment sum.
+
+Same numbers as the engine's sequential executor up to float rounding (tests check, per algorithm).
+The reported loss is ``-log softmax`` at the label with p clamped at 1e-30 (differs from the exact
+cross-entropy only when a training margin is below -69). Step counts come from the plans, so
+variable work and growing schedules work. ``executor: auto`` picks it when the algorithm supports it
+(:meth:`Algorithm.supports_linear_gd`), the model is one ``nn.Linear``, the loss is supported and every
+work phase is full-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+Record = dict[str, Tensor]
+
+_MALLOC_TUNED = False
+
+
+@dataclass
+class GDStep:
+    """One round's local update of the selected clients as full-batch GD (see the module docstring).
+
+    ``start`` ``[k, d]``: where GD starts; ``lr``: step size; ``anchor`` ``[k, d]`` and ``rho``: the
+    proximal term (none when ``anchor`` is None); ``finish(w)`` maps the final ``[k, d]`` parameters to
+    the algorithm's ``(new client-state rows, uploads)``.
+    """
+
+    start: Tensor
+    lr: float
+    finish: Callable[[Tensor], tuple[Record, Record]]
+    anchor: Tensor | None = None
+    rho: float = 0.0
+
+
+def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
+    """Let glibc serve large tensors from the heap and keep freed memory (``mallopt``), process-wide.
+
+    By default every tensor above ~128 KB-32 MB is an ``mmap`` that the kernel zero-fills page by page on
+    first touch and unmaps on free. FPFC's round allocates a dozen 2-8 MB temporaries (the [k, m, d_f]
+    pair blocks, the [chunks, 10, C] logits), so most of the server update's time went to page faults:
+    measured on this 2-core machine, ``DensePairs.update`` (m = 100, k = 30, d_f = 610) 59 ms -> 15 ms.
+    The cost is that the process keeps its peak heap. The same as starting Python with
+    ``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296``. No-op off glibc.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        ok = libc.mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)) == 1
+        ok = ok and libc.mallopt(M_TRIM_THRESHOLD, int(min(4 * threshold_bytes, 2**31 - 1))) == 1
+    except (OSError, AttributeError):
+        ok = False
+    _MALLOC_TUNED = ok
+    return ok
+
+
+def linear_model_problem(problem) -> bool:
+    """True when ``problem``'s model is one ``nn.Linear`` (weight + bias) with a supported loss."""
+    lins = [mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear)]
+    return (len(lins) == 1 and len(list(problem.model.parameters())) == 2 and lins[0].bias is not None
+            and problem.loss_name in ("cross_entropy", "squared_error"))
+
+
+class LinearGDExecutor:
+    """The ``linear`` executor (module docstring); same ``run`` interface as ``core.executor``.
+
+    ``tune_malloc`` calls :func:`keep_freed_memory` (process-wide; about 1.25-4x less time per round,
+    measured on FPFC).
+    """
+
+    name = "linear"
+
+    def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True):
+        if not linear_model_problem(problem):
+            raise ValueError("executor: 'linear' needs a model made of one nn.Linear with bias (e.g. 'logreg') "
+                             f"and loss cross_entropy or squared_error (got loss {problem.loss_name!r})")
+        if tune_malloc:
+            keep_freed_memory()
+        lin = next(mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear))
+        self.ce = problem.loss_name == "cross_entropy"
+        self.out_dim, self.in_dim = lin.weight.shape
+        self.w_first = problem.layout.names[0].endswith("weight")
+        self.C = chunk
+        d = problem.data
+        X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float32)
+        X = torch.cat([X, X.new_ones(X.shape[0], 1)], 1)          # bias as a constant feature
+        off = d.train_offsets.tolist()
+        first, count, XA, Y, CW = [], [], [], [], []
+        c0 = 0
+        for i in range(d.num_clients):
+            a, b = off[i], off[i + 1]
+            n = b - a
+            nc = max(1, math.ceil(n / chunk))
+            pad = nc * chunk - n
+            XA.append(torch.cat([X[a:b], X.new_zeros(pad, X.shape[1])]).reshape(nc, chunk, -1))
+            CW.append(torch.cat([torch.ones(n), torch.zeros(pad)]).reshape(nc, 1, chunk))
+            if self.ce:
+                yi = torch.cat([d.train_y[a:b].long(), torch.zeros(pad, dtype=torch.long)]).reshape(nc, 1, chunk)
+            else:
+                yi = torch.cat([d.train_y[a:b].reshape(n, -1).float(), torch.zeros(pad, self.out_dim)])
+                yi = yi.reshape(nc, chunk, -1).transpose(1, 2)
+            Y.append(yi)
+            first.append(c0); count.append(nc); c0 += nc
+        self.XA = torch.cat(XA).contiguous()      # [N_chunks, C, in+1]; padding rows are all zero
+        self.CW = torch.cat(CW).contiguous()      # [N_chunks, 1, C]  1 on samples, 0 on padding
+        self.Y = torch.cat(Y).contiguous()
+        self.first = torch.tensor(first)
+        self.count = torch.tensor(count)
+        self.n = d.train_sizes.to(torch.float32)
+
+    # ---------------------------------------------------------------- flat <-> [out, in+1]
+    def _to_aug(self, w: Tensor) -> Tensor:
+        k = w.shape[0]; o, i = self.out_dim, self.in_dim
+        if self.w_first:
+            W, b = w[:, :o * i].reshape(k, o, i), w[:, o * i:]
+        else:
+            W, b = w[:, o:].reshape(k, o, i), w[:, :o]
+        return torch.cat([W, b.unsqueeze(-1)], 2)
+
+    def _from_aug(self, A: Tensor) -> Tensor:
+        k = A.shape[0]
+        W, b = A[:, :, :-1].reshape(k, -1), A[:, :, -1]
+        return torch.cat([W, b], 1) if self.w_first else torch.cat([b, W], 1)
+
+    # ---------------------------------------------------------------- the clients' data
+    def _gather(self, ids: Tensor):
+        cnt = self.count[ids]
+        owner = torch.repeat_interleave(torch.arange(ids.numel()), cnt)
+        chunk_ids = torch.repeat_interleave(self.first[ids] - torch.cumsum(cnt, 0) + cnt, cnt) + \
+            torch.arange(int(cnt.sum()))
+        XA, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XA, self.CW, self.Y))
+        return owner, XA, CW, Y
+
+    def _forward(self, A: Tensor, owner: Tensor, XT: Tensor, CW: Tensor, Y: Tensor, grad: bool):
+        """Per-chunk loss sums ``[B]`` and, if ``grad``, the output-side gradient ``G`` ``[B, out, C]``."""
+        z = torch.bmm(A.index_select(0, owner), XT)                     # [B, out, C]
+        if self.ce:
+            G = torch.softmax(z, 1)
+            lc = -(G.gather(1, Y).clamp_min(1e-30).log() * CW).sum((1, 2))
+            if grad:
+                G.scatter_add_(1, Y, CW.neg())    # -1 at the label (0 on padding, whose X rows are 0 anyway)
+        else:
+            G = z.sub_(Y)
+            lc = (0.5 * G.pow(2).sum(1, keepdim=True) * CW).sum((1, 2))
+        return lc, G
+
+    def full_losses(self, ids: Tensor, w: Tensor) -> Tensor:
+        """Mean training loss ``[k]`` of client ``ids[j]`` at flat parameters ``w[j]`` (no weight decay)."""
+        owner, XA, CW, Y = self._gather(ids)
+        lc, _ = self._forward(self._to_aug(w.to(torch.float32)), owner, XA.transpose(1, 2), CW, Y, grad=False)
+        return torch.zeros(ids.numel()).index_add_(0, owner, lc) / self.n[ids]
+
+    # ---------------------------------------------------------------- one round
+    def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
+        spec = algo.linear_gd(rows, msgs, ids, round_, lambda w: self.full_losses(ids, w))
+        if spec is None:
+            raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
+                             f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
+                             f"'sequential'")
+        k = ids.numel()
+        owner, XA, CW, Y = self._gather(ids)
+        XT = XA.transpose(1, 2)
+        steps = plans["train"].active.sum(1)
+        S = int(steps.max()) if k else 0
+        wd = float(getattr(algo.cfg, "weight_decay", 0.0))
+        inv_n = (1.0 / self.n[ids]).view(k, 1, 1)
+        A = self._to_aug(spec.start.to(torch.float32))
+        Z = self._to_aug(spec.anchor.to(torch.float32)) if spec.anchor is not None and spec.rho > 0 else None
+        loss_sum = torch.zeros(k)
+        gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
+        for s in range(S):
+            lc, G = self._forward(A, owner, XT, CW, Y, grad=True)
+            g = gbuf.zero_().index_add_(0, owner, torch.bmm(G, XA)).mul_(inv_n)
+            if Z is not None:
+                g = g.add_(A - Z, alpha=spec.rho)
+            if wd > 0:
+                g = g.add_(A, alpha=wd)
+            live = steps > s
+            loss_sum += torch.zeros(k).index_add_(0, owner, lc) * live
+            if bool(live.all()):
+                A = A - spec.lr * g
+            else:
+                A = torch.where(live.view(k, 1, 1), A - spec.lr * g, A)
+        losses = loss_sum * (1.0 / self.n[ids]) / steps.clamp_min(1).to(torch.float32)
+        new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
+        return new_rows, uploads, losses

@@ -1,0 +1,108 @@
+"""The engine's ``linear`` executor (core/linear.py) against the sequential executor, per algorithm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsolve.algorithms.base import get_algorithm
+from fedsolve.core.linear import LinearGDExecutor
+from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
+from fedsolve.models import build_model_fn
+from fedsolve.problems import FederatedProblem
+from fedsolve.simulation import Simulation, SimulationConfig
+
+
+def s1_small(seed=0):
+    return FederatedProblem(fpfc_synthetic("S1", seed=seed, size_scale=0.03), build_model_fn("logreg", (60,), 10))
+
+
+def regression(seed=0):
+    data = clustered_regression(seed=seed, cluster_sizes=(4, 4), dim=3, samples_per_client=60, noise_std=0.1,
+                                center_scale=3.0)
+    return FederatedProblem(data, build_model_fn("logreg", (3,), 1), loss="squared_error")
+
+
+CASES = {   # name: full-batch configuration
+    "local": dict(lr=0.1, batch_size=None, local_epochs=3, weight_decay=0.01),
+    "fedavg": dict(lr=0.1, batch_size=None, local_epochs=3),
+    "fedprox": dict(lr=0.1, batch_size=None, local_epochs=3, mu=0.5),
+    "ifca": dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3),
+    "cfl": dict(lr=0.1, local_epochs=3, warmup_rounds=2, eps1=10.0, eps2=0.0),
+    "pacfl": dict(lr=0.1, local_epochs=3),
+    "fpfc": dict(lam=0.4, local_epochs=3),
+    "byz_fedavg": dict(lr=0.1, batch_size=None, local_epochs=3, attack="sign_flip", malicious_fraction=0.25,
+                       attacker_view="own"),
+}
+
+
+def _run(prob, name, executor, rounds=6, work=None):
+    algo = get_algorithm(name)(CASES[name], prob)
+    sim = Simulation(prob, algo, SimulationConfig(rounds=rounds, eval_every=rounds, executor=executor, metrics=[],
+                                                  sampling={"fraction": 0.5}, work=work or {}), seed=3)
+    res = sim.run()
+    return algo, sim, res
+
+
+def _state(sim):
+    out = {k: v for k, v in sim.server.items() if v.is_floating_point()}
+    out.update({f"client.{k}": v for k, v in sim.clients.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("make", [s1_small, regression])
+def test_linear_executor_matches_sequential(name, make):
+    prob = make()
+    runs = {ex: _run(prob, name, ex, work={"variable": "uniform", "min_fraction": 0.3}) for ex in
+            ("sequential", "linear")}
+    algo_l, sim_l, res_l = runs["linear"]
+    assert isinstance(sim_l.executor, LinearGDExecutor)
+    a, b = _state(runs["sequential"][1]), _state(sim_l)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
+    ha, hb = runs["sequential"][2].history[-1], res_l.history[-1]
+    assert ha["train_loss"] == pytest.approx(hb["train_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["local", "fedavg", "ifca", "cfl", "pacfl", "fpfc"])
+def test_auto_picks_linear_for_full_batch_one_layer_models(name):
+    prob = s1_small()
+    algo = get_algorithm(name)(CASES[name], prob)
+    sim = Simulation(prob, algo, SimulationConfig(rounds=1, metrics=[]), seed=0)
+    assert isinstance(sim.executor, LinearGDExecutor)
+
+
+def test_auto_falls_back_and_explicit_linear_is_refused_with_a_reason():
+    prob = s1_small()
+    # minibatches: not full-batch GD
+    algo = get_algorithm("fedavg")(dict(batch_size=16), prob)
+    sim = Simulation(prob, algo, SimulationConfig(rounds=1, metrics=[]), seed=0)
+    assert not isinstance(sim.executor, LinearGDExecutor)
+    with pytest.raises(ValueError, match="executor: 'linear'.*batch_size null"):
+        Simulation(prob, algo, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
+    # Ditto subclasses FedAvg but changes local_update: the inherited GD form must not be used
+    ditto = get_algorithm("ditto")(dict(batch_size=None), prob)
+    assert not ditto.linear_executor_ok()
+    # an algorithm without a GD form
+    per = get_algorithm("perfedavg")({}, prob)
+    with pytest.raises(ValueError, match="executor: 'linear' does not run perfedavg"):
+        Simulation(prob, per, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
+    # a model that is not one nn.Linear
+    mlp = FederatedProblem(prob.data, build_model_fn("mlp", (60,), 10))
+    with pytest.raises(ValueError, match="one nn.Linear"):
+        Simulation(mlp, get_algorithm("local")(dict(batch_size=None), mlp),
+                   SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
+
+
+def test_full_losses_are_the_mean_training_losses():
+    prob = s1_small()
+    ex = LinearGDExecutor(prob, chunk=7)
+    ids = torch.tensor([0, 5, 2])
+    w = torch.randn(3, prob.layout.dim) * 0.1
+    got = ex.full_losses(ids, w)
+    for j, i in enumerate(ids.tolist()):
+        x, y = prob.data.client_train(i)
+        out = torch.func.functional_call(prob.model, prob.layout.unflatten(w[j]), (x,))
+        assert float(got[j]) == pytest.approx(float(torch.nn.functional.cross_entropy(out, y)), rel=1e-5)
