@@ -30,6 +30,7 @@ CASES = {   # name: full-batch configuration
     "ifca": dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3),
     "cfl": dict(lr=0.1, local_epochs=3, warmup_rounds=2, eps1=10.0, eps2=0.0),
     "pacfl": dict(lr=0.1, local_epochs=3),
+    "perfedavg": dict(lr=0.1, local_epochs=3, variant="code", alpha=0.05),
     "fpfc": dict(lam=0.4, local_epochs=3),
     "byz_fedavg": dict(lr=0.1, batch_size=None, local_epochs=3, attack="sign_flip", malicious_fraction=0.25,
                        attacker_view="own"),
@@ -66,7 +67,7 @@ def test_linear_executor_matches_sequential(name, make):
     assert ha["train_loss"] == pytest.approx(hb["train_loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["local", "fedavg", "ifca", "cfl", "pacfl", "fpfc"])
+@pytest.mark.parametrize("name", ["local", "fedavg", "ifca", "cfl", "pacfl", "perfedavg", "fpfc"])
 def test_auto_picks_linear_for_full_batch_one_layer_models(name):
     prob = s1_small()
     algo = get_algorithm(name)(CASES[name], prob)
@@ -85,8 +86,8 @@ def test_auto_falls_back_and_explicit_linear_is_refused_with_a_reason():
     # Ditto subclasses FedAvg but changes local_update: the inherited GD form must not be used
     ditto = get_algorithm("ditto")(dict(batch_size=None), prob)
     assert not ditto.linear_executor_ok()
-    # an algorithm without a GD form
-    per = get_algorithm("perfedavg")({}, prob)
+    # an algorithm without a GD form (Per-FedAvg's first-order MAML steps)
+    per = get_algorithm("perfedavg")(dict(variant="fo"), prob)
     with pytest.raises(ValueError, match="executor: 'linear' does not run perfedavg"):
         Simulation(prob, per, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
     # a model that is not one nn.Linear
@@ -96,13 +97,18 @@ def test_auto_falls_back_and_explicit_linear_is_refused_with_a_reason():
                    SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
 
 
-def test_full_losses_are_the_mean_training_losses():
+def test_full_losses_and_grads_are_the_mean_training_loss_and_its_gradient():
     prob = s1_small()
     ex = LinearGDExecutor(prob, chunk=7)
     ids = torch.tensor([0, 5, 2])
     w = torch.randn(3, prob.layout.dim) * 0.1
-    got = ex.full_losses(ids, w)
+    got, grads = ex.full_losses(ids, w), ex.full_grads(ids, w)
     for j, i in enumerate(ids.tolist()):
         x, y = prob.data.client_train(i)
-        out = torch.func.functional_call(prob.model, prob.layout.unflatten(w[j]), (x,))
-        assert float(got[j]) == pytest.approx(float(torch.nn.functional.cross_entropy(out, y)), rel=1e-5)
+        wj = w[j].clone().requires_grad_(True)
+        out = torch.func.functional_call(prob.model, prob.layout.unflatten(wj), (x,))
+        loss = torch.nn.functional.cross_entropy(out, y)
+        (g,) = torch.autograd.grad(loss, wj)
+        loss = loss.detach()
+        assert float(got[j]) == pytest.approx(loss.item(), rel=1e-5)
+        assert torch.allclose(grads[j], g, atol=1e-6)

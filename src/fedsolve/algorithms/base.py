@@ -14,14 +14,14 @@ state, so the same object runs under Flower with client state in ``context.state
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from fedsolve.core.executor import LocalContext, Work
-from fedsolve.core.linear import GDStep, LinearGDExecutor, linear_model_problem
+from fedsolve.core.linear import FullBatch, GDStep, LinearGDExecutor, linear_model_problem
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
 
@@ -155,12 +155,12 @@ class Algorithm:
             return False
         return linear_model_problem(self.problem) if check_problem else True
 
-    def linear_gd(self, rows: Record, msgs: Record, ids: Tensor, round_: int,
-                  full_loss: Callable[[Tensor], Tensor]) -> GDStep | None:
+    def linear_gd(self, rows: Record, msgs: Record, ids: Tensor, round_: int, full: FullBatch) -> GDStep | None:
         """This round's local update of clients ``ids`` as full-batch GD (``core.linear.GDStep``), or None.
 
-        ``rows``/``msgs`` are the selected clients' state and messages ``[k, ...]``;
-        ``full_loss(w [k, d]) -> [k]`` is each client's mean training loss (e.g. IFCA's cluster choice).
+        ``rows``/``msgs`` are the selected clients' state and messages ``[k, ...]``; ``full.loss(w)`` /
+        ``full.grad(w)`` (``w`` ``[k, d]``) are each client's mean training loss and its gradient (e.g.
+        IFCA's cluster choice, Per-FedAvg's adaptation step).
         Must match :meth:`local_update` (tests compare the two executors per algorithm).
         """
         return None

@@ -99,10 +99,10 @@ class IFCA(Algorithm):
     def supports_linear_gd(self) -> bool:
         return True
 
-    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+    def linear_gd(self, rows, msgs, ids, round_, full):
         models = msgs["models"]                                       # [k, L, d]
         L = models.shape[1]
-        losses = torch.stack([full_loss(models[:, l]) for l in range(L)], 1)
+        losses = torch.stack([full.loss(models[:, l]) for l in range(L)], 1)
         onehot = torch.nn.functional.one_hot(losses.argmin(1), L).to(models.dtype)
         w0 = (onehot.unsqueeze(2) * models).sum(1)
         return GDStep(start=w0, lr=self.cfg.lr, finish=lambda w: ({"assign": onehot}, {"w": w, "assign": onehot}))
@@ -185,7 +185,7 @@ class CFL(_ClusterModels):
     def supports_linear_gd(self) -> bool:
         return True
 
-    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+    def linear_gd(self, rows, msgs, ids, round_, full):
         return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"dw": w - msgs["w"]}))
 
     def aggregate(self, server, ids, uploads, round_):
@@ -293,7 +293,7 @@ class PACFL(_ClusterModels):
     def supports_linear_gd(self) -> bool:
         return True
 
-    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+    def linear_gd(self, rows, msgs, ids, round_, full):
         return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
@@ -354,6 +354,17 @@ class PerFedAvg(Algorithm):
                 w = torch.where(live, w - c.lr * g2, w)
         _, g0 = ctx.loss_grad(msg["w"], "adapt", 0)
         return {"personal": msg["w"] - c.alpha * g0}, {"w": w}
+
+    def supports_linear_gd(self) -> bool:
+        return self.cfg.variant == "code"
+
+    def linear_gd(self, rows, msgs, ids, round_, full):
+        """Variant 'code': FedAvg steps from w^t; personal model w^t - alpha grad f_i(w^t)."""
+        if self.cfg.variant != "code":
+            return None
+        w0 = msgs["w"]
+        personal = w0 - self.cfg.alpha * full.grad(w0)
+        return GDStep(start=w0, lr=self.cfg.lr, finish=lambda w: ({"personal": personal}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
         return {"w": self.weighted_mean(uploads["w"], ids)}

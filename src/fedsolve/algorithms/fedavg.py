@@ -49,7 +49,7 @@ class FedAvg(Algorithm):
     def supports_linear_gd(self) -> bool:
         return self.shared_mask() is None
 
-    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+    def linear_gd(self, rows, msgs, ids, round_, full):
         return GDStep(start=msgs["w"], lr=self.cfg.lr, anchor=msgs["w"], rho=self.prox_mu(),
                       finish=lambda w: ({}, {"w": w}))
 

@@ -373,7 +373,7 @@ class FPFC(Algorithm):
     def supports_linear_gd(self) -> bool:
         return self.all_fused and self.cfg.batch_size is None
 
-    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+    def linear_gd(self, rows, msgs, ids, round_, full):
         """Eq. 5 for the ``linear`` executor: GD on f_i + (rho/2)||w - zeta_i||^2 from w_i."""
         if not self.supports_linear_gd():
             return None

@@ -26,7 +26,7 @@ class Local(Algorithm):
     def supports_linear_gd(self) -> bool:
         return True
 
-    def linear_gd(self, rows, msgs, ids, round_, full_loss):
+    def linear_gd(self, rows, msgs, ids, round_, full):
         return GDStep(start=rows["w"], lr=self.cfg.lr, finish=lambda w: ({"w": w}, {}))
 
     def aggregate(self, server, ids, uploads, round_):

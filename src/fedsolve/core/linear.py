@@ -89,6 +89,20 @@ def linear_model_problem(problem) -> bool:
             and problem.loss_name in ("cross_entropy", "squared_error"))
 
 
+class FullBatch:
+    """The selected clients' full-batch loss and gradient, for :meth:`Algorithm.linear_gd`:
+    ``loss(w [k, d]) -> [k]`` and ``grad(w [k, d]) -> [k, d]`` (mean loss, no weight decay)."""
+
+    def __init__(self, executor: "LinearGDExecutor", ids: Tensor):
+        self._ex, self._ids = executor, ids
+
+    def loss(self, w: Tensor) -> Tensor:
+        return self._ex.full_losses(self._ids, w)
+
+    def grad(self, w: Tensor) -> Tensor:
+        return self._ex.full_grads(self._ids, w)
+
+
 class LinearGDExecutor:
     """The ``linear`` executor (module docstring); same ``run`` interface as ``core.executor``.
 
@@ -178,9 +192,17 @@ class LinearGDExecutor:
         lc, _ = self._forward(self._to_aug(w.to(torch.float32)), owner, XA.transpose(1, 2), CW, Y, grad=False)
         return torch.zeros(ids.numel()).index_add_(0, owner, lc) / self.n[ids]
 
+    def full_grads(self, ids: Tensor, w: Tensor) -> Tensor:
+        """Gradient ``[k, d]`` of client ``ids[j]``'s mean training loss at ``w[j]`` (no weight decay)."""
+        owner, XA, CW, Y = self._gather(ids)
+        k = ids.numel()
+        _, G = self._forward(self._to_aug(w.to(torch.float32)), owner, XA.transpose(1, 2), CW, Y, grad=True)
+        g = torch.zeros(k, self.out_dim, self.in_dim + 1).index_add_(0, owner, torch.bmm(G, XA))
+        return self._from_aug(g / self.n[ids].view(k, 1, 1)).to(w.dtype)
+
     # ---------------------------------------------------------------- one round
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        spec = algo.linear_gd(rows, msgs, ids, round_, lambda w: self.full_losses(ids, w))
+        spec = algo.linear_gd(rows, msgs, ids, round_, FullBatch(self, ids))
         if spec is None:
             raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
                              f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
