@@ -44,15 +44,11 @@ def params_for(name: str, extra: dict | None = None) -> dict:
     return {k: v for k, v in p.items() if k in fields}
 
 
-def executor_for(name: str) -> str:
-    """FPFC: ``auto`` (its batched linear executor); the baselines: ``sequential`` (on these small
-    linear models the per-client autograd loop is much faster than the vmapped one, measured)."""
-    return "auto" if "fpfc" in name else "sequential"
-
-
 def run(problem, name: str, params: dict, rounds: int, seed: int, fraction: float = 0.3, eval_every: int = 100):
+    """``rounds`` of ``name`` on ``problem``; ``executor: auto`` runs the full-batch linear-model methods
+    (FPFC and the baselines with a ``linear_gd`` form) through the batched ``linear`` executor."""
     algo = get_algorithm(name)(params, problem)
-    sim = Simulation(problem, algo, SimulationConfig(rounds=rounds, eval_every=eval_every, executor=executor_for(name),
+    sim = Simulation(problem, algo, SimulationConfig(rounds=rounds, eval_every=eval_every, executor="auto",
                                                      sampling={"fraction": fraction}, metrics=[]), seed=seed)
     res = sim.run()
     return sim, algo, res
