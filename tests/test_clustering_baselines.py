@@ -69,6 +69,45 @@ def test_pacfl_proximity_and_clusters():
     assert list(pacfl_clusters(A, 4.0)) == [0, 0, 1]
 
 
+def _merge_rows_by_mean(A: np.ndarray, thresh: float) -> list[set[int]]:
+    """The PACFL/FPFC code's loop, restated: merge the closest pair while it is <= thresh; the merged
+    row (and column) is the plain mean of the two rows."""
+    A = A.astype(float).copy()
+    groups = [{i} for i in range(A.shape[0])]
+    while len(groups) > 1:
+        B = A + np.diag(np.full(len(groups), np.inf))
+        i, j = np.unravel_index(np.argmin(B), B.shape)
+        if B[i, j] > thresh:
+            break
+        i, j = min(i, j), max(i, j)
+        z = (A[:, i] + A[:, j]) / 2
+        A[:, i] = z
+        A[i, :] = z
+        A[i, i] = 0
+        A = np.delete(np.delete(A, j, 0), j, 1)
+        groups[i] |= groups.pop(j)
+    return groups
+
+
+def test_pacfl_weighted_linkage_is_the_reference_codes_row_mean_merge():
+    rng = np.random.default_rng(1)
+    differ = 0
+    for trial in range(30):
+        m = 12
+        P = rng.uniform(0, 10, size=(m, m))
+        A = np.triu(P, 1) + np.triu(P, 1).T
+        t = float(rng.uniform(2, 6))
+        want = sorted(sorted(g) for g in _merge_rows_by_mean(A, t))
+        for method, expect_equal in [("weighted", True), ("average", None)]:
+            lab = pacfl_clusters(A, t, method)
+            got = sorted(sorted(np.flatnonzero(lab == c).tolist()) for c in np.unique(lab))
+            if expect_equal:
+                assert got == want, (trial, got, want)
+            elif got != want:
+                differ += 1
+    assert differ > 0   # UPGMA is a different rule: on some of these matrices it gives other clusters
+
+
 def test_pacfl_and_perfedavg_run_on_synthetic():
     data = fpfc_synthetic("S3", seed=0, size_scale=0.02, features="uniform")
     prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10))

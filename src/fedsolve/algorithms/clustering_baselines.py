@@ -12,8 +12,10 @@
   distance (code: eps1 = 0.5, eps2 = 1 on synthetic; 0.05, 0.1 on MNIST).
 * **PACFL** (Vahidian et al. 2023): one shot before training. Each client sends the top ``n_basis``
   left singular vectors of its (per-class) data matrices; proximity(i, j) = min over basis pairs of
-  arccos(u_a^T u_b) in degrees (the authors' ``calculating_adjacency``); average-linkage hierarchical
-  clustering cut at ``threshold`` (alpha: 4 synthetic, 2 MNIST); then FedAvg within each cluster.
+  arccos(u_a^T u_b) in degrees (the authors' ``calculating_adjacency``); agglomerative clustering that
+  stops when the closest pair is farther than ``threshold`` (alpha: 4 synthetic, 2 MNIST); then FedAvg
+  within each cluster. The authors' "average" linkage replaces the two merged rows by their plain mean,
+  which is WPGMA (scipy ``weighted``, our default ``linkage``), not UPGMA (scipy ``average``).
 * **Per-FedAvg** (Fallah et al. 2020): ``variant='fo'`` first-order MAML local steps
   (w' = w - alpha g(w); w <- w - beta g(w')); ``variant='code'``: FedAvg local steps (what the FPFC
   reference code does). Evaluation: one full-batch GD step of size ``alpha`` from the last global model
@@ -227,7 +229,10 @@ class PACFLConfig(AlgorithmConfig):
     local_epochs: float | None = Field(10.0, gt=0)
     batch_size: int | None = Field(None, ge=1)
     n_basis: int = Field(5, ge=1, description="left singular vectors per (class) data matrix")
-    threshold: float = Field(4.0, gt=0, description="average-linkage cut in degrees (code: 4 synthetic, 2 MNIST)")
+    threshold: float = Field(4.0, gt=0, description="linkage cut in degrees (code: 4 synthetic, 2 MNIST)")
+    linkage: Literal["weighted", "average"] = Field(
+        "weighted", description="'weighted' (WPGMA: merged rows averaged, the PACFL/FPFC code's 'average') or "
+                                "'average' (UPGMA: mean over all member pairs)")
     per_class: bool = Field(True, description="per-class data matrices stacked (classification; code)")
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg weights within a cluster")
 
@@ -260,13 +265,15 @@ def pacfl_proximity(bases: list[np.ndarray]) -> np.ndarray:
     return A
 
 
-def pacfl_clusters(A: np.ndarray, threshold: float) -> np.ndarray:
+def pacfl_clusters(A: np.ndarray, threshold: float, linkage_method: str = "weighted") -> np.ndarray:
+    """Flat clusters of the proximity matrix ``A``: merge the closest pair until it is farther than
+    ``threshold`` (both methods are monotone, so this is the dendrogram cut at ``threshold``)."""
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
 
     if A.shape[0] == 1:
         return np.zeros(1, dtype=np.int64)
-    Z = linkage(squareform(A, checks=False), method="average")
+    Z = linkage(squareform(A, checks=False), method=linkage_method)
     return fcluster(Z, t=threshold, criterion="distance").astype(np.int64) - 1
 
 
@@ -280,7 +287,7 @@ class PACFL(_ClusterModels):
         c = self.cfg
         bases = pacfl_bases(self.problem.data, c.n_basis, c.per_class)
         self.upload_floats = int(sum(b.size for b in bases))  # the one-shot upload
-        lab = pacfl_clusters(pacfl_proximity(bases), c.threshold)
+        lab = pacfl_clusters(pacfl_proximity(bases), c.threshold, c.linkage)
         m = self.num_clients
         return {"W": repeat_rows(x0, m), "cluster": torch.as_tensor(lab)}, ClientStates(m)
 
