@@ -13,7 +13,8 @@ Workloads (all clients take part every round):
   mlp:    MLP 784-200-200-10 on MNIST-shaped data, 100 clients x 600 samples, 1 epoch of batch 50.
 
 Prints ``ratio <workload> <reference> <value>`` with value = reference time / fedsolve time.
-Usage: python benchmarks/round_time.py [--rounds 5] [--workloads logreg,mlp] [--executor auto]
+Usage: python benchmarks/round_time.py [--rounds 5] [--workloads logreg,mlp] [--executor auto|sequential|vectorized|linear]
+(auto runs logreg, full-batch GD on one nn.Linear, through the batched `linear` executor)
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workloads", default="logreg,mlp")
-    ap.add_argument("--executor", default="auto", choices=["auto", "sequential", "vectorized"])
+    ap.add_argument("--executor", default="auto", choices=["auto", "sequential", "vectorized", "linear"])
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
