@@ -112,3 +112,15 @@ def test_full_losses_and_grads_are_the_mean_training_loss_and_its_gradient():
         loss = loss.detach()
         assert float(got[j]) == pytest.approx(loss.item(), rel=1e-5)
         assert torch.allclose(grads[j], g, atol=1e-6)
+
+
+def test_linear_baselines_benchmark_smoke():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "linear_baselines.py"
+    spec = importlib.util.spec_from_file_location("bench_linear_baselines", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--rounds", "2", "--size-scale", "0.02", "--algorithms", "local", "ifca"])
+    assert set(out) == {"local", "ifca"} and all(v > 0 for v in out.values())
