@@ -102,7 +102,8 @@ def test_full_losses_and_grads_are_the_mean_training_loss_and_its_gradient():
     ex = LinearGDExecutor(prob, chunk=7)
     ids = torch.tensor([0, 5, 2])
     w = torch.randn(3, prob.layout.dim) * 0.1
-    got, grads = ex.full_losses(ids, w), ex.full_grads(ids, w)
+    full = ex.full_batch(ids)
+    got, grads = full.loss(w), full.grad(w)
     for j, i in enumerate(ids.tolist()):
         x, y = prob.data.client_train(i)
         wj = w[j].clone().requires_grad_(True)

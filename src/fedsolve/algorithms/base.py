@@ -155,15 +155,16 @@ class Algorithm:
             return False
         return linear_model_problem(self.problem) if check_problem else True
 
-    def linear_gd(self, rows: Record, msgs: Record, ids: Tensor, round_: int, full: FullBatch) -> GDStep | None:
-        """This round's local update of clients ``ids`` as full-batch GD (``core.linear.GDStep``), or None.
+    def linear_gd(self, rows: Record, msgs: Record, ids: Tensor, round_: int, full: FullBatch) -> GDStep:
+        """This round's local update of clients ``ids`` as full-batch GD (``core.linear.GDStep``); called
+        only when :meth:`supports_linear_gd`.
 
         ``rows``/``msgs`` are the selected clients' state and messages ``[k, ...]``; ``full.loss(w)`` /
         ``full.grad(w)`` (``w`` ``[k, d]``) are each client's mean training loss and its gradient (e.g.
         IFCA's cluster choice, Per-FedAvg's adaptation step).
         Must match :meth:`local_update` (tests compare the two executors per algorithm).
         """
-        return None
+        raise NotImplementedError(f"{self.name} has no full-batch GD form (supports_linear_gd is False)")
 
     def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
         """Extra per-round scalars for the metrics log (e.g. model deviation, clusters found)."""

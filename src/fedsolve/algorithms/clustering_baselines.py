@@ -367,8 +367,6 @@ class PerFedAvg(Algorithm):
 
     def linear_gd(self, rows, msgs, ids, round_, full):
         """Variant 'code': FedAvg steps from w^t; personal model w^t - alpha grad f_i(w^t)."""
-        if self.cfg.variant != "code":
-            return None
         w0 = msgs["w"]
         personal = w0 - self.cfg.alpha * full.grad(w0)
         return GDStep(start=w0, lr=self.cfg.lr, finish=lambda w: ({"personal": personal}, {"w": w}))

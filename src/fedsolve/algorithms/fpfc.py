@@ -62,7 +62,7 @@ from torch import Tensor
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.core.executor import Work
-from fedsolve.core.linear import GDStep, LinearGDExecutor, keep_freed_memory  # noqa: F401 (re-exported)
+from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -375,8 +375,6 @@ class FPFC(Algorithm):
 
     def linear_gd(self, rows, msgs, ids, round_, full):
         """Eq. 5 for the ``linear`` executor: GD on f_i + (rho/2)||w - zeta_i||^2 from w_i."""
-        if not self.supports_linear_gd():
-            return None
         return GDStep(start=rows["w"], lr=self.lr_at(round_), anchor=msgs["zeta"], rho=self.cfg.rho,
                       finish=lambda w: ({"w": w}, {"w": w}))
 

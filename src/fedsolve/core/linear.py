@@ -89,18 +89,34 @@ def linear_model_problem(problem) -> bool:
             and problem.loss_name in ("cross_entropy", "squared_error"))
 
 
+@dataclass
+class _Selected:
+    """The chunks of the selected clients' data, gathered once per round (see ``LinearGDExecutor``)."""
+
+    owner: Tensor     # [B] which selected client each chunk belongs to
+    XA: Tensor        # [B, C, in+1]
+    CW: Tensor        # [B, 1, C]
+    Y: Tensor
+    inv_n: Tensor     # [k, 1, 1] 1/n_i
+
+    @property
+    def k(self) -> int:
+        return self.inv_n.shape[0]
+
+
 class FullBatch:
     """The selected clients' full-batch loss and gradient, for :meth:`Algorithm.linear_gd`:
     ``loss(w [k, d]) -> [k]`` and ``grad(w [k, d]) -> [k, d]`` (mean loss, no weight decay)."""
 
-    def __init__(self, executor: "LinearGDExecutor", ids: Tensor):
-        self._ex, self._ids = executor, ids
+    def __init__(self, executor: "LinearGDExecutor", sel: _Selected):
+        self._ex, self._sel = executor, sel
 
     def loss(self, w: Tensor) -> Tensor:
-        return self._ex.full_losses(self._ids, w)
+        return self._ex._loss_grad(self._sel, self._ex._to_aug(w.to(torch.float32)), grad=False)[0]
 
     def grad(self, w: Tensor) -> Tensor:
-        return self._ex.full_grads(self._ids, w)
+        g = self._ex._loss_grad(self._sel, self._ex._to_aug(w.to(torch.float32)), grad=True)[1]
+        return self._ex._from_aug(g).to(w.dtype)
 
 
 class LinearGDExecutor:
@@ -165,72 +181,63 @@ class LinearGDExecutor:
         return torch.cat([W, b], 1) if self.w_first else torch.cat([b, W], 1)
 
     # ---------------------------------------------------------------- the clients' data
-    def _gather(self, ids: Tensor):
+    def _select(self, ids: Tensor) -> _Selected:
         cnt = self.count[ids]
         owner = torch.repeat_interleave(torch.arange(ids.numel()), cnt)
         chunk_ids = torch.repeat_interleave(self.first[ids] - torch.cumsum(cnt, 0) + cnt, cnt) + \
             torch.arange(int(cnt.sum()))
         XA, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XA, self.CW, self.Y))
-        return owner, XA, CW, Y
+        return _Selected(owner, XA, CW, Y, (1.0 / self.n[ids]).view(-1, 1, 1))
 
-    def _forward(self, A: Tensor, owner: Tensor, XT: Tensor, CW: Tensor, Y: Tensor, grad: bool):
-        """Per-chunk loss sums ``[B]`` and, if ``grad``, the output-side gradient ``G`` ``[B, out, C]``."""
-        z = torch.bmm(A.index_select(0, owner), XT)                     # [B, out, C]
+    def _loss_grad(self, sel: _Selected, A: Tensor, grad: bool, out: Tensor | None = None):
+        """Mean loss ``[k]`` and, if ``grad``, its gradient ``[k, out, in+1]`` at ``A`` (``out``: a buffer)."""
+        z = torch.bmm(A.index_select(0, sel.owner), sel.XA.transpose(1, 2))      # [B, out, C]
         if self.ce:
             G = torch.softmax(z, 1)
-            lc = -(G.gather(1, Y).clamp_min(1e-30).log() * CW).sum((1, 2))
+            lc = -(G.gather(1, sel.Y).clamp_min(1e-30).log() * sel.CW).sum((1, 2))
             if grad:
-                G.scatter_add_(1, Y, CW.neg())    # -1 at the label (0 on padding, whose X rows are 0 anyway)
+                G.scatter_add_(1, sel.Y, sel.CW.neg())   # -1 at the label (0 on padding, whose X rows are 0)
         else:
-            G = z.sub_(Y)
-            lc = (0.5 * G.pow(2).sum(1, keepdim=True) * CW).sum((1, 2))
-        return lc, G
+            G = z.sub_(sel.Y)
+            lc = (0.5 * G.pow(2).sum(1, keepdim=True) * sel.CW).sum((1, 2))
+        loss = torch.zeros(sel.k).index_add_(0, sel.owner, lc) * sel.inv_n.view(-1)
+        if not grad:
+            return loss, None
+        g = out.zero_() if out is not None else torch.zeros(sel.k, self.out_dim, self.in_dim + 1)
+        return loss, g.index_add_(0, sel.owner, torch.bmm(G, sel.XA)).mul_(sel.inv_n)
 
-    def full_losses(self, ids: Tensor, w: Tensor) -> Tensor:
-        """Mean training loss ``[k]`` of client ``ids[j]`` at flat parameters ``w[j]`` (no weight decay)."""
-        owner, XA, CW, Y = self._gather(ids)
-        lc, _ = self._forward(self._to_aug(w.to(torch.float32)), owner, XA.transpose(1, 2), CW, Y, grad=False)
-        return torch.zeros(ids.numel()).index_add_(0, owner, lc) / self.n[ids]
-
-    def full_grads(self, ids: Tensor, w: Tensor) -> Tensor:
-        """Gradient ``[k, d]`` of client ``ids[j]``'s mean training loss at ``w[j]`` (no weight decay)."""
-        owner, XA, CW, Y = self._gather(ids)
-        k = ids.numel()
-        _, G = self._forward(self._to_aug(w.to(torch.float32)), owner, XA.transpose(1, 2), CW, Y, grad=True)
-        g = torch.zeros(k, self.out_dim, self.in_dim + 1).index_add_(0, owner, torch.bmm(G, XA))
-        return self._from_aug(g / self.n[ids].view(k, 1, 1)).to(w.dtype)
+    def full_batch(self, ids: Tensor) -> FullBatch:
+        """Full-batch loss and gradient of clients ``ids`` (what :meth:`Algorithm.linear_gd` receives)."""
+        return FullBatch(self, self._select(ids))
 
     # ---------------------------------------------------------------- one round
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        spec = algo.linear_gd(rows, msgs, ids, round_, FullBatch(self, ids))
-        if spec is None:
+        if not algo.supports_linear_gd():
             raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
                              f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
                              f"'sequential'")
-        k = ids.numel()
-        owner, XA, CW, Y = self._gather(ids)
-        XT = XA.transpose(1, 2)
+        sel = self._select(ids)                          # gathered once, shared with linear_gd's FullBatch
+        spec = algo.linear_gd(rows, msgs, ids, round_, FullBatch(self, sel))
+        k = sel.k
         steps = plans["train"].active.sum(1)
         S = int(steps.max()) if k else 0
         wd = float(getattr(algo.cfg, "weight_decay", 0.0))
-        inv_n = (1.0 / self.n[ids]).view(k, 1, 1)
         A = self._to_aug(spec.start.to(torch.float32))
         Z = self._to_aug(spec.anchor.to(torch.float32)) if spec.anchor is not None and spec.rho > 0 else None
         loss_sum = torch.zeros(k)
         gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
         for s in range(S):
-            lc, G = self._forward(A, owner, XT, CW, Y, grad=True)
-            g = gbuf.zero_().index_add_(0, owner, torch.bmm(G, XA)).mul_(inv_n)
+            loss, g = self._loss_grad(sel, A, grad=True, out=gbuf)
             if Z is not None:
                 g = g.add_(A - Z, alpha=spec.rho)
             if wd > 0:
                 g = g.add_(A, alpha=wd)
             live = steps > s
-            loss_sum += torch.zeros(k).index_add_(0, owner, lc) * live
+            loss_sum += loss * live
             if bool(live.all()):
                 A = A - spec.lr * g
             else:
                 A = torch.where(live.view(k, 1, 1), A - spec.lr * g, A)
-        losses = loss_sum * (1.0 / self.n[ids]) / steps.clamp_min(1).to(torch.float32)
+        losses = loss_sum / steps.clamp_min(1).to(torch.float32)
         new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
         return new_rows, uploads, losses
