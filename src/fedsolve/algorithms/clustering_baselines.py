@@ -22,6 +22,13 @@
   the client received (stored as client state), as in the reference code's fine-tuning step.
 
 LG-FedAvg lives in ``algorithms/personalized.py``. All methods report ``num_clusters`` and ``ari``.
+
+Newcomers (``newcomer_models``, FPFC Sec. 6.4.2 / Table 3: "each method's own procedure"):
+IFCA, the cluster model with the lowest training loss; CFL, Sattler et al.'s parameter tree (the
+newcomer walks the recorded splits from the root, moving to the side whose members' updates its own
+update resembles more); PACFL, the PACFL code's unseen-client rule (one-shot clustering of all
+signatures, the cluster's model, one round of local training); Per-FedAvg, the global model and its
+one-step adaptation.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from pydantic import Field
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.algorithms.fpfc import adjusted_rand
+from fedsolve.simulation.metrics import evaluate
 from fedsolve.core.executor import Work
 from fedsolve.core.linear import GDStep
+from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -128,6 +137,15 @@ class IFCA(Algorithm):
     def labels(self, clients) -> np.ndarray:
         return clients["assign"].argmax(1).numpy()
 
+    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
+        """A newcomer takes the cluster model with the lowest loss on its training data (IFCA's own
+        assignment step)."""
+        models, mn = server["models"], new_problem.num_clients
+        losses = [[d["loss"] for d in evaluate(new_problem, models[l].unsqueeze(0).expand(mn, -1),
+                                               new_problem.vmappable, (), split="train")[1]]
+                  for l in range(models.shape[0])]
+        return models[torch.as_tensor(np.argmin(np.array(losses), axis=0))].clone()
+
     def diagnostics(self, server, clients):
         return _clustering_diag(self.labels(clients), self.problem)
 
@@ -172,9 +190,14 @@ class CFL(_ClusterModels):
     Config = CFLConfig
 
     def init(self, x0, rngs):
-        m = self.num_clients
+        """Server: cluster models and labels, every client's latest update, and the parameter tree (one
+        row of ``tree_w``/``tree_ids`` per split: the cluster's model then, [kept id, new id]; one row of
+        ``tree_upd``/``tree_row`` per member update that decided it: [split, side])."""
+        m, d = self.num_clients, x0.numel()
         return ({"W": repeat_rows(x0, m), "cluster": torch.zeros(m, dtype=torch.long),
-                 "dW": torch.zeros(m, x0.numel(), dtype=x0.dtype), "seen": torch.zeros(m, dtype=torch.bool)},
+                 "dW": torch.zeros(m, d, dtype=x0.dtype), "seen": torch.zeros(m, dtype=torch.bool),
+                 "tree_w": torch.zeros(0, d, dtype=x0.dtype), "tree_ids": torch.zeros(0, 2, dtype=torch.long),
+                 "tree_upd": torch.zeros(0, d, dtype=x0.dtype), "tree_row": torch.zeros(0, 2, dtype=torch.long)},
                 ClientStates(m))
 
     def broadcast(self, server, ids, round_):
@@ -195,6 +218,8 @@ class CFL(_ClusterModels):
 
         W, cl = server["W"].clone(), server["cluster"].clone()
         dW, seen = server["dW"].clone(), server["seen"].clone()
+        tree = {k: [server[k]] for k in ("tree_w", "tree_ids", "tree_upd", "tree_row")}
+        n_splits = server["tree_ids"].shape[0]
         dW[ids] = uploads["dw"]
         seen[ids] = True
         n = self.problem.data.train_sizes.to(W.dtype)
@@ -204,7 +229,8 @@ class CFL(_ClusterModels):
             wts = n[part] / n[part].sum()
             mean_upd = (wts.unsqueeze(1) * dW[part]).sum(0)
             members = torch.nonzero(cl == c).flatten()
-            W[members] = W[members[0]] + mean_upd
+            w_then = W[members[0]].clone()
+            W[members] = w_then + mean_upd
             if round_ < self.cfg.warmup_rounds or members.numel() < self.cfg.min_size:
                 continue
             max_norm = float(dW[part].norm(dim=1).max())
@@ -218,8 +244,39 @@ class CFL(_ClusterModels):
                 second = known[torch.as_tensor(lab == 1)]
                 if 0 < second.numel() < members.numel():
                     cl[second] = next_id
+                    tree["tree_w"].append(w_then.unsqueeze(0))
+                    tree["tree_ids"].append(torch.tensor([[c, next_id]]))
+                    tree["tree_upd"].append(dW[known])
+                    tree["tree_row"].append(torch.stack([torch.full((known.numel(),), n_splits),
+                                                         torch.as_tensor(lab, dtype=torch.long)], 1))
+                    n_splits += 1
                     next_id += 1
-        return {"W": W, "cluster": cl, "dW": dW, "seen": seen}
+        return {"W": W, "cluster": cl, "dW": dW, "seen": seen, **{k: torch.cat(v) for k, v in tree.items()}}
+
+    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
+        """Sattler et al.'s parameter tree: every newcomer starts in the root cluster and replays the
+        splits in the order they happened; at a split of its current cluster it computes its update
+        from the cluster's model at that time (one round of local work) and moves to the side whose
+        recorded member updates are, on average, more cosine-similar to it. It is scored with its leaf
+        cluster's final model."""
+        mn = new_problem.num_clients
+        cur = torch.zeros(mn, dtype=torch.long)
+        cos = lambda a, b: torch.nn.functional.normalize(a.double(), dim=1) @ \
+            torch.nn.functional.normalize(b.double(), dim=1).T  # noqa: E731
+        for s, (parent, child) in enumerate(server["tree_ids"].tolist()):
+            here = cur == parent
+            if not bool(here.any()):
+                continue
+            w_s = server["tree_w"][s]
+            upd = self.train_on(new_problem, repeat_rows(w_s, mn), seed=seed) - w_s
+            rows = server["tree_row"][:, 0] == s
+            sim = cos(upd, server["tree_upd"][rows])
+            side = server["tree_row"][rows, 1]
+            to_child = sim[:, side == 1].mean(1) > sim[:, side == 0].mean(1)
+            cur[here & to_child] = child
+        cl = server["cluster"]
+        first = {int(c): int(torch.nonzero(cl == c)[0, 0]) for c in torch.unique(cl).tolist()}
+        return server["W"][torch.as_tensor([first[int(c)] for c in cur])].clone()
 
 
 
@@ -317,6 +374,27 @@ class PACFL(_ClusterModels):
     def finalize(self, server, clients):
         return {**super().finalize(server, clients), "one_shot_upload_floats": getattr(self, "upload_floats", 0)}
 
+    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
+        """The PACFL code's rule for unseen clients: one-shot clustering of every signature, old and new
+        (same threshold and linkage); a newcomer takes the trained model of the old cluster most of its
+        co-members were in (the common initial model if it has none) and trains one round of local work
+        from it."""
+        c, m_old = self.cfg, self.num_clients
+        bases = pacfl_bases(self.problem.data, c.n_basis, c.per_class) + pacfl_bases(new_problem.data, c.n_basis,
+                                                                                   c.per_class)
+        lab = pacfl_clusters(pacfl_proximity(bases), c.threshold, c.linkage)
+        cl_old = server["cluster"].numpy()
+        x0 = new_problem.init_params(RngStreams(seed).torch("init")).to(server["W"].dtype)
+        start = []
+        for i in range(new_problem.num_clients):
+            co = np.flatnonzero(lab[:m_old] == lab[m_old + i])
+            if co.size == 0:
+                start.append(x0)
+                continue
+            vals, counts = np.unique(cl_old[co], return_counts=True)
+            start.append(server["W"][int(np.flatnonzero(cl_old == vals[np.argmax(counts)])[0])])
+        return self.train_on(new_problem, torch.stack(start), seed=seed)
+
 
 # ====================================================================== Per-FedAvg
 class PerFedAvgConfig(AlgorithmConfig):
@@ -376,6 +454,12 @@ class PerFedAvg(Algorithm):
 
     def eval_model(self, state, msg):
         return state["personal"]
+
+    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
+        """The final global model, fine-tuned by Per-FedAvg's own adaptation: one full-batch GD step of
+        size alpha on the newcomer's data (its evaluation model)."""
+        start = self.expand(server["w"], torch.arange(new_problem.num_clients))
+        return self.train_on(new_problem, start, seed=seed, work=Work(steps=1, batch_size=None), lr=self.cfg.alpha)
 
 
 # attacked variants (byz_fpfc, byz_ifca, ...) register once every base algorithm above exists;

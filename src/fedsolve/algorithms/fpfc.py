@@ -488,6 +488,11 @@ class FPFC(Algorithm):
             out["ari"] = adjusted_rand(lab, truth.numpy())
         return out
 
+    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
+        """Sec. 6.4.2: asyncFPFC with only the newcomer active against the frozen devices
+        (:func:`fpfc_newcomers`); scored with its own w_i."""
+        return fpfc_newcomers(self, server, new_problem, rounds=rounds, seed=seed)["params"]
+
     # ------------------------------------------------------------------ theory helpers
     def augmented_lagrangian(self, server, full_loss: Callable[[int, Tensor], float]) -> float:
         """L~_rho(w, theta, v) (eq. 8) with f_i given by ``full_loss(i, w_i)`` (fused block = whole model)."""
@@ -641,18 +646,9 @@ def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: i
     fidx = algo.fidx
     start = W_old.mean(0)
     W = repeat_rows(start, mn)
-    # 1) local training
-    plans = build_plans({"train": Work(epochs=init_epochs, batch_size=c.batch_size)}, data.train_offsets, ids, rngs, 0)
-
-    class _Plain:  # plain local GD on f_i
-        problem = new_problem
-
-        def local_update(self, state, msg, ctx):
-            w = new_algo.local_sgd(ctx, state["w"])
-            return {"w": w}, {}
-
-    rows, _, _ = ex.run(_Plain(), {"w": W}, {}, ids, plans, data)
-    W = rows["w"]
+    # 1) local training (plain local steps on f_i)
+    W = new_algo.train_on(new_problem, W, seed=seed, work=Work(epochs=init_epochs, batch_size=c.batch_size),
+                          executor=executor)
     Wold_f = W_old[:, fidx].to(algo.sdtype)
     delta = torch.zeros(mn, m_old, fidx.numel(), dtype=algo.sdtype)
     scale = torch.zeros(mn, m_old, dtype=algo.sdtype)
