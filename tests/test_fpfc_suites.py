@@ -19,7 +19,7 @@ from fedsolve.experiments.runner import compare
 DIR = Path(__file__).resolve().parents[1] / "experiments" / "fpfc"
 SUITES = sorted(DIR.glob("*.yaml"))
 REAL = {"mnist", "fmnist"}
-DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness"]
+DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness", "tune_baselines"]
 
 
 def _tiny(path: Path) -> list[str]:
@@ -82,6 +82,18 @@ def test_table3_smoke(tmp_path):
     assert set(res) == {"FPFC", "FPFC-l1", "LOCAL", "FedAvg", "Per-FedAvg", "IFCA", "CFL", "PACFL"}
     text = (tmp_path / "report.md").read_text()
     assert "79.31%" in text and "| LG | 66.22% | not run |" in text
+
+
+def test_tune_baselines_smoke(tmp_path):
+    rows = _driver("tune_baselines").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
+    (r,) = rows
+    assert r["chosen"] in (3.0, 4.0, 30.0) and len(r["grid"]) == 3
+    assert r["chosen"] == max(r["grid"], key=lambda g: g["val_acc"])["value"]
+    # the 30-degree cut merges every device, 3 and 4 degrees keep them apart: at least two distinct runs
+    assert r["distinct_runs"] >= 2
+    assert "91.64%" in (tmp_path / "report.md").read_text()
+    with pytest.raises(SystemExit, match="pacfl has no field 'lam'"):
+        _driver("tune_baselines").main(["--smoke", "--param", "lam", "--out", str(tmp_path)])
 
 
 def test_robustness_smoke(tmp_path):

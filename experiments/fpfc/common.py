@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fedsolve.algorithms import get_algorithm
+from fedsolve.data.federated import FederatedData
 from fedsolve.data.synthetic import fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
@@ -25,6 +26,23 @@ def synthetic_problem(scenario="S1", seed=0, features="uniform", size_scale=1.0,
     if clients is not None:
         data = data.subset(list(clients))
     return FederatedProblem(data, build_model_fn("logreg", (60,), 10), name=str(scenario))
+
+
+def split_validation(data: FederatedData, seed: int, frac: float = 0.2):
+    """(train/test problem data, train/validation data): each device's train split cut 80/20 at random."""
+    rng = np.random.default_rng(10_000 + seed)
+    tr, va, te = [], [], []
+    for i in range(data.num_clients):
+        x, y = data.client_train(i)
+        n = x.shape[0]
+        perm = torch.as_tensor(rng.permutation(n))
+        nv = int(round(frac * n))
+        va.append((x[perm[:nv]], y[perm[:nv]]))
+        tr.append((x[perm[nv:]], y[perm[nv:]]))
+        te.append(data.client_test(i))
+    kw = dict(task=data.task, num_classes=data.num_classes, clusters=data.clusters.tolist(), name=data.name,
+              meta=dict(data.meta))
+    return FederatedData.from_client_arrays(tr, te, **kw), FederatedData.from_client_arrays(tr, va, **kw)
 
 
 def params_for(name: str, extra: dict | None = None) -> dict:

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from fedsolve.algorithms.fpfc import FPFC, adjusted_rand, paper_cost, warmup_lambda_path
-from fedsolve.data.federated import FederatedData
 from fedsolve.data.synthetic import fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
@@ -37,7 +36,7 @@ from fedsolve.simulation import Simulation, SimulationConfig
 from fedsolve.simulation.metrics import evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_report  # noqa: E402
+from common import split_validation, write_report  # noqa: E402
 
 PAPER = {  # spec 4.4: Table 1 (S1) and Table E.2 (S3), FPFC row; Table 2 selected lambda
     "S1": {"acc": 0.8946, "num": 4.0, "ari": 1.0, "lam_separate": 0.5, "lam_warmup": 3.0},
@@ -46,23 +45,6 @@ PAPER = {  # spec 4.4: Table 1 (S1) and Table E.2 (S3), FPFC row; Table 2 select
     "S4": {"acc": 0.9099, "num": 1.0, "ari": 1.0},
     "S5": {"acc": 0.8027, "num": 50.0, "ari": 1.0},
 }
-
-
-def split_validation(data: FederatedData, seed: int, frac: float = 0.2):
-    """(train/test problem data, train/validation data): each device's train split cut 80/20 at random."""
-    rng = np.random.default_rng(10_000 + seed)
-    tr, va, te = [], [], []
-    for i in range(data.num_clients):
-        x, y = data.client_train(i)
-        n = x.shape[0]
-        perm = torch.as_tensor(rng.permutation(n))
-        nv = int(round(frac * n))
-        va.append((x[perm[:nv]], y[perm[:nv]]))
-        tr.append((x[perm[nv:]], y[perm[nv:]]))
-        te.append(data.client_test(i))
-    kw = dict(task=data.task, num_classes=data.num_classes, clusters=data.clusters.tolist(), name=data.name,
-              meta=dict(data.meta))
-    return FederatedData.from_client_arrays(tr, te, **kw), FederatedData.from_client_arrays(tr, va, **kw)
 
 
 def make_problems(a, seed: int):
