@@ -133,18 +133,17 @@ def test_cfl_newcomers_walk_the_parameter_tree():
     sub = lambda ids: FederatedProblem(prob.data.subset(ids), prob.model_fn, loss="squared_error")  # noqa: E731
     upd = lambda ids, w: algo.train_on(sub(ids), repeat_rows(w, len(ids))) - w  # noqa: E731
     # split 0: root 0 -> {0: A, 1: B}; split 1: cluster 1 -> {1: B's side, 2: A's side}
-    tree_upd = torch.cat([upd(A, w_s0), upd(B, w_s0), upd(B, w_s1), upd(A, w_s1)])
-    tree_row = torch.tensor([[0, 0]] * 3 + [[0, 1]] * 3 + [[1, 0]] * 3 + [[1, 1]] * 3)
-    cluster = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    unit = lambda ids, w: torch.nn.functional.normalize(upd(ids, w), dim=1).mean(0)  # noqa: E731
+    tree_dir = torch.stack([torch.stack([unit(A, w_s0), unit(B, w_s0)]), torch.stack([unit(B, w_s1), unit(A, w_s1)])])
+    cluster = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2])
     W = torch.stack([torch.full((4,), float(c)) for c in cluster.tolist()])
     server = {"W": W, "cluster": cluster, "tree_w": torch.stack([w_s0, w_s1]),
-              "tree_ids": torch.tensor([[0, 1], [1, 2]]), "tree_upd": tree_upd, "tree_row": tree_row}
+              "tree_ids": torch.tensor([[0, 1], [1, 2]]), "tree_dir": tree_dir}
     got = algo.newcomer_models(server, twins)
     assert torch.equal(got, torch.stack([W[0], W[4]]))     # device 3 stays in 0; device 7 goes to 1, stays there
-    server["tree_row"] = torch.cat([tree_row[:6, :1], 1 - tree_row[:6, 1:]], 1).repeat(2, 1)
-    server["tree_row"][6:, 0] = 1
-    got = algo.newcomer_models(server, twins)   # split 0 sides swapped: device 3 -> 1 -> (split 1) 2 = B's side
-    assert torch.equal(got[0], W[4]) and torch.equal(got[1], W[0])
+    server["tree_dir"] = torch.stack([tree_dir[0].flip(0), tree_dir[1]])
+    got = algo.newcomer_models(server, twins)   # split 0's sides swapped: device 3 -> 1 -> (split 1, A's side) 2
+    assert torch.equal(got, torch.stack([W[6], W[0]]))
 
 
 def test_cfl_records_its_splits_and_newcomers_land_in_their_true_cluster():
@@ -153,7 +152,8 @@ def test_cfl_records_its_splits_and_newcomers_land_in_their_true_cluster():
     algo, sim = train(p_old, "cfl", dict(GD, warmup_rounds=2, eps1=10.0, eps2=0.0), rounds=6)
     s = sim.server
     assert s["tree_ids"].shape[0] >= 1 and s["tree_w"].shape == (s["tree_ids"].shape[0], 4)
-    assert s["tree_upd"].shape[0] == s["tree_row"].shape[0] and int(s["tree_row"][:, 0].max()) < s["tree_ids"].shape[0]
+    assert s["tree_dir"].shape == (s["tree_ids"].shape[0], 2, 4)
+    assert (s["tree_dir"].norm(dim=-1) <= 1 + 1e-6).all()
     got = algo.newcomer_models(s, p_new)
     lab = prob.data.clusters
     twin = {0: [i for i, j in enumerate(old) if lab[j] == 0], 1: [i for i, j in enumerate(old) if lab[j] == 1]}

@@ -190,14 +190,15 @@ class CFL(_ClusterModels):
     Config = CFLConfig
 
     def init(self, x0, rngs):
-        """Server: cluster models and labels, every client's latest update, and the parameter tree (one
-        row of ``tree_w``/``tree_ids`` per split: the cluster's model then, [kept id, new id]; one row of
-        ``tree_upd``/``tree_row`` per member update that decided it: [split, side])."""
+        """Server: cluster models and labels, every client's latest update, and the parameter tree, one
+        row per split: ``tree_w`` the cluster's model then, ``tree_ids`` [kept id, new id] and ``tree_dir``
+        each side's mean unit-norm member update (so a newcomer's mean cosine similarity to a side is one
+        dot product, and the tree costs 3 vectors per split)."""
         m, d = self.num_clients, x0.numel()
         return ({"W": repeat_rows(x0, m), "cluster": torch.zeros(m, dtype=torch.long),
                  "dW": torch.zeros(m, d, dtype=x0.dtype), "seen": torch.zeros(m, dtype=torch.bool),
                  "tree_w": torch.zeros(0, d, dtype=x0.dtype), "tree_ids": torch.zeros(0, 2, dtype=torch.long),
-                 "tree_upd": torch.zeros(0, d, dtype=x0.dtype), "tree_row": torch.zeros(0, 2, dtype=torch.long)},
+                 "tree_dir": torch.zeros(0, 2, d, dtype=x0.dtype)},
                 ClientStates(m))
 
     def broadcast(self, server, ids, round_):
@@ -218,8 +219,7 @@ class CFL(_ClusterModels):
 
         W, cl = server["W"].clone(), server["cluster"].clone()
         dW, seen = server["dW"].clone(), server["seen"].clone()
-        tree = {k: [server[k]] for k in ("tree_w", "tree_ids", "tree_upd", "tree_row")}
-        n_splits = server["tree_ids"].shape[0]
+        tree = {k: [server[k]] for k in ("tree_w", "tree_ids", "tree_dir")}
         dW[ids] = uploads["dw"]
         seen[ids] = True
         n = self.problem.data.train_sizes.to(W.dtype)
@@ -246,10 +246,8 @@ class CFL(_ClusterModels):
                     cl[second] = next_id
                     tree["tree_w"].append(w_then.unsqueeze(0))
                     tree["tree_ids"].append(torch.tensor([[c, next_id]]))
-                    tree["tree_upd"].append(dW[known])
-                    tree["tree_row"].append(torch.stack([torch.full((known.numel(),), n_splits),
-                                                         torch.as_tensor(lab, dtype=torch.long)], 1))
-                    n_splits += 1
+                    side = torch.as_tensor(lab == 1)
+                    tree["tree_dir"].append(torch.stack([U[~side].mean(0), U[side].mean(0)]).unsqueeze(0).to(W.dtype))
                     next_id += 1
         return {"W": W, "cluster": cl, "dW": dW, "seen": seen, **{k: torch.cat(v) for k, v in tree.items()}}
 
@@ -261,19 +259,14 @@ class CFL(_ClusterModels):
         cluster's final model."""
         mn = new_problem.num_clients
         cur = torch.zeros(mn, dtype=torch.long)
-        cos = lambda a, b: torch.nn.functional.normalize(a.double(), dim=1) @ \
-            torch.nn.functional.normalize(b.double(), dim=1).T  # noqa: E731
         for s, (parent, child) in enumerate(server["tree_ids"].tolist()):
             here = cur == parent
             if not bool(here.any()):
                 continue
             w_s = server["tree_w"][s]
             upd = self.train_on(new_problem, repeat_rows(w_s, mn), seed=seed) - w_s
-            rows = server["tree_row"][:, 0] == s
-            sim = cos(upd, server["tree_upd"][rows])
-            side = server["tree_row"][rows, 1]
-            to_child = sim[:, side == 1].mean(1) > sim[:, side == 0].mean(1)
-            cur[here & to_child] = child
+            sim = torch.nn.functional.normalize(upd.double(), dim=1) @ server["tree_dir"][s].double().T  # [mn, 2]
+            cur[here & (sim[:, 1] > sim[:, 0])] = child
         cl = server["cluster"]
         first = {int(c): int(torch.nonzero(cl == c)[0, 0]) for c in torch.unique(cl).tolist()}
         return server["W"][torch.as_tensor([first[int(c)] for c in cur])].clone()
