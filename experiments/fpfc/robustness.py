@@ -50,7 +50,7 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=300)
     p.add_argument("--size-scale", type=float, default=0.25)
-    p.add_argument("--max-size", type=int, default=2000)
+    p.add_argument("--max-size", type=int, default=2000, help="cap on n_i; 0: no cap (the paper's sizes)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--attacker-view", choices=["own", "server"], default="own",
                    help="what a malicious device trains from (fedsolve.algorithms.byzantine)")
@@ -60,6 +60,7 @@ def main(argv=None):
     if a.smoke:
         a.rounds, a.seeds, a.size_scale, a.max_size = 2, [0], 0.05, 100
         a.fractions, a.attacks = [0.0, 0.4], ["same_value", "sign_flip", "gaussian"]
+    a.max_size = a.max_size or None
     set_threads(a.threads)
     t0 = time.perf_counter()
     rows = []
