@@ -40,7 +40,6 @@ from fedsolve.simulation.metrics import evaluate  # noqa: E402
 
 LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "FedAvg", "perfedavg": "Per-FedAvg",
           "ifca": "IFCA", "cfl": "CFL", "pacfl": "PACFL"}
-EXTRA = {"perfedavg": {"variant": "code"}, "pacfl": {"n_basis": 5, "threshold": 4.0}}   # as in the S1 suite
 PAPER = {"LOCAL": 0.7900, "FedAvg": 0.3873, "LG": 0.6622, "Per-FedAvg": 0.4326, "IFCA": 0.3357, "CFL": 0.6943,
          "PACFL": 0.7188, "FPFC-l1": 0.6772, "FPFC": 0.7931}
 
@@ -90,7 +89,7 @@ def main(argv=None):
             if name == "local":          # nothing to train on the old devices
                 algo, server = get_algorithm("local")(params_for("local"), p_old), {}
             else:
-                extra = {"lam": a.lam} if name == "fpfc" else EXTRA.get(name)
+                extra = {"lam": a.lam} if name == "fpfc" else None
                 sim, algo, _ = run(p_old, name, params_for(name, extra), a.rounds, seed, eval_every=max(1, a.rounds))
                 server = sim.server
             W = algo.newcomer_models(server, p_new, rounds=a.newcomer_rounds, seed=seed)

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import params_for, run, set_threads, split_validation, write_report  # noqa: E402
 
+from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.algorithms.clustering_baselines import pacfl_bases, pacfl_clusters, pacfl_proximity  # noqa: E402
 from fedsolve.algorithms.fpfc import adjusted_rand  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
@@ -34,8 +35,6 @@ from fedsolve.simulation.metrics import evaluate  # noqa: E402
 PAPER = {"pacfl": {"S1": 0.8830, "S2": 0.9136, "S3": 0.9164, "S4": 0.9271, "S5": 0.8116},
          "cfl": {"S1": 0.8660, "S2": 0.8931, "S3": 0.9052, "S4": 0.9300, "S5": 0.6547},
          "fpfc_l1": {"S1": 0.8385, "S2": 0.8491, "S3": 0.8712, "S4": 0.9099, "S5": 0.8027}}
-#: fixed settings of the untuned suites (experiments/fpfc/synthetic_s*.yaml)
-EXTRA = {"pacfl": {"n_basis": 5}}
 
 
 def scored(problem, eval_problem, name, params, rounds, seed):
@@ -55,14 +54,14 @@ def tune_one(a, scenario, seed) -> dict:
     mf = build_model_fn("logreg", (60,), 10)
     tr, va = split_validation(data, seed)
     p_tr, p_va, full = (FederatedProblem(tr, mf), FederatedProblem(va, mf), FederatedProblem(data, mf))
-    base = params_for(a.method, EXTRA.get(a.method))
+    base = params_for(a.method)
+    if a.method == "pacfl":   # the one-shot proximities of the 64% part: equal partitions share one run
+        cfg = get_algorithm("pacfl").Config(**base)
+        prox = pacfl_proximity(pacfl_bases(tr, cfg.n_basis, cfg.per_class))
     keys, runs = {}, []
     for v in a.grid:
         params = {**base, a.param: v}
-        key = v
-        if a.method == "pacfl":   # one-shot partition on the 64% part: equal partitions, equal runs
-            key = tuple(pacfl_clusters(pacfl_proximity(pacfl_bases(tr, params["n_basis"], True)), v,
-                                       params.get("linkage", "weighted")).tolist())
+        key = tuple(pacfl_clusters(prox, v, cfg.linkage).tolist()) if a.method == "pacfl" else v
         if key not in keys:
             keys[key] = scored(p_tr, p_va, a.method, params, a.tune_rounds, seed)
         runs.append({"value": v, "val_acc": keys[key]["acc"], "val_num_clusters": keys[key]["num_clusters"]})

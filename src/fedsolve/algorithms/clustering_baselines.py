@@ -41,11 +41,11 @@ from pydantic import Field
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.algorithms.fpfc import adjusted_rand
-from fedsolve.simulation.metrics import evaluate
 from fedsolve.core.executor import Work
 from fedsolve.core.linear import GDStep
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.simulation.metrics import evaluate
 
 
 def _clustering_diag(labels: np.ndarray, problem) -> dict[str, float]:
