@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from fedsolve.algorithms.fpfc import (FPFC, FPFCL1, fpfc_newcomers, paper_cost, prox,
+from fedsolve.algorithms.fpfc import (FPFC, FPFCL1, fpfc_newcomers, oracle_models, paper_cost, prox,
                                       prox_scale, scad, smoothed_scad, warmup_lambda_path)
 from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
@@ -275,6 +275,47 @@ def test_oracle_property_linear_model():
         assert len(set(lab[members])) == 1
         for i in members:
             assert torch.allclose(W[i], oracle, atol=2e-3), (W[i], oracle)
+
+
+def test_oracle_models_is_the_per_device_weighted_least_squares():
+    """Unequal n_i: the oracle weights each device's mean loss equally (closed form), not the pooled sum."""
+    data = clustered_regression(seed=3, cluster_sizes=(3, 2), dim=3, samples_per_client=[20, 80, 200, 30, 120],
+                                noise_std=0.5, center_scale=3.0)
+    prob = FederatedProblem(data, build_model_fn("logreg", (3,), 1), loss="squared_error")
+    W, gmax = oracle_models(prob, data.clusters.numpy())
+    assert gmax < 1e-9
+    for c, members in ((0, [0, 1, 2]), (1, [3, 4])):
+        X = torch.cat([torch.cat([data.client_train(i)[0], torch.ones(data.client_train(i)[0].shape[0], 1)], 1)
+                       for i in members]).double()
+        y = torch.cat([data.client_train(i)[1] for i in members]).double()
+        w = torch.cat([torch.full((data.client_train(i)[0].shape[0],), 1.0 / data.client_train(i)[0].shape[0])
+                       for i in members]).double()
+        exact = torch.linalg.solve(X.T @ (w[:, None] * X), X.T @ (w * y))
+        pooled = torch.linalg.lstsq(X, y.unsqueeze(1)).solution.flatten()
+        for i in members:
+            assert torch.allclose(W[i].double(), exact, atol=1e-5), (W[i], exact)
+        assert not torch.allclose(exact, pooled, atol=1e-3)       # the weighting matters here
+
+
+def test_oracle_models_cross_entropy_is_stationary():
+    """Softmax case: autograd's gradient of sum_{i in c} f_i at the oracle is zero; other labels, other models."""
+    prob = s1_small(seed=1, scale=0.01)
+    d = prob.data
+    lab = d.clusters.numpy()
+    W, gmax = oracle_models(prob, lab)
+    assert gmax < 1e-9
+    for c in range(4):
+        members = np.nonzero(lab == c)[0]
+        w = W[members[0]].double().clone().requires_grad_()
+        F_c = sum(torch.nn.functional.cross_entropy(d.client_train(i)[0].double() @ w[:600].view(10, 60).T + w[600:],
+                                                    d.client_train(i)[1].long()) for i in members)
+        (g,) = torch.autograd.grad(F_c, w)
+        assert float(g.abs().max()) < 1e-6
+        assert all(torch.equal(W[i], W[members[0]]) for i in members)
+    W1, _ = oracle_models(prob, np.zeros_like(lab))                 # one cluster: one pooled model
+    assert torch.equal(W1[0], W1[-1]) and not torch.allclose(W1[0], W[0], atol=1e-2)
+    with pytest.raises(ValueError, match="nn.Linear"):
+        oracle_models(FederatedProblem(d, build_model_fn("mlp", (60,), 10)), lab)
 
 
 # ---------------------------------------------------------------- end to end (fast)

@@ -105,6 +105,15 @@ def test_robustness_smoke(tmp_path):
     assert all(0 <= v <= 1 for v in loc.values())
 
 
+def test_oracle_gap_smoke(tmp_path):
+    """oracle_gap.py: exact oracle per data draw, FPFC traced against it; the report names the paper's value."""
+    (res,) = _driver("oracle_gap").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
+    assert res["oracle_grad_max"] < 1e-8 and 0 < res["oracle_accuracy"] <= 1
+    assert [t["round"] for t in res["trace"]] == [0, 2, 4]
+    assert all(t["rel_dist"] > 0 for t in res["trace"])
+    assert "89.46%" in (tmp_path / "report.md").read_text()
+
+
 def test_fpfc_s1_benchmark_smoke():
     """benchmarks/fpfc_s1.py runs (tiny) and its plain-loop reference runs the same FPFC round."""
     spec = importlib.util.spec_from_file_location("bench_fpfc_s1", DIR.parent.parent / "benchmarks" / "fpfc_s1.py")

@@ -57,12 +57,13 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.core.executor import Work
-from fedsolve.core.linear import GDStep
+from fedsolve.core.linear import GDStep, linear_model_problem
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -272,6 +273,69 @@ def cluster_average(W: Tensor, labels: np.ndarray, n: Tensor) -> Tensor:
     num = torch.zeros(L, W.shape[1], dtype=W.dtype).index_add_(0, lab, n.unsqueeze(1) * W)
     den = torch.zeros(L, dtype=W.dtype).index_add_(0, lab, n)
     return (num / den.unsqueeze(1))[lab]
+
+
+def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> tuple[Tensor, float]:
+    """The oracle estimator of Theorem 3: one model per known cluster, fitted to convergence.
+
+    Cluster c's model minimizes ``F_c(w) = sum_{i in c} f_i(w)`` with f_i the device's *mean* loss, the objective
+    FPFC reduces to once the cluster is fused (spec: Theorem 3's caveat; the same per-device weighting as FPFC,
+    not the pooled sum). One-``nn.Linear`` models with cross-entropy or squared loss; damped Newton in float64
+    with the exact Hessian, stopped when the gradient's max-norm is below ``tol``. Returns ``[m, d]`` (every
+    device's cluster model, in the problem's flat layout) and the largest final gradient max-norm.
+    """
+    if not linear_model_problem(problem):
+        raise ValueError("oracle_models needs a model made of one nn.Linear with bias and loss cross_entropy "
+                         f"or squared_error (got loss {problem.loss_name!r})")
+    d = problem.data
+    ce = problem.loss_name == "cross_entropy"
+    X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float64)
+    X = torch.cat([X, X.new_ones(X.shape[0], 1)], 1)                      # bias as a constant feature
+    owner = torch.repeat_interleave(torch.arange(d.num_clients), d.train_sizes)
+    wt = 1.0 / d.train_sizes.to(torch.float64)[owner]                      # mean loss per device
+    lab = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    first_w = problem.layout.names[0].endswith("weight")
+    out = torch.zeros(lab.numel(), problem.layout.dim)
+    worst = 0.0
+    for c in torch.unique(lab).tolist():
+        rows = torch.isin(owner, torch.nonzero(lab == c).flatten())
+        Xc, wc = X[rows], wt[rows]
+        yc = d.train_y[rows]
+        C = problem.layout.dim // X.shape[1]
+        Yc = F.one_hot(yc.long(), C).to(X.dtype) if ce else yc.reshape(len(yc), -1).to(X.dtype)
+
+        def loss_res(A):                                   # F_c and the residuals dF/dz
+            Z = Xc @ A.T
+            if ce:
+                return (wc * (torch.logsumexp(Z, 1) - (Z * Yc).sum(1))).sum(), torch.softmax(Z, 1) - Yc
+            return (0.5 * wc * (Z - Yc).pow(2).sum(1)).sum(), Z - Yc
+
+        A = X.new_zeros(C, X.shape[1])
+        for _ in range(max_iter):
+            f, Rz = loss_res(A)
+            g = (Rz * wc[:, None]).T @ Xc                                  # [C, F+1]
+            if float(g.abs().max()) < tol:
+                break
+            if ce:                                         # sum_s w_s (diag p_s - p_s p_s^T) (x) x_s x_s^T
+                P = torch.softmax(Xc @ A.T, 1)
+                H = torch.block_diag(*[(Xc * (wc * P[:, a])[:, None]).T @ Xc for a in range(C)])
+                J = (P[:, :, None] * Xc[:, None, :]).reshape(len(Xc), -1)
+                H -= (J * wc[:, None]).T @ J
+            else:
+                H = torch.block_diag(*[(Xc * wc[:, None]).T @ Xc] * C)
+            ev, U = torch.linalg.eigh(H)                   # pseudo-inverse: softmax is invariant to a common shift
+            inv = torch.where(ev > ev.max() * 1e-12, 1.0 / ev.clamp_min(1e-300), torch.zeros_like(ev))
+            step = (U @ (inv * (U.T @ g.reshape(-1)))).reshape(A.shape)
+            t = 1.0
+            while t > 1e-8 and float(loss_res(A - t * step)[0]) > float(f) - 0.25 * t * float((g * step).sum()):
+                t *= 0.5                                   # Armijo backtracking
+            A = A - t * step
+        _, Rz = loss_res(A)
+        worst = max(worst, float(((Rz * wc[:, None]).T @ Xc).abs().max()))
+        W, b = A[:, :-1].reshape(-1), A[:, -1]
+        flat = torch.cat([W, b]) if first_w else torch.cat([b, W])
+        out[lab == c] = flat.to(out.dtype)
+    return out, worst
 
 
 def adjusted_rand(labels, truth) -> float:
