@@ -310,14 +310,17 @@ def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> 
                 return (wc * (torch.logsumexp(Z, 1) - (Z * Yc).sum(1))).sum(), torch.softmax(Z, 1) - Yc
             return (0.5 * wc * (Z - Yc).pow(2).sum(1)).sum(), Z - Yc
 
+        def grad(Rz):                                      # [C, F+1]
+            return (Rz * wc[:, None]).T @ Xc
+
         A = X.new_zeros(C, X.shape[1])
         for _ in range(max_iter):
             f, Rz = loss_res(A)
-            g = (Rz * wc[:, None]).T @ Xc                                  # [C, F+1]
+            g = grad(Rz)
             if float(g.abs().max()) < tol:
                 break
             if ce:                                         # sum_s w_s (diag p_s - p_s p_s^T) (x) x_s x_s^T
-                P = torch.softmax(Xc @ A.T, 1)
+                P = Rz + Yc
                 H = torch.block_diag(*[(Xc * (wc * P[:, a])[:, None]).T @ Xc for a in range(C)])
                 J = (P[:, :, None] * Xc[:, None, :]).reshape(len(Xc), -1)
                 H -= (J * wc[:, None]).T @ J
@@ -330,8 +333,7 @@ def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> 
             while t > 1e-8 and float(loss_res(A - t * step)[0]) > float(f) - 0.25 * t * float((g * step).sum()):
                 t *= 0.5                                   # Armijo backtracking
             A = A - t * step
-        _, Rz = loss_res(A)
-        worst = max(worst, float(((Rz * wc[:, None]).T @ Xc).abs().max()))
+        worst = max(worst, float(grad(loss_res(A)[1]).abs().max()))
         W, b = A[:, :-1].reshape(-1), A[:, -1]
         flat = torch.cat([W, b]) if first_w else torch.cat([b, W])
         out[lab == c] = flat.to(out.dtype)
