@@ -110,7 +110,7 @@ def test_oracle_gap_smoke(tmp_path):
     (res,) = _driver("oracle_gap").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
     assert res["oracle_grad_max"] < 1e-8 and 0 < res["oracle_accuracy"] <= 1
     assert [t["round"] for t in res["trace"]] == [0, 2, 4]
-    assert all(t["rel_dist"] > 0 for t in res["trace"])
+    assert all(t["loss_gap"] > 0 for t in res["trace"])   # FPFC is not yet at the oracle after 4 rounds
     assert "89.46%" in (tmp_path / "report.md").read_text()
 
 
