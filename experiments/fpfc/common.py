@@ -1,6 +1,7 @@
 """Shared helpers of the FPFC driver scripts (robustness.py, table2_tuning.py, table3_newcomers.py)."""
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
@@ -90,6 +91,33 @@ def fmt_pct(v) -> str:
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
+
+
+def driver_parser(doc: str, out: str, *, rounds: int = 2000, size_scale: float = 1.0, max_size: int = 0,
+                  scenario: bool = True) -> argparse.ArgumentParser:
+    """The arguments every synthetic driver shares; the driver adds its own and calls :func:`driver_args`."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if scenario:
+        p.add_argument("--scenario", default="S1")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--size-scale", type=float, default=size_scale)
+    p.add_argument("--max-size", type=int, default=max_size, help="cap on n_i; 0: no cap (the paper's sizes)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=out)
+    p.add_argument("--smoke", action="store_true", help="a tiny run (the tests)")
+    return p
+
+
+def driver_args(p: argparse.ArgumentParser, argv, smoke: dict) -> argparse.Namespace:
+    """Parse; with ``--smoke`` apply the ``smoke`` overrides; ``--max-size 0`` -> no cap; set the threads."""
+    a = p.parse_args(argv)
+    if a.smoke:
+        for k, v in smoke.items():
+            setattr(a, k, v)
+    a.max_size = a.max_size or None
+    set_threads(a.threads)
+    return a
 
 
 def write_report(out, lines: list[str], results=None) -> None:

@@ -18,16 +18,16 @@ usage: python experiments/fpfc/oracle_gap.py --seeds 0 1 2 --rounds 8000 --eval-
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt_pct, mean_std, params_for, set_threads, synthetic_problem, write_report  # noqa: E402
+  # noqa: E402
+from common import (driver_args, driver_parser, fmt_pct, mean_std, params_for, synthetic_problem,  # noqa: E402
+                    write_report)
 
 from fedsolve.algorithms.fpfc import FPFC, oracle_models  # noqa: E402
 from fedsolve.core.linear import LinearGDExecutor  # noqa: E402
@@ -111,21 +111,9 @@ def report(a, results) -> list[str]:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="S1")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=2000)
+    p = driver_parser(__doc__, "runs/fpfc_oracle")
     p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--size-scale", type=float, default=1.0)
-    p.add_argument("--max-size", type=int, default=0, help="cap on n_i; 0: no cap (the paper's sizes)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="runs/fpfc_oracle")
-    p.add_argument("--smoke", action="store_true")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.rounds, a.eval_every, a.seeds, a.size_scale, a.max_size = 4, 2, [0], 0.02, 100
-    a.max_size = a.max_size or None
-    set_threads(a.threads)
+    a = driver_args(p, argv, dict(rounds=4, eval_every=2, seeds=[0], size_scale=0.02, max_size=100))
     results = [run_seed(a, s) for s in a.seeds]
     write_report(a.out, report(a, results), results)
     return results

@@ -16,7 +16,6 @@ usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--o
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -24,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (fmt_pct, params_for, per_client_accuracy, run, set_threads, synthetic_problem,  # noqa: E402
-                    write_report)
+from common import (driver_args, driver_parser, fmt_pct, params_for, per_client_accuracy, run,  # noqa: E402
+                    synthetic_problem, write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -42,26 +41,14 @@ def _cell(r: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="S1")
+    p = driver_parser(__doc__, "runs/fpfc_robustness", rounds=300, size_scale=0.25, max_size=2000)
     p.add_argument("--attacks", nargs="+", default=["same_value", "sign_flip", "gaussian"])
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.2, 0.4, 0.6, 0.8])
     p.add_argument("--algorithms", nargs="+", default=["fpfc", "fedavg", "ifca", "local"])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=300)
-    p.add_argument("--size-scale", type=float, default=0.25)
-    p.add_argument("--max-size", type=int, default=2000, help="cap on n_i; 0: no cap (the paper's sizes)")
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--attacker-view", choices=["own", "server"], default="own",
                    help="what a malicious device trains from (fedsolve.algorithms.byzantine)")
-    p.add_argument("--out", default="runs/fpfc_robustness")
-    p.add_argument("--smoke", action="store_true")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.rounds, a.seeds, a.size_scale, a.max_size = 2, [0], 0.05, 100
-        a.fractions, a.attacks = [0.0, 0.4], ["same_value", "sign_flip", "gaussian"]
-    a.max_size = a.max_size or None
-    set_threads(a.threads)
+    a = driver_args(p, argv, dict(rounds=2, seeds=[0], size_scale=0.05, max_size=100, fractions=[0.0, 0.4],
+                                  attacks=["same_value", "sign_flip", "gaussian"]))
     t0 = time.perf_counter()
     rows = []
     for attack in a.attacks:

@@ -22,7 +22,6 @@ usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt_pct, params_for, run, set_threads, write_report  # noqa: E402
+from common import driver_args, driver_parser, fmt_pct, params_for, run, write_report  # noqa: E402
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
@@ -61,22 +60,11 @@ def acc(problem, params) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenario", default="S1")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=2000, help="federated rounds on the old devices")
+    p = driver_parser(__doc__, "runs/fpfc_table3_newcomers")
     p.add_argument("--newcomer-rounds", type=int, default=100)
     p.add_argument("--lam", type=float, default=0.6)
-    p.add_argument("--size-scale", type=float, default=1.0)
-    p.add_argument("--max-size", type=int, default=None)
     p.add_argument("--algorithms", nargs="+", default=list(LABELS), choices=list(LABELS))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="runs/fpfc_table3_newcomers")
-    p.add_argument("--smoke", action="store_true")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.rounds, a.newcomer_rounds, a.seeds, a.size_scale, a.max_size = 2, 2, [0], 0.05, 100
-    set_threads(a.threads)
+    a = driver_args(p, argv, dict(rounds=2, newcomer_rounds=2, seeds=[0], size_scale=0.05, max_size=100))
     t0 = time.perf_counter()
     res: dict[str, list[float]] = {}
     mf = build_model_fn("logreg", (60,), 10)

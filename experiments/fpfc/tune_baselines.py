@@ -14,14 +14,13 @@ usage: python experiments/fpfc/tune_baselines.py --method pacfl --param threshol
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import params_for, run, set_threads, split_validation, write_report  # noqa: E402
+from common import driver_args, driver_parser, params_for, run, split_validation, write_report  # noqa: E402
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.algorithms.clustering_baselines import pacfl_bases, pacfl_clusters, pacfl_proximity  # noqa: E402
@@ -100,27 +99,17 @@ def report(a, rows, wall):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = driver_parser(__doc__, "runs/fpfc_tune", scenario=False)
     p.add_argument("--method", default="pacfl", choices=sorted(PAPER))
     p.add_argument("--param", default="threshold")
     p.add_argument("--grid", type=float, nargs="+", default=[2.0, 3.0, 4.0, 5.0, 6.0, 8.0])
     p.add_argument("--scenarios", nargs="+", default=["S1", "S2", "S3", "S4", "S5"])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--tune-rounds", type=int, default=None, help="rounds of each tuning run (default: --rounds)")
-    p.add_argument("--size-scale", type=float, default=1.0)
-    p.add_argument("--max-size", type=int, default=None)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="runs/fpfc_tune")
-    p.add_argument("--smoke", action="store_true")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.rounds, a.tune_rounds, a.seeds, a.scenarios, a.size_scale, a.max_size = 3, 2, [0], ["S3"], 0.05, 100
-        a.grid = [3.0, 4.0, 30.0]
+    a = driver_args(p, argv, dict(rounds=3, tune_rounds=2, seeds=[0], scenarios=["S3"], size_scale=0.05,
+                                  max_size=100, grid=[3.0, 4.0, 30.0]))
     if a.param not in params_for(a.method, {a.param: 0}):
         raise SystemExit(f"--param: {a.method} has no field {a.param!r}")
     a.tune_rounds = a.tune_rounds or a.rounds
-    set_threads(a.threads)
     t0 = time.perf_counter()
     rows = []
     for sc in a.scenarios:
