@@ -26,16 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
   # noqa: E402
-from common import (driver_args, driver_parser, fmt_pct, mean_std, params_for, synthetic_problem,  # noqa: E402
-                    write_report)
+from common import (FPFC_PAPER, driver_args, driver_parser, fmt_pct, mean_std, params_for,  # noqa: E402
+                    synthetic_problem, write_report)
 
 from fedsolve.algorithms.fpfc import FPFC, oracle_models  # noqa: E402
 from fedsolve.core.linear import LinearGDExecutor  # noqa: E402
 from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
 from fedsolve.simulation.metrics import evaluate  # noqa: E402
-
-PAPER_ACC = {"S1": 0.8946, "S2": 0.9022, "S3": 0.9006, "S4": 0.9099, "S5": 0.8027}
-
 
 class OracleGap:
     """Callback: at every evaluation, the training-objective gap of the evaluation models to the oracle's."""
@@ -67,7 +64,7 @@ def run_seed(a, seed: int) -> dict:
     t0 = time.perf_counter()
     oracle, gmax = oracle_models(prob, prob.data.clusters.numpy())
     t_oracle = time.perf_counter() - t0
-    acc_oracle = evaluate(prob, oracle, True, ())[0]["test_accuracy"]
+    acc_oracle = evaluate(prob, oracle, prob.vmappable, ())[0]["test_accuracy"]
     cb = OracleGap(prob, oracle)
     algo = FPFC(params_for("fpfc"), prob)
     sim = Simulation(prob, algo, SimulationConfig(rounds=a.rounds, eval_every=a.eval_every, executor="auto",
@@ -81,7 +78,7 @@ def run_seed(a, seed: int) -> dict:
 
 
 def report(a, results) -> list[str]:
-    paper = PAPER_ACC.get(a.scenario)
+    paper = FPFC_PAPER.get(a.scenario, {}).get("acc")
     rounds = [r["round"] for r in results[0]["trace"] if r["round"] > 0]
     lines = [f"# FPFC against its oracle ({a.scenario}, seeds {a.seeds}, data redrawn per seed)", "",
              f"Scenario {a.scenario}, size_scale {a.size_scale}, max n_i {a.max_size}; FPFC with the suites' "

@@ -36,15 +36,8 @@ from fedsolve.simulation import Simulation, SimulationConfig
 from fedsolve.simulation.metrics import evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import FPFC_PAPER as PAPER  # noqa: E402
 from common import split_validation, write_report  # noqa: E402
-
-PAPER = {  # spec 4.4: Table 1 (S1) and Table E.2 (S3), FPFC row; Table 2 selected lambda
-    "S1": {"acc": 0.8946, "num": 4.0, "ari": 1.0, "lam_separate": 0.5, "lam_warmup": 3.0},
-    "S2": {"acc": 0.9022, "num": 11.67, "ari": 0.97},
-    "S3": {"acc": 0.9006, "num": 2.0, "ari": 1.0},
-    "S4": {"acc": 0.9099, "num": 1.0, "ari": 1.0},
-    "S5": {"acc": 0.8027, "num": 50.0, "ari": 1.0},
-}
 
 
 def make_problems(a, seed: int):

@@ -63,7 +63,7 @@ from torch import Tensor
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.core.executor import Work
-from fedsolve.core.linear import GDStep, linear_model_problem
+from fedsolve.core.linear import GDStep, aug_to_flat, linear_model_problem, weight_first, with_bias_feature
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -289,19 +289,17 @@ def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> 
                          f"or squared_error (got loss {problem.loss_name!r})")
     d = problem.data
     ce = problem.loss_name == "cross_entropy"
-    X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float64)
-    X = torch.cat([X, X.new_ones(X.shape[0], 1)], 1)                      # bias as a constant feature
+    X = with_bias_feature(d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float64))
     owner = torch.repeat_interleave(torch.arange(d.num_clients), d.train_sizes)
     wt = 1.0 / d.train_sizes.to(torch.float64)[owner]                      # mean loss per device
     lab = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    first_w = problem.layout.names[0].endswith("weight")
+    C = problem.layout.dim // X.shape[1]                                    # outputs
     out = torch.zeros(lab.numel(), problem.layout.dim)
     worst = 0.0
     for c in torch.unique(lab).tolist():
         rows = torch.isin(owner, torch.nonzero(lab == c).flatten())
         Xc, wc = X[rows], wt[rows]
         yc = d.train_y[rows]
-        C = problem.layout.dim // X.shape[1]
         Yc = F.one_hot(yc.long(), C).to(X.dtype) if ce else yc.reshape(len(yc), -1).to(X.dtype)
 
         def loss_res(A):                                   # F_c and the residuals dF/dz
@@ -334,9 +332,7 @@ def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> 
                 t *= 0.5                                   # Armijo backtracking
             A = A - t * step
         worst = max(worst, float(grad(loss_res(A)[1]).abs().max()))
-        W, b = A[:, :-1].reshape(-1), A[:, -1]
-        flat = torch.cat([W, b]) if first_w else torch.cat([b, W])
-        out[lab == c] = flat.to(out.dtype)
+        out[lab == c] = aug_to_flat(A.unsqueeze(0), weight_first(problem))[0].to(out.dtype)
     return out, worst
 
 

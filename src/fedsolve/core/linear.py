@@ -89,6 +89,23 @@ def linear_model_problem(problem) -> bool:
             and problem.loss_name in ("cross_entropy", "squared_error"))
 
 
+def weight_first(problem) -> bool:
+    """True when the flat parameter vector of a one-``nn.Linear`` problem is ``[W, b]`` (else ``[b, W]``)."""
+    return problem.layout.names[0].endswith("weight")
+
+
+def with_bias_feature(X: Tensor) -> Tensor:
+    """``[n, in] -> [n, in+1]``: the bias folded in as a constant-1 feature (``[W | b]`` acts on ``[x, 1]``)."""
+    return torch.cat([X, X.new_ones(X.shape[0], 1)], 1)
+
+
+def aug_to_flat(A: Tensor, w_first: bool) -> Tensor:
+    """``[k, out, in+1]`` augmented weights ``[W | b]`` -> ``[k, d]`` flat parameters in the model's layout."""
+    k = A.shape[0]
+    W, b = A[:, :, :-1].reshape(k, -1), A[:, :, -1]
+    return torch.cat([W, b], 1) if w_first else torch.cat([b, W], 1)
+
+
 @dataclass
 class _Selected:
     """The chunks of the selected clients' data, gathered once per round (see ``LinearGDExecutor``)."""
@@ -137,11 +154,11 @@ class LinearGDExecutor:
         lin = next(mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear))
         self.ce = problem.loss_name == "cross_entropy"
         self.out_dim, self.in_dim = lin.weight.shape
-        self.w_first = problem.layout.names[0].endswith("weight")
+        self.w_first = weight_first(problem)
         self.C = chunk
         d = problem.data
         X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float32)
-        X = torch.cat([X, X.new_ones(X.shape[0], 1)], 1)          # bias as a constant feature
+        X = with_bias_feature(X)
         off = d.train_offsets.tolist()
         first, count, XA, Y, CW = [], [], [], [], []
         c0 = 0
@@ -176,9 +193,7 @@ class LinearGDExecutor:
         return torch.cat([W, b.unsqueeze(-1)], 2)
 
     def _from_aug(self, A: Tensor) -> Tensor:
-        k = A.shape[0]
-        W, b = A[:, :, :-1].reshape(k, -1), A[:, :, -1]
-        return torch.cat([W, b], 1) if self.w_first else torch.cat([b, W], 1)
+        return aug_to_flat(A, self.w_first)
 
     # ---------------------------------------------------------------- the clients' data
     def _select(self, ids: Tensor) -> _Selected:
