@@ -158,7 +158,7 @@ def _params_of(fn, skip: tuple[str, ...] = ()) -> str:
 
 # ------------------------------------------------------------------ sections
 def experiment_sections() -> list[str]:
-    from fedsolve.experiments.config import AlgorithmSpec, DataConfig, ExperimentConfig, ModelConfig
+    from fedsolve.experiments.config import AlgorithmSpec, DataConfig, ExperimentConfig, ModelConfig, TuneSpec
     from fedsolve.simulation.loop import SimulationConfig, WorkConfig
     from fedsolve.simulation.sampling import SamplingConfig
 
@@ -172,6 +172,12 @@ def experiment_sections() -> list[str]:
         (WorkConfig, "simulation.work.", "`simulation.work:` variable amounts of local work."),
         (AlgorithmSpec, "algorithm.", "`algorithm:` (for `fedsolve run`) or each item of `algorithms:` "
                                       "(for `fedsolve compare`, keys `algorithms.<i>.<field>`)."),
+        (TuneSpec, "algorithm.tune.", "`tune:` of an algorithm: choose one hyper-parameter on validation data, "
+                                      "per seed. Each client's training split is cut at random into train and "
+                                      "validation; one run per grid value trains on the rest and is scored on "
+                                      "validation at its last round; the best value is then trained on the whole "
+                                      "training split and scored on the test split. The report lists the choice "
+                                      "per seed, every value's score and the tuning time."),
     ]
     links = {cls: _anchor(_model_title(cls)) for cls, _, _ in models}
     lines = ["## Experiment config", ""]

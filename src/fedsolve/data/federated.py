@@ -112,6 +112,28 @@ class FederatedData:
             name=self.name, meta=dict(self.meta),
         )
 
+    def split_validation(self, fraction: float = 0.2, seed: int = 0) -> "FederatedData":
+        """Hold out ``fraction`` of each client's training samples (at random, ``seed``) as its test split.
+
+        The result trains on the rest and scores on the held-out samples: the validation problem of
+        hyper-parameter tuning. A client keeps at least one training sample; clusters and names are kept.
+        """
+        if not 0 < fraction < 1:
+            raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+        rng = np.random.default_rng(10_000 + seed)
+        tr, va = [], []
+        for i in range(self.num_clients):
+            x, y = self.client_train(i)
+            n = x.shape[0]
+            perm = torch.as_tensor(rng.permutation(n))
+            nv = min(int(round(fraction * n)), n - 1)
+            va.append((x[perm[:nv]], y[perm[:nv]]))
+            tr.append((x[perm[nv:]], y[perm[nv:]]))
+        return FederatedData.from_client_arrays(
+            tr, va, task=self.task, num_classes=self.num_classes,
+            clusters=self.clusters.tolist() if self.clusters is not None else None, name=self.name,
+            meta={**self.meta, "validation_split": {"fraction": fraction, "seed": seed}})
+
     def to(self, device: torch.device | str) -> "FederatedData":
         for k in ("train_x", "train_y", "test_x", "test_y"):
             setattr(self, k, getattr(self, k).to(device))

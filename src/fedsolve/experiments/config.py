@@ -8,6 +8,7 @@ config, so every default is the paper's default unless the YAML says otherwise.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,11 +87,42 @@ def _extra_model(name: str) -> bool:
     return name in _extra_models()
 
 
+class TuneSpec(BaseModel):
+    """Choose one hyper-parameter on validation data, per seed (the papers' "tuned on validation").
+
+    Each client's training split is cut at random into train / validation (``val_fraction``); one run per
+    grid value trains on the rest for ``rounds`` rounds and is scored on validation; the best value is then
+    trained on the whole training split and scored on the test split, like an untuned run.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    param: str = Field(..., description="the hyper-parameter to choose (a field of the algorithm's config)")
+    grid: list[Any] = Field(..., min_length=2, description="candidate values, tried in this order (ties: first)")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's training samples held "
+                                                              "out for validation (paper Sec. 6.1: 16/80 = 0.2)")
+    rounds: int | None = Field(None, ge=1, description="rounds of each tuning run; null = simulation.rounds")
+    metric: str | None = Field(None, description="validation metric (as reported, `test_*` on the validation "
+                                                 "split); null = test_accuracy, or test_rmse for regression")
+
+    @field_validator("grid")
+    @classmethod
+    def _distinct(cls, v: list[Any]) -> list[Any]:
+        if len({json.dumps(x, sort_keys=True, default=str) for x in v}) != len(v):
+            raise ValueError(f"grid values must be distinct, got {v}")
+        return v
+
+
 class AlgorithmSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="algorithm name (fedsolve list algorithms)")
     label: str | None = Field(None, description="name shown in reports (default: name)")
     params: dict[str, Any] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
+    tune: TuneSpec | None = Field(None, description="choose one of `params` on validation data per seed "
+                                                    "(`fedsolve compare`); null = no tuning")
+
+    def with_param(self, key: str, value: Any) -> "AlgorithmSpec":
+        """This spec with ``params[key] = value`` and no tuning (the run a tuned value is trained with)."""
+        return self.model_copy(update={"params": {**self.params, key: value}, "tune": None})
 
     @property
     def display(self) -> str:
@@ -138,6 +170,17 @@ class ExperimentConfig(BaseModel):
                 cls.Config(**params)
             except ValidationError as e:
                 raise ValueError(_format_validation(e, prefix=f"algorithm {spec.name!r} params")) from None
+            if spec.tune is not None:
+                t = spec.tune
+                if t.param not in cls.Config.model_fields:
+                    raise ValueError(f"algorithm {spec.name!r} tune.param: {t.param!r} is not a field of its "
+                                     f"config; allowed: {sorted(cls.Config.model_fields)}")
+                for v in t.grid:
+                    try:
+                        cls.Config(**{**params, t.param: v})
+                    except ValidationError as e:
+                        raise ValueError(_format_validation(
+                            e, prefix=f"algorithm {spec.name!r} tune.grid value {v!r}")) from None
         labels = [s.display for s in self.algorithms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"algorithms: labels must be distinct, got {labels}; set `label`")

@@ -166,6 +166,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             st = agg["algorithms"][a]["best"].get("test_accuracy")
             if st:
                 lines.append(f"| {a} | {_fmt(st['mean'])} ± {_fmt(st['std'])} |")
+    lines += _tuned_section(agg)
     paper = cfg.paper or {}
     if paper.get("values"):
         lines += ["", f"## Paper's numbers: {paper.get('source', '')}", ""]
@@ -187,6 +188,25 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     lines += ["", f"Total wall time of all runs {agg.get('wall_time_s', 0):.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
     atomic_write_text(base / "report.md", "\n".join(lines) + "\n")
+
+
+def _tuned_section(agg: dict[str, Any]) -> list[str]:
+    """The hyper-parameters chosen on validation (``tune:``), per algorithm and seed."""
+    rows = [(a, t) for a, e in agg["algorithms"].items() for t in e.get("tuned", [])]
+    if not rows:
+        return []
+    out = ["", "## Tuned on validation", "",
+           "Each tuned algorithm ran once per grid value on its clients' training data less a held-out "
+           "validation share, scored on that share at the last round; the best value was then trained on the "
+           "whole training split (the rows above).", "",
+           "| algorithm | seed | chosen | validation metric per grid value | tuning rounds | tuning wall s |",
+           "|---|---|---|---|---|---|"]
+    for a, t in rows:
+        scores = ", ".join(f"{g}: {_fmt(v) if v is not None else 'diverged'}" for g, v in zip(t["grid"], t["scores"]))
+        out.append(f"| {a} | {t.get('seed')} | {t['param']} = {t['value']} | {NICE.get(t['metric'], t['metric'])} "
+                   f"(validation, {t['val_fraction']:g} held out): {scores} | {t['rounds']} | "
+                   f"{t.get('wall_time_s', 0.0):.1f} |")
+    return out
 
 
 def report_dir(path: str | Path) -> Path:

@@ -136,8 +136,13 @@ def _json_default(o):
 
 
 def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
-            progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True) -> dict:
-    """Run one algorithm with one seed into ``run_dir``; returns the summary dict."""
+            progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
+            extras: dict | None = None) -> dict:
+    """Run one algorithm with one seed into ``run_dir``; returns the summary dict (``extras`` are added to
+    its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`)."""
+    if spec.tune is not None:
+        return run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
+                        write_report=write_report)
     from fedsolve.experiments.report import write_run_report
 
     set_threads(cfg.threads)
@@ -159,11 +164,86 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
             write_run_report(run_dir, summary, sim.history)
         raise
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
-                            round_times=res.round_times, extras=res.extras)
+                            round_times=res.round_times, extras={**res.extras, **(extras or {})})
     atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if write_report:
         write_run_report(run_dir, summary, res.history)
     return summary
+
+
+# ------------------------------------------------------------------ tuning on validation
+def _completed(run_dir: Path) -> dict | None:
+    f = run_dir / "summary.json"
+    if f.exists():
+        done = json.loads(f.read_text())
+        if done.get("status") == "completed":
+            return done
+    return None
+
+
+def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_dir: str | Path,
+              resume: bool = False, progress: bool = True) -> tuple[AlgorithmSpec, dict[str, Any]]:
+    """Choose ``spec.tune.param`` from its grid on validation data (:class:`TuneSpec`).
+
+    One run per grid value in ``tune_dir/<param>=<value>`` on ``data.split_validation``; the value with the
+    best final validation metric wins (ties and order: the first in the grid). Runs that diverge score
+    nothing. Returns the spec with the chosen value (and no ``tune``) and a record of the choice.
+    """
+    t = spec.tune
+    metric = t.metric or ("test_accuracy" if data.task == "classification" else "test_rmse")
+    val_data = data.split_validation(t.val_fraction, seed)
+    tcfg = cfg if t.rounds is None else cfg.model_copy(
+        update={"simulation": cfg.simulation.model_copy(update={"rounds": t.rounds})})
+    scores: list[float | None] = []
+    wall = 0.0
+    for v in t.grid:
+        rd = Path(tune_dir) / _slug(f"{t.param}={v}")
+        summary = _completed(rd) if resume else None
+        if summary is None:
+            try:
+                summary = run_one(tcfg, spec.with_param(t.param, v), seed, rd, progress=progress,
+                                  resume=resume and (rd / "checkpoint.pt").exists(),
+                                  problem=build_problem(tcfg, seed, data=val_data), write_report=False)
+            except DivergenceError as e:
+                print(f"[fedsolve] tuning {spec.display} {t.param}={v} seed {seed} diverged: {e}")
+                summary = {"status": "diverged", "metrics": {"final": {}}}
+        wall += summary.get("wall_time_s") or 0.0
+        final = summary["metrics"]["final"]
+        if summary.get("status") == "completed" and metric not in final:
+            from fedsolve.experiments.config import ConfigError
+
+            raise ConfigError(f"algorithm {spec.name!r} tune.metric: {metric!r} is not reported by this run; "
+                              f"allowed: {sorted(k for k, x in final.items() if isinstance(x, (int, float)))}")
+        val = final.get(metric) if summary.get("status") == "completed" else None
+        scores.append(float(val) if isinstance(val, (int, float)) and val == val else None)
+    ok = [i for i, sc in enumerate(scores) if sc is not None]
+    if not ok:
+        raise DivergenceError(f"{spec.display} seed {seed}: no tuning run of {t.param} over {t.grid} gave a "
+                              f"validation {metric} (every run diverged); "
+                              f"the tuning runs are in {tune_dir}")
+    sign = 1.0 if lower_is_better(metric) else -1.0
+    best = min(ok, key=lambda i: (sign * scores[i], i))
+    info = {"param": t.param, "value": t.grid[best], "metric": metric, "grid": list(t.grid), "scores": scores,
+            "val_fraction": t.val_fraction, "rounds": tcfg.simulation.rounds, "wall_time_s": wall}
+    return spec.with_param(t.param, t.grid[best]), info
+
+
+def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
+             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True) -> dict:
+    """:func:`run_one`, after choosing the tuned hyper-parameter on validation (``run_dir/tune``) when
+    ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``."""
+    if spec.tune is None:
+        return run_one(cfg, spec, seed, run_dir, resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
+                       progress=progress, problem=problem, write_report=write_report)
+    problem = problem if problem is not None else build_problem(cfg, seed)
+    run_dir = Path(run_dir)
+    try:
+        chosen, info = tune_spec(cfg, spec, seed, problem.data, run_dir / "tune", resume=resume, progress=progress)
+    except DivergenceError as e:
+        write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e))
+        raise
+    return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
+                   progress=progress, problem=problem, write_report=write_report, extras={"tuned": info})
 
 
 def default_run_dir(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, out: str | Path | None = None) -> Path:
@@ -193,7 +273,6 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
         for spec in cfg.all_algorithms():
             problem = build_problem(cfg, seed, data=data)
             run_dir = default_run_dir(cfg, spec, seed, base)
-            resuming = resume and (run_dir / "checkpoint.pt").exists()
             if resume and (run_dir / "summary.json").exists():
                 done = json.loads((run_dir / "summary.json").read_text())
                 if done.get("status") == "completed":
@@ -201,8 +280,8 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
                     histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
                     continue
             try:
-                summary = run_one(cfg, spec, seed, run_dir, resume=resuming, progress=progress, problem=problem,
-                                  write_report=False)
+                summary = run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
+                                   write_report=False)
             except DivergenceError as e:
                 if stop_on_divergence:
                     raise
@@ -212,7 +291,8 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
             histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
     agg = aggregate_runs(cfg, runs)
     # total compute of all runs (also right after --resume, where this call only did part of it)
-    agg["wall_time_s"] = sum(s.get("wall_time_s") or 0.0 for lst in runs.values() for s in lst)
+    agg["wall_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
+        "wall_time_s", 0.0) for lst in runs.values() for s in lst)
     agg["invocation_time_s"] = time.perf_counter() - t0
     atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
     write_compare_report(base, cfg, agg, histories)
@@ -245,6 +325,9 @@ def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[s
             vals = [s[k] for s in lst if s.get(k) is not None]
             entry[k] = statistics.fmean(vals) if vals else None
         entry["uplink_bytes"] = statistics.fmean([s["communication"]["uplink_bytes"] for s in lst])
+        tuned = [dict(s["extras"]["tuned"], seed=s.get("seed")) for s in lst if (s.get("extras") or {}).get("tuned")]
+        if tuned:
+            entry["tuned"] = tuned
         entry["downlink_bytes"] = statistics.fmean([s["communication"]["downlink_bytes"] for s in lst])
         out["algorithms"][label] = entry
     return out
