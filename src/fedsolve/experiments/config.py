@@ -100,7 +100,8 @@ class TuneSpec(BaseModel):
     grid: list[Any] = Field(..., min_length=2, description="candidate values, tried in this order (ties: first)")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's training samples held "
                                                               "out for validation (paper Sec. 6.1: 16/80 = 0.2)")
-    rounds: int | None = Field(None, ge=1, description="rounds of each tuning run; null = simulation.rounds")
+    rounds: int | None = Field(None, ge=1, description="rounds of each tuning run (at most simulation.rounds); "
+                                                        "null = simulation.rounds")
     metric: str | None = Field(None, description="validation metric (as reported, `test_*` on the validation "
                                                  "split); null = test_accuracy, or test_rmse for regression")
 

@@ -192,8 +192,8 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
     t = spec.tune
     metric = t.metric or ("test_accuracy" if data.task == "classification" else "test_rmse")
     val_data = data.split_validation(t.val_fraction, seed)
-    tcfg = cfg if t.rounds is None else cfg.model_copy(
-        update={"simulation": cfg.simulation.model_copy(update={"rounds": t.rounds})})
+    rounds = cfg.simulation.rounds if t.rounds is None else min(t.rounds, cfg.simulation.rounds)
+    tcfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"rounds": rounds})})
     scores: list[float | None] = []
     wall = 0.0
     for v in t.grid:
