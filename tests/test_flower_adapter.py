@@ -209,3 +209,9 @@ def test_run_config_needs_exactly_one_source():
     _CACHE.clear()
     with pytest.raises(ValueError, match="exactly one"):
         load_task({})
+
+
+def test_tuned_algorithm_is_refused_for_a_deployment(exp):
+    """Tuning on validation is a simulation feature; a deployment must not silently use the untuned value."""
+    with pytest.raises(ValueError, match="tune"):
+        load_task({"experiment": str(exp), "overrides": 'algorithm.tune={"param":"lr","grid":[0.1,0.2]}'})

@@ -113,6 +113,10 @@ def _from_experiment(path: str, algorithm: str, seed: int, overrides: str) -> De
             raise ValueError(f"run config `algorithm`: the experiment lists several algorithms; choose one of "
                              f"{[s.display for s in specs]}")
         spec = specs[0]
+    if spec.tune is not None:
+        raise ValueError(f"algorithm {spec.display!r} has `tune:` ({spec.tune.param} over {spec.tune.grid}); tuning "
+                         f"runs in simulation (`fedsolve compare`): put the chosen value in its params for a "
+                         f"deployment, e.g. override algorithms.<i>.tune=null")
     s = cfg.seeds[0] if seed is None or int(seed) < 0 else int(seed)
     problem = build_problem(cfg, s)
     algo = build_algorithm(cfg, spec, problem)
