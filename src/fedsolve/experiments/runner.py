@@ -273,12 +273,11 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
         for spec in cfg.all_algorithms():
             problem = build_problem(cfg, seed, data=data)
             run_dir = default_run_dir(cfg, spec, seed, base)
-            if resume and (run_dir / "summary.json").exists():
-                done = json.loads((run_dir / "summary.json").read_text())
-                if done.get("status") == "completed":
-                    runs.setdefault(spec.display, []).append(done)
-                    histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
-                    continue
+            done = _completed(run_dir) if resume else None
+            if done is not None:
+                runs.setdefault(spec.display, []).append(done)
+                histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
+                continue
             try:
                 summary = run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
                                    write_report=False)
