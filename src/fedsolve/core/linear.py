@@ -16,10 +16,7 @@ algorithm states its update in that form with :meth:`Algorithm.linear_gd` (retur
 * each client's samples are cut into chunks of ``chunk`` rows (only its last chunk is padded, with
   all-zero rows, so padding contributes nothing), stored once as ``[chunks, C, in+1]``;
 * every step is two ``bmm`` calls over all chunks, one fused softmax over the class dimension and a
-  segment sum per client; the 1/n_i of the mean loss is applied after the segment sum;
-* cross-entropy: the label term of the gradient, ``X_i^T Y_i`` (one-hot ``Y``), does not change
-  during training and is computed once per client, so a step needs no scatter; the label
-  probabilities for the loss are read through a flat index built once per round.
+  segment sum per client; the 1/n_i of the mean loss is applied after the segment sum.
 
 Same numbers as the engine's sequential executor up to float rounding (tests check, per algorithm).
 The reported loss is ``-log softmax`` at the label with p clamped at 1e-30 (differs from the exact
@@ -116,9 +113,8 @@ class _Selected:
     owner: Tensor     # [B] which selected client each chunk belongs to
     XA: Tensor        # [B, C, in+1]
     CW: Tensor        # [B, 1, C]
-    Y: Tensor         # cross-entropy: [B*C] flat index of each sample's label in the [B, out, C] logits
+    Y: Tensor
     inv_n: Tensor     # [k, 1, 1] 1/n_i
-    XtY: Tensor | None = None   # cross-entropy: [k, out, in+1] label term X_i^T Y_i of the gradient
 
     @property
     def k(self) -> int:
@@ -186,11 +182,6 @@ class LinearGDExecutor:
         self.first = torch.tensor(first)
         self.count = torch.tensor(count)
         self.n = d.train_sizes.to(torch.float32)
-        if self.ce:                               # X_i^T Y_i: sum of [x, 1] over client i's samples of class c
-            owner = torch.repeat_interleave(torch.arange(d.num_clients), d.train_sizes.long())
-            XtY = torch.zeros(d.num_clients * self.out_dim, X.shape[1], dtype=torch.float64)
-            XtY.index_add_(0, owner * self.out_dim + d.train_y.long(), X.to(torch.float64))
-            self.XtY = XtY.to(torch.float32).view(d.num_clients, self.out_dim, -1)
 
     # ---------------------------------------------------------------- flat <-> [out, in+1]
     def _to_aug(self, w: Tensor) -> Tensor:
@@ -211,21 +202,16 @@ class LinearGDExecutor:
         chunk_ids = torch.repeat_interleave(self.first[ids] - torch.cumsum(cnt, 0) + cnt, cnt) + \
             torch.arange(int(cnt.sum()))
         XA, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XA, self.CW, self.Y))
-        inv_n = (1.0 / self.n[ids]).view(-1, 1, 1)
-        if not self.ce:
-            return _Selected(owner, XA, CW, Y, inv_n)
-        B, C, o = Y.shape[0], self.C, self.out_dim     # label of sample c of chunk b at (b, y, c) of [B, o, C]
-        flat = (torch.arange(B).view(B, 1, 1) * o + Y) * C + torch.arange(C).view(1, 1, C)
-        return _Selected(owner, XA, CW, flat.view(-1), inv_n, self.XtY.index_select(0, ids))
+        return _Selected(owner, XA, CW, Y, (1.0 / self.n[ids]).view(-1, 1, 1))
 
     def _loss_grad(self, sel: _Selected, A: Tensor, grad: bool, out: Tensor | None = None):
         """Mean loss ``[k]`` and, if ``grad``, its gradient ``[k, out, in+1]`` at ``A`` (``out``: a buffer)."""
         z = torch.bmm(A.index_select(0, sel.owner), sel.XA.transpose(1, 2))      # [B, out, C]
         if self.ce:
-            G = torch.softmax(z, 1)              # the gradient is sum_chunks G X - X^T Y (padding: X rows 0)
-            p_label = G.view(-1).index_select(0, sel.Y).view(sel.CW.shape)
-            lc = p_label.clamp_min_(1e-30).log_().mul_(sel.CW).sum((1, 2))
-            lc.neg_()
+            G = torch.softmax(z, 1)
+            lc = -(G.gather(1, sel.Y).clamp_min(1e-30).log() * sel.CW).sum((1, 2))
+            if grad:
+                G.scatter_add_(1, sel.Y, sel.CW.neg())   # -1 at the label (0 on padding, whose X rows are 0)
         else:
             G = z.sub_(sel.Y)
             lc = (0.5 * G.pow(2).sum(1, keepdim=True) * sel.CW).sum((1, 2))
@@ -233,10 +219,7 @@ class LinearGDExecutor:
         if not grad:
             return loss, None
         g = out.zero_() if out is not None else torch.zeros(sel.k, self.out_dim, self.in_dim + 1)
-        g.index_add_(0, sel.owner, torch.bmm(G, sel.XA))
-        if self.ce:
-            g.sub_(sel.XtY)
-        return loss, g.mul_(sel.inv_n)
+        return loss, g.index_add_(0, sel.owner, torch.bmm(G, sel.XA)).mul_(sel.inv_n)
 
     def full_batch(self, ids: Tensor) -> FullBatch:
         """Full-batch loss and gradient of clients ``ids`` (what :meth:`Algorithm.linear_gd` receives)."""
