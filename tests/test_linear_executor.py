@@ -37,10 +37,11 @@ CASES = {   # name: full-batch configuration
 }
 
 
-def _run(prob, name, executor, rounds=6, work=None):
+def _run(prob, name, executor, rounds=6, work=None, kernel="auto"):
     algo = get_algorithm(name)(CASES[name], prob)
     sim = Simulation(prob, algo, SimulationConfig(rounds=rounds, eval_every=rounds, executor=executor, metrics=[],
-                                                  sampling={"fraction": 0.5}, work=work or {}), seed=3)
+                                                  sampling={"fraction": 0.5}, work=work or {},
+                                                  linear_kernel=kernel), seed=3)
     res = sim.run()
     return algo, sim, res
 
@@ -52,13 +53,13 @@ def _state(sim):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("make", [s1_small, regression])
-def test_linear_executor_matches_sequential(name, make):
+@pytest.mark.parametrize("make,kernel", [(s1_small, "native"), (s1_small, "torch"), (regression, "torch")])
+def test_linear_executor_matches_sequential(name, make, kernel):
     prob = make()
-    runs = {ex: _run(prob, name, ex, work={"variable": "uniform", "min_fraction": 0.3}) for ex in
+    runs = {ex: _run(prob, name, ex, work={"variable": "uniform", "min_fraction": 0.3}, kernel=kernel) for ex in
             ("sequential", "linear")}
     algo_l, sim_l, res_l = runs["linear"]
-    assert isinstance(sim_l.executor, LinearGDExecutor)
+    assert isinstance(sim_l.executor, LinearGDExecutor) and sim_l.executor.kernel == kernel
     a, b = _state(runs["sequential"][1]), _state(sim_l)
     assert a.keys() == b.keys()
     for k in a:

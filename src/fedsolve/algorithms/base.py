@@ -120,11 +120,11 @@ class Algorithm:
         raise NotImplementedError
 
     # ----------------------------------------------------------- optional
-    def make_executor(self, name: str, chunk_size: int | None = None):
+    def make_executor(self, name: str, chunk_size: int | None = None, linear_kernel: str = "auto"):
         """An algorithm-specific executor for ``name``, or None (the engine's).
 
         ``linear`` (or ``auto`` when :meth:`linear_executor_ok`): the batched one-layer executor of
-        ``core/linear.py``, which runs :meth:`linear_gd`.
+        ``core/linear.py``, which runs :meth:`linear_gd` with ``linear_kernel``.
         """
         if name == "fpfc_linear":   # the executor's former name
             name = "linear"
@@ -133,9 +133,9 @@ class Algorithm:
                 raise ValueError(f"executor: 'linear' does not run {self.name} with this configuration (it needs "
                                  f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
                                  f"'sequential', 'vectorized'")
-            return LinearGDExecutor(self.problem)
+            return LinearGDExecutor(self.problem, kernel=linear_kernel)
         if name == "auto" and self.linear_executor_ok():
-            return LinearGDExecutor(self.problem)
+            return LinearGDExecutor(self.problem, kernel=linear_kernel)
         return None
 
     def supports_linear_gd(self) -> bool:

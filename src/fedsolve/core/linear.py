@@ -24,16 +24,28 @@ cross-entropy only when a training margin is below -69). Step counts come from t
 variable work and growing schedules work. ``executor: auto`` picks it when the algorithm supports it
 (:meth:`Algorithm.supports_linear_gd`), the model is one ``nn.Linear``, the loss is supported and every
 work phase is full-batch.
+
+Two kernels do the steps (``kernel``, from ``simulation.linear_kernel``):
+
+* ``torch``: the chunked ``bmm`` path above;
+* ``native`` (cross-entropy only): ``kernels/softmax_gd.c``, compiled at first use (``core/native.py``),
+  which runs all of a device's steps in one call with the logits kept in registers, devices spread over
+  the torch thread count. Measured on S1 (``benchmarks/fpfc_s1.py``) it is several times faster.
+
+``auto`` takes ``native`` where it applies and a C compiler is found, else ``torch``; the two agree to
+float rounding (``tests/test_native_kernel.py``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor
+
+from fedsolve.core import native
 
 Record = dict[str, Tensor]
 
@@ -125,30 +137,42 @@ class FullBatch:
     """The selected clients' full-batch loss and gradient, for :meth:`Algorithm.linear_gd`:
     ``loss(w [k, d]) -> [k]`` and ``grad(w [k, d]) -> [k, d]`` (mean loss, no weight decay)."""
 
-    def __init__(self, executor: "LinearGDExecutor", sel: _Selected):
-        self._ex, self._sel = executor, sel
+    def __init__(self, executor: "LinearGDExecutor", ids: Tensor):
+        self._ex, self._ids = executor, ids
+        self._sel: _Selected | None = None
+
+    def _loss_grad(self, w: Tensor, grad: bool) -> tuple[Tensor, Tensor | None]:
+        ex, A = self._ex, self._ex._to_aug(w.to(torch.float32))
+        if ex.native is not None:
+            loss, g = ex.native.run(self._ids, A, grad=True)
+            return loss.to(torch.float32), g
+        if self._sel is None:
+            self._sel = ex._select(self._ids)
+        return ex._loss_grad(self._sel, A, grad=grad)
 
     def loss(self, w: Tensor) -> Tensor:
-        return self._ex._loss_grad(self._sel, self._ex._to_aug(w.to(torch.float32)), grad=False)[0]
+        return self._loss_grad(w, grad=False)[0]
 
     def grad(self, w: Tensor) -> Tensor:
-        g = self._ex._loss_grad(self._sel, self._ex._to_aug(w.to(torch.float32)), grad=True)[1]
-        return self._ex._from_aug(g).to(w.dtype)
+        return self._ex._from_aug(self._loss_grad(w, grad=True)[1]).to(w.dtype)
 
 
 class LinearGDExecutor:
     """The ``linear`` executor (module docstring); same ``run`` interface as ``core.executor``.
 
     ``tune_malloc`` calls :func:`keep_freed_memory` (process-wide; about 1.25-4x less time per round,
-    measured on FPFC).
+    measured on FPFC). ``kernel``: ``auto``, ``native`` or ``torch`` (module docstring).
     """
 
     name = "linear"
 
-    def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True):
+    def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True,
+                 kernel: Literal["auto", "native", "torch"] = "auto"):
         if not linear_model_problem(problem):
             raise ValueError("executor: 'linear' needs a model made of one nn.Linear with bias (e.g. 'logreg') "
                              f"and loss cross_entropy or squared_error (got loss {problem.loss_name!r})")
+        if kernel not in ("auto", "native", "torch"):
+            raise ValueError(f"linear_kernel: expected 'auto', 'native' or 'torch', got {kernel!r}")
         if tune_malloc:
             keep_freed_memory()
         lin = next(mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear))
@@ -159,6 +183,24 @@ class LinearGDExecutor:
         d = problem.data
         X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float32)
         X = with_bias_feature(X)
+        self.n = d.train_sizes.to(torch.float32)
+        self.native: native.SoftmaxData | None = None
+        if kernel != "torch":
+            lib = native.softmax_gd_kernel(self.out_dim) if self.ce else None
+            if lib is not None:
+                self.native = native.SoftmaxData(lib, X, d.train_y, d.train_offsets, self.out_dim)
+            elif kernel == "native":
+                why = ("it covers cross-entropy only" if not self.ce else
+                       "it is turned off (FEDSOLVE_NATIVE=0)" if not native.enabled() else
+                       f"it supports 2 to {native.MAX_CLASSES} classes" if not 2 <= self.out_dim <= native.MAX_CLASSES
+                       else "no C compiler could build it")
+                raise ValueError(f"linear_kernel: 'native' is not available here ({why}); use 'auto' or 'torch'")
+        self.kernel = "native" if self.native is not None else "torch"
+        if self.native is None:
+            self._chunk_data(d, X, chunk)
+
+    def _chunk_data(self, d, X: Tensor, chunk: int) -> None:
+        """The torch kernel's layout: each client's rows cut into zero-padded chunks of ``chunk`` rows."""
         off = d.train_offsets.tolist()
         first, count, XA, Y, CW = [], [], [], [], []
         c0 = 0
@@ -181,7 +223,6 @@ class LinearGDExecutor:
         self.Y = torch.cat(Y).contiguous()
         self.first = torch.tensor(first)
         self.count = torch.tensor(count)
-        self.n = d.train_sizes.to(torch.float32)
 
     # ---------------------------------------------------------------- flat <-> [out, in+1]
     def _to_aug(self, w: Tensor) -> Tensor:
@@ -223,7 +264,7 @@ class LinearGDExecutor:
 
     def full_batch(self, ids: Tensor) -> FullBatch:
         """Full-batch loss and gradient of clients ``ids`` (what :meth:`Algorithm.linear_gd` receives)."""
-        return FullBatch(self, self._select(ids))
+        return FullBatch(self, ids)
 
     # ---------------------------------------------------------------- one round
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
@@ -231,14 +272,21 @@ class LinearGDExecutor:
             raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
                              f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
                              f"'sequential'")
-        sel = self._select(ids)                          # gathered once, shared with linear_gd's FullBatch
-        spec = algo.linear_gd(rows, msgs, ids, round_, FullBatch(self, sel))
-        k = sel.k
+        full = FullBatch(self, ids)                      # its selection is shared with the steps below
+        spec = algo.linear_gd(rows, msgs, ids, round_, full)
+        k = ids.numel()
         steps = plans["train"].active.sum(1)
         S = int(steps.max()) if k else 0
         wd = float(getattr(algo.cfg, "weight_decay", 0.0))
         A = self._to_aug(spec.start.to(torch.float32))
         Z = self._to_aug(spec.anchor.to(torch.float32)) if spec.anchor is not None and spec.rho > 0 else None
+        if self.native is not None:
+            A, losses = self.native.run(ids, A, steps, Z, spec.lr, spec.rho if Z is not None else 0.0, wd)
+            new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
+            return new_rows, uploads, losses.to(torch.float32)
+        if full._sel is None:
+            full._sel = self._select(ids)
+        sel = full._sel
         loss_sum = torch.zeros(k)
         gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
         for s in range(S):

@@ -1,0 +1,211 @@
+"""Compiled kernels, built at first use with the machine's C compiler and cached.
+
+One kernel so far: ``kernels/softmax_gd.c``, the full-batch gradient descent of the ``linear``
+executor for cross-entropy models (see that file). It is plain C with GCC/Clang vector extensions,
+compiled with ``$CC`` (default ``cc``) and ``-O3 -march=native`` into
+``$FEDSOLVE_CACHE_DIR/kernels`` (default ``~/.cache/fedsolve/kernels``), one shared library per class
+count, keyed by a hash of the source, the flags, the compiler and the CPU, and written atomically (a
+temporary file renamed into place). It is loaded with :mod:`ctypes`, whose calls release the GIL, so
+devices run on ``torch.get_num_threads()`` Python threads at once.
+
+No ``-ffast-math``: GCC links ``crtfastmath.o`` into shared libraries built with it, which would turn
+on flush-to-zero for the whole process at load time.
+
+Where no compiler is found or the build fails, :func:`softmax_gd_kernel` returns None with one
+warning and the executor keeps its PyTorch path. ``FEDSOLVE_NATIVE=0`` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("kernels") / "softmax_gd.c"
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC",
+         "-shared"]
+LANES, BLOCK = 8, 16          # as in the C source
+MAX_CLASSES = 64
+
+_lock = threading.Lock()
+_loaded: dict[int, ctypes.CDLL | None] = {}
+_warned = False
+_pool: ThreadPoolExecutor | None = None
+
+
+def enabled() -> bool:
+    """False when ``FEDSOLVE_NATIVE=0`` (or ``false``/``off``) is set."""
+    return os.environ.get("FEDSOLVE_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("FEDSOLVE_CACHE_DIR")
+    return (Path(base) if base else Path.home() / ".cache" / "fedsolve") / "kernels"
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC", "cc")
+    return shutil.which(cc)
+
+
+def _build(num_classes: int) -> Path:
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} is not on PATH)")
+    src = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode(),
+                                     _cpu_signature().encode(), str(num_classes).encode()])).hexdigest()[:16]
+    out = cache_dir() / f"softmax_gd_nc{num_classes}_{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".so")
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *FLAGS, f"-DNC={num_classes}", "-o", tmp, str(SOURCE)], capture_output=True,
+                             text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def softmax_gd_kernel(num_classes: int) -> ctypes.CDLL | None:
+    """The compiled kernel for ``num_classes`` classes, or None (disabled, unsupported, or no compiler)."""
+    global _warned
+    if not enabled() or not (2 <= num_classes <= MAX_CLASSES):
+        return None
+    with _lock:
+        if num_classes not in _loaded:
+            try:
+                lib = ctypes.CDLL(str(_build(num_classes)))
+                lib.softmax_gd.restype = None
+                lib.softmax_gd.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
+                                           ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                _loaded[num_classes] = lib
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                _loaded[num_classes] = None
+                if not _warned:
+                    warnings.warn(f"fedsolve: compiled kernel unavailable ({e}); using the PyTorch path "
+                                  f"(slower, same results)", RuntimeWarning, stacklevel=2)
+                    _warned = True
+        return _loaded[num_classes]
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="fedsolve-native")
+    return _pool
+
+
+def _ptr(t: Tensor | None):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+class SoftmaxData:
+    """The training rows of every client in the kernel's layout (blocks of 16 rows, feature-major).
+
+    ``X`` ``[N, F]`` (bias feature included), ``y`` ``[N]`` labels, ``offsets`` ``[m+1]``: client i owns rows
+    ``offsets[i]:offsets[i+1]``. Memory: about the size of ``X`` plus up to 15 padding rows per client.
+    """
+
+    def __init__(self, lib: ctypes.CDLL, X: Tensor, y: Tensor, offsets: Tensor, num_classes: int):
+        self.lib, self.C = lib, num_classes
+        N, F = X.shape
+        self.F = F
+        off = offsets.tolist()
+        n = [off[i + 1] - off[i] for i in range(len(off) - 1)]
+        npad = [max(BLOCK, -(-k // BLOCK) * BLOCK) for k in n]
+        start = [0]
+        for k in npad:
+            start.append(start[-1] + k)
+        Xb = torch.zeros(start[-1], F, dtype=torch.float32)
+        Y = torch.full((start[-1],), -1, dtype=torch.int32)
+        for i, k in enumerate(n):
+            Xb[start[i]:start[i] + k] = X[off[i]:off[i + 1]]
+            Y[start[i]:start[i] + k] = y[off[i]:off[i + 1]].to(torch.int32)
+        # [blocks, BLOCK, F] -> [blocks, F, BLOCK]: each block's features contiguous, rows in the lanes
+        self.X = Xb.view(-1, BLOCK, F).transpose(1, 2).contiguous()
+        self.y = Y
+        self.start = torch.tensor(start[:-1], dtype=torch.int64)
+        self.npad = torch.tensor(npad, dtype=torch.int64)
+        self.n = torch.tensor(n, dtype=torch.int64)
+
+    def _split(self, ids: Tensor, steps: Tensor) -> list[Tensor]:
+        """Positions 0..k-1 shared among the threads, largest work first (LPT)."""
+        nth = max(1, min(torch.get_num_threads(), ids.numel()))
+        cost = (self.npad[ids] * steps.clamp_min(1)).tolist()
+        parts: list[list[int]] = [[] for _ in range(nth)]
+        load = [0] * nth
+        for p in sorted(range(len(cost)), key=lambda p: -cost[p]):
+            j = load.index(min(load))
+            parts[j].append(p)
+            load[j] += cost[p]
+        return [torch.tensor(sorted(p), dtype=torch.long) for p in parts if p]
+
+    def run(self, ids: Tensor, A: Tensor, steps: Tensor | None = None, Z: Tensor | None = None, lr: float = 0.0,
+            rho: float = 0.0, wd: float = 0.0, grad: bool = False) -> tuple[Tensor, Tensor]:
+        """``A`` ``[k, C, F]`` float32 (one row per id). GD mode: ``steps`` ``[k]`` steps each, returns the final
+        ``A`` and the mean loss over each client's steps. ``grad=True``: returns the mean loss and its gradient
+        at ``A`` (no step)."""
+        k, P = ids.numel(), self.C * self.F
+        A = A.to(torch.float32).contiguous().clone()
+        Z = None if Z is None else Z.to(torch.float32).contiguous()
+        steps = torch.zeros(k, dtype=torch.int32) if steps is None else steps.to(torch.int32).contiguous()
+        loss = torch.zeros(k, dtype=torch.float64)
+        G = torch.empty(k, self.C, self.F) if grad else None
+        if k == 0:
+            return (loss, G) if grad else (A, loss)
+
+        def work(pos: Tensor) -> None:
+            dev = ids[pos]
+            a = A[pos].contiguous()
+            z = None if Z is None else Z[pos].contiguous()
+            g = torch.empty(pos.numel(), self.C, self.F) if grad else None
+            lo, npd, n, st = (self.start[dev].contiguous(), self.npad[dev].contiguous(), self.n[dev].contiguous(),
+                              steps[pos].contiguous())
+            ls = torch.zeros(pos.numel(), dtype=torch.float64)
+            scratch = torch.empty(P * (LANES + 1) + 16)
+            off = (-scratch.data_ptr() // 4) % 8           # 32-byte alignment for the vector scratch
+            ws = scratch[off:]
+            self.lib.softmax_gd(_ptr(self.X), _ptr(self.y), self.F, pos.numel(), _ptr(lo), _ptr(npd), _ptr(n),
+                                _ptr(st), _ptr(a), _ptr(z), lr, rho, wd, _ptr(ls), _ptr(g), _ptr(ws))
+            A[pos] = a
+            loss[pos] = ls
+            if grad:
+                G[pos] = g
+
+        parts = self._split(ids, steps)
+        if len(parts) == 1:
+            work(parts[0])
+        else:
+            for f in [_threads().submit(work, p) for p in parts]:
+                f.result()
+        return (loss, G) if grad else (A, loss)

@@ -1,0 +1,171 @@
+"""The compiled softmax-GD kernel (core/kernels/softmax_gd.c) against autograd and the torch path."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedsolve.core import native
+from fedsolve.core.linear import LinearGDExecutor, with_bias_feature
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+
+
+def _data(sizes, classes, feats=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(sum(sizes), feats, generator=g) * 2 - 0.5
+    y = torch.randint(0, classes, (sum(sizes),), generator=g)
+    off = torch.tensor([0] + sizes).cumsum(0)
+    return with_bias_feature(X), y, off
+
+
+def _reference(X, y, off, ids, A, steps, Z=None, lr=0.0, rho=0.0, wd=0.0):
+    """Plain autograd GD, one client at a time, in float64: the definition the kernel must match."""
+    outA, outL = [], []
+    for p, i in enumerate(ids.tolist()):
+        a = A[p].double().clone()
+        xs, ys = X[off[i]:off[i + 1]].double(), y[off[i]:off[i + 1]]
+        losses = []
+        for _ in range(int(steps[p])):
+            a.requires_grad_(True)
+            loss = F.cross_entropy(xs @ a.T, ys)
+            (g,) = torch.autograd.grad(loss, a)
+            a = a.detach()
+            g = g + wd * a + (rho * (a - Z[p].double()) if Z is not None else 0.0)
+            losses.append(loss.item())
+            a = a - lr * g
+        outA.append(a)
+        outL.append(sum(losses) / len(losses) if losses else 0.0)
+    return torch.stack(outA), torch.tensor(outL, dtype=torch.float64)
+
+
+@needs_cc
+@pytest.mark.parametrize("classes", [2, 3, 10, 17])
+def test_gradient_and_loss_match_autograd(classes):
+    sizes = [1, 15, 16, 17, 40, 203]                    # block edges: padding rows must count for nothing
+    X, y, off = _data(sizes, classes)
+    lib = native.softmax_gd_kernel(classes)
+    assert lib is not None
+    sd = native.SoftmaxData(lib, X, y, off, classes)
+    ids = torch.tensor([5, 0, 3, 1, 4, 2])
+    A = torch.randn(len(ids), classes, X.shape[1], generator=torch.Generator().manual_seed(1))
+    loss, G = sd.run(ids, A, grad=True)
+    for p, i in enumerate(ids.tolist()):
+        a = A[p].double().requires_grad_(True)
+        ref = F.cross_entropy(X[off[i]:off[i + 1]].double() @ a.T, y[off[i]:off[i + 1]])
+        (g,) = torch.autograd.grad(ref, a)
+        assert abs(float(loss[p]) - ref.item()) < 2e-6 * max(1.0, ref.item())
+        torch.testing.assert_close(G[p].double(), g, atol=2e-6, rtol=1e-5)
+
+
+@needs_cc
+def test_gd_steps_anchor_decay_and_variable_work():
+    sizes = [9, 33, 120, 64, 5]
+    X, y, off = _data(sizes, 4, feats=5, seed=2)
+    sd = native.SoftmaxData(native.softmax_gd_kernel(4), X, y, off, 4)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.tensor([4, 2, 0, 3])
+    A = torch.randn(4, 4, 6, generator=g) * 0.3
+    Z = torch.randn(4, 4, 6, generator=g) * 0.3
+    steps = torch.tensor([3, 0, 7, 1])                  # a client with no step keeps its start, loss 0
+    A_n, L_n = sd.run(ids, A, steps, Z, lr=0.2, rho=0.7, wd=0.05)
+    A_r, L_r = _reference(X, y, off, ids, A, steps, Z, lr=0.2, rho=0.7, wd=0.05)
+    torch.testing.assert_close(A_n.double(), A_r, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(L_n, L_r, atol=2e-6, rtol=1e-5)
+    assert torch.equal(A_n[1], A[1]) and float(L_n[1]) == 0.0
+
+
+@needs_cc
+def test_extreme_logits_stay_finite_and_exact():
+    """Margins of hundreds: the loss is log-sum-exp exact (no clamped probabilities), no NaN."""
+    X, y, off = _data([50], 3, feats=4, seed=4)
+    sd = native.SoftmaxData(native.softmax_gd_kernel(3), X, y, off, 3)
+    A = torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(5)) * 300
+    loss, G = sd.run(torch.tensor([0]), A, grad=True)
+    ref = F.cross_entropy(X.double() @ A[0].double().T, y)
+    assert torch.isfinite(G).all()
+    assert abs(float(loss[0]) - float(ref)) < 1e-5 * float(ref)
+
+
+@needs_cc
+def test_thread_count_does_not_change_results():
+    X, y, off = _data([300, 20, 150, 77, 400, 8], 5, seed=6)
+    sd = native.SoftmaxData(native.softmax_gd_kernel(5), X, y, off, 5)
+    ids = torch.arange(6)
+    A = torch.randn(6, 5, 8, generator=torch.Generator().manual_seed(7))
+    old = torch.get_num_threads()
+    try:
+        out = []
+        for th in (1, 2, 3):
+            torch.set_num_threads(th)
+            out.append(sd.run(ids, A, torch.full((6,), 4), lr=0.1))
+    finally:
+        torch.set_num_threads(old)
+    for A_t, L_t in out[1:]:
+        assert torch.equal(A_t, out[0][0]) and torch.equal(L_t, out[0][1])
+
+
+@needs_cc
+def test_native_and_torch_kernels_agree_on_s1():
+    from fedsolve.algorithms.fpfc import FPFC
+    from fedsolve.data.synthetic import fpfc_synthetic
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+    from fedsolve.simulation import Simulation, SimulationConfig
+
+    prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.05), build_model_fn("logreg", (60,), 10))
+    res = {}
+    for kernel in ("native", "torch"):
+        algo = FPFC(dict(lam=0.6, local_epochs=5, init_std=0.1), prob)
+        sim = Simulation(prob, algo, SimulationConfig(rounds=15, eval_every=15, linear_kernel=kernel, metrics=[],
+                                                      sampling={"fraction": 0.3}), seed=1)
+        assert sim.executor.kernel == kernel
+        res[kernel] = (sim.run(), sim)
+    torch.testing.assert_close(res["native"][1].server["W"], res["torch"][1].server["W"], atol=1e-4, rtol=1e-4)
+    a, b = res["native"][0].history[-1], res["torch"][0].history[-1]
+    assert abs(a["train_loss"] - b["train_loss"]) < 1e-5
+    assert abs(a["test_accuracy"] - b["test_accuracy"]) < 0.01
+
+
+def test_switch_off_and_clear_errors(monkeypatch, tmp_path):
+    from fedsolve.data.synthetic import fpfc_synthetic
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+
+    prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.02), build_model_fn("logreg", (60,), 10))
+    monkeypatch.setenv("FEDSOLVE_NATIVE", "0")
+    assert LinearGDExecutor(prob).kernel == "torch"
+    with pytest.raises(ValueError, match="linear_kernel.*FEDSOLVE_NATIVE=0"):
+        LinearGDExecutor(prob, kernel="native")
+    with pytest.raises(ValueError, match="linear_kernel: expected 'auto', 'native' or 'torch'"):
+        LinearGDExecutor(prob, kernel="fast")
+
+
+def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler-fedsolve")
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    mod = importlib.reload(native)
+    try:
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            assert mod.softmax_gd_kernel(3) is None
+            assert mod.softmax_gd_kernel(4) is None
+        assert len([w for w in rec if "compiled kernel unavailable" in str(w.message)]) == 1
+    finally:
+        monkeypatch.undo()
+        importlib.reload(native)
+
+
+@needs_cc
+def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    p1 = native._build(6)
+    mtime = p1.stat().st_mtime_ns
+    p2 = native._build(6)
+    assert p1 == p2 and p2.stat().st_mtime_ns == mtime          # reused, not rebuilt
+    assert [f.name for f in p1.parent.iterdir()] == [p1.name]     # no temporary left behind
