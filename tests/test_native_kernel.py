@@ -164,8 +164,44 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
 @needs_cc
 def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
     monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
-    p1 = native._build(6)
+    p1 = native._build("softmax_gd", {"NC": 6})
     mtime = p1.stat().st_mtime_ns
-    p2 = native._build(6)
+    p2 = native._build("softmax_gd", {"NC": 6})
     assert p1 == p2 and p2.stat().st_mtime_ns == mtime          # reused, not rebuilt
     assert [f.name for f in p1.parent.iterdir()] == [p1.name]     # no temporary left behind
+
+
+@needs_cc
+@pytest.mark.parametrize("k", [1, 7, 20])
+def test_pair_update_kernel_matches_the_tensor_version(k):
+    """FPFC's server pair update (pair_update.c) against DensePairs.update_torch over several rounds:
+    same pairs and scales, R equal to its definition sum_j (2 s_ij - 1) delta_ij, antisymmetry kept."""
+    from fedsolve.algorithms.fpfc import DensePairs, prox_scale
+
+    m, d = 20, 13
+    g = torch.Generator().manual_seed(k)
+    lib = native.load("pair_update")
+    assert lib is not None
+    a = DensePairs.init(m, d, torch.float32)
+    a["R"] = torch.zeros(m, d)
+    b = {key: v.clone() for key, v in a.items()}
+    W = torch.randn(m, d, generator=g) * torch.tensor([0.1, 0.5, 2.0]).repeat_interleave(torch.tensor([8, 8, 4]))[:, None]
+    prox = lambda r: prox_scale(r, 0.8, 1.0)  # noqa: E731
+    off = ~torch.eye(m, dtype=torch.bool)
+    seen = []
+    for _ in range(12):
+        ids = torch.randperm(m, generator=g)[:k]
+        W[ids] += 0.05 * torch.randn(k, d, generator=g)
+        DensePairs.update_torch(a, W, ids, prox)
+        DensePairs.update_native(lib, b, W, ids, prox)
+        torch.testing.assert_close(b["delta"], a["delta"], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(b["scale"], a["scale"], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(b["R"], a["R"], atol=1e-4, rtol=1e-5)
+        seen.append(b["scale"][off][b["delta"].norm(dim=-1)[off] > 0])
+    for st in (a, b):                                                     # exactly antisymmetric, both
+        assert torch.equal(st["delta"], -st["delta"].transpose(0, 1))
+        assert torch.equal(st["scale"][off], st["scale"].T[off])
+    R_def = (((2 * b["scale"] - 1) * off).unsqueeze(-1) * b["delta"]).sum(1)
+    torch.testing.assert_close(b["R"], R_def, atol=1e-4, rtol=1e-5)
+    s = torch.cat(seen)
+    assert (s == 1).any() and ((s > 1e-3) & (s < 1)).any() and (s < 1e-3).any()  # far, shrunk and fused pairs

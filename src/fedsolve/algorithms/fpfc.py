@@ -62,6 +62,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.core import native
 from fedsolve.core.executor import Work
 from fedsolve.core.linear import GDStep, aug_to_flat, linear_model_problem, weight_first, with_bias_feature
 from fedsolve.core.states import ClientStates, repeat_rows
@@ -141,7 +142,11 @@ def _touched_pairs(ids: Tensor, m: int) -> tuple[Tensor, Tensor]:
 
 
 class DensePairs:
-    """theta/v for all pairs as an antisymmetric ``[m, m, d_f]`` delta and ``[m, m]`` scale."""
+    """theta/v for all pairs as an antisymmetric ``[m, m, d_f]`` delta and ``[m, m]`` scale.
+
+    The update runs the compiled ``core/kernels/pair_update.c`` (two passes over the touched pairs) for
+    float32 stores where a C compiler is found, else :meth:`update_torch`; the two agree to float
+    rounding (tests/test_fpfc.py)."""
 
     @staticmethod
     def init(m: int, df: int, dtype) -> dict[str, Tensor]:
@@ -150,6 +155,41 @@ class DensePairs:
     @staticmethod
     def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
         """In place: rows ``ids`` (and their antisymmetric columns) and the row sums ``R``."""
+        lib = native.load("pair_update") if st["delta"].dtype == torch.float32 else None
+        if lib is None:
+            DensePairs.update_torch(st, Wf, ids, prox_fn)
+        else:
+            DensePairs.update_native(lib, st, Wf, ids, prox_fn)
+
+    @staticmethod
+    def update_native(lib, st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
+        """:meth:`update` by the compiled kernel: pass 1 forms every touched delta and its norm, the prox
+        scales come from ``prox_fn``, pass 2 writes the pairs and the row sums (see pair_update.c)."""
+        delta, scale, R = st["delta"], st["scale"], st["R"]
+        m, d = Wf.shape
+        k = ids.numel()
+        ids = ids.to(torch.int64).contiguous()
+        Wf = Wf.to(torch.float32).contiguous()
+        nth = max(1, min(torch.get_num_threads(), k))
+        parts = [(k * t // nth, k * (t + 1) // nth) for t in range(nth)]
+        Dn, r2 = torch.empty(k, m, d), torch.empty(k, m)
+        col_old = [torch.zeros(m, d) for _ in parts]
+        P = native.pointer
+        native.parallel(lambda t: lib.pair_delta(P(delta), P(scale), P(Wf), m, d, P(ids), *parts[t], P(Dn), P(r2),
+                                                 P(col_old[t])), range(len(parts)))
+        S_new = prox_fn(r2.sqrt()).to(torch.float32).contiguous()
+        active = torch.zeros(m, dtype=torch.uint8)
+        active[ids] = 1
+        row = torch.empty(k, d)
+        col_new = [torch.zeros(m, d) for _ in parts]
+        native.parallel(lambda t: lib.pair_write(P(delta), P(scale), P(Dn), P(S_new), m, d, P(ids), P(active),
+                                                 *parts[t], P(row), P(col_new[t])), range(len(parts)))
+        R.sub_(torch.stack(col_new).sum(0) - torch.stack(col_old).sum(0))   # rows j: entries (j, i) = -(i, j)
+        R.index_copy_(0, ids, row)                                          # rows i in ids: recomputed whole
+
+    @staticmethod
+    def update_torch(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
+        """:meth:`update` in tensor operations (the reference)."""
         D_old = st["delta"].index_select(0, ids)                     # [k, m, d]
         S_old = st["scale"].index_select(0, ids)                     # [k, m]
         D_new, S_new = pair_step(Wf.index_select(0, ids).unsqueeze(1), Wf.unsqueeze(0), D_old, S_old, prox_fn)
@@ -455,9 +495,14 @@ class FPFC(Algorithm):
         server.update(self.store.init(m, self.df, self.sdtype))
         return server, ClientStates(m, {"w": W})
 
+    def fused(self, W: Tensor, dtype=None) -> Tensor:
+        """The fused block of the rows of ``W`` (``W`` itself when the whole model is fused)."""
+        Wf = W if self.all_fused else W[:, self.fidx]
+        return Wf if dtype is None else Wf.to(dtype)
+
     def zeta(self, server, ids: Tensor) -> Tensor:
         """zeta_i = (1/m) sum_j (w_j + theta_ij - v_ij/rho) for the devices ``ids`` (fused block)."""
-        Wf = server["W"][:, self.fidx].to(server["R"].dtype)
+        Wf = self.fused(server["W"], server["R"].dtype)
         m = Wf.shape[0]
         return (Wf.mean(0).unsqueeze(0) + server["R"][ids] / m).to(server["W"].dtype)
 
@@ -485,8 +530,7 @@ class FPFC(Algorithm):
         W = server["W"]
         W.index_copy_(0, ids, W_new.to(W.dtype))
         act = torch.arange(self.num_clients) if self.cfg.update_pairs == "all" else ids
-        Wf = W[:, self.fidx].to(server["R"].dtype)
-        self.store.update(server, Wf, act, self.prox_fn)
+        self.store.update(server, self.fused(W, server["R"].dtype), act, self.prox_fn)
         self._version += 1
         return server
 

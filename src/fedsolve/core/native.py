@@ -1,12 +1,17 @@
 """Compiled kernels, built at first use with the machine's C compiler and cached.
 
-One kernel so far: ``kernels/softmax_gd.c``, the full-batch gradient descent of the ``linear``
-executor for cross-entropy models (see that file). It is plain C with GCC/Clang vector extensions,
-compiled with ``$CC`` (default ``cc``) and ``-O3 -march=native`` into
-``$FEDSOLVE_CACHE_DIR/kernels`` (default ``~/.cache/fedsolve/kernels``), one shared library per class
-count, keyed by a hash of the source, the flags, the compiler and the CPU, and written atomically (a
-temporary file renamed into place). It is loaded with :mod:`ctypes`, whose calls release the GIL, so
-devices run on ``torch.get_num_threads()`` Python threads at once.
+Two kernels, each plain C (GCC/Clang vector extensions at most) in ``kernels/``:
+
+* ``softmax_gd.c``: the full-batch gradient descent of the ``linear`` executor for cross-entropy
+  models (:class:`SoftmaxData`);
+* ``pair_update.c``: FPFC's server update of the touched pairs on the dense store
+  (``algorithms/fpfc.py``, ``DensePairs``).
+
+Each is compiled with ``$CC`` (default ``cc``) and ``-O3 -march=native`` into
+``$FEDSOLVE_CACHE_DIR/kernels`` (default ``~/.cache/fedsolve/kernels``), keyed by a hash of the source,
+the flags, the compiler and the CPU, and written atomically (a temporary file renamed into place). It is
+loaded with :mod:`ctypes`, whose calls release the GIL, so work is split over ``torch.get_num_threads()``
+Python threads (:func:`parallel`).
 
 No ``-ffast-math``: GCC links ``crtfastmath.o`` into shared libraries built with it, which would turn
 on flush-to-zero for the whole process at load time.
@@ -32,14 +37,21 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("kernels") / "softmax_gd.c"
+KERNEL_DIR = Path(__file__).with_name("kernels")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC",
          "-shared"]
-LANES, BLOCK = 8, 16          # as in the C source
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_I64 = ctypes.c_int64
+SIGNATURES = {
+    "softmax_gd": {"softmax_gd": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _F, _F, _F, _P, _P, _P]},
+    "pair_update": {"pair_delta": [_P, _P, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _P],
+                    "pair_write": [_P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P]},
+}
+LANES, BLOCK = 8, 16          # as in softmax_gd.c
 MAX_CLASSES = 64
 
 _lock = threading.Lock()
-_loaded: dict[int, ctypes.CDLL | None] = {}
+_loaded: dict[tuple, ctypes.CDLL | None] = {}
 _warned = False
 _pool: ThreadPoolExecutor | None = None
 
@@ -68,23 +80,25 @@ def _compiler() -> str | None:
     return shutil.which(cc)
 
 
-def _build(num_classes: int) -> Path:
+def _build(name: str, defines: dict[str, int] | None = None) -> Path:
+    """Compile ``kernels/<name>.c`` with ``defines`` (cached; see the module docstring)."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} is not on PATH)")
-    src = SOURCE.read_bytes()
+    source = KERNEL_DIR / f"{name}.c"
+    flags = FLAGS + [f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode(),
-                                     _cpu_signature().encode(), str(num_classes).encode()])).hexdigest()[:16]
-    out = cache_dir() / f"softmax_gd_nc{num_classes}_{key}.so"
+    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), version.encode(),
+                                     _cpu_signature().encode()])).hexdigest()[:16]
+    tag = "".join(f"_{k.lower()}{v}" for k, v in sorted((defines or {}).items()))
+    out = cache_dir() / f"{name}{tag}_{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".so")
     os.close(fd)
     try:
-        res = subprocess.run([cc, *FLAGS, f"-DNC={num_classes}", "-o", tmp, str(SOURCE)], capture_output=True,
-                             text=True)
+        res = subprocess.run([cc, *flags, "-o", tmp, str(source)], capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[:2000]}")
         os.replace(tmp, out)
@@ -94,28 +108,34 @@ def _build(num_classes: int) -> Path:
     return out
 
 
-def softmax_gd_kernel(num_classes: int) -> ctypes.CDLL | None:
-    """The compiled kernel for ``num_classes`` classes, or None (disabled, unsupported, or no compiler)."""
+def load(name: str, defines: dict[str, int] | None = None) -> ctypes.CDLL | None:
+    """The compiled ``kernels/<name>.c``, or None (turned off, or no compiler: one warning)."""
     global _warned
-    if not enabled() or not (2 <= num_classes <= MAX_CLASSES):
+    if not enabled():
         return None
+    key = (name, tuple(sorted((defines or {}).items())))
     with _lock:
-        if num_classes not in _loaded:
+        if key not in _loaded:
             try:
-                lib = ctypes.CDLL(str(_build(num_classes)))
-                lib.softmax_gd.restype = None
-                lib.softmax_gd.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float,
-                                           ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-                _loaded[num_classes] = lib
+                lib = ctypes.CDLL(str(_build(name, defines)))
+                for fn, args in SIGNATURES[name].items():
+                    getattr(lib, fn).restype = None
+                    getattr(lib, fn).argtypes = args
+                _loaded[key] = lib
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                _loaded[num_classes] = None
+                _loaded[key] = None
                 if not _warned:
                     warnings.warn(f"fedsolve: compiled kernel unavailable ({e}); using the PyTorch path "
                                   f"(slower, same results)", RuntimeWarning, stacklevel=2)
                     _warned = True
-        return _loaded[num_classes]
+        return _loaded[key]
+
+
+def softmax_gd_kernel(num_classes: int) -> ctypes.CDLL | None:
+    """The softmax-GD kernel for ``num_classes`` classes, or None (off, unsupported count, or no compiler)."""
+    if not (2 <= num_classes <= MAX_CLASSES):
+        return None
+    return load("softmax_gd", {"NC": num_classes})
 
 
 def _threads() -> ThreadPoolExecutor:
@@ -125,8 +145,19 @@ def _threads() -> ThreadPoolExecutor:
     return _pool
 
 
-def _ptr(t: Tensor | None):
+def parallel(fn, parts: list) -> list:
+    """``[fn(p) for p in parts]``, on the kernel threads when there is more than one part."""
+    if len(parts) <= 1:
+        return [fn(p) for p in parts]
+    return [f.result() for f in [_threads().submit(fn, p) for p in parts]]
+
+
+def pointer(t: Tensor | None):
+    """A tensor's data address for a kernel call (None for None). The caller keeps ``t`` alive."""
     return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+_ptr = pointer
 
 
 class SoftmaxData:
@@ -202,10 +233,5 @@ class SoftmaxData:
             if grad:
                 G[pos] = g
 
-        parts = self._split(ids, steps)
-        if len(parts) == 1:
-            work(parts[0])
-        else:
-            for f in [_threads().submit(work, p) for p in parts]:
-                f.result()
+        parallel(work, self._split(ids, steps))
         return (loss, G) if grad else (A, loss)
