@@ -121,3 +121,30 @@ def test_pacfl_and_perfedavg_run_on_synthetic():
             outs.append(sim.clients["personal"])
         assert torch.allclose(outs[0], outs[1], atol=1e-5)
         assert np.isfinite(res.history[-1]["test_accuracy"])
+
+
+def test_lg_code_trains_as_fedavg_and_scores_before_the_aggregation():
+    """lg_code: the server model follows FedAvg exactly; a device of the last round is scored with the model it
+    trained locally, every other device with the global model that round started from (FPFC code's LG)."""
+    from fedsolve.algorithms.fedavg import FedAvg
+    from fedsolve.algorithms.clustering_baselines import LGCode
+
+    prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.02), build_model_fn("logreg", (60,), 10))
+    cfg = dict(lr=0.1, batch_size=None, local_epochs=3)
+    sims = {}
+    for name, cls in [("fedavg", FedAvg), ("lg", LGCode)]:
+        sims[name] = Simulation(prob, cls(cfg, prob), SimulationConfig(rounds=5, eval_every=5, metrics=[],
+                                                                       sampling={"fraction": 0.3}), seed=2)
+        for t in range(4):
+            info = sims[name].run_round(t)
+        w_start = sims[name].server["w"].clone()
+        info = sims[name].run_round(4)
+    lg = sims["lg"]
+    assert torch.equal(lg.server["w"], sims["fedavg"].server["w"])
+    assert torch.equal(lg.server["w_start"], w_start)
+    params = lg.eval_params()
+    last = torch.zeros(prob.num_clients, dtype=torch.bool)
+    last[info["ids"]] = True
+    assert torch.equal(params[last], lg.clients["local"][last])
+    assert torch.equal(params[~last], w_start.expand(int((~last).sum()), -1))
+    assert not torch.equal(params[last], w_start.expand(int(last.sum()), -1))

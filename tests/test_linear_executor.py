@@ -31,6 +31,7 @@ CASES = {   # name: full-batch configuration
     "cfl": dict(lr=0.1, local_epochs=3, warmup_rounds=2, eps1=10.0, eps2=0.0),
     "pacfl": dict(lr=0.1, local_epochs=3),
     "perfedavg": dict(lr=0.1, local_epochs=3, variant="code", alpha=0.05),
+    "lg_code": dict(lr=0.1, batch_size=None, local_epochs=3),
     "fpfc": dict(lam=0.4, local_epochs=3),
     "byz_fedavg": dict(lr=0.1, batch_size=None, local_epochs=3, attack="sign_flip", malicious_fraction=0.25,
                        attacker_view="own"),

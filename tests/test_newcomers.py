@@ -94,6 +94,22 @@ def test_perfedavg_newcomer_is_the_global_model_after_one_adaptation_step():
         torch.testing.assert_close(got[k], w - 0.05 * torch.autograd.grad(f, v)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_lg_code_newcomer_is_the_global_model_after_one_round_of_local_training():
+    prob = regression()
+    p_old, p_new, _ = split(prob, [3, 7])
+    algo = get_algorithm("lg_code")(GD, p_old)
+    w = torch.randn(p_old.layout.dim, generator=torch.Generator().manual_seed(1))
+    got = algo.newcomer_models({"w": w}, p_new)
+    for k in range(2):
+        x, y = p_new.data.client_train(k)
+        v = w.clone()
+        for _ in range(3):                                              # local_epochs=3 full-batch GD steps
+            v.requires_grad_(True)
+            f = (0.5 * (x @ v[:3] + v[3] - y.reshape(-1)) ** 2).mean()
+            v = (v - 0.1 * torch.autograd.grad(f, v)[0]).detach()
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+
+
 def s1_small(seed=0):
     return FederatedProblem(fpfc_synthetic("S1", seed=seed, size_scale=0.03), build_model_fn("logreg", (60,), 10))
 

@@ -124,7 +124,7 @@ def report(a, results, path: Path):
              f"rounds={a.rounds}, validation={'none (full 80% train)' if a.no_val else '80/20 of train'}, "
              f"features={a.features}, rho={a.rho}, a=3.7, xi={a.xi}, nu={a.nu}, eval_with={a.eval_with}, "
              f"refit_full={a.refit_full}, data={'seed ' + str(a.data_seed) + ' for every run' if a.data_seed is not None else 'redrawn per seed'}, size_scale={a.size_scale}, 30% participation, 10 full-batch GD steps, lr 0.1, "
-             f"w0 ~ N(0, {a.init_std}^2) drawn per device.", "",
+             f"w0 ~ N(0, {a.init_std}^2), one draw copied to every device.", "",
              "| seed | lambda | clusters | sizes | ARI | test acc (cluster models) | test acc (own w_i) | wall (s) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -167,7 +167,8 @@ def main(argv=None):
                    help="draw the data once with this seed and let --seeds vary only the run (init, sampling), "
                    "as the authors' code does; default: each seed redraws the data too")
     p.add_argument("--init-std", type=float, default=0.1,
-                   help="w_i^0 ~ N(0, init_std^2) per device (default 0.1; the authors' code draws N(0, 1), "
+                   help="common w^0 ~ N(0, init_std^2), one draw for all devices (default 0.1; the authors' code draws "
+                   "N(0, 1), "
                    "which leaves small devices stranded beyond a*lambda: see the report)")
     p.add_argument("--eval-with", default="cluster", choices=["cluster", "local"])
     p.add_argument("--no-val", action="store_true", help="train on the full 80%% (authors' code); no tuning")

@@ -9,12 +9,13 @@ spec 3.2; the choices are documented on each method):
   LOCAL          newcomers train alone (``--newcomer-rounds`` rounds of 10 GD steps).
   FedAvg         the final global model.
   Per-FedAvg     the final global model after its one-step adaptation on the newcomer's data.
+  LG (code)      the FPFC code's LG (``lg_code``: FedAvg scored before aggregation): the final global model
+                 after one round of local training (the paper's rule for LG).
   IFCA           the cluster model with the lowest training loss.
   CFL            Sattler et al.'s parameter tree: walk the recorded splits, at each one moving to the
                  side whose members' updates the newcomer's own update resembles more.
   PACFL          the PACFL code's rule: one-shot clustering of all signatures, the cluster's model,
                  one round of local training.
-LG-FedAvg is not run: a one-layer model has no lower layers to keep local.
 Metric: newcomers' mean test accuracy (mean +- std over seeds) next to the paper's Table 3.
 
 usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 2]
@@ -37,8 +38,8 @@ from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
 from fedsolve.simulation.metrics import evaluate  # noqa: E402
 
-LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "FedAvg", "perfedavg": "Per-FedAvg",
-          "ifca": "IFCA", "cfl": "CFL", "pacfl": "PACFL"}
+LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "FedAvg", "lg_code": "LG",
+          "perfedavg": "Per-FedAvg", "ifca": "IFCA", "cfl": "CFL", "pacfl": "PACFL"}
 PAPER = {"LOCAL": 0.7900, "FedAvg": 0.3873, "LG": 0.6622, "Per-FedAvg": 0.4326, "IFCA": 0.3357, "CFL": 0.6943,
          "PACFL": 0.7188, "FPFC-l1": 0.6772, "FPFC": 0.7931}
 

@@ -21,14 +21,16 @@
   reference code does). Evaluation: one full-batch GD step of size ``alpha`` from the last global model
   the client received (stored as client state), as in the reference code's fine-tuning step.
 
-LG-FedAvg lives in ``algorithms/personalized.py``. All methods report ``num_clusters`` and ``ari``.
+LG-FedAvg lives in ``algorithms/personalized.py``; on a one-layer model it has no lower layer to keep local,
+and the FPFC reference code's "LG" is FedAvg with every device scored before the aggregation
+(``lg_code``, :class:`LGCode`). The clustering methods report ``num_clusters`` and ``ari``.
 
 Newcomers (``newcomer_models``, FPFC Sec. 6.4.2 / Table 3: "each method's own procedure"):
 IFCA, the cluster model with the lowest training loss; CFL, Sattler et al.'s parameter tree (the
 newcomer walks the recorded splits from the root, moving to the side whose members' updates its own
 update resembles more); PACFL, the PACFL code's unseen-client rule (one-shot clustering of all
 signatures, the cluster's model, one round of local training); Per-FedAvg, the global model and its
-one-step adaptation.
+one-step adaptation; LG (``lg_code``), the global model after one round of local training.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from pydantic import Field
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.fedavg import FedAvg
 from fedsolve.algorithms.fpfc import adjusted_rand
 from fedsolve.core.executor import Work
 from fedsolve.core.linear import GDStep
@@ -453,6 +456,51 @@ class PerFedAvg(Algorithm):
         size alpha on the newcomer's data (its evaluation model)."""
         start = self.expand(server["w"], torch.arange(new_problem.num_clients))
         return self.train_on(new_problem, start, seed=seed, work=Work(steps=1, batch_size=None), lr=self.cfg.alpha)
+
+
+# ---------------------------------------------------------------------- LG as the FPFC code runs it
+@register
+class LGCode(FedAvg):
+    """LG-FedAvg as the FPFC reference code runs it on one-layer models (spec 2.16 item 5), where
+    LG-FedAvg proper (Liang et al. 2020: local lower layers, global head) has no lower layer to keep.
+
+    Training is FedAvg. Each device is scored *before* the round's aggregation: a device that took part
+    in the last round with the model it just trained locally from w^t, every other device with w^t
+    itself. This is the number behind the paper's LG rows of Tables 1 and E.1-E.4 (``Synthetic/
+    FLAlgorithms/LG.py`` evaluates, then averages). A newcomer gets w^K fine-tuned by one round of local
+    work (the paper's rule for LG, spec 3.2).
+    """
+
+    name = "lg_code"
+    description = ("LG-FedAvg as the FPFC code runs it on one-layer models: FedAvg, devices scored before "
+                   "aggregation (participants with their local model, the rest with the global one)")
+
+    def init(self, x0, rngs):
+        m = self.num_clients
+        server = {"w": x0.clone(), "w_start": x0.clone(), "round": torch.tensor(-1.0)}
+        return server, ClientStates(m, {"local": repeat_rows(x0, m), "last": torch.full((m,), -2.0)})
+
+    def local_update(self, state, msg, ctx):
+        w = self.local_sgd(ctx, msg["w"], extra=self.prox_term(msg))
+        return {"local": w, "last": torch.full_like(state["last"], float(ctx.round))}, {"w": w}
+
+    def linear_gd(self, rows, msgs, ids, round_, full):
+        last = torch.full((ids.numel(),), float(round_))
+        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({"local": w, "last": last}, {"w": w}))
+
+    def aggregate(self, server, ids, uploads, round_):
+        return {"w": self.weighted_mean(uploads["w"], ids), "w_start": server["w"],
+                "round": torch.tensor(float(round_))}
+
+    def eval_broadcast(self, server, ids):
+        return {"w": self.expand(server["w_start"], ids), "round": server["round"].expand(ids.numel())}
+
+    def eval_model(self, state, msg):
+        return torch.where(state["last"] == msg["round"], state["local"], msg["w"])
+
+    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
+        start = self.expand(server["w"], torch.arange(new_problem.num_clients))
+        return self.train_on(new_problem, start, seed=seed)
 
 
 # attacked variants (byz_fpfc, byz_ifca, ...) register once every base algorithm above exists;
