@@ -96,6 +96,15 @@ def test_l1_prox_is_group_soft_threshold():
         assert s == pytest.approx(max(0.0, 1 - lam / (rho * r)))
 
 
+def test_l2sq_prox_is_linear_shrinkage_and_never_fuses():
+    lam, rho = 0.7, 1.3
+    pen = lambda t: lam * t * t  # noqa: E731
+    for r in [0.01, 0.4, 2.0, 9.0]:
+        s = float(prox_scale(torch.tensor(r, dtype=torch.float64), lam, rho, penalty="l2sq"))
+        assert abs(s * r - brute_radial(r, pen, rho)) < 2e-6 * max(1, r)
+        assert s == pytest.approx(rho / (rho + 2 * lam)) and s > 0
+
+
 def test_smoothed_scad_proposition1():
     lam, a, xi = 0.6, 3.7, 1e-2
     t = torch.tensor([xi - 1e-9, xi, xi + 1e-9], dtype=torch.float64)

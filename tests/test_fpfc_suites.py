@@ -19,7 +19,7 @@ from fedsolve.experiments.runner import compare
 DIR = Path(__file__).resolve().parents[1] / "experiments" / "fpfc"
 SUITES = sorted(DIR.glob("*.yaml"))
 REAL = {"mnist", "fmnist"}
-DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness", "tune_baselines"]
+DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness", "tune_baselines", "fig1_paths"]
 
 
 def _tiny(path: Path) -> list[str]:
@@ -75,6 +75,20 @@ def test_table2_smoke(tmp_path):
     _driver("table2_tuning").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
     text = (tmp_path / "report.md").read_text()
     assert "4.02 h" in text and "0.46 h" in text
+
+
+def test_fig1_paths_smoke(tmp_path):
+    """Fig. 1 driver: four penalties on one lambda grid, lambda 0 is LOCAL for all (same slopes, no fusion),
+    squared l2 never fuses exactly (its slopes keep their spread), and the report and plot are written."""
+    res = _driver("fig1_paths").main(["--smoke", "--out", str(tmp_path)])
+    assert list(res) == ["squared l2", "l1", "SCAD", "smoothed SCAD"]
+    at0 = [recs[0] for recs in res.values()]
+    assert all(r["lam"] == 0 and r["groups"] == 50 for r in at0)
+    assert all(r["slopes"] == at0[0]["slopes"] for r in at0)
+    assert all(r["groups"] >= 45 and r["spread"] > 0.05 for r in res["squared l2"])     # never fuses exactly
+    assert res["l1"][-1]["groups"] < 50
+    assert (tmp_path / "plots" / "paths.png").stat().st_size > 0
+    assert "l1 fuses everything into one group by lambda ~0.08" in (tmp_path / "report.md").read_text()
 
 
 def test_table3_smoke(tmp_path):

@@ -85,11 +85,13 @@ def smoothed_scad(t: Tensor, lam: float, a: float = 3.7, xi: float = 1e-4) -> Te
 
 
 def penalty_value(t: Tensor, lam: float, a: float, xi: float, penalty: str) -> Tensor:
-    return smoothed_scad(t, lam, a, xi) if penalty == "scad" else lam * t.abs()
+    if penalty == "scad":
+        return smoothed_scad(t, lam, a, xi)
+    return lam * t * t if penalty == "l2sq" else lam * t.abs()
 
 
 def prox_scale(r: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e-4,
-               penalty: Literal["scad", "l1"] = "scad") -> Tensor:
+               penalty: Literal["scad", "l1", "l2sq"] = "scad") -> Tensor:
     """Scalar s(r) with prox(delta) = s(||delta||) * delta (eq. 6; spec 2.4), vectorized over ``r``.
 
     ``scad``: argmin_theta P~_a(||theta||, lam) + rho/2 ||delta - theta||^2, 4 branches:
@@ -98,10 +100,13 @@ def prox_scale(r: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e
         r <= a lam                   s = max(0, 1 - a lam / ((a-1) rho r)) / (1 - 1/((a-1) rho))
         r >  a lam                   s = 1
     ``l1``: group soft-threshold at lam/rho, s = max(0, 1 - lam / (rho r)).
+    ``l2sq`` (g(t) = lam t^2, Fig. 1's ridge fusion): s = rho / (rho + 2 lam), never 0.
     """
     rs = r.clamp_min(1e-30)
     if penalty == "l1":
         return (1 - lam / (rho * rs)).clamp_min(0.0)
+    if penalty == "l2sq":
+        return torch.full_like(r, rho / (rho + 2 * lam))
     if lam == 0:
         return torch.ones_like(r)
     s1 = xi * rho / (lam + xi * rho)
@@ -391,7 +396,8 @@ class FPFCConfig(AlgorithmConfig):
     rho: float = Field(1.0, gt=0, description="ADMM penalty rho")
     a: float = Field(3.7, gt=1, description="SCAD concavity parameter a")
     xi: float = Field(1e-4, gt=0, description="SCAD smoothing xi (0 < xi < lambda)")
-    penalty: Literal["scad", "l1"] = Field("scad", description="smoothed SCAD (FPFC) or group lasso (FPFC-l1)")
+    penalty: Literal["scad", "l1", "l2sq"] = Field(
+        "scad", description="smoothed SCAD (FPFC), group lasso (FPFC-l1) or squared l2 (Fig. 1's ridge fusion)")
     nu: float = Field(0.1, gt=0, description="cluster threshold: i~j iff ||theta_ij|| <= nu (paper: [xi, 0.5])")
     pair_layout: Literal["dense", "sparse", "auto"] = Field(
         "auto", description="server pair store; auto = dense when m^2 d_f <= 5e7 floats")
@@ -620,7 +626,7 @@ def paper_cost(algo: FPFC, ledger) -> float:
 
 
 class FPFCL1Config(FPFCConfig):
-    penalty: Literal["scad", "l1"] = Field("l1", description="group lasso fusion (FPFC-l1)")
+    penalty: Literal["scad", "l1", "l2sq"] = Field("l1", description="group lasso fusion (FPFC-l1)")
     lam: float = Field(0.2, ge=0, description="README: lamdaL1 = 0.2")
     nu: float = Field(0.1, gt=0, description="cluster threshold (README thresholdL1 = 4 for synthetic)")
 
