@@ -160,7 +160,8 @@ class DensePairs:
     @staticmethod
     def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
         """In place: rows ``ids`` (and their antisymmetric columns) and the row sums ``R``."""
-        lib = native.load("pair_update") if st["delta"].dtype == torch.float32 else None
+        native_ok = st["delta"].dtype == torch.float32 and st["delta"].is_contiguous() and st["scale"].is_contiguous()
+        lib = native.load("pair_update") if native_ok else None
         if lib is None:
             DensePairs.update_torch(st, Wf, ids, prox_fn)
         else:

@@ -157,9 +157,6 @@ def pointer(t: Tensor | None):
     return None if t is None else ctypes.c_void_p(t.data_ptr())
 
 
-_ptr = pointer
-
-
 class SoftmaxData:
     """The training rows of every client in the kernel's layout (blocks of 16 rows, feature-major).
 
@@ -215,7 +212,8 @@ class SoftmaxData:
         if k == 0:
             return (loss, G) if grad else (A, loss)
 
-        def work(pos: Tensor) -> None:
+        def work(pos: Tensor):
+            """One thread's clients (positions ``pos``); every buffer it passes is its own."""
             dev = ids[pos]
             a = A[pos].contiguous()
             z = None if Z is None else Z[pos].contiguous()
@@ -226,12 +224,14 @@ class SoftmaxData:
             scratch = torch.empty(P * (LANES + 1) + 16)
             off = (-scratch.data_ptr() // 4) % 8           # 32-byte alignment for the vector scratch
             ws = scratch[off:]
-            self.lib.softmax_gd(_ptr(self.X), _ptr(self.y), self.F, pos.numel(), _ptr(lo), _ptr(npd), _ptr(n),
-                                _ptr(st), _ptr(a), _ptr(z), lr, rho, wd, _ptr(ls), _ptr(g), _ptr(ws))
+            self.lib.softmax_gd(pointer(self.X), pointer(self.y), self.F, pos.numel(), pointer(lo), pointer(npd),
+                                pointer(n), pointer(st), pointer(a), pointer(z), lr, rho, wd, pointer(ls),
+                                pointer(g), pointer(ws))
+            return pos, a, ls, g
+
+        for pos, a, ls, g in parallel(work, self._split(ids, steps)):   # written back on this thread
             A[pos] = a
             loss[pos] = ls
             if grad:
                 G[pos] = g
-
-        parallel(work, self._split(ids, steps))
         return (loss, G) if grad else (A, loss)
