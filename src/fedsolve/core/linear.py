@@ -141,14 +141,18 @@ class FullBatch:
         self._ex, self._ids = executor, ids
         self._sel: _Selected | None = None
 
+    def selection(self) -> _Selected:
+        """The torch kernel's chunks of these clients, gathered once and shared with the executor's steps."""
+        if self._sel is None:
+            self._sel = self._ex._select(self._ids)
+        return self._sel
+
     def _loss_grad(self, w: Tensor, grad: bool) -> tuple[Tensor, Tensor | None]:
         ex, A = self._ex, self._ex._to_aug(w.to(torch.float32))
         if ex.native is not None:
             loss, g = ex.native.run(self._ids, A, grad=True)
             return loss.to(torch.float32), g
-        if self._sel is None:
-            self._sel = ex._select(self._ids)
-        return ex._loss_grad(self._sel, A, grad=grad)
+        return ex._loss_grad(self.selection(), A, grad=grad)
 
     def loss(self, w: Tensor) -> Tensor:
         return self._loss_grad(w, grad=False)[0]
@@ -272,7 +276,7 @@ class LinearGDExecutor:
             raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
                              f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
                              f"'sequential'")
-        full = FullBatch(self, ids)                      # its selection is shared with the steps below
+        full = FullBatch(self, ids)
         spec = algo.linear_gd(rows, msgs, ids, round_, full)
         k = ids.numel()
         steps = plans["train"].active.sum(1)
@@ -284,9 +288,7 @@ class LinearGDExecutor:
             A, losses = self.native.run(ids, A, steps, Z, spec.lr, spec.rho if Z is not None else 0.0, wd)
             new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
             return new_rows, uploads, losses.to(torch.float32)
-        if full._sel is None:
-            full._sel = self._select(ids)
-        sel = full._sel
+        sel = full.selection()
         loss_sum = torch.zeros(k)
         gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
         for s in range(S):
