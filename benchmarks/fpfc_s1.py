@@ -7,17 +7,21 @@ lambda 0.6, rho 1 (spec fpfc.md 2.15).
 Reference, written here in plain PyTorch the way the paper's scripts are organized: a Python loop
 over the active devices (autograd on a reused ``nn.Linear``, 10 GD steps toward zeta_i), then a
 Python loop over the pairs (i in A_k, j != i) with the scalar SCAD prox (eq. 6). It runs
-``--ref-rounds`` rounds; fedsolve runs ``--rounds`` rounds (default 2,000, the README's full run).
-Prints the full-run wall time and ``ratio fpfc_s1 reference <value>`` with value = reference seconds
-per round / fedsolve seconds per round, both measured in this process.
+``--ref-rounds`` rounds; fedsolve runs ``--rounds`` rounds (default 2,000, the README's full run)
+once per ``--kernels`` entry (``simulation.linear_kernel``: ``auto`` = the compiled kernels where a C
+compiler is found; ``torch`` = batched matrix products and the tensor pair update, i.e. the engine
+without compiled code). Prints each full-run wall time and ``ratio fpfc_s1 reference <value>`` with
+value = reference seconds per round / fedsolve seconds per round (first kernel), both measured in
+this process.
 
-Usage: python benchmarks/fpfc_s1.py [--rounds 2000] [--ref-rounds 10] [--threads 2]
+Usage: python benchmarks/fpfc_s1.py [--rounds 2000] [--ref-rounds 10] [--threads 2] [--kernels auto torch]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 
@@ -74,34 +78,60 @@ def reference_rounds(data, rounds: int, seed: int = 0) -> list[float]:
     return times
 
 
+def run_fedsolve(data, rounds: int, kernel: str) -> tuple[float, dict, str]:
+    """Wall seconds of ``rounds`` FPFC rounds (evaluation at the end included), last record, kernel used."""
+    prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10), name="S1")
+    algo = FPFC(dict(lam=LAM, rho=RHO, lr=LR, local_epochs=STEPS, batch_size=None, init_std=0.1), prob)
+    old = os.environ.get("FEDSOLVE_NATIVE")
+    if kernel == "torch":                    # the engine without compiled code (pair update included)
+        os.environ["FEDSOLVE_NATIVE"] = "0"
+    try:
+        sim = Simulation(prob, algo, SimulationConfig(rounds=rounds, eval_every=rounds, executor="auto",
+                                                      linear_kernel=kernel, sampling={"fraction": FRACTION},
+                                                      metrics=[]), seed=0)
+        t0 = time.perf_counter()
+        res = sim.run()
+        wall = time.perf_counter() - t0
+    finally:
+        if old is None:
+            os.environ.pop("FEDSOLVE_NATIVE", None)
+        else:
+            os.environ["FEDSOLVE_NATIVE"] = old
+    return wall, res.history[-1], sim.executor.kernel
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--ref-rounds", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--size-scale", type=float, default=1.0)
+    p.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "native", "torch"])
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     data = fpfc_synthetic("S1", seed=0, features="uniform", size_scale=a.size_scale)
-    prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10), name="S1")
-    algo = FPFC(dict(lam=LAM, rho=RHO, lr=LR, local_epochs=STEPS, batch_size=None, init_std=0.1), prob)
-    sim = Simulation(prob, algo, SimulationConfig(rounds=a.rounds, eval_every=a.rounds, executor="auto",
-                                                  sampling={"fraction": FRACTION}, metrics=[]), seed=0)
-    t0 = time.perf_counter()
-    res = sim.run()
-    wall = time.perf_counter() - t0
-    ours = wall / a.rounds
+    out: dict = {"rounds": a.rounds, "runs": {}}
+    for kernel in a.kernels:
+        wall, last, used = run_fedsolve(data, a.rounds, kernel)
+        out["runs"][kernel] = {"wall_s": wall, "s_per_round": wall / a.rounds, "kernel": used,
+                               "test_accuracy": last.get("test_accuracy"),
+                               "num_clusters": last.get("num_clusters"), "ari": last.get("ari")}
+        print(f"fedsolve FPFC ({used} kernels), S1 paper sizes, {a.rounds} rounds, {a.threads} threads: "
+              f"{wall:.1f} s ({1e3 * wall / a.rounds:.1f} ms per round, evaluation included); accuracy "
+              f"{last.get('test_accuracy'):.4f}, {last.get('num_clusters')} clusters, ARI {last.get('ari')}")
     ref = statistics.median(reference_rounds(data, a.ref_rounds))
-    last = res.history[-1]
-    out = {"rounds": a.rounds, "wall_s": wall, "ours_s_per_round": ours, "ref_s_per_round": ref,
-           "ratio": ref / ours, "ref_full_run_estimate_s": ref * a.rounds,
-           "test_accuracy": last.get("test_accuracy"), "num_clusters": last.get("num_clusters"),
-           "ari": last.get("ari")}
-    print(f"fedsolve FPFC, S1 paper sizes, {a.rounds} rounds, {a.threads} threads: {wall:.1f} s "
-          f"({1e3 * ours:.1f} ms per round, evaluation included); accuracy {out['test_accuracy']:.4f}, "
-          f"{out['num_clusters']} clusters, ARI {out['ari']}")
+    first = out["runs"][a.kernels[0]]
+    out.update(wall_s=first["wall_s"], ours_s_per_round=first["s_per_round"], ref_s_per_round=ref,
+               ratio=ref / first["s_per_round"], ref_full_run_estimate_s=ref * a.rounds,
+               test_accuracy=first["test_accuracy"], num_clusters=first["num_clusters"], ari=first["ari"])
     print(f"plain loop: {1e3 * ref:.0f} ms per round (median of {a.ref_rounds}); full run ~{ref * a.rounds:.0f} s")
-    print(f"ratio fpfc_s1 reference {ref / ours:.1f}")
+    for kernel, r in out["runs"].items():
+        print(f"ratio fpfc_s1_{r['kernel']} reference {ref / r['s_per_round']:.1f}")
+    if len(out["runs"]) > 1:
+        w = {r["kernel"]: r["wall_s"] for r in out["runs"].values()}
+        if "native" in w and "torch" in w:
+            print(f"ratio fpfc_s1 native_vs_torch {w['torch'] / w['native']:.2f}")
+    print(f"ratio fpfc_s1 reference {out['ratio']:.1f}")
     return out
 
 
