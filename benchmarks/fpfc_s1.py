@@ -24,6 +24,7 @@ import math
 import os
 import statistics
 import time
+from unittest import mock
 
 import torch
 
@@ -82,21 +83,14 @@ def run_fedsolve(data, rounds: int, kernel: str) -> tuple[float, dict, str]:
     """Wall seconds of ``rounds`` FPFC rounds (evaluation at the end included), last record, kernel used."""
     prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10), name="S1")
     algo = FPFC(dict(lam=LAM, rho=RHO, lr=LR, local_epochs=STEPS, batch_size=None, init_std=0.1), prob)
-    old = os.environ.get("FEDSOLVE_NATIVE")
-    if kernel == "torch":                    # the engine without compiled code (pair update included)
-        os.environ["FEDSOLVE_NATIVE"] = "0"
-    try:
+    env = {"FEDSOLVE_NATIVE": "0"} if kernel == "torch" else {}   # torch: no compiled pair update either
+    with mock.patch.dict(os.environ, env):
         sim = Simulation(prob, algo, SimulationConfig(rounds=rounds, eval_every=rounds, executor="auto",
                                                       linear_kernel=kernel, sampling={"fraction": FRACTION},
                                                       metrics=[]), seed=0)
         t0 = time.perf_counter()
         res = sim.run()
         wall = time.perf_counter() - t0
-    finally:
-        if old is None:
-            os.environ.pop("FEDSOLVE_NATIVE", None)
-        else:
-            os.environ["FEDSOLVE_NATIVE"] = old
     return wall, res.history[-1], sim.executor.kernel
 
 
