@@ -7,13 +7,13 @@ Suites on fetched data (mnist, fmnist) are marked ``realdata``.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import suite_dataset, suite_param
+from fedsolve.core import native
 from fedsolve.experiments.config import load_config
 from fedsolve.experiments.runner import compare
 
@@ -134,11 +134,12 @@ def test_fpfc_s1_benchmark_smoke():
     spec = importlib.util.spec_from_file_location("bench_fpfc_s1", DIR.parent.parent / "benchmarks" / "fpfc_s1.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    before = os.environ.get("FEDSOLVE_NATIVE")
     out = mod.main(["--rounds", "3", "--ref-rounds", "1", "--threads", "1", "--size-scale", "0.02",
                     "--kernels", "auto", "torch"])
     assert out["ratio"] > 0 and out["rounds"] == 3 and 0 <= out["test_accuracy"] <= 1
-    assert out["runs"]["torch"]["kernel"] == "torch"            # FEDSOLVE_NATIVE=0 for the torch run ...
-    assert os.environ.get("FEDSOLVE_NATIVE") == before          # ... and restored afterwards
+    # linear_kernel: torch reaches both the executor and the pair store
+    assert out["runs"]["torch"]["kernels"] == {"executor": "torch", "pairs": "torch"}
+    if native.load("pair_update") is not None:
+        assert out["runs"]["auto"]["kernels"] == {"executor": "native", "pairs": "native"}
     # same data, same seed: the two kernels give the same model up to float rounding
     assert abs(out["runs"]["auto"]["test_accuracy"] - out["runs"]["torch"]["test_accuracy"]) < 0.02

@@ -205,3 +205,40 @@ def test_pair_update_kernel_matches_the_tensor_version(k):
     torch.testing.assert_close(b["R"], R_def, atol=1e-4, rtol=1e-5)
     s = torch.cat(seen)
     assert (s == 1).any() and ((s > 1e-3) & (s < 1)).any() and (s < 1e-3).any()  # far, shrunk and fused pairs
+
+
+@needs_cc
+def test_linear_kernel_chooses_the_pair_update_too(monkeypatch):
+    """simulation.linear_kernel reaches FPFC's pair store whatever the executor: 'torch' never calls the
+    compiled pair update, 'auto' does on a dense float32 store, 'native' without the kernels is refused."""
+    from fedsolve.algorithms.fpfc import FPFC, DensePairs
+    from fedsolve.data.synthetic import fpfc_synthetic
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+    from fedsolve.simulation import Simulation, SimulationConfig
+
+    prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.02), build_model_fn("logreg", (60,), 10))
+    calls = []
+    real = DensePairs.update_native
+    monkeypatch.setattr(DensePairs, "update_native", staticmethod(lambda *a: (calls.append(1), real(*a))[1]))
+
+    def sim(kernel, executor="sequential", **cfg):
+        algo = FPFC(dict(lam=0.6, local_epochs=2, **cfg), prob)
+        return algo, Simulation(prob, algo, SimulationConfig(rounds=2, eval_every=2, executor=executor, metrics=[],
+                                                             linear_kernel=kernel), seed=0)
+
+    W = {}
+    for kernel in ("torch", "auto"):
+        calls.clear()
+        algo, s = sim(kernel)
+        s.run()
+        W[kernel] = s.server["W"]
+        assert algo.pair_kernel == ("torch" if kernel == "torch" else "native")
+        assert len(calls) == (0 if kernel == "torch" else 2)       # one server update per round
+    torch.testing.assert_close(W["auto"], W["torch"], atol=1e-5, rtol=1e-5)
+    assert sim("auto", dtype="float64")[0].pair_kernel == "torch"   # float64 stores: the tensor update
+    assert sim("native", pair_layout="sparse")[0].pair_kernel == "torch"
+    monkeypatch.setenv("FEDSOLVE_NATIVE", "0")
+    assert sim("auto")[0].pair_kernel == "torch"
+    with pytest.raises(ValueError, match="linear_kernel: 'native' is not available for FPFC's pair update"):
+        sim("native", executor="sequential")

@@ -50,6 +50,8 @@ class Algorithm:
     communicates: ClassVar[bool] = True
     #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
+    #: the run's choice of compiled kernels (``simulation.linear_kernel``), set by :meth:`use_kernels`
+    kernel: str = "auto"
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
         if config is None:
@@ -65,6 +67,13 @@ class Algorithm:
 
     def setup(self) -> None:
         """Hook for subclasses (masks, derived constants)."""
+
+    def use_kernels(self, kernel: str) -> None:
+        """The run's ``simulation.linear_kernel`` (``auto``, ``native`` or ``torch``), for server-side work
+        that has a compiled kernel too (FPFC's pair update); the executor gets it in :meth:`make_executor`."""
+        if kernel not in ("auto", "native", "torch"):
+            raise ValueError(f"linear_kernel: expected 'auto', 'native' or 'torch', got {kernel!r}")
+        self.kernel = kernel
 
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:

@@ -150,18 +150,23 @@ class DensePairs:
     """theta/v for all pairs as an antisymmetric ``[m, m, d_f]`` delta and ``[m, m]`` scale.
 
     The update runs the compiled ``core/kernels/pair_update.c`` (two passes over the touched pairs) for
-    float32 stores where a C compiler is found, else :meth:`update_torch`; the two agree to float
-    rounding (tests/test_fpfc.py)."""
+    float32 stores where a C compiler is found and the run's ``kernel`` is not ``torch``, else
+    :meth:`update_torch`; the two agree to float rounding (tests/test_fpfc.py)."""
 
     @staticmethod
     def init(m: int, df: int, dtype) -> dict[str, Tensor]:
         return {"delta": torch.zeros(m, m, df, dtype=dtype), "scale": torch.zeros(m, m, dtype=dtype)}
 
     @staticmethod
-    def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
+    def compiled(dtype: torch.dtype, kernel: str = "auto"):
+        """The compiled pair kernel for a store of ``dtype`` under the run's ``kernel``, or None (torch)."""
+        return native.load("pair_update") if dtype == torch.float32 and kernel != "torch" else None
+
+    @staticmethod
+    def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn, kernel: str = "auto") -> None:
         """In place: rows ``ids`` (and their antisymmetric columns) and the row sums ``R``."""
-        native_ok = st["delta"].dtype == torch.float32 and st["delta"].is_contiguous() and st["scale"].is_contiguous()
-        lib = native.load("pair_update") if native_ok else None
+        contiguous = st["delta"].is_contiguous() and st["scale"].is_contiguous()
+        lib = DensePairs.compiled(st["delta"].dtype, kernel) if contiguous else None
         if lib is None:
             DensePairs.update_torch(st, Wf, ids, prox_fn)
         else:
@@ -251,7 +256,8 @@ class SparsePairs:
         return slot
 
     @staticmethod
-    def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
+    def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn, kernel: str = "auto") -> None:
+        """In place, tensor operations only (``kernel`` is accepted for the common interface)."""
         m = Wf.shape[0]
         p, q = _touched_pairs(ids, m)
         slot = SparsePairs.slots(st, p * m + q)
@@ -464,6 +470,20 @@ class FPFC(Algorithm):
         self._cache: tuple[int, np.ndarray] | None = None
         self.sdtype = torch.float64 if c.dtype == "float64" else torch.float32
 
+    def use_kernels(self, kernel: str) -> None:
+        """As the base class; ``native`` on a dense float32 store needs the compiled pair kernel."""
+        super().use_kernels(kernel)
+        if kernel == "native" and self.pair_layout == "dense" and self.sdtype == torch.float32 \
+                and DensePairs.compiled(self.sdtype) is None:
+            why = "it is turned off (FEDSOLVE_NATIVE=0)" if not native.enabled() else "no C compiler could build it"
+            raise ValueError(f"linear_kernel: 'native' is not available for FPFC's pair update ({why}); "
+                             "use 'auto' or 'torch'")
+
+    @property
+    def pair_kernel(self) -> str:
+        """``native`` when the server's pair update runs the compiled kernel, else ``torch``."""
+        return "native" if self.pair_layout == "dense" and DensePairs.compiled(self.sdtype, self.kernel) else "torch"
+
     def prox_fn(self, r: Tensor) -> Tensor:
         c = self.cfg
         return prox_scale(r, c.lam, c.rho, c.a, c.xi, c.penalty)
@@ -537,7 +557,7 @@ class FPFC(Algorithm):
         W = server["W"]
         W.index_copy_(0, ids, W_new.to(W.dtype))
         act = torch.arange(self.num_clients) if self.cfg.update_pairs == "all" else ids
-        self.store.update(server, self.fused(W, server["R"].dtype), act, self.prox_fn)
+        self.store.update(server, self.fused(W, server["R"].dtype), act, self.prox_fn, kernel=self.kernel)
         self._version += 1
         return server
 

@@ -54,8 +54,8 @@ class SimulationConfig(BaseModel):
         "auto", description="how clients run ('linear': batched full-batch GD for one-layer models, see "
                             "core/linear.py; 'fpfc_linear' is its former name)")
     linear_kernel: Literal["auto", "native", "torch"] = Field(
-        "auto", description="kernel of the 'linear' executor: 'native' (compiled at first use, cross-entropy), "
-                            "'torch' (batched bmm), 'auto' = native where it applies")
+        "auto", description="kernels of the 'linear' executor and of FPFC's dense pair update: 'native' "
+                            "(compiled at first use), 'torch' (tensor operations), 'auto' = native where it applies")
     chunk_size: int | None = Field(None, ge=1, description="max clients per vectorized call (memory bound)")
     metrics: list[Literal["f1", "auc"]] = Field(default_factory=lambda: ["f1", "auc"],
                                                 description="extra classification metrics")
@@ -129,6 +129,7 @@ class Simulation:
         self.rngs = RngStreams(seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.callbacks = list(callbacks or [])
+        algorithm.use_kernels(cfg.linear_kernel)
         self.executor = algorithm.make_executor(cfg.executor, cfg.chunk_size, cfg.linear_kernel) or make_executor(
             cfg.executor, problem, cfg.chunk_size)
         self.vectorized_eval = problem.vmappable
