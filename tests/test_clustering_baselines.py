@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fedsolve.algorithms.clustering_baselines import (CFL, IFCA, PACFL, PerFedAvg, pacfl_clusters,
@@ -113,14 +114,45 @@ def test_pacfl_and_perfedavg_run_on_synthetic():
     prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10))
     sim, res = run(prob, PACFL(dict(threshold=4.0), prob), 3, fraction=0.3)
     assert "num_clusters" in res.extras and res.extras["one_shot_upload_floats"] > 0
-    for variant in ["fo", "code"]:
+    for variant, adapt in [("fo", None), ("code", None), ("code", 1.0)]:
         outs = []
         for ex in ["sequential", "vectorized"]:
-            algo = PerFedAvg(dict(variant=variant, local_epochs=2), prob)
+            algo = PerFedAvg(dict(variant=variant, local_epochs=2, adapt_epochs=adapt, batch_size=8), prob)
             sim, res = run(prob, algo, 3, fraction=0.3, executor=ex)
-            outs.append(sim.clients["personal"])
+            outs.append(sim.eval_params())
         assert torch.allclose(outs[0], outs[1], atol=1e-5)
         assert np.isfinite(res.history[-1]["test_accuracy"])
+
+
+def test_perfedavg_scores_every_device_with_the_adapted_current_global_model():
+    """Per-FedAvg (FPFC code, synthetic): after every aggregation each device, whether it took part or not,
+    is scored with w^t - alpha grad f_i(w^t) (full batch); with adapt_epochs, SGD epochs from w^t instead."""
+    from fedsolve.data.synthetic import clustered_regression
+
+    data = clustered_regression(seed=0, cluster_sizes=(4, 4), dim=3, samples_per_client=30, noise_std=0.1)
+    prob = FederatedProblem(data, build_model_fn("logreg", (3,), 1), loss="squared_error")
+    algo = PerFedAvg(dict(variant="code", lr=0.05, alpha=0.2, local_epochs=2, batch_size=None), prob)
+    sim, res = run(prob, algo, 3, fraction=0.25)
+    w = sim.server["w"]
+    got = sim.eval_params()
+    for i in range(prob.num_clients):                              # every device, participant or not
+        x, y = data.client_train(i)
+        v = w.clone().requires_grad_(True)
+        f = (0.5 * (x @ v[:3] + v[3] - y.reshape(-1)) ** 2).mean()   # the problem's squared_error
+        torch.testing.assert_close(got[i], w - 0.2 * torch.autograd.grad(f, v)[0], rtol=1e-5, atol=1e-6)
+    # the reported metrics are those of the adapted models, not of w itself
+    from fedsolve.simulation.metrics import evaluate
+    summary, _ = evaluate(prob, got, prob.vmappable, ())
+    assert res.history[-1]["test_rmse"] == pytest.approx(summary["test_rmse"], rel=1e-6)
+    plain, _ = evaluate(prob, w.expand(prob.num_clients, -1), prob.vmappable, ())
+    assert res.history[-1]["test_rmse"] != pytest.approx(plain["test_rmse"], rel=1e-6)
+    # adapt_epochs (the label-swap code's SGD epochs): one full-batch epoch is the same single GD step
+    ep = PerFedAvg(dict(variant="code", lr=0.05, alpha=0.2, local_epochs=2, batch_size=None, adapt_epochs=1.0), prob)
+    sim2, _ = run(prob, ep, 3, fraction=0.25)
+    torch.testing.assert_close(sim2.eval_params(), got)
+    ep3 = PerFedAvg(dict(variant="code", lr=0.05, alpha=0.2, local_epochs=2, batch_size=None, adapt_epochs=3.0), prob)
+    sim3, _ = run(prob, ep3, 3, fraction=0.25)
+    assert not torch.allclose(sim3.eval_params(), got, atol=1e-4)     # three steps move further
 
 
 def test_lg_code_trains_as_fedavg_and_scores_before_the_aggregation():

@@ -128,6 +128,24 @@ class Algorithm:
         """ONE client's evaluation parameters from its state rows and the eval message."""
         raise NotImplementedError
 
+    def eval_work(self) -> dict[str, Work]:
+        """Local work every client does on its training data right before it is scored, starting from its
+        :meth:`eval_model` parameters (Per-FedAvg's adaptation step); ``{}`` (default): none."""
+        return {}
+
+    def eval_adapt(self, params: Tensor, ctx: LocalContext) -> Tensor:
+        """ONE client's evaluation-time adaptation of ``params`` with the phases of :meth:`eval_work`."""
+        return params
+
+    def adapt_for_eval(self, params: Tensor, problem, rngs: RngStreams, round_: int,
+                       executor: str = "auto") -> Tensor:
+        """Every client's scored parameters ``[m, d]``: ``params`` after :meth:`eval_adapt` (batches from
+        ``rngs`` at ``round_``); ``params`` itself when :meth:`eval_work` is empty."""
+        phases = self.eval_work()
+        if not phases:
+            return params
+        return run_plain(problem, params, phases, lambda ctx, w: self.eval_adapt(w, ctx), rngs, round_, executor)
+
     # ----------------------------------------------------------- optional
     def make_executor(self, name: str, chunk_size: int | None = None, linear_kernel: str = "auto"):
         """An algorithm-specific executor for ``name``, or None (the engine's).
@@ -187,23 +205,9 @@ class Algorithm:
         ``local_sgd`` on ``f_i`` (its lr unless ``lr`` is given, weight decay and mask) for ``work``
         (default: one round's ``train`` phase). Shared by the newcomer rules that train (LOCAL, FPFC, CFL,
         PACFL, Per-FedAvg)."""
-        from fedsolve.core.executor import build_plans, make_executor
-
-        algo, m = self, problem.num_clients
         work = self.work(0)["train"] if work is None else work
-
-        class _Plain:
-            def __init__(self):
-                self.problem = problem
-
-            def local_update(self, state, msg, ctx):
-                return {"w": algo.local_sgd(ctx, state["w"], lr=lr)}, {}
-
-        ids = torch.arange(m)
-        plans = build_plans({"train": work}, problem.data.train_offsets, ids, RngStreams(seed), 0)
-        rows, _, _ = make_executor(executor, problem).run(_Plain(), {"w": start.clone()}, {}, ids, plans,
-                                                          problem.data)
-        return rows["w"]
+        return run_plain(problem, start, {"train": work}, lambda ctx, w: self.local_sgd(ctx, w, lr=lr),
+                         RngStreams(seed), 0, executor)
 
     def rounds_of_work(self, rounds: int) -> Work:
         """``rounds`` rounds of this algorithm's ``train`` phase as one phase (same steps, same batches)."""
@@ -230,6 +234,29 @@ class Algorithm:
         w = self.client_weights[ids]
         w = (w / w.sum()).to(rows.dtype)
         return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
+
+
+class _PlainWork:
+    """What an executor needs to run ``update(ctx, w) -> w`` on every client: a problem, a local update."""
+
+    def __init__(self, problem, update):
+        self.problem, self._update = problem, update
+
+    def local_update(self, state, msg, ctx):
+        return {"w": self._update(ctx, state["w"])}, {}
+
+
+def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: RngStreams, round_: int = 0,
+              executor: str = "auto") -> Tensor:
+    """``update(ctx, w)`` for every client of ``problem`` from the rows of ``start`` ``[m, d]``, with the
+    minibatch plans of ``phases`` drawn from ``rngs`` at ``round_`` (newcomers, evaluation adaptation)."""
+    from fedsolve.core.executor import build_plans, make_executor
+
+    ids = torch.arange(problem.num_clients)
+    plans = build_plans(phases, problem.data.train_offsets, ids, rngs, round_)
+    rows, _, _ = make_executor(executor, problem).run(_PlainWork(problem, update), {"w": start.clone()}, {}, ids,
+                                                      plans, problem.data)
+    return rows["w"]
 
 
 # ------------------------------------------------------------------ registry

@@ -18,8 +18,9 @@
   which is WPGMA (scipy ``weighted``, our default ``linkage``), not UPGMA (scipy ``average``).
 * **Per-FedAvg** (Fallah et al. 2020): ``variant='fo'`` first-order MAML local steps
   (w' = w - alpha g(w); w <- w - beta g(w')); ``variant='code'``: FedAvg local steps (what the FPFC
-  reference code does). Evaluation: one full-batch GD step of size ``alpha`` from the last global model
-  the client received (stored as client state), as in the reference code's fine-tuning step.
+  reference code does). Evaluation: every device adapts the current global model before it is scored
+  (``eval_work``): one full-batch GD step of size ``alpha``, as Fallah et al. and the reference code's
+  synthetic scripts do after every aggregation, or ``adapt_epochs`` epochs of SGD (its label-swap scripts).
 
 LG-FedAvg lives in ``algorithms/personalized.py``; on a one-layer model it has no lower layer to keep local,
 and the FPFC reference code's "LG" is FedAvg with every device scored before the aggregation
@@ -400,62 +401,57 @@ class PerFedAvgConfig(AlgorithmConfig):
     alpha: float = Field(0.1, gt=0, description="inner / adaptation step size")
     variant: Literal["fo", "code"] = Field("fo", description="'fo': Per-FedAvg first-order MAML local steps; "
                                                              "'code': FedAvg local steps (FPFC reference code)")
+    adapt_epochs: float | None = Field(None, gt=0, description="adaptation before scoring: null = one full-batch "
+                                                               "GD step of size alpha; k = k epochs of SGD "
+                                                               "(batch_size, step alpha), the FPFC label-swap code")
 
 
 @register
-class PerFedAvg(Algorithm):
+class PerFedAvg(FedAvg):
+    """Per-FedAvg: FedAvg's server, MAML-style (``fo``) or plain (``code``) local steps; every device is
+    scored with the current global model after its own adaptation (:meth:`eval_work`)."""
+
     name = "perfedavg"
     description = "Per-FedAvg (FO): MAML-style local steps, personalized by one local GD step (Fallah et al. 2020)"
     Config = PerFedAvgConfig
-
-    def work(self, round_: int = 0):
-        c = self.cfg
-        return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size),
-                "adapt": Work(steps=1, batch_size=None)}
-
-    def init(self, x0, rngs):
-        m = self.num_clients
-        return {"w": x0.clone()}, ClientStates(m, {"personal": repeat_rows(x0, m)})
-
-    def broadcast(self, server, ids, round_):
-        return {"w": self.expand(server["w"], ids)}
 
     def local_update(self, state, msg, ctx):
         c = self.cfg
         w = msg["w"]
         if c.variant == "code":
-            w = self.local_sgd(ctx, w)
-        else:
-            for s in range(ctx.max_steps("train")):
-                _, g = ctx.loss_grad(w, "train", s)
-                tmp = w - c.alpha * g
-                fval, g2 = ctx.loss_grad(tmp, "train", s)
-                live = ctx.is_active("train", s)
-                ctx.record_loss(fval, live)
-                w = torch.where(live, w - c.lr * g2, w)
-        _, g0 = ctx.loss_grad(msg["w"], "adapt", 0)
-        return {"personal": msg["w"] - c.alpha * g0}, {"w": w}
+            return {}, {"w": self.local_sgd(ctx, w)}
+        for s in range(ctx.max_steps("train")):
+            _, g = ctx.loss_grad(w, "train", s)
+            tmp = w - c.alpha * g
+            fval, g2 = ctx.loss_grad(tmp, "train", s)
+            live = ctx.is_active("train", s)
+            ctx.record_loss(fval, live)
+            w = torch.where(live, w - c.lr * g2, w)
+        return {}, {"w": w}
 
     def supports_linear_gd(self) -> bool:
         return self.cfg.variant == "code"
 
     def linear_gd(self, rows, msgs, ids, round_, full):
-        """Variant 'code': FedAvg steps from w^t; personal model w^t - alpha grad f_i(w^t)."""
-        w0 = msgs["w"]
-        personal = w0 - self.cfg.alpha * full.grad(w0)
-        return GDStep(start=w0, lr=self.cfg.lr, finish=lambda w: ({"personal": personal}, {"w": w}))
+        """Variant 'code': FedAvg steps from w^t."""
+        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"w": w}))
 
-    def aggregate(self, server, ids, uploads, round_):
-        return {"w": self.weighted_mean(uploads["w"], ids)}
+    def eval_work(self):
+        """The adaptation each device runs from the global model before it is scored: one full-batch GD
+        step of size alpha (Fallah et al.; the FPFC code on synthetic data, every device after every
+        aggregation), or ``adapt_epochs`` epochs of SGD (the FPFC label-swap code)."""
+        c = self.cfg
+        if c.adapt_epochs is None:
+            return {"adapt": Work(steps=1, batch_size=None)}
+        return {"adapt": Work(epochs=c.adapt_epochs, batch_size=c.batch_size)}
 
-    def eval_model(self, state, msg):
-        return state["personal"]
+    def eval_adapt(self, params, ctx):
+        return self.local_sgd(ctx, params, phase="adapt", lr=self.cfg.alpha)
 
     def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """The final global model, fine-tuned by Per-FedAvg's own adaptation: one full-batch GD step of
-        size alpha on the newcomer's data (its evaluation model)."""
+        """The final global model after Per-FedAvg's own adaptation on the newcomer's data."""
         start = self.expand(server["w"], torch.arange(new_problem.num_clients))
-        return self.train_on(new_problem, start, seed=seed, work=Work(steps=1, batch_size=None), lr=self.cfg.alpha)
+        return self.adapt_for_eval(start, new_problem, RngStreams(seed), 0)
 
 
 # ---------------------------------------------------------------------- LG as the FPFC code runs it

@@ -28,7 +28,8 @@ from flwr.clientapp import ClientApp
 
 from fedsolve.core.rng import RngStreams
 from fedsolve.flower.records import from_array_record, to_array_record
-from fedsolve.flower.rounds import client_eval_metrics, client_eval_params, client_update, initial_state
+from fedsolve.flower.rounds import (client_adapt, client_eval_metrics, client_eval_params, client_update,
+                                    initial_state)
 from fedsolve.flower.task import DeploymentTask, load_task, run_config_value
 
 META, STATE, PENDING = "fedsolve-meta", "fedsolve-state", "fedsolve-pending"
@@ -150,7 +151,11 @@ def build_client_app() -> ClientApp:
         task, cid, store, cfg = _setup(msg, context)
         store.save()
         params = client_eval_params(task.algorithm, store.state, from_array_record(msg.content["msg"]))
-        x, y = task.problem.data.client_test(cid)
+        data = task.problem.data
+        pad = {k[4:]: tuple(int(a) for a in v) for k, v in cfg.items() if k.startswith("pad-")}
+        params = client_adapt(task.algorithm, params, cid, task.problem.num_clients, data.weights[cid],
+                              *data.client_train(cid), RngStreams(task.seed), int(cfg["round"]), pad)
+        x, y = data.client_test(cid)
         metrics = client_eval_metrics(task.problem, params, x, y, tuple(task.simulation.metrics))
         return Message(RecordDict({"metrics": MetricRecord(metrics), "info": _info(cid, int(cfg["round"]))}),
                        reply_to=msg)

@@ -61,15 +61,16 @@ def local_offsets(cid: int, num_clients: int, n: int) -> Tensor:
 
 
 def plan_shapes(algorithm, train_offsets: Tensor, ids: Tensor, rngs: RngStreams, t: int,
-                scale: Tensor | None) -> dict[str, tuple[int, int]]:
-    """``{phase: (S, B)}``: steps and batch width of round ``t``'s stacked plan over ``ids``.
+                scale: Tensor | None, phases: Mapping | None = None) -> dict[str, tuple[int, int]]:
+    """``{phase: (S, B)}``: steps and batch width of round ``t``'s stacked plan over ``ids`` for
+    ``phases`` (default: the round's ``algorithm.work(t)``).
 
     The simulator pads every client's plan to the round's largest (S, B) (e.g. full-batch phases
     pad to the largest client); padded rows have weight 0 but change the shape of the reductions,
     so the node pads its own plan the same way to get bit-identical gradients. Needs only the
     clients' sizes (offsets), no data.
     """
-    plans = build_plans(algorithm.work(t), train_offsets, ids, rngs, t, scale)
+    plans = build_plans(algorithm.work(t) if phases is None else phases, train_offsets, ids, rngs, t, scale)
     return {p: (int(pl.idx.shape[1]), int(pl.idx.shape[2])) for p, pl in plans.items()}
 
 
@@ -99,6 +100,24 @@ def set_round(algorithm, t: int) -> None:
         algorithm._round = t
 
 
+def _client_context(algorithm, phases: Mapping, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
+                    train_y: Tensor, rngs: RngStreams, t: int, scale: float | None,
+                    pad: Mapping[str, tuple[int, int]] | None) -> LocalContext:
+    """ONE client's ``LocalContext`` for ``phases`` in round ``t`` on its own data: the minibatch plan is
+    drawn from the client's own stream ``("batches", t, cid, phase)`` and padded to the ``pad`` shapes."""
+    n = int(train_x.shape[0])
+    ids = torch.tensor([cid], dtype=torch.long)
+    sc = None if scale is None else torch.tensor([scale], dtype=torch.float64)
+    plans = build_plans(phases, local_offsets(cid, num_clients, n), ids, rngs, t, sc)
+    if pad:
+        plans = {p: _pad(pl, *pad[p]) if p in pad else pl for p, pl in plans.items()}
+    ctx = LocalContext(algorithm.problem, {p: pl.row(0) for p, pl in plans.items()},
+                       torch.tensor(float(n), dtype=torch.float32), weight.to(torch.float32), ids[0],
+                       train_x, train_y, t)
+    ctx.eager = True  # the sequential executor's path, so deployment == simulation bit for bit
+    return ctx
+
+
 def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x: Tensor, train_y: Tensor,
                   state: Mapping[str, Tensor], msg: Mapping[str, Tensor], rngs: RngStreams, t: int,
                   scale: float | None, pad: Mapping[str, tuple[int, int]] | None = None
@@ -109,22 +128,26 @@ def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x
     client's own stream ``("batches", t, cid, phase)`` and padded to the round's ``pad`` shapes.
     """
     set_round(algorithm, t)
-    n = int(train_x.shape[0])
-    ids = torch.tensor([cid], dtype=torch.long)
-    sc = None if scale is None else torch.tensor([scale], dtype=torch.float64)
-    plans = build_plans(algorithm.work(t), local_offsets(cid, num_clients, n), ids, rngs, t, sc)
-    if pad:
-        plans = {p: _pad(pl, *pad[p]) if p in pad else pl for p, pl in plans.items()}
-    ctx = LocalContext(algorithm.problem, {p: pl.row(0) for p, pl in plans.items()},
-                       torch.tensor(float(n), dtype=torch.float32), weight.to(torch.float32), ids[0],
-                       train_x, train_y, t)
-    ctx.eager = True  # the sequential executor's path, so deployment == simulation bit for bit
+    ctx = _client_context(algorithm, algorithm.work(t), cid, num_clients, weight, train_x, train_y, rngs, t,
+                          scale, pad)
     new_state, upload = algorithm.local_update(dict(state), dict(msg), ctx)
     return new_state, upload, ctx.train_loss
 
 
 def client_eval_params(algorithm, state: Mapping[str, Tensor], eval_msg: Mapping[str, Tensor]) -> Tensor:
     return algorithm.eval_model(dict(state), dict(eval_msg))
+
+
+def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
+                 train_y: Tensor, rngs: RngStreams, t: int, pad: Mapping[str, tuple[int, int]] | None = None
+                 ) -> Tensor:
+    """ONE client's evaluation-time adaptation after ``t`` rounds (``Algorithm.eval_work``, e.g.
+    Per-FedAvg's), as ``Simulation.eval_params`` runs it; ``params`` itself when there is none."""
+    phases = algorithm.eval_work()
+    if not phases:
+        return params
+    ctx = _client_context(algorithm, phases, cid, num_clients, weight, train_x, train_y, rngs, t, None, pad)
+    return algorithm.eval_adapt(params, ctx)
 
 
 def client_eval_metrics(problem, params: Tensor, test_x: Tensor, test_y: Tensor,

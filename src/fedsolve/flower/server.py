@@ -258,7 +258,11 @@ class FlowerRun:
         live = self.registry.live_clients()
         ids = torch.arange(self.m)
         emsg = self.algo.eval_broadcast(self.server, ids)
-        out = [self._message(live[c], MessageType.EVALUATE, row(emsg, c), self._config(c, done), done,
+        phases = self.algo.eval_work()   # evaluation-time adaptation: plans padded as the simulator's
+        shapes = plan_shapes(self.algo, self.problem.data.train_offsets, ids, self.rngs, done, None,
+                             phases) if phases else {}
+        pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
+        out = [self._message(live[c], MessageType.EVALUATE, row(emsg, c), self._config(c, done, **pad), done,
                              2 * self.eval_timeout) for c in sorted(live)]
         per: dict[int, dict[str, float]] = {}
         for rep in send_and_receive(self.grid, out, self.eval_timeout):

@@ -178,17 +178,24 @@ class Simulation:
         self._elapsed = ck["elapsed"]
 
     # ------------------------------------------------------------ evaluation
-    def eval_params(self) -> torch.Tensor:
+    def eval_params(self, round_: int | None = None) -> torch.Tensor:
+        """Every client's scored parameters after ``round_`` rounds (default: the last evaluated round),
+        including the algorithm's evaluation-time adaptation (``Algorithm.eval_work``)."""
         ids = torch.arange(self.problem.num_clients)
         msg = self.algo.eval_broadcast(self.server, ids)
         states = self.clients.state_dict()
         if self.vectorized_eval:
-            return torch.func.vmap(self.algo.eval_model)(states, msg)
-        return torch.stack([self.algo.eval_model({k: v[i] for k, v in states.items()},
-                                                 {k: v[i] for k, v in msg.items()}) for i in range(ids.numel())])
+            params = torch.func.vmap(self.algo.eval_model)(states, msg)
+        else:
+            params = torch.stack([self.algo.eval_model({k: v[i] for k, v in states.items()},
+                                                       {k: v[i] for k, v in msg.items()}) for i in range(ids.numel())])
+        if round_ is None:
+            round_ = self.history[-1]["round"] if self.history else 0
+        executor = self.cfg.executor if self.cfg.executor in ("sequential", "vectorized") else "auto"
+        return self.algo.adapt_for_eval(params, self.problem, self.rngs, round_, executor)
 
     def evaluate(self, round_: int, train_loss: float | None) -> dict[str, Any]:
-        params = self.eval_params()
+        params = self.eval_params(round_)
         summary, per = evaluate(self.problem, params, self.vectorized_eval, tuple(self.cfg.metrics))
         self.per_client = per
         rec: dict[str, Any] = {"round": round_}
