@@ -180,3 +180,39 @@ def test_lg_code_trains_as_fedavg_and_scores_before_the_aggregation():
     assert torch.equal(params[last], lg.clients["local"][last])
     assert torch.equal(params[~last], w_start.expand(int((~last).sum()), -1))
     assert not torch.equal(params[last], w_start.expand(int(last.sum()), -1))
+
+
+def test_perfedavg_code_train_from_adapted_is_the_fpfc_synthetic_code():
+    """train_from='adapted' (FPFC synthetic code): a participant starts its local GD from
+    a_i = w - alpha grad f_i(w), so one round with one local step gives sum_i p_i (a_i - lr grad f_i(a_i));
+    the linear executor gives the same; 'adapted' with variant 'fo' is a config error naming the field."""
+    from fedsolve.data.synthetic import clustered_regression
+
+    data = clustered_regression(seed=1, cluster_sizes=(3, 3), dim=3, samples_per_client=25, noise_std=0.1)
+    prob = FederatedProblem(data, build_model_fn("logreg", (3,), 1), loss="squared_error")
+    cfg = dict(variant="code", lr=0.05, alpha=0.2, local_steps=1, local_epochs=None, batch_size=None,
+               train_from="adapted")
+    out = {}
+    for ex in ["sequential", "linear"]:
+        algo = PerFedAvg(cfg, prob)
+        sim = Simulation(prob, algo, SimulationConfig(rounds=1, eval_every=1, executor=ex, metrics=[],
+                                                      sampling={"fraction": 1.0}), seed=0)
+        w0 = sim.server["w"].clone()
+        sim.run()
+        out[ex] = sim.server["w"]
+
+    def grad(i, v):
+        x, y = data.client_train(i)
+        v = v.clone().requires_grad_(True)
+        f = (0.5 * (x @ v[:3] + v[3] - y.reshape(-1)) ** 2).mean()
+        return torch.autograd.grad(f, v)[0]
+
+    n = data.train_sizes.double()
+    want = torch.zeros_like(w0)
+    for i in range(prob.num_clients):
+        a = w0 - 0.2 * grad(i, w0)
+        want += float(n[i] / n.sum()) * (a - 0.05 * grad(i, a))
+    torch.testing.assert_close(out["sequential"], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["linear"], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="train_from"):
+        PerFedAvg(dict(variant="fo", train_from="adapted"), prob)

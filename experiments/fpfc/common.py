@@ -62,7 +62,7 @@ def params_for(name: str, extra: dict | None = None) -> dict:
     if "cfl" in name:
         p.update(eps1=0.5, eps2=1.0)
     if "perfedavg" in name:
-        p.update(variant="code")   # the reference code's Per-FedAvg, as in the synthetic suites
+        p.update(variant="code", train_from="adapted")   # the reference code's Per-FedAvg, as in the synthetic suites
     p.update(extra or {})
     return {k: v for k, v in p.items() if k in fields}
 

@@ -40,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.algorithms.fedavg import FedAvg
@@ -404,6 +404,15 @@ class PerFedAvgConfig(AlgorithmConfig):
     adapt_epochs: float | None = Field(None, gt=0, description="adaptation before scoring: null = one full-batch "
                                                                "GD step of size alpha; k = k epochs of SGD "
                                                                "(batch_size, step alpha), the FPFC label-swap code")
+    train_from: Literal["global", "adapted"] = Field(
+        "global", description="variant 'code': local training starts from the global model, or from its one-step "
+                              "adaptation (the FPFC synthetic code, whose devices keep their adapted model)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.train_from == "adapted" and self.variant != "code":
+            raise ValueError("train_from: 'adapted' applies to variant 'code' only (allowed with 'fo': 'global')")
+        return self
 
 
 @register
@@ -415,10 +424,18 @@ class PerFedAvg(FedAvg):
     description = "Per-FedAvg (FO): MAML-style local steps, personalized by one local GD step (Fallah et al. 2020)"
     Config = PerFedAvgConfig
 
+    def work(self, round_: int = 0):
+        phases = super().work(round_)
+        if self.cfg.train_from == "adapted":
+            phases["start"] = Work(steps=1, batch_size=None)
+        return phases
+
     def local_update(self, state, msg, ctx):
         c = self.cfg
         w = msg["w"]
         if c.variant == "code":
+            if c.train_from == "adapted":
+                w = self.local_sgd(ctx, w, phase="start", lr=c.alpha)
             return {}, {"w": self.local_sgd(ctx, w)}
         for s in range(ctx.max_steps("train")):
             _, g = ctx.loss_grad(w, "train", s)
@@ -433,8 +450,11 @@ class PerFedAvg(FedAvg):
         return self.cfg.variant == "code"
 
     def linear_gd(self, rows, msgs, ids, round_, full):
-        """Variant 'code': FedAvg steps from w^t."""
-        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"w": w}))
+        """Variant 'code': FedAvg steps from w^t (or from w^t - alpha grad f_i(w^t), ``train_from: adapted``)."""
+        c, w0 = self.cfg, msgs["w"]
+        if c.train_from == "adapted":
+            w0 = w0 - c.alpha * (full.grad(w0) + c.weight_decay * w0)
+        return GDStep(start=w0, lr=c.lr, finish=lambda w: ({}, {"w": w}))
 
     def eval_work(self):
         """The adaptation each device runs from the global model before it is scored: one full-batch GD
