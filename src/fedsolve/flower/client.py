@@ -112,6 +112,11 @@ def _setup(msg: Message, context: Context) -> tuple[DeploymentTask, int, ClientS
     return task, cid, store, cfg
 
 
+def _plan_pads(cfg: ConfigRecord) -> dict[str, tuple[int, int]]:
+    """The ``pad-<phase>`` entries of a message's config: the simulator's plan shapes per phase."""
+    return {k[4:]: tuple(int(a) for a in v) for k, v in cfg.items() if k.startswith("pad-")}
+
+
 def _info(cid: int, round_: int) -> ConfigRecord:
     return ConfigRecord({"client": cid, "round": int(round_)})
 
@@ -136,7 +141,7 @@ def build_client_app() -> ClientApp:
         algo, data = task.algorithm, task.problem.data
         x, y = data.client_train(cid)
         scale = float(cfg["scale"]) if "scale" in cfg else None
-        pad = {k[4:]: tuple(int(a) for a in v) for k, v in cfg.items() if k.startswith("pad-")}
+        pad = _plan_pads(cfg)
         rows, upload, loss = client_update(algo, cid, task.problem.num_clients, data.weights[cid], x, y,
                                            store.state, from_array_record(msg.content["msg"]),
                                            RngStreams(task.seed), t, scale, pad)
@@ -152,7 +157,7 @@ def build_client_app() -> ClientApp:
         store.save()
         params = client_eval_params(task.algorithm, store.state, from_array_record(msg.content["msg"]))
         data = task.problem.data
-        pad = {k[4:]: tuple(int(a) for a in v) for k, v in cfg.items() if k.startswith("pad-")}
+        pad = _plan_pads(cfg)
         params = client_adapt(task.algorithm, params, cid, task.problem.num_clients, data.weights[cid],
                               *data.client_train(cid), RngStreams(task.seed), int(cfg["round"]), pad)
         x, y = data.client_test(cid)
