@@ -130,3 +130,25 @@ def test_own_view_state_survives_resume(tmp_path):
     _, resumed, _ = _attacked_run(prob, "byz_fpfc", 6, out_dir=tmp_path, resume=True, **kw)
     for k in full.server:
         assert torch.equal(full.server[k], resumed.server[k]), k
+
+
+def test_attack_block_corrupts_only_that_block():
+    """attack_block: only the named block of a malicious upload is corrupted (the paper attacks the
+    personalization layer); one FedAvg round from the same start gives the clean run's other coordinates."""
+    data = fpfc_synthetic("S1", seed=0, features="uniform", size_scale=0.05, max_size=60)
+    prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10), blocks={"fused": ["*bias"]})
+    cfg = SimulationConfig(rounds=1, eval_every=1, executor="auto", sampling={"fraction": 1.0}, metrics=[])
+    base = dict(lr=0.1, local_epochs=2, batch_size=None)
+    runs = {}
+    for key, extra in {"clean": {}, "block": dict(attack="gaussian", malicious_fraction=0.4, attack_block="fused"),
+                       "all": dict(attack="gaussian", malicious_fraction=0.4)}.items():
+        sim = Simulation(prob, get_algorithm("byz_fedavg")(dict(base, **extra), prob), cfg, seed=0)
+        sim.run()
+        runs[key] = sim.server["w"]
+    bias = prob.layout.mask("fused")
+    assert int(bias.sum()) == 10
+    assert torch.allclose(runs["block"][~bias], runs["clean"][~bias], atol=1e-6)
+    assert float((runs["block"][bias] - runs["clean"][bias]).abs().max()) > 1.0
+    assert float((runs["all"][~bias] - runs["clean"][~bias]).abs().max()) > 1.0
+    with pytest.raises(ValueError, match="attack_block: the model has no block 'head'"):
+        get_algorithm("byz_fedavg")(dict(base, attack="gaussian", attack_block="head"), prob)

@@ -99,6 +99,46 @@ def test_table3_smoke(tmp_path):
     assert "79.31%" in text and "| LG | 66.22% |" in text and "not run" not in text
 
 
+def _suite_sets(path: Path) -> list[str]:
+    return [a for kv in _tiny(path) if not kv.startswith("seeds=") for a in ("--set", kv)]
+
+
+@pytest.mark.realdata
+def test_table3_label_swap_suite_smoke(tmp_path):
+    """Table 3's MNIST column: --suite takes data, CNN and parameters from the label-swap suite; one newcomer
+    per cluster (4 of 20), every method's own newcomer rule runs on the CNN."""
+    path = DIR / "label_swap_mnist.yaml"
+    res = _driver("table3_newcomers").main(["--suite", str(path), *_suite_sets(path), "--newcomer-rounds", "1",
+                                            "--seeds", "0", "--threads", "1", "--out", str(tmp_path)])
+    assert set(res) == {"FPFC", "FPFC-l1", "LOCAL", "FedAvg", "LG", "Per-FedAvg", "IFCA", "CFL", "PACFL"}
+    assert all(len(v) == 1 and 0 <= v[0] <= 1 for v in res.values())
+    text = (tmp_path / "report.md").read_text()
+    assert "16 of 20 devices" in text and "4 newcomers" in text and "| FPFC | 93.51% |" in text
+
+
+@pytest.mark.realdata
+def test_robustness_label_swap_suite_smoke(tmp_path):
+    path = DIR / "label_swap_fmnist.yaml"
+    rows = _driver("robustness").main(["--suite", str(path), *_suite_sets(path), "--seeds", "0", "--attacks",
+                                       "gaussian", "--fractions", "0.0", "0.4", "--algorithms", "fpfc", "fedavg",
+                                       "--threads", "1", "--out", str(tmp_path)])
+    assert [(r["algorithm"], r["fraction"]) for r in rows] == [("FPFC", 0.0), ("FedAvg", 0.0), ("FPFC", 0.4),
+                                                                ("FedAvg", 0.4)]
+    assert all(len(r["acc"]) == 1 for r in rows)
+    text = (tmp_path / "report.md").read_text()
+    assert "Fig. 7" in text and "the block 'fused' of each upload" in text
+
+
+def test_suite_mode_names_the_algorithms_a_suite_has():
+    sys.path.insert(0, str(DIR))
+    import common
+
+    cfg = common.load_suite(DIR / "label_swap_mnist.yaml")
+    assert common.suite_params(cfg, "byz_fpfc")["lam"] == 0.4          # the spec's value, tune ignored
+    with pytest.raises(SystemExit, match="'fedprox' is not in the suite .*allowed: .*'fpfc'"):
+        common.suite_params(cfg, "fedprox")
+
+
 def test_tune_baselines_smoke(tmp_path):
     rows = _driver("tune_baselines").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
     (r,) = rows

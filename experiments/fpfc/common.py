@@ -77,6 +77,57 @@ def run(problem, name: str, params: dict, rounds: int, seed: int, fraction: floa
     return sim, algo, res
 
 
+# ------------------------------------------------------------------ suite mode (label swap)
+def load_suite(path, sets=()):
+    """A ``fedsolve compare`` YAML (e.g. ``label_swap_mnist.yaml``) with ``--set`` overrides: the drivers'
+    ``--suite`` mode takes its data, model, simulation settings and per-algorithm parameters from it."""
+    from fedsolve.experiments.config import load_config
+
+    return load_config(path, list(sets))
+
+
+def suite_data(cfg, seed: int):
+    from fedsolve.experiments.runner import build_data
+
+    return build_data(cfg, seed)
+
+
+def suite_problem(cfg, data, clients=None, name: str | None = None):
+    """The suite's problem (model, blocks, loss) on ``data``, restricted to ``clients`` if given."""
+    from fedsolve.experiments.runner import build_problem
+
+    sub = data.subset(list(clients)) if clients is not None else data
+    prob = build_problem(cfg, 0, data=sub)
+    if name:
+        prob.name = name
+    return prob
+
+
+def suite_params(cfg, name: str, extra: dict | None = None) -> dict:
+    """``name``'s parameters as the suite runs it: ``defaults`` merged with the first spec of that algorithm
+    (a ``byz_<name>`` takes ``<name>``'s spec). A ``tune`` block is ignored: the spec's own value is used."""
+    from fedsolve.experiments.config import merged_params
+
+    base = name[4:] if name.startswith("byz_") else name
+    specs = [s for s in cfg.all_algorithms() if s.name == base]
+    if not specs:
+        raise SystemExit(f"--algorithms: {base!r} is not in the suite {cfg.name!r}; allowed: "
+                         f"{sorted({s.name for s in cfg.all_algorithms()})}")
+    cls = get_algorithm(name)
+    return merged_params(cls, cfg.defaults, {**specs[0].params, **(extra or {})})
+
+
+def run_suite(cfg, problem, name: str, params: dict, seed: int, rounds: int | None = None):
+    """``name`` on ``problem`` with the suite's simulation settings (sampling, executor, rounds unless
+    ``rounds`` is given), scored once at the end; returns (simulation, algorithm, result)."""
+    sc = cfg.simulation
+    rounds = sc.rounds if rounds is None else rounds
+    algo = get_algorithm(name)(params, problem)
+    sim = Simulation(problem, algo, sc.model_copy(update={"rounds": rounds, "eval_every": rounds, "metrics": []}),
+                     seed=seed)
+    return sim, algo, sim.run()
+
+
 def per_client_accuracy(res) -> np.ndarray:
     return np.array([d.get("accuracy", np.nan) for d in res.per_client], dtype=np.float64)
 

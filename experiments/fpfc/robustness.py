@@ -11,7 +11,14 @@ from its own last true model, ``server`` from the server's message (in FPFC that
 own corrupted upload, and under sign-flip its model blows up; see fedsolve.algorithms.byzantine). CFL
 uploads updates, not models, so it always runs with ``server``.
 
+``--suite`` runs Fig. 7 (FMNIST) / Fig. E.3 (MNIST): data, CNN, simulation settings and parameters come
+from a label-swap suite (``--set`` overrides it as in ``fedsolve compare``), and the attacks corrupt only
+the block ``--attack-block`` of each upload (default ``fused``, the last layer: the "personalization
+layers" of the paper's text; ``all`` corrupts the whole upload, shared conv layers included).
+
 usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--out runs/fpfc_robustness]
+       python experiments/fpfc/robustness.py --suite experiments/fpfc/label_swap_fmnist.yaml \
+           [--set simulation.rounds=50] [--attack-block fused]
        python experiments/fpfc/robustness.py --smoke
 """
 from __future__ import annotations
@@ -23,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (driver_args, driver_parser, fmt_pct, params_for, per_client_accuracy, run,  # noqa: E402
-                    synthetic_problem, write_report)
+from common import (driver_args, driver_parser, fmt_pct, load_suite, params_for, per_client_accuracy,  # noqa: E402
+                    run, run_suite, suite_data, suite_params, suite_problem, synthetic_problem, write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -47,22 +54,39 @@ def main(argv=None):
     p.add_argument("--algorithms", nargs="+", default=["fpfc", "fedavg", "ifca", "local"])
     p.add_argument("--attacker-view", choices=["own", "server"], default="own",
                    help="what a malicious device trains from (fedsolve.algorithms.byzantine)")
+    p.add_argument("--suite", default=None, help="a label-swap suite YAML: Fig. 7 (FMNIST) / Fig. E.3 (MNIST)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of --suite (repeatable)")
+    p.add_argument("--attack-block", default="fused",
+                   help="with --suite: the block of each upload the attacks corrupt ('all': the whole upload)")
     a = driver_args(p, argv, dict(rounds=2, seeds=[0], size_scale=0.05, max_size=100, fractions=[0.0, 0.4],
                                   attacks=["same_value", "sign_flip", "gaussian"]))
     t0 = time.perf_counter()
     rows = []
+    cfg = load_suite(a.suite, a.sets) if a.suite else None
+    block = None if cfg is None or a.attack_block == "all" else a.attack_block
+    data = {}
     for attack in a.attacks:
         for frac in a.fractions:
             for name in a.algorithms:
                 accs, diverged = [], []
                 for seed in a.seeds:
-                    prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
-                    prm = params_for(f"byz_{name}", dict(attack=attack, malicious_fraction=frac, attack_seed=seed,
-                                                         attacker_view=a.attacker_view))
+                    att = dict(attack=attack, malicious_fraction=frac, attack_seed=seed, attacker_view=a.attacker_view)
                     if name == "cfl":
-                        prm.update(attack_keys=("dw",), attacker_view="server")
+                        att.update(attack_keys=("dw",), attacker_view="server")
+                    if cfg is None:
+                        prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
+                        prm = {**params_for(f"byz_{name}"), **att}
+                    else:
+                        if seed not in data:
+                            data[seed] = suite_data(cfg, seed)
+                        prob = suite_problem(cfg, data[seed])
+                        prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
                     try:
-                        _, algo, res = run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))
+                        if cfg is None:
+                            _, algo, res = run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))
+                        else:
+                            _, algo, res = run_suite(cfg, prob, f"byz_{name}", prm, seed)
                     except DivergenceError as e:  # a finding, not a crash: reported as such
                         diverged.append(str(e).split(":")[0])
                         continue
@@ -71,11 +95,18 @@ def main(argv=None):
                 rows.append({"attack": attack, "fraction": frac, "algorithm": LABELS.get(name, name), "acc": accs,
                              "diverged": diverged})
                 print(rows[-1], flush=True)
-    lines = ["# Byzantine robustness (FPFC Sec. 6.4.1; synthetic, Fig. E.2)", "",
-             f"Synthetic {a.scenario}, size_scale={a.size_scale}, max n_i={a.max_size}, {a.rounds} rounds, "
-             f"30% participation, paper hyper-parameters (FPFC lam 0.6, IFCA L=4), seeds {a.seeds}. "
-             "Metric: mean test accuracy of the benign devices (mean +- std over seeds). "
-             f"Malicious devices train from: {a.attacker_view} (attacker_view).", "",
+    if cfg is None:
+        head = ["# Byzantine robustness (FPFC Sec. 6.4.1; synthetic, Fig. E.2)", "",
+                f"Synthetic {a.scenario}, size_scale={a.size_scale}, max n_i={a.max_size}, {a.rounds} rounds, "
+                f"30% participation, paper hyper-parameters (FPFC lam 0.6, IFCA L=4), seeds {a.seeds}. "]
+    else:
+        fig = {"mnist": "Fig. E.3", "fmnist": "Fig. 7"}.get(cfg.data.dataset, "")
+        head = [f"# Byzantine robustness (FPFC Sec. 6.4.1; {cfg.data.dataset} label swap, {fig})", "",
+                f"Suite {cfg.name}: {cfg.simulation.rounds} rounds, sampling {cfg.simulation.sampling.fraction}, "
+                f"the suite's parameters, data {dict(cfg.data.params)}, seeds {a.seeds}. Attacks corrupt "
+                f"{'the whole upload' if block is None else f'the block {block!r} of each upload'}. "]
+    lines = head[:-1] + [head[-1] + "Metric: mean test accuracy of the benign devices (mean +- std over seeds). "
+                         f"Malicious devices train from: {a.attacker_view} (attacker_view).", "",
              "Paper: figures only (no numbers). Claim: FPFC is the most stable method under all three attacks.",
              ""]
     for attack in a.attacks:

@@ -18,7 +18,14 @@ spec 3.2; the choices are documented on each method):
                  one round of local training.
 Metric: newcomers' mean test accuracy (mean +- std over seeds) next to the paper's Table 3.
 
+``--suite`` runs the MNIST / FMNIST columns: the data, CNN, simulation settings and each method's
+parameters come from a label-swap suite (``experiments/fpfc/label_swap_mnist.yaml``; ``--set`` overrides
+it as in ``fedsolve compare``). 20% of the 20 devices (one per cluster) are the newcomers; the other 16
+train for the suite's rounds with its participation.
+
 usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 2]
+       python experiments/fpfc/table3_newcomers.py --suite experiments/fpfc/label_swap_mnist.yaml \
+           [--set simulation.rounds=50] [--lam 0.5] [--newcomer-rounds 20]
        python experiments/fpfc/table3_newcomers.py --smoke
 """
 from __future__ import annotations
@@ -30,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import driver_args, driver_parser, fmt_pct, params_for, run, write_report  # noqa: E402
+from common import (driver_args, driver_parser, fmt_pct, load_suite, params_for, run, run_suite,  # noqa: E402
+                    suite_data, suite_params, suite_problem, write_report)
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
@@ -42,6 +50,14 @@ LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "Fed
           "perfedavg": "Per-FedAvg", "ifca": "IFCA", "cfl": "CFL", "pacfl": "PACFL"}
 PAPER = {"LOCAL": 0.7900, "FedAvg": 0.3873, "LG": 0.6622, "Per-FedAvg": 0.4326, "IFCA": 0.3357, "CFL": 0.6943,
          "PACFL": 0.7188, "FPFC-l1": 0.6772, "FPFC": 0.7931}
+#: Table 3's MNIST and FMNIST columns (spec 4.4)
+PAPER_BY_DATASET = {
+    "synthetic": PAPER,
+    "mnist": {"LOCAL": 0.9081, "FedAvg": 0.7367, "LG": 0.9571, "Per-FedAvg": 0.9662, "IFCA": 0.9665, "CFL": 0.9546,
+              "PACFL": 0.7445, "FPFC-l1": 0.9273, "FPFC": 0.9351},
+    "fmnist": {"LOCAL": 0.7529, "FedAvg": 0.6626, "LG": 0.8025, "Per-FedAvg": 0.7794, "IFCA": 0.7393, "CFL": 0.7066,
+               "PACFL": 0.6642, "FPFC-l1": 0.7554, "FPFC": 0.7573},
+}
 
 
 def split_old_new(data, seed: int, share: float = 0.2):
@@ -63,35 +79,64 @@ def acc(problem, params) -> float:
 def main(argv=None):
     p = driver_parser(__doc__, "runs/fpfc_table3_newcomers")
     p.add_argument("--newcomer-rounds", type=int, default=100)
-    p.add_argument("--lam", type=float, default=0.6)
+    p.add_argument("--lam", type=float, default=None, help="FPFC's lambda (default: 0.6; with --suite the suite's)")
     p.add_argument("--algorithms", nargs="+", default=list(LABELS), choices=list(LABELS))
+    p.add_argument("--suite", default=None, help="a label-swap suite YAML: the MNIST / FMNIST columns")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of --suite (repeatable)")
     a = driver_args(p, argv, dict(rounds=2, newcomer_rounds=2, seeds=[0], size_scale=0.05, max_size=100))
     t0 = time.perf_counter()
     res: dict[str, list[float]] = {}
+    cfg = load_suite(a.suite, a.sets) if a.suite else None
+    lam = a.lam if a.lam is not None or cfg is not None else 0.6   # None with --suite: the suite's own
     mf = build_model_fn("logreg", (60,), 10)
     for seed in a.seeds:
-        data = fpfc_synthetic(a.scenario, seed=seed, features="uniform", size_scale=a.size_scale, max_size=a.max_size)
-        old, new = split_old_new(data, seed)
-        p_old = FederatedProblem(data.subset(old), mf, name="old")
-        p_new = FederatedProblem(data.subset(new), mf, name="newcomers")
+        if cfg is None:
+            data = fpfc_synthetic(a.scenario, seed=seed, features="uniform", size_scale=a.size_scale,
+                                  max_size=a.max_size)
+            old, new = split_old_new(data, seed)
+            p_old = FederatedProblem(data.subset(old), mf, name="old")
+            p_new = FederatedProblem(data.subset(new), mf, name="newcomers")
+        else:
+            data = suite_data(cfg, seed)
+            old, new = split_old_new(data, seed)
+            p_old, p_new = suite_problem(cfg, data, old, "old"), suite_problem(cfg, data, new, "newcomers")
         for name in a.algorithms:
+            extra = {"lam": lam} if name == "fpfc" and lam is not None else None
+            prm = params_for(name, extra) if cfg is None else suite_params(cfg, name, extra)
             if name == "local":          # nothing to train on the old devices
-                algo, server = get_algorithm("local")(params_for("local"), p_old), {}
+                algo, server = get_algorithm("local")(prm, p_old), {}
+            elif cfg is None:
+                sim, algo, _ = run(p_old, name, prm, a.rounds, seed, eval_every=max(1, a.rounds))
+                server = sim.server
             else:
-                extra = {"lam": a.lam} if name == "fpfc" else None
-                sim, algo, _ = run(p_old, name, params_for(name, extra), a.rounds, seed, eval_every=max(1, a.rounds))
+                sim, algo, _ = run_suite(cfg, p_old, name, prm, seed)
                 server = sim.server
             W = algo.newcomer_models(server, p_new, rounds=a.newcomer_rounds, seed=seed)
             v = acc(p_new, W)
             res.setdefault(LABELS[name], []).append(float(v))
             print(seed, LABELS[name], v, flush=True)
-    lines = ["# Table 3: newcomers (FPFC Sec. 6.4.2), synthetic " + a.scenario, "",
-             f"80% of the devices train for {a.rounds} rounds (30% participation, paper hyper-parameters, FPFC "
-             f"lam {a.lam}); 20% (5 per cluster) join afterwards and get {a.newcomer_rounds} newcomer rounds. "
-             f"size_scale={a.size_scale}, max n_i={a.max_size}, seeds {a.seeds}.", "",
-             "| method | paper (Synthetic) | ours |", "|---|---|---|"]
-    for label, pv in PAPER.items():
+    if cfg is None:
+        dataset, paper = "synthetic", PAPER
+        lines = ["# Table 3: newcomers (FPFC Sec. 6.4.2), synthetic " + a.scenario, "",
+                 f"80% of the devices train for {a.rounds} rounds (30% participation, paper hyper-parameters, FPFC "
+                 f"lam {lam}); 20% (5 per cluster) join afterwards and get "
+                 f"{a.newcomer_rounds} newcomer rounds. size_scale={a.size_scale}, max n_i={a.max_size}, "
+                 f"seeds {a.seeds}.", ""]
+    else:
+        dataset = cfg.data.dataset
+        paper = PAPER_BY_DATASET.get(dataset, {})
+        sc = cfg.simulation
+        lam = lam if lam is not None else suite_params(cfg, "fpfc").get("lam")
+        lines = [f"# Table 3: newcomers (FPFC Sec. 6.4.2), {dataset} label swap (suite {cfg.name})", "",
+                 f"{len(old)} of {data.num_clients} devices train for {sc.rounds} rounds ({sc.sampling} "
+                 f"participation, the suite's parameters, FPFC lam {lam}); {len(new)} newcomers (20%, one draw per "
+                 f"cluster and seed) join afterwards and get {a.newcomer_rounds} newcomer rounds. "
+                 f"Data {dict(cfg.data.params)}, seeds {a.seeds}.", ""]
+    lines += [f"| method | paper ({dataset}) | ours |", "|---|---|---|"]
+    for label, pv in paper.items():
         lines.append(f"| {label} | {100 * pv:.2f}% | {fmt_pct(res[label]) if label in res else 'not run'} |")
+    lines += [f"| {label} | not in the paper | {fmt_pct(v)} |" for label, v in res.items() if label not in paper]
     lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s.")
     write_report(a.out, lines, res)
     return res

@@ -19,6 +19,9 @@ the threat model's other half, which the paper does not state (``attacker_view``
 * ``sign_flip``:   w~_k = -|c| * w_k,     c ~ N(0, sigma^2)      (paper sigma = 10)
 * ``gaussian``:    w~_k ~ N(0, sigma^2 I)                       (paper sigma = 100)
 
+``attack_block`` restricts the corruption to one named block of the model (the CNN's ``fused`` last layer,
+the "personalization layers" the paper's text names); the other coordinates are uploaded truly.
+
 ``byzantine(cls)`` turns any registered algorithm into an attacked one (``byz_<name>``): the same
 algorithm with three more hyper-parameters and an ``aggregate`` that corrupts the upload keys in
 ``attack_keys`` (default ``w``: the uploaded model; e.g. ``dw`` for CFL, whose uploads are updates)
@@ -104,6 +107,9 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
                                                                    "(100 same-value, 10 sign-flip, 100 gaussian)")
         attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
         attack_keys: tuple[str, ...] = Field(("w",), description="upload keys that are corrupted")
+        attack_block: str | None = Field(
+            None, description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
+                              "last layer: the paper attacks the personalization layers); null = all of it")
         attacker_view: Literal["server", "own"] = Field(
             "server", description="what a malicious device trains from: the server's message (the protocol) or "
                                   "its own last true model (see the module docstring)")
@@ -119,6 +125,12 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
             c = self.cfg
             self.malicious = malicious_set(self.num_clients, c.malicious_fraction, c.attack_seed)
             self.sigma = c.attack_sigma if c.attack_sigma is not None else PAPER_SIGMA.get(c.attack, 0.0)
+            self.attack_idx = None
+            if c.attack_block is not None:
+                if not self.layout.has_block(c.attack_block):
+                    raise ValueError(f"attack_block: the model has no block {c.attack_block!r}; allowed: "
+                                     f"{self.layout.block_names()} or null (the whole upload)")
+                self.attack_idx = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
             if c.attacker_view == "own" and c.attack_keys != ("w",):
                 raise ValueError(f"attacker_view: 'own' needs the uploaded model under key 'w' (attack_keys "
                                  f"('w',)), got attack_keys {c.attack_keys}; use attacker_view 'server'")
@@ -155,7 +167,12 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
                     if key not in uploads:
                         raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
                     rows = uploads[key].clone()
-                    rows[bad] = attack_rows(rows[bad], c.attack, self.sigma, gen)
+                    if self.attack_idx is None:
+                        rows[bad] = attack_rows(rows[bad], c.attack, self.sigma, gen)
+                    else:   # only the block's coordinates of each malicious row
+                        sub = rows[bad].reshape(int(bad.sum()), -1)
+                        sub[:, self.attack_idx] = attack_rows(sub[:, self.attack_idx], c.attack, self.sigma, gen)
+                        rows[bad] = sub.reshape(rows[bad].shape)
                     uploads[key] = rows
             out = super().aggregate(server, ids, uploads, round_)
             return dict(out, **keep) if keep else out
