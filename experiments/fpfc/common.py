@@ -128,6 +128,14 @@ def run_suite(cfg, problem, name: str, params: dict, seed: int, rounds: int | No
     return sim, algo, sim.run()
 
 
+def suite_participation(cfg) -> str:
+    """The suite's sampling in words (for the reports)."""
+    s = cfg.simulation.sampling
+    if s.clients_per_round:
+        return f"{s.clients_per_round} devices per round"
+    return f"{s.fraction or 1.0:.0%} participation"
+
+
 def per_client_accuracy(res) -> np.ndarray:
     return np.array([d.get("accuracy", np.nan) for d in res.per_client], dtype=np.float64)
 

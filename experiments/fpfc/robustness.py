@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (driver_args, driver_parser, fmt_pct, load_suite, params_for, per_client_accuracy,  # noqa: E402
-                    run, run_suite, suite_data, suite_params, suite_problem, synthetic_problem, write_report)
+                    run, run_suite, suite_data, suite_params, suite_participation, suite_problem, synthetic_problem,
+                    write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -102,7 +103,7 @@ def main(argv=None):
     else:
         fig = {"mnist": "Fig. E.3", "fmnist": "Fig. 7"}.get(cfg.data.dataset, "")
         head = [f"# Byzantine robustness (FPFC Sec. 6.4.1; {cfg.data.dataset} label swap, {fig})", "",
-                f"Suite {cfg.name}: {cfg.simulation.rounds} rounds, sampling {cfg.simulation.sampling.fraction}, "
+                f"Suite {cfg.name}: {cfg.simulation.rounds} rounds, {suite_participation(cfg)}, "
                 f"the suite's parameters, data {dict(cfg.data.params)}, seeds {a.seeds}. Attacks corrupt "
                 f"{'the whole upload' if block is None else f'the block {block!r} of each upload'}. "]
     lines = head[:-1] + [head[-1] + "Metric: mean test accuracy of the benign devices (mean +- std over seeds). "

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (driver_args, driver_parser, fmt_pct, load_suite, params_for, run, run_suite,  # noqa: E402
-                    suite_data, suite_params, suite_problem, write_report)
+                    suite_data, suite_params, suite_participation, suite_problem, write_report)
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
@@ -129,8 +129,8 @@ def main(argv=None):
         sc = cfg.simulation
         lam = lam if lam is not None else suite_params(cfg, "fpfc").get("lam")
         lines = [f"# Table 3: newcomers (FPFC Sec. 6.4.2), {dataset} label swap (suite {cfg.name})", "",
-                 f"{len(old)} of {data.num_clients} devices train for {sc.rounds} rounds ({sc.sampling} "
-                 f"participation, the suite's parameters, FPFC lam {lam}); {len(new)} newcomers (20%, one draw per "
+                 f"{len(old)} of {data.num_clients} devices train for {sc.rounds} rounds ({suite_participation(cfg)}, "
+                 f"the suite's parameters, FPFC lam {lam}); {len(new)} newcomers (20%, one draw per "
                  f"cluster and seed) join afterwards and get {a.newcomer_rounds} newcomer rounds. "
                  f"Data {dict(cfg.data.params)}, seeds {a.seeds}.", ""]
     lines += [f"| method | paper ({dataset}) | ours |", "|---|---|---|"]
