@@ -7,6 +7,7 @@ Suites on fetched data (mnist, fmnist) are marked ``realdata``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -97,6 +98,22 @@ def test_table3_smoke(tmp_path):
     assert set(res) == {"FPFC", "FPFC-l1", "LOCAL", "FedAvg", "LG", "Per-FedAvg", "IFCA", "CFL", "PACFL"}
     text = (tmp_path / "report.md").read_text()
     assert "79.31%" in text and "| LG | 66.22% |" in text and "not run" not in text
+
+
+def test_table3_resume_keeps_finished_methods(tmp_path):
+    """--resume reads OUT/partial.json (written after every method) and runs only what is missing; other
+    settings in the same folder are refused."""
+    drv = _driver("table3_newcomers")
+    base = ["--smoke", "--threads", "1", "--out", str(tmp_path)]
+    first = drv.main([*base, "--algorithms", "fedavg", "local"])
+    part = json.loads((tmp_path / "partial.json").read_text())
+    assert set(part["results"]) == {"0/FedAvg", "0/LOCAL"}
+    part["results"]["0/FedAvg"] = 0.123                       # a kept result is not recomputed
+    (tmp_path / "partial.json").write_text(json.dumps(part))
+    again = drv.main([*base, "--algorithms", "fedavg", "local", "ifca", "--resume"])
+    assert again["FedAvg"] == [0.123] and again["LOCAL"] == first["LOCAL"] and len(again["IFCA"]) == 1
+    with pytest.raises(SystemExit, match="--resume: .* other settings"):
+        drv.main([*base, "--algorithms", "fedavg", "--resume", "--lam", "0.3"])
 
 
 def _suite_sets(path: Path) -> list[str]:

@@ -25,11 +25,12 @@ train for the suite's rounds with its participation.
 
 usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 2]
        python experiments/fpfc/table3_newcomers.py --suite experiments/fpfc/label_swap_mnist.yaml \
-           [--set simulation.rounds=50] [--lam 0.5] [--newcomer-rounds 20]
+           [--set simulation.rounds=50] [--lam 0.5] [--newcomer-rounds 20] [--resume]
        python experiments/fpfc/table3_newcomers.py --smoke
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,7 @@ from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
+from fedsolve.simulation.loop import atomic_write_text  # noqa: E402
 from fedsolve.simulation.metrics import evaluate  # noqa: E402
 
 LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "FedAvg", "lg_code": "LG",
@@ -84,9 +86,19 @@ def main(argv=None):
     p.add_argument("--suite", default=None, help="a label-swap suite YAML: the MNIST / FMNIST columns")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of --suite (repeatable)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the (seed, method) results already in OUT/partial.json (each is written as it ends)")
     a = driver_args(p, argv, dict(rounds=2, newcomer_rounds=2, seeds=[0], size_scale=0.05, max_size=100))
     t0 = time.perf_counter()
     res: dict[str, list[float]] = {}
+    part_file = Path(a.out) / "partial.json"
+    settings = {k: getattr(a, k) for k in ("scenario", "rounds", "size_scale", "max_size", "newcomer_rounds", "lam",
+                                           "suite", "sets")}
+    saved = json.loads(part_file.read_text()) if a.resume and part_file.exists() else {}
+    if saved and saved.get("settings") != json.loads(json.dumps(settings)):
+        raise SystemExit(f"--resume: {part_file} was written with other settings ({saved.get('settings')}); "
+                         f"these are {settings}: use another --out or drop --resume")
+    done: dict[str, float] = saved.get("results", {})
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     lam = a.lam if a.lam is not None or cfg is not None else 0.6   # None with --suite: the suite's own
     mf = build_model_fn("logreg", (60,), 10)
@@ -102,6 +114,10 @@ def main(argv=None):
             old, new = split_old_new(data, seed)
             p_old, p_new = suite_problem(cfg, data, old, "old"), suite_problem(cfg, data, new, "newcomers")
         for name in a.algorithms:
+            key = f"{seed}/{LABELS[name]}"
+            if key in done:
+                res.setdefault(LABELS[name], []).append(float(done[key]))
+                continue
             extra = {"lam": lam} if name == "fpfc" and lam is not None else None
             prm = params_for(name, extra) if cfg is None else suite_params(cfg, name, extra)
             if name == "local":          # nothing to train on the old devices
@@ -115,6 +131,9 @@ def main(argv=None):
             W = algo.newcomer_models(server, p_new, rounds=a.newcomer_rounds, seed=seed)
             v = acc(p_new, W)
             res.setdefault(LABELS[name], []).append(float(v))
+            done[key] = float(v)
+            part_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(part_file, json.dumps({"settings": settings, "results": done}, indent=1))
             print(seed, LABELS[name], v, flush=True)
     if cfg is None:
         dataset, paper = "synthetic", PAPER
