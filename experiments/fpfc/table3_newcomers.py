@@ -99,6 +99,7 @@ def main(argv=None):
         raise SystemExit(f"--resume: {part_file} was written with other settings ({saved.get('settings')}); "
                          f"these are {settings}: use another --out or drop --resume")
     done: dict[str, float] = saved.get("results", {})
+    kept = len(done)
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     lam = a.lam if a.lam is not None or cfg is not None else 0.6   # None with --suite: the suite's own
     mf = build_model_fn("logreg", (60,), 10)
@@ -156,7 +157,8 @@ def main(argv=None):
     for label, pv in paper.items():
         lines.append(f"| {label} | {100 * pv:.2f}% | {fmt_pct(res[label]) if label in res else 'not run'} |")
     lines += [f"| {label} | not in the paper | {fmt_pct(v)} |" for label, v in res.items() if label not in paper]
-    lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s.")
+    lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s"
+                 + (f" (this call; {kept} results kept from {part_file.name} by --resume)." if kept else "."))
     write_report(a.out, lines, res)
     return res
 
