@@ -125,12 +125,12 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
             c = self.cfg
             self.malicious = malicious_set(self.num_clients, c.malicious_fraction, c.attack_seed)
             self.sigma = c.attack_sigma if c.attack_sigma is not None else PAPER_SIGMA.get(c.attack, 0.0)
-            self.attack_idx = None
+            self.attack_cols: slice | Tensor = slice(None)     # the coordinates an attack corrupts
             if c.attack_block is not None:
                 if not self.layout.has_block(c.attack_block):
                     raise ValueError(f"attack_block: the model has no block {c.attack_block!r}; allowed: "
                                      f"{self.layout.block_names()} or null (the whole upload)")
-                self.attack_idx = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
+                self.attack_cols = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
             if c.attacker_view == "own" and c.attack_keys != ("w",):
                 raise ValueError(f"attacker_view: 'own' needs the uploaded model under key 'w' (attack_keys "
                                  f"('w',)), got attack_keys {c.attack_keys}; use attacker_view 'server'")
@@ -167,12 +167,9 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
                     if key not in uploads:
                         raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
                     rows = uploads[key].clone()
-                    if self.attack_idx is None:
-                        rows[bad] = attack_rows(rows[bad], c.attack, self.sigma, gen)
-                    else:   # only the block's coordinates of each malicious row
-                        sub = rows[bad].reshape(int(bad.sum()), -1)
-                        sub[:, self.attack_idx] = attack_rows(sub[:, self.attack_idx], c.attack, self.sigma, gen)
-                        rows[bad] = sub.reshape(rows[bad].shape)
+                    sub = rows[bad].reshape(int(bad.sum()), -1)
+                    sub[:, self.attack_cols] = attack_rows(sub[:, self.attack_cols], c.attack, self.sigma, gen)
+                    rows[bad] = sub.reshape(rows[bad].shape)
                     uploads[key] = rows
             out = super().aggregate(server, ids, uploads, round_)
             return dict(out, **keep) if keep else out
