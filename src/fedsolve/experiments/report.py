@@ -23,6 +23,9 @@ NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macr
         "train_loss": "train loss", "test_rmse": "RMSE", "test_accuracy_std": "acc. std (clients)",
         "test_accuracy_worst10": "acc. worst 10%", "num_clusters": "clusters", "ari": "ARI",
         "model_deviation": "model deviation"}
+# metrics with no better direction: the number of clusters found is good when it is the true one,
+# which the report does not know, so it is never put in bold
+NO_BEST = frozenset({"num_clusters"})
 
 
 def _lower(metric: str) -> bool:
@@ -131,7 +134,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
 
     cols = [m for m in TABLE_METRICS if any(m in agg["algorithms"][a]["final"] for a in algos)]
     best_of = {}
-    for m in cols:
+    for m in (c for c in cols if c not in NO_BEST):
         vals = {a: agg["algorithms"][a]["final"].get(m, {}).get("mean") for a in algos}
         vals = {a: v for a, v in vals.items() if v is not None}
         if vals:
@@ -143,7 +146,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     lines += [f"Dataset **{cfg.data.dataset}**, {clients} clients, partition `{cfg.data.partition}` "
               f"{json.dumps(cfg.data.partition_params)}, model `{cfg.model.name}`, "
               f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
-              "Final-round metrics, mean ± std over seeds (best in bold; clients weighted uniformly):", ""]
+              "Final-round metrics, mean ± std over seeds (best in bold, clusters never; clients weighted uniformly):", ""]
     head = "| algorithm | " + " | ".join(NICE.get(m, m) for m in cols) + " | up MB | wall s |"
     lines += [head, "|" + "---|" * (len(cols) + 3)]
     for a in algos:
