@@ -23,9 +23,6 @@ NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macr
         "train_loss": "train loss", "test_rmse": "RMSE", "test_accuracy_std": "acc. std (clients)",
         "test_accuracy_worst10": "acc. worst 10%", "num_clusters": "clusters", "ari": "ARI",
         "model_deviation": "model deviation"}
-# metrics with no better direction: the number of clusters found is good when it is the true one,
-# which the report does not know, so it is never put in bold
-NO_BEST = frozenset({"num_clusters"})
 
 
 def _lower(metric: str) -> bool:
@@ -103,6 +100,8 @@ def _curves(histories: list[list[dict]], metric: str):
 
 
 def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[str, list[list[dict]]]) -> None:
+    from fedsolve.experiments.runner import has_direction
+
     base = Path(base)
     algos = list(agg["algorithms"])
     plots = []
@@ -134,7 +133,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
 
     cols = [m for m in TABLE_METRICS if any(m in agg["algorithms"][a]["final"] for a in algos)]
     best_of = {}
-    for m in (c for c in cols if c not in NO_BEST):
+    for m in filter(has_direction, cols):   # a cluster count is never "best"
         vals = {a: agg["algorithms"][a]["final"].get(m, {}).get("mean") for a in algos}
         vals = {a: v for a, v in vals.items() if v is not None}
         if vals:

@@ -27,6 +27,15 @@ from fedsolve.simulation.loop import (DivergenceError, JsonlLogger, ProgressBar,
 LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes")
 
 
+# metrics with no better direction: a cluster count is good when it is the true one, which a run does not
+# know, so it has no "best" over rounds and is never marked best in a report
+NO_DIRECTION = frozenset({"num_clusters"})
+
+
+def has_direction(metric: str) -> bool:
+    return metric not in NO_DIRECTION
+
+
 def lower_is_better(metric: str) -> bool:
     """Loss-like metrics, spreads (``_std``), costs: lower is better; accuracy-like: higher."""
     return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
@@ -99,7 +108,7 @@ def resolved_config(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int) -> di
 
 def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
     keys = {k for r in history for k in r if isinstance(r.get(k), (int, float)) and k not in ("round", "time_s")
-            and not k.endswith("_bytes")}
+            and not k.endswith("_bytes") and has_direction(k)}
     best: dict[str, float] = {}
     for k in sorted(keys):
         vals = [r[k] for r in history if k in r and r[k] == r[k]]
