@@ -25,12 +25,6 @@ NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macr
         "model_deviation": "model deviation"}
 
 
-def _lower(metric: str) -> bool:
-    from fedsolve.experiments.runner import lower_is_better
-
-    return lower_is_better(metric)
-
-
 def _save(fig, path: Path) -> None:
     import io
 
@@ -100,7 +94,7 @@ def _curves(histories: list[list[dict]], metric: str):
 
 
 def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[str, list[list[dict]]]) -> None:
-    from fedsolve.experiments.runner import has_direction
+    from fedsolve.experiments.runner import has_direction, lower_is_better  # the runner's metric directions
 
     base = Path(base)
     algos = list(agg["algorithms"])
@@ -137,7 +131,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
         vals = {a: agg["algorithms"][a]["final"].get(m, {}).get("mean") for a in algos}
         vals = {a: v for a, v in vals.items() if v is not None}
         if vals:
-            best_of[m] = (min if _lower(m) else max)(vals, key=vals.get)
+            best_of[m] = (min if lower_is_better(m) else max)(vals, key=vals.get)
     lines = [f"# {cfg.name}", ""]
     if cfg.description:
         lines += [cfg.description.strip(), ""]
