@@ -98,6 +98,13 @@ def test_table3_smoke(tmp_path):
     assert set(res) == {"FPFC", "FPFC-l1", "LOCAL", "FedAvg", "LG", "Per-FedAvg", "IFCA", "CFL", "PACFL"}
     text = (tmp_path / "report.md").read_text()
     assert "79.31%" in text and "| LG | 66.22% |" in text and "not run" not in text
+    # the clustering methods' clusters on the old devices (80 of them) are recorded and reported
+    found = json.loads((tmp_path / "partial.json").read_text())["old_clusters"]
+    assert set(found) == {"0/FPFC", "0/FPFC-l1", "0/IFCA", "0/CFL", "0/PACFL"}
+    assert all(1 <= d["num_clusters"] <= 80 and -1 <= d["ari"] <= 1 for d in found.values())
+    assert found["0/IFCA"]["num_clusters"] <= 4                  # IFCA is told L = 4
+    assert "Clusters found on the old devices" in text
+    assert f"| IFCA | {found['0/IFCA']['num_clusters']:.0f} / {found['0/IFCA']['ari']:.2f} |" in text
 
 
 def test_table3_resume_keeps_finished_methods(tmp_path):
@@ -112,6 +119,12 @@ def test_table3_resume_keeps_finished_methods(tmp_path):
     (tmp_path / "partial.json").write_text(json.dumps(part))
     again = drv.main([*base, "--algorithms", "fedavg", "local", "ifca", "--resume"])
     assert again["FedAvg"] == [0.123] and again["LOCAL"] == first["LOCAL"] and len(again["IFCA"]) == 1
+    part = json.loads((tmp_path / "partial.json").read_text())
+    assert set(part["old_clusters"]) == {"0/IFCA"}           # FedAvg and LOCAL find no clusters
+    del part["old_clusters"]                                  # a partial.json written before this record
+    (tmp_path / "partial.json").write_text(json.dumps(part))
+    drv.main([*base, "--algorithms", "fedavg", "local", "ifca", "--resume"])
+    assert "Clusters found" not in (tmp_path / "report.md").read_text()   # nothing recorded: no cluster table
     with pytest.raises(SystemExit, match="--resume: .* other settings"):
         drv.main([*base, "--algorithms", "fedavg", "--resume", "--lam", "0.3"])
 

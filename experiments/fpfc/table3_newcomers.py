@@ -16,7 +16,9 @@ spec 3.2; the choices are documented on each method):
                  side whose members' updates the newcomer's own update resembles more.
   PACFL          the PACFL code's rule: one-shot clustering of all signatures, the cluster's model,
                  one round of local training.
-Metric: newcomers' mean test accuracy (mean +- std over seeds) next to the paper's Table 3.
+Metric: newcomers' mean test accuracy (mean +- std over seeds) next to the paper's Table 3. For the
+methods that cluster (FPFC, FPFC-l1, IFCA, CFL, PACFL) the report also gives the clusters they found on
+the old devices at the end of training (number, and ARI against the true clusters).
 
 ``--suite`` runs the MNIST / FMNIST columns: the data, CNN, simulation settings and each method's
 parameters come from a label-swap suite (``experiments/fpfc/label_swap_mnist.yaml``; ``--set`` overrides
@@ -74,6 +76,24 @@ def split_old_new(data, seed: int, share: float = 0.2):
     return old, new
 
 
+def cluster_lines(found: dict[str, dict], seeds) -> list[str]:
+    """Report rows: per clustering method and seed, the clusters found on the old devices (number / ARI)."""
+    labels = [lab for lab in LABELS.values() if any(f"{s}/{lab}" in found for s in seeds)]
+    if not labels:
+        return []
+    out = ["", "Clusters found on the old devices at the end of training (number / ARI against the true "
+               "clusters; - where that run predates this record):", "",
+           "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---" * (len(seeds) + 1) + "|"]
+    for lab in labels:
+        cells = []
+        for s in seeds:
+            d = found.get(f"{s}/{lab}")
+            cells.append("-" if d is None else f"{d['num_clusters']:.0f}"
+                         + (f" / {d['ari']:.2f}" if "ari" in d else ""))
+        out.append(f"| {lab} | " + " | ".join(cells) + " |")
+    return out
+
+
 def acc(problem, params) -> float:
     return evaluate(problem, params, problem.vmappable, ())[0]["test_accuracy"]
 
@@ -99,6 +119,7 @@ def main(argv=None):
         raise SystemExit(f"--resume: {part_file} was written with other settings ({saved.get('settings')}); "
                          f"these are {settings}: use another --out or drop --resume")
     done: dict[str, float] = saved.get("results", {})
+    found: dict[str, dict] = saved.get("old_clusters", {})   # "seed/label" -> {"num_clusters", "ari"}
     kept = len(done)
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     lam = a.lam if a.lam is not None or cfg is not None else 0.6   # None with --suite: the suite's own
@@ -129,12 +150,17 @@ def main(argv=None):
             else:
                 sim, algo, _ = run_suite(cfg, p_old, name, prm, seed)
                 server = sim.server
+            if name != "local":
+                diag = algo.diagnostics(server, sim.clients)
+                if "num_clusters" in diag:
+                    found[key] = {k: float(diag[k]) for k in ("num_clusters", "ari") if k in diag}
             W = algo.newcomer_models(server, p_new, rounds=a.newcomer_rounds, seed=seed)
             v = acc(p_new, W)
             res.setdefault(LABELS[name], []).append(float(v))
             done[key] = float(v)
             part_file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(part_file, json.dumps({"settings": settings, "results": done}, indent=1))
+            atomic_write_text(part_file, json.dumps({"settings": settings, "results": done, "old_clusters": found},
+                                                    indent=1))
             print(seed, LABELS[name], v, flush=True)
     if cfg is None:
         dataset, paper = "synthetic", PAPER
@@ -157,6 +183,7 @@ def main(argv=None):
     for label, pv in paper.items():
         lines.append(f"| {label} | {100 * pv:.2f}% | {fmt_pct(res[label]) if label in res else 'not run'} |")
     lines += [f"| {label} | not in the paper | {fmt_pct(v)} |" for label, v in res.items() if label not in paper]
+    lines += cluster_lines(found, a.seeds)
     lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s"
                  + (f" (this call; {kept} results kept from {part_file.name} by --resume)." if kept else "."))
     write_report(a.out, lines, res)
