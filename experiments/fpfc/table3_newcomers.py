@@ -143,17 +143,13 @@ def main(argv=None):
             extra = {"lam": lam} if name == "fpfc" and lam is not None else None
             prm = params_for(name, extra) if cfg is None else suite_params(cfg, name, extra)
             if name == "local":          # nothing to train on the old devices
-                algo, server = get_algorithm("local")(prm, p_old), {}
-            elif cfg is None:
-                sim, algo, _ = run(p_old, name, prm, a.rounds, seed, eval_every=max(1, a.rounds))
-                server = sim.server
+                algo, server, final = get_algorithm("local")(prm, p_old), {}, {}
             else:
-                sim, algo, _ = run_suite(cfg, p_old, name, prm, seed)
-                server = sim.server
-            if name != "local":
-                diag = algo.diagnostics(server, sim.clients)
-                if "num_clusters" in diag:
-                    found[key] = {k: float(diag[k]) for k in ("num_clusters", "ari") if k in diag}
+                _, algo, out = (run(p_old, name, prm, a.rounds, seed, eval_every=max(1, a.rounds)) if cfg is None
+                                else run_suite(cfg, p_old, name, prm, seed))
+                server, final = out.server, out.extras          # extras: the algorithm's finalize()
+            if "num_clusters" in final:
+                found[key] = {k: float(final[k]) for k in ("num_clusters", "ari") if k in final}
             W = algo.newcomer_models(server, p_new, rounds=a.newcomer_rounds, seed=seed)
             v = acc(p_new, W)
             res.setdefault(LABELS[name], []).append(float(v))
