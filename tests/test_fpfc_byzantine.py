@@ -52,6 +52,21 @@ def test_attacked_fpfc_corrupts_only_malicious_uploads():
     Simulation(prob, loc, cfg, seed=0).run()
 
 
+@pytest.mark.parametrize("name", ["byz_fpfc", "byz_fedavg", "byz_ifca"])
+def test_no_malicious_device_no_attack(name):
+    """At malicious_fraction 0 every attack leaves the run exactly as without one: the robustness driver
+    runs fraction 0 once per method and seed for all three attacks."""
+    prob = _small_s1()
+    runs = [_attacked_run(prob, name, 3, malicious_fraction=0.0, attack=att, attacker_view=view)[1]
+            for att, view in (("none", "server"), ("sign_flip", "own"), ("gaussian", "own"), ("same_value", "own"))]
+    keys = [k for k in runs[0].server if not k.startswith("byz_")]
+    for sim in runs[1:]:
+        for k in keys:
+            assert torch.equal(sim.server[k], runs[0].server[k]), k
+        for k, v in runs[0].clients.items():
+            assert torch.equal(sim.clients[k], v), k
+
+
 def _small_s1():
     data = fpfc_synthetic("S1", seed=0, features="uniform", size_scale=0.05, max_size=60)
     return FederatedProblem(data, build_model_fn("logreg", (60,), 10))

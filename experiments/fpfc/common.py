@@ -155,9 +155,14 @@ def set_threads(n: int) -> None:
 
 
 def driver_parser(doc: str, out: str, *, rounds: int = 2000, size_scale: float = 1.0, max_size: int = 0,
-                  scenario: bool = True) -> argparse.ArgumentParser:
-    """The arguments every synthetic driver shares; the driver adds its own and calls :func:`driver_args`."""
+                  scenario: bool = True, resume: bool = False) -> argparse.ArgumentParser:
+    """The arguments every synthetic driver shares; the driver adds its own and calls :func:`driver_args`.
+    ``resume``: the driver keeps its finished runs in a :class:`Partial` and takes ``--resume``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if resume:
+        p.add_argument("--resume", action="store_true",
+                       help="keep the results already in OUT/partial.json (each run's is written as it ends) "
+                            "and run only what is missing")
     if scenario:
         p.add_argument("--scenario", default="S1")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -190,3 +195,34 @@ def write_report(out, lines: list[str], results=None) -> None:
     if results is not None:
         atomic_write_text(out / "results.json", json.dumps(results, indent=1, default=float))
     print(text)
+
+
+class Partial:
+    """``OUT/partial.json``: a driver's finished runs, rewritten atomically after each one, so a long suite
+    can be split over processes (one ``--out`` each, the files joined) and picked up after a stop.
+
+    ``sections`` are the dicts kept (the first holds the results); ``settings`` are the arguments that
+    decide what a result means: with ``resume`` a file written under other settings is refused, without
+    it the file starts empty.
+    """
+
+    def __init__(self, out, settings: dict, resume: bool, sections: tuple[str, ...] = ("results",)):
+        self.file = Path(out) / "partial.json"
+        self.settings = json.loads(json.dumps(settings))      # as it reads back from JSON
+        saved = json.loads(self.file.read_text()) if resume and self.file.exists() else {}
+        if saved and saved.get("settings") != self.settings:
+            raise SystemExit(f"--resume: {self.file} was written with other settings ({saved.get('settings')}); "
+                             f"these are {self.settings}: use another --out or drop --resume")
+        self.sections = {name: dict(saved.get(name, {})) for name in sections}
+        self.kept = len(self.sections[sections[0]])           # results taken from the file
+
+    def __getitem__(self, section: str) -> dict:
+        return self.sections[section]
+
+    def save(self) -> None:
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.file, json.dumps({"settings": self.settings, **self.sections}, indent=1))
+
+    def kept_note(self) -> str:
+        """Appended to a report's wall time: how many results this call did not run."""
+        return f" (this call; {self.kept} results kept from {self.file.name} by --resume)" if self.kept else ""

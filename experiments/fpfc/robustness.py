@@ -16,9 +16,14 @@ from a label-swap suite (``--set`` overrides it as in ``fedsolve compare``), and
 the block ``--attack-block`` of each upload (default ``fused``, the last layer: the "personalization
 layers" of the paper's text; ``all`` corrupts the whole upload, shared conv layers included).
 
+Each run's result goes to ``OUT/partial.json`` as it ends, and ``--resume`` keeps what is there: a long
+suite can be split over processes (``--algorithms`` / ``--attacks``, one ``--out`` each, the files joined)
+and picked up after a stop. At fraction 0 no device is malicious and the attack never acts, so one run per
+method and seed serves every attack.
+
 usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--out runs/fpfc_robustness]
        python experiments/fpfc/robustness.py --suite experiments/fpfc/label_swap_fmnist.yaml \
-           [--set simulation.rounds=50] [--attack-block fused]
+           [--set simulation.rounds=50] [--attack-block fused] [--resume]
        python experiments/fpfc/robustness.py --smoke
 """
 from __future__ import annotations
@@ -30,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (driver_args, driver_parser, fmt_pct, load_suite, params_for, per_client_accuracy,  # noqa: E402
-                    run, run_suite, suite_data, suite_params, suite_participation, suite_problem, synthetic_problem,
-                    write_report)
+from common import (Partial, driver_args, driver_parser, fmt_pct, load_suite, params_for,  # noqa: E402
+                    per_client_accuracy, run, run_suite, suite_data, suite_params, suite_participation, suite_problem,
+                    synthetic_problem, write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -49,7 +54,7 @@ def _cell(r: dict) -> str:
 
 
 def main(argv=None):
-    p = driver_parser(__doc__, "runs/fpfc_robustness", rounds=300, size_scale=0.25, max_size=2000)
+    p = driver_parser(__doc__, "runs/fpfc_robustness", rounds=300, size_scale=0.25, max_size=2000, resume=True)
     p.add_argument("--attacks", nargs="+", default=["same_value", "sign_flip", "gaussian"])
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.2, 0.4, 0.6, 0.8])
     p.add_argument("--algorithms", nargs="+", default=["fpfc", "fedavg", "ifca", "local"])
@@ -67,32 +72,44 @@ def main(argv=None):
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     block = None if cfg is None or a.attack_block == "all" else a.attack_block
     data = {}
+    part = Partial(a.out, {k: getattr(a, k) for k in ("scenario", "rounds", "size_scale", "max_size", "attacker_view",
+                                                      "suite", "sets", "attack_block")}, a.resume)
+    done = part["results"]   # "attack/fraction/label/seed" -> {"acc": benign mean} or {"diverged": message}
+
+    def one_run(attack: str, frac: float, name: str, seed: int) -> dict:
+        att = dict(attack=attack, malicious_fraction=frac, attack_seed=seed, attacker_view=a.attacker_view)
+        if name == "cfl":
+            att.update(attack_keys=("dw",), attacker_view="server")
+        if cfg is None:
+            prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
+            prm = {**params_for(f"byz_{name}"), **att}
+            go = lambda: run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))  # noqa: E731
+        else:
+            if seed not in data:
+                data[seed] = suite_data(cfg, seed)
+            prob = suite_problem(cfg, data[seed])
+            prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
+            go = lambda: run_suite(cfg, prob, f"byz_{name}", prm, seed)  # noqa: E731
+        try:
+            _, algo, res = go()
+        except DivergenceError as e:  # a finding, not a crash: reported as such
+            return {"diverged": str(e).split(":")[0]}
+        return {"acc": float(np.nanmean(per_client_accuracy(res)[benign_mask(algo).numpy()]))}
+
     for attack in a.attacks:
         for frac in a.fractions:
             for name in a.algorithms:
                 accs, diverged = [], []
                 for seed in a.seeds:
-                    att = dict(attack=attack, malicious_fraction=frac, attack_seed=seed, attacker_view=a.attacker_view)
-                    if name == "cfl":
-                        att.update(attack_keys=("dw",), attacker_view="server")
-                    if cfg is None:
-                        prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
-                        prm = {**params_for(f"byz_{name}"), **att}
-                        go = lambda: run(prob, f"byz_{name}", prm, a.rounds, seed,  # noqa: E731
-                                         eval_every=max(1, a.rounds))
+                    # at fraction 0 no device is malicious, so the attack never acts: one run serves all three
+                    key = f"{attack if frac > 0 else 'none'}/{frac}/{LABELS.get(name, name)}/{seed}"
+                    if key not in done:
+                        done[key] = one_run(attack, frac, name, seed)
+                        part.save()
+                    if "diverged" in done[key]:
+                        diverged.append(done[key]["diverged"])
                     else:
-                        if seed not in data:
-                            data[seed] = suite_data(cfg, seed)
-                        prob = suite_problem(cfg, data[seed])
-                        prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
-                        go = lambda: run_suite(cfg, prob, f"byz_{name}", prm, seed)  # noqa: E731
-                    try:
-                        _, algo, res = go()
-                    except DivergenceError as e:  # a finding, not a crash: reported as such
-                        diverged.append(str(e).split(":")[0])
-                        continue
-                    acc = per_client_accuracy(res)[benign_mask(algo).numpy()]
-                    accs.append(float(np.nanmean(acc)))
+                        accs.append(done[key]["acc"])
                 rows.append({"attack": attack, "fraction": frac, "algorithm": LABELS.get(name, name), "acc": accs,
                              "diverged": diverged})
                 print(rows[-1], flush=True)
@@ -119,7 +136,7 @@ def main(argv=None):
                      if r["attack"] == attack and r["fraction"] == f and r["algorithm"] == lab]
             lines.append(f"| {lab} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append(f"Total wall time {time.perf_counter() - t0:.0f} s.")
+    lines.append(f"Total wall time {time.perf_counter() - t0:.0f} s{part.kept_note()}.")
     write_report(a.out, lines, rows)
     return rows
 

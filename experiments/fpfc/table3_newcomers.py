@@ -32,7 +32,6 @@ usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -40,14 +39,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (driver_args, driver_parser, fmt_pct, load_suite, params_for, run, run_suite,  # noqa: E402
-                    suite_data, suite_params, suite_participation, suite_problem, write_report)
+from common import (Partial, driver_args, driver_parser, fmt_pct, load_suite, params_for, run,  # noqa: E402
+                    run_suite, suite_data, suite_params, suite_participation, suite_problem, write_report)
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
-from fedsolve.simulation.loop import atomic_write_text  # noqa: E402
 from fedsolve.simulation.metrics import evaluate  # noqa: E402
 
 LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "FedAvg", "lg_code": "LG",
@@ -99,28 +97,21 @@ def acc(problem, params) -> float:
 
 
 def main(argv=None):
-    p = driver_parser(__doc__, "runs/fpfc_table3_newcomers")
+    p = driver_parser(__doc__, "runs/fpfc_table3_newcomers", resume=True)
     p.add_argument("--newcomer-rounds", type=int, default=100)
     p.add_argument("--lam", type=float, default=None, help="FPFC's lambda (default: 0.6; with --suite the suite's)")
     p.add_argument("--algorithms", nargs="+", default=list(LABELS), choices=list(LABELS))
     p.add_argument("--suite", default=None, help="a label-swap suite YAML: the MNIST / FMNIST columns")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of --suite (repeatable)")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the (seed, method) results already in OUT/partial.json (each is written as it ends)")
     a = driver_args(p, argv, dict(rounds=2, newcomer_rounds=2, seeds=[0], size_scale=0.05, max_size=100))
     t0 = time.perf_counter()
     res: dict[str, list[float]] = {}
-    part_file = Path(a.out) / "partial.json"
     settings = {k: getattr(a, k) for k in ("scenario", "rounds", "size_scale", "max_size", "newcomer_rounds", "lam",
                                            "suite", "sets")}
-    saved = json.loads(part_file.read_text()) if a.resume and part_file.exists() else {}
-    if saved and saved.get("settings") != json.loads(json.dumps(settings)):
-        raise SystemExit(f"--resume: {part_file} was written with other settings ({saved.get('settings')}); "
-                         f"these are {settings}: use another --out or drop --resume")
-    done: dict[str, float] = saved.get("results", {})
-    found: dict[str, dict] = saved.get("old_clusters", {})   # "seed/label" -> {"num_clusters", "ari"}
-    kept = len(done)
+    part = Partial(a.out, settings, a.resume, ("results", "old_clusters"))
+    done: dict[str, float] = part["results"]
+    found: dict[str, dict] = part["old_clusters"]   # "seed/label" -> {"num_clusters", "ari"}
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     lam = a.lam if a.lam is not None or cfg is not None else 0.6   # None with --suite: the suite's own
     mf = build_model_fn("logreg", (60,), 10)
@@ -154,9 +145,7 @@ def main(argv=None):
             v = acc(p_new, W)
             res.setdefault(LABELS[name], []).append(float(v))
             done[key] = float(v)
-            part_file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(part_file, json.dumps({"settings": settings, "results": done, "old_clusters": found},
-                                                    indent=1))
+            part.save()
             print(seed, LABELS[name], v, flush=True)
     if cfg is None:
         dataset, paper = "synthetic", PAPER
@@ -180,8 +169,7 @@ def main(argv=None):
         lines.append(f"| {label} | {100 * pv:.2f}% | {fmt_pct(res[label]) if label in res else 'not run'} |")
     lines += [f"| {label} | not in the paper | {fmt_pct(v)} |" for label, v in res.items() if label not in paper]
     lines += cluster_lines(found, a.seeds)
-    lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s"
-                 + (f" (this call; {kept} results kept from {part_file.name} by --resume)." if kept else "."))
+    lines.append(f"\nTotal wall time {time.perf_counter() - t0:.0f} s{part.kept_note()}.")
     write_report(a.out, lines, res)
     return res
 
