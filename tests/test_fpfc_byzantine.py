@@ -67,6 +67,16 @@ def test_no_malicious_device_no_attack(name):
             assert torch.equal(sim.clients[k], v), k
 
 
+def test_local_is_the_same_under_every_attack():
+    """LOCAL uploads nothing, so the attack never acts on it; only the benign set moves with the fraction."""
+    prob = _small_s1()
+    runs = [_attacked_run(prob, "byz_local", 3, attack=att) for att in ("none", "sign_flip", "gaussian")]
+    for algo, sim, _ in runs[1:]:
+        assert torch.equal(benign_mask(algo), benign_mask(runs[0][0]))
+        for k, v in runs[0][1].clients.items():
+            assert torch.equal(sim.clients[k], v), k
+
+
 def _small_s1():
     data = fpfc_synthetic("S1", seed=0, features="uniform", size_scale=0.05, max_size=60)
     return FederatedProblem(data, build_model_fn("logreg", (60,), 10))

@@ -194,22 +194,26 @@ def test_robustness_resume_and_one_clean_run_per_method(tmp_path):
     """Fraction 0 (no malicious device) runs once per method and seed and serves every attack; each run is
     written to OUT/partial.json as it ends and --resume keeps it; other settings are refused."""
     drv = _driver("robustness")
-    base = ["--smoke", "--threads", "1", "--algorithms", "fedavg", "--fractions", "0.0", "0.4", "--out", str(tmp_path)]
+    base = ["--smoke", "--threads", "1", "--algorithms", "fedavg", "local", "--fractions", "0.0", "0.4", "--out",
+            str(tmp_path)]
     rows = drv.main(base)                     # --smoke: the three attacks
     part = json.loads((tmp_path / "partial.json").read_text())
     assert set(part["results"]) == {"none/0.0/FedAvg/0", "same_value/0.4/FedAvg/0", "sign_flip/0.4/FedAvg/0",
-                                    "gaussian/0.4/FedAvg/0"}
-    clean = [r["acc"] for r in rows if r["fraction"] == 0.0]
+                                    "gaussian/0.4/FedAvg/0", "none/0.0/LOCAL/0", "none/0.4/LOCAL/0"}
+    clean = [r["acc"] for r in rows if r["fraction"] == 0.0 and r["algorithm"] == "FedAvg"]
     assert len(clean) == 3 and clean[0] == clean[1] == clean[2]
     sign_flip = part["results"].pop("sign_flip/0.4/FedAvg/0")              # missing: run again
     part["results"]["gaussian/0.4/FedAvg/0"] = {"diverged": "round 7"}      # kept, not run again
     (tmp_path / "partial.json").write_text(json.dumps(part))
-    again = {(r["attack"], r["fraction"]): r for r in drv.main([*base, "--resume"])}
-    assert again[("gaussian", 0.0)]["acc"] == clean[0]
-    assert again[("gaussian", 0.4)]["diverged"] == ["round 7"] and again[("gaussian", 0.4)]["acc"] == []
-    assert again[("sign_flip", 0.4)]["acc"] == [sign_flip["acc"]]          # the driver is deterministic
+    again = {(r["attack"], r["fraction"], r["algorithm"]): r for r in drv.main([*base, "--resume"])}
+    assert again[("gaussian", 0.0, "FedAvg")]["acc"] == clean[0]
+    gauss = again[("gaussian", 0.4, "FedAvg")]
+    assert gauss["diverged"] == ["round 7"] and gauss["acc"] == []
+    assert again[("sign_flip", 0.4, "FedAvg")]["acc"] == [sign_flip["acc"]]   # the driver is deterministic
+    local = [again[(att, 0.4, "LOCAL")]["acc"] for att in ("same_value", "sign_flip", "gaussian")]
+    assert local[0] == local[1] == local[2] and len(local[0]) == 1
     text = (tmp_path / "report.md").read_text()
-    assert "diverged 1/1 (round 7)" in text and "3 results kept from partial.json by --resume" in text
+    assert "diverged 1/1 (round 7)" in text and "5 results kept from partial.json by --resume" in text
     with pytest.raises(SystemExit, match="--resume: .* other settings"):
         drv.main([*base, "--resume", "--attacker-view", "server"])
 

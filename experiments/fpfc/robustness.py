@@ -19,7 +19,7 @@ layers" of the paper's text; ``all`` corrupts the whole upload, shared conv laye
 Each run's result goes to ``OUT/partial.json`` as it ends, and ``--resume`` keeps what is there: a long
 suite can be split over processes (``--algorithms`` / ``--attacks``, one ``--out`` each, the files joined)
 and picked up after a stop. At fraction 0 no device is malicious and the attack never acts, so one run per
-method and seed serves every attack.
+method and seed serves every attack; so does one LOCAL run per fraction (LOCAL uploads nothing).
 
 usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--out runs/fpfc_robustness]
        python experiments/fpfc/robustness.py --suite experiments/fpfc/label_swap_fmnist.yaml \
@@ -101,8 +101,9 @@ def main(argv=None):
             for name in a.algorithms:
                 accs, diverged = [], []
                 for seed in a.seeds:
-                    # at fraction 0 no device is malicious, so the attack never acts: one run serves all three
-                    key = f"{attack if frac > 0 else 'none'}/{frac}/{LABELS.get(name, name)}/{seed}"
+                    # the attack never acts at fraction 0 (no malicious device) nor on LOCAL (no upload):
+                    # one run serves every attack
+                    key = f"{'none' if frac == 0 or name == 'local' else attack}/{frac}/{LABELS.get(name, name)}/{seed}"
                     if key not in done:
                         done[key] = one_run(attack, frac, name, seed)
                         part.save()
