@@ -129,6 +129,32 @@ def test_table3_resume_keeps_finished_methods(tmp_path):
         drv.main([*base, "--algorithms", "fedavg", "--resume", "--lam", "0.3"])
 
 
+def test_table3_split_over_processes_and_joined(tmp_path):
+    """A column split over two --out folders, joined by join_partial.py, reports without running again and
+    gives the numbers of one unsplit call; files of other settings, or with other results, are refused."""
+    drv, join = _driver("table3_newcomers"), _driver("join_partial")
+    base = ["--smoke", "--threads", "1"]
+    whole = drv.main([*base, "--algorithms", "fedavg", "ifca", "--out", str(tmp_path / "whole")])
+    drv.main([*base, "--algorithms", "fedavg", "--out", str(tmp_path / "a")])
+    drv.main([*base, "--algorithms", "ifca", "--out", str(tmp_path / "b")])
+    part = join.main([str(tmp_path / "all"), str(tmp_path / "a"), str(tmp_path / "b" / "partial.json")])
+    assert set(part["results"]) == {"0/FedAvg", "0/IFCA"} and set(part["old_clusters"]) == {"0/IFCA"}
+    joined = drv.main([*base, "--algorithms", "fedavg", "ifca", "--resume", "--out", str(tmp_path / "all")])
+    assert joined == whole
+    assert "2 results kept from partial.json" in (tmp_path / "all" / "report.md").read_text()
+    drv.main([*base, "--algorithms", "fedavg", "--lam", "0.3", "--out", str(tmp_path / "c")])
+    with pytest.raises(SystemExit, match="only runs of the same settings can be joined"):
+        join.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "c")])
+    other = json.loads((tmp_path / "a" / "partial.json").read_text())
+    other["results"]["0/FedAvg"] += 0.01
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "partial.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="'0/FedAvg' is .* in one file"):
+        join.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "d")])
+    with pytest.raises(SystemExit, match="no partial.json"):
+        join.main([str(tmp_path / "x"), str(tmp_path / "nothing")])
+
+
 def _suite_sets(path: Path) -> list[str]:
     return [a for kv in _tiny(path) if not kv.startswith("seeds=") for a in ("--set", kv)]
 
