@@ -83,15 +83,14 @@ def main(argv=None):
         if cfg is None:
             prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
             prm = {**params_for(f"byz_{name}"), **att}
-            go = lambda: run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds))  # noqa: E731
         else:
             if seed not in data:
                 data[seed] = suite_data(cfg, seed)
             prob = suite_problem(cfg, data[seed])
             prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
-            go = lambda: run_suite(cfg, prob, f"byz_{name}", prm, seed)  # noqa: E731
         try:
-            _, algo, res = go()
+            _, algo, res = (run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds)) if cfg is None
+                            else run_suite(cfg, prob, f"byz_{name}", prm, seed))
         except DivergenceError as e:  # a finding, not a crash: reported as such
             return {"diverged": str(e).split(":")[0]}
         return {"acc": float(np.nanmean(per_client_accuracy(res)[benign_mask(algo).numpy()]))}
