@@ -240,6 +240,8 @@ def test_robustness_resume_and_one_clean_run_per_method(tmp_path):
     assert local[0] == local[1] == local[2] and len(local[0]) == 1
     text = (tmp_path / "report.md").read_text()
     assert "diverged 1/1 (round 7)" in text and "5 results kept from partial.json by --resume" in text
+    # the paper's figure layout, drawn with the diverged cell among the points
+    assert "](robustness.png)" in text and (tmp_path / "robustness.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit, match="--resume: .* other settings"):
         drv.main([*base, "--resume", "--attacker-view", "server"])
 

@@ -75,10 +75,7 @@ def path(problem, overrides: dict, grid, rounds: int, seed: int, nu: float) -> l
 
 
 def plot(results: dict, truth: np.ndarray, path_png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fedsolve.experiments.report import plt, save_figure   # Agg backend; atomic PNG write
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), sharey=True)
     for ax, (name, recs) in zip(axes, results.items()):
@@ -93,9 +90,7 @@ def plot(results: dict, truth: np.ndarray, path_png: Path) -> None:
         ax.axhline(1, color="grey", ls=":", lw=0.8)
     axes[0].set_ylabel("slope w_i (blue: beta -1, red: +1)")
     fig.tight_layout()
-    path_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path_png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path_png)
 
 
 def first_lambda(recs, cond) -> str:

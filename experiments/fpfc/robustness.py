@@ -53,6 +53,33 @@ def _cell(r: dict) -> str:
     return "; ".join(parts)
 
 
+def plot(rows: list[dict], attacks: list[str], algorithms: list[str], title: str, path: Path) -> None:
+    """The paper's figure layout (Fig. 7 / E.2 / E.3): one panel per attack, benign accuracy against the
+    malicious fraction, one line per method (mean, bars +- std over seeds); a cell whose runs all diverged
+    is left out of its line and marked with an x at the bottom."""
+    from fedsolve.experiments.report import plt, save_figure
+
+    fig, axes = plt.subplots(1, len(attacks), figsize=(4.0 * len(attacks), 3.4), sharey=True, squeeze=False)
+    for ax, attack in zip(axes[0], attacks):
+        for k, name in enumerate(algorithms):
+            mine = [r for r in rows if r["attack"] == attack and r["algorithm"] == LABELS.get(name, name)]
+            ok = [r for r in mine if r["acc"]]
+            line = ax.errorbar([r["fraction"] for r in ok], [100 * np.mean(r["acc"]) for r in ok],
+                               yerr=[100 * np.std(r["acc"]) for r in ok], marker="o", ms=4, capsize=2,
+                               label=LABELS.get(name, name), color=f"C{k}")
+            lost = [r["fraction"] for r in mine if not r["acc"]]
+            if lost:
+                ax.plot(lost, [0.0] * len(lost), "x", ms=8, color=line[0].get_color())
+        ax.set_title(attack.replace("_", "-"))
+        ax.set_xlabel("fraction of malicious devices")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("benign devices' mean test accuracy (%)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
 def main(argv=None):
     p = driver_parser(__doc__, "runs/fpfc_robustness", rounds=300, size_scale=0.25, max_size=2000, resume=True)
     p.add_argument("--attacks", nargs="+", default=["same_value", "sign_flip", "gaussian"])
@@ -136,7 +163,9 @@ def main(argv=None):
                      if r["attack"] == attack and r["fraction"] == f and r["algorithm"] == lab]
             lines.append(f"| {lab} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append(f"Total wall time {time.perf_counter() - t0:.0f} s{part.kept_note()}.")
+    lines += ["![benign accuracy against the malicious fraction](robustness.png)", "",
+              f"Total wall time {time.perf_counter() - t0:.0f} s{part.kept_note()}."]
+    plot(rows, a.attacks, a.algorithms, head[0].lstrip("# "), Path(a.out) / "robustness.png")
     write_report(a.out, lines, rows)
     return rows
 

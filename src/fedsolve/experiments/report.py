@@ -25,7 +25,8 @@ NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macr
         "model_deviation": "model deviation"}
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
+    """Write a matplotlib figure as PNG atomically (no half-written file) and close it."""
     import io
 
     buf = io.BytesIO()
@@ -60,7 +61,7 @@ def write_run_report(run_dir: Path, summary: dict[str, Any], history: list[dict[
         ax.set_ylabel(NICE.get(m, m))
         ax.set_title(f"{summary['label']} (seed {summary['seed']})")
         ax.grid(alpha=0.3)
-        _save(fig, run_dir / "plots" / f"{m}.png")
+        save_figure(fig, run_dir / "plots" / f"{m}.png")
         plots.append(m)
     lines = [f"# {summary['experiment']}: {summary['label']} on {summary['dataset']} (seed {summary['seed']})", ""]
     if summary.get("status") != "completed":
@@ -122,7 +123,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
         ax.set_title(f"{cfg.name}: {NICE.get(m, m)} (mean ± std over {len(cfg.seeds)} seeds)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        _save(fig, base / "plots" / f"{m}.png")
+        save_figure(fig, base / "plots" / f"{m}.png")
         plots.append(m)
 
     cols = [m for m in TABLE_METRICS if any(m in agg["algorithms"][a]["final"] for a in algos)]
