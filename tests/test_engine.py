@@ -119,6 +119,23 @@ def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert not list(tmp_path.glob(".checkpoint.pt.*"))  # no half-written temp files
 
 
+def test_atomic_write_keeps_the_usual_file_mode(tmp_path):
+    """Reports and checkpoints are written through a private temp file; the result must not stay 0600."""
+    import os
+    import stat
+
+    from fedsolve.simulation.loop import atomic_write_text
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    atomic_write_text(tmp_path / "report.md", "a")
+    assert stat.S_IMODE((tmp_path / "report.md").stat().st_mode) == 0o666 & ~mask
+    (tmp_path / "report.md").chmod(0o640)                     # a mode the user chose is kept
+    atomic_write_text(tmp_path / "report.md", "b")
+    assert stat.S_IMODE((tmp_path / "report.md").stat().st_mode) == 0o640
+    assert (tmp_path / "report.md").read_text() == "b" and not list(tmp_path.glob(".report.md.*"))
+
+
 def test_sampling_modes():
     w = torch.tensor([0.7, 0.1, 0.1, 0.1])
     g = np.random.default_rng(0)

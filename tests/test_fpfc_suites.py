@@ -21,7 +21,8 @@ from fedsolve.experiments.runner import compare
 DIR = Path(__file__).resolve().parents[1] / "experiments" / "fpfc"
 SUITES = sorted(DIR.glob("*.yaml"))
 REAL = {"mnist", "fmnist"}
-DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness", "tune_baselines", "fig1_paths"]
+DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness", "tune_baselines", "fig1_paths",
+           "join_partial", "plot_robustness"]
 
 
 def _tiny(path: Path) -> list[str]:
@@ -244,6 +245,26 @@ def test_robustness_resume_and_one_clean_run_per_method(tmp_path):
     assert "](robustness.png)" in text and (tmp_path / "robustness.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit, match="--resume: .* other settings"):
         drv.main([*base, "--resume", "--attacker-view", "server"])
+
+
+def test_plot_robustness_joins_saved_results(tmp_path):
+    """plot_robustness.py draws one figure from several calls' results.json, in both row formats (``acc``
+    and a merged report's ``acc_by_seed``), and refuses a cell whose results differ between files."""
+    one = [{"attack": "sign_flip", "fraction": 0.0, "algorithm": "FPFC", "acc": [0.8, 0.9], "diverged": []},
+           {"attack": "sign_flip", "fraction": 0.4, "algorithm": "FedAvg", "acc": [], "diverged": ["round 3"]}]
+    two = [{"attack": "sign_flip", "fraction": 0.0, "algorithm": "FPFC", "acc_by_seed": {"1": 0.9, "0": 0.8}},
+           {"attack": "gaussian", "fraction": 0.4, "algorithm": "FPFC", "acc_by_seed": {"0": 0.7}}]
+    for name, rows in (("one", one), ("two", two)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(rows))
+    drv = _driver("plot_robustness")
+    rows = drv.main([str(tmp_path / "fig.png"), str(tmp_path / "one.json"), str(tmp_path / "two.json")])
+    assert [(r["attack"], r["fraction"], r["algorithm"], r["acc"]) for r in rows] == [
+        ("sign_flip", 0.0, "FPFC", [0.8, 0.9]), ("sign_flip", 0.4, "FedAvg", []), ("gaussian", 0.4, "FPFC", [0.7])]
+    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    two[0]["acc_by_seed"]["1"] = 0.91
+    (tmp_path / "two.json").write_text(json.dumps(two))
+    with pytest.raises(SystemExit, match="differs between files"):
+        drv.main([str(tmp_path / "fig.png"), str(tmp_path / "one.json"), str(tmp_path / "two.json")])
 
 
 def test_oracle_gap_smoke(tmp_path):

@@ -61,15 +61,16 @@ def plot(rows: list[dict], attacks: list[str], algorithms: list[str], title: str
 
     fig, axes = plt.subplots(1, len(attacks), figsize=(4.0 * len(attacks), 3.4), sharey=True, squeeze=False)
     for ax, attack in zip(axes[0], attacks):
-        for k, name in enumerate(algorithms):
+        for name in algorithms:
             mine = [r for r in rows if r["attack"] == attack and r["algorithm"] == LABELS.get(name, name)]
             ok = [r for r in mine if r["acc"]]
-            line = ax.errorbar([r["fraction"] for r in ok], [100 * np.mean(r["acc"]) for r in ok],
-                               yerr=[100 * np.std(r["acc"]) for r in ok], marker="o", ms=4, capsize=2,
-                               label=LABELS.get(name, name), color=f"C{k}")
+            color = f"C{list(LABELS).index(name)}" if name in LABELS else "C9"   # the same in every figure
+            ax.errorbar([r["fraction"] for r in ok], [100 * np.mean(r["acc"]) for r in ok],
+                        yerr=[100 * np.std(r["acc"]) for r in ok], marker="o", ms=4, capsize=2,
+                        label=LABELS.get(name, name), color=color)
             lost = [r["fraction"] for r in mine if not r["acc"]]
             if lost:
-                ax.plot(lost, [0.0] * len(lost), "x", ms=8, color=line[0].get_color())
+                ax.plot(lost, [0.0] * len(lost), "x", ms=8, color=color)
         ax.set_title(attack.replace("_", "-"))
         ax.set_xlabel("fraction of malicious devices")
         ax.grid(alpha=0.3)

@@ -70,12 +70,24 @@ class Callback(Protocol):
     def on_end(self, sim: "Simulation") -> None: ...
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_NEW_FILE_MODE = 0o666 & ~_umask()   # what open() would give a new file (mkstemp's own mode is 0600)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: never half-written."""
+    """Write to a temp file in the same folder, fsync, then rename: never half-written. The file gets the
+    mode it had, or a new file's usual mode (umask), not the temp file's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else _NEW_FILE_MODE
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
