@@ -184,6 +184,7 @@ def test_robustness_label_swap_suite_smoke(tmp_path):
     assert all(len(r["acc"]) == 1 for r in rows)
     text = (tmp_path / "report.md").read_text()
     assert "Fig. 7" in text and "the block 'fused' of each upload" in text
+    assert "the suite's parameters with --set [" in text          # overrides are named in the report
 
 
 def test_suite_mode_names_the_algorithms_a_suite_has():

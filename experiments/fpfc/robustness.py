@@ -149,7 +149,8 @@ def main(argv=None):
         fig = {"mnist": "Fig. E.3", "fmnist": "Fig. 7"}.get(cfg.data.dataset, "")
         head = [f"# Byzantine robustness (FPFC Sec. 6.4.1; {cfg.data.dataset} label swap, {fig})", "",
                 f"Suite {cfg.name}: {cfg.simulation.rounds} rounds, {suite_participation(cfg)}, "
-                f"the suite's parameters, data {dict(cfg.data.params)}, seeds {a.seeds}. Attacks corrupt "
+                f"the suite's parameters{f' with --set {a.sets}' if a.sets else ''}, data {dict(cfg.data.params)}, "
+                f"seeds {a.seeds}. Attacks corrupt "
                 f"{'the whole upload' if block is None else f'the block {block!r} of each upload'}. "]
     lines = head[:-1] + [head[-1] + "Metric: mean test accuracy of the benign devices (mean +- std over seeds). "
                          f"Malicious devices train from: {a.attacker_view} (attacker_view).", "",
