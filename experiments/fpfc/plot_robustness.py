@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from robustness import LABELS, plot  # noqa: E402
+from robustness import plot  # noqa: E402
 
 
 def load_rows(files) -> list[dict]:
@@ -43,10 +43,9 @@ def main(argv=None) -> list[dict]:
     a = p.parse_args(argv)
     rows = load_rows(a.results)
     attacks = list(dict.fromkeys(r["attack"] for r in rows))
-    by_label = {v: k for k, v in LABELS.items()}
-    algorithms = [by_label.get(x, x) for x in dict.fromkeys(r["algorithm"] for r in rows)]
-    plot(rows, attacks, algorithms, a.title, Path(a.out))
-    print(f"wrote {a.out}: {len(rows)} cells, attacks {attacks}, methods {[LABELS.get(x, x) for x in algorithms]}")
+    labels = list(dict.fromkeys(r["algorithm"] for r in rows))
+    plot(rows, attacks, labels, a.title, Path(a.out))
+    print(f"wrote {a.out}: {len(rows)} cells, attacks {attacks}, methods {labels}")
     return rows
 
 

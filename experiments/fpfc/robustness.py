@@ -53,21 +53,22 @@ def _cell(r: dict) -> str:
     return "; ".join(parts)
 
 
-def plot(rows: list[dict], attacks: list[str], algorithms: list[str], title: str, path: Path) -> None:
+def plot(rows: list[dict], attacks: list[str], labels: list[str], title: str, path: Path) -> None:
     """The paper's figure layout (Fig. 7 / E.2 / E.3): one panel per attack, benign accuracy against the
-    malicious fraction, one line per method (mean, bars +- std over seeds); a cell whose runs all diverged
-    is left out of its line and marked with an x at the bottom."""
+    malicious fraction, one line per method label (mean, bars +- std over seeds); a cell whose runs all
+    diverged is left out of its line and marked with an x at the bottom."""
     from fedsolve.experiments.report import plt, save_figure
 
+    known = list(LABELS.values())
     fig, axes = plt.subplots(1, len(attacks), figsize=(4.0 * len(attacks), 3.4), sharey=True, squeeze=False)
     for ax, attack in zip(axes[0], attacks):
-        for name in algorithms:
-            mine = [r for r in rows if r["attack"] == attack and r["algorithm"] == LABELS.get(name, name)]
+        for lab in labels:
+            mine = [r for r in rows if r["attack"] == attack and r["algorithm"] == lab]
             ok = [r for r in mine if r["acc"]]
-            color = f"C{list(LABELS).index(name)}" if name in LABELS else "C9"   # the same in every figure
+            color = f"C{known.index(lab)}" if lab in known else "C9"   # the same in every figure
             ax.errorbar([r["fraction"] for r in ok], [100 * np.mean(r["acc"]) for r in ok],
                         yerr=[100 * np.std(r["acc"]) for r in ok], marker="o", ms=4, capsize=2,
-                        label=LABELS.get(name, name), color=color)
+                        label=lab, color=color)
             lost = [r["fraction"] for r in mine if not r["acc"]]
             if lost:
                 ax.plot(lost, [0.0] * len(lost), "x", ms=8, color=color)
@@ -167,7 +168,8 @@ def main(argv=None):
         lines.append("")
     lines += ["![benign accuracy against the malicious fraction](robustness.png)", "",
               f"Total wall time {time.perf_counter() - t0:.0f} s{part.kept_note()}."]
-    plot(rows, a.attacks, a.algorithms, head[0].lstrip("# "), Path(a.out) / "robustness.png")
+    plot(rows, a.attacks, [LABELS.get(n, n) for n in a.algorithms], head[0].lstrip("# "),
+         Path(a.out) / "robustness.png")
     write_report(a.out, lines, rows)
     return rows
 
