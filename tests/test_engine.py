@@ -169,6 +169,30 @@ def test_plans_variable_work_and_epochs():
     assert half.active.sum(1).tolist() == [5, 1, 10]
 
 
+def test_sequential_runs_each_minibatch_without_its_padding(monkeypatch):
+    """The sequential executor computes only the weighted rows of a minibatch (the padding that makes a
+    vectorized call rectangular carries weight 0), and gets the numbers of the padded computation."""
+    from fedsolve.core.executor import Plan
+
+    offsets = torch.tensor([0, 10, 13, 30])
+    p = build_plans({"train": Work(epochs=1, batch_size=4)}, offsets, torch.tensor([0, 1, 2]), RngStreams(0), 0)
+    lengths = [[p["train"].row(k).length(s) for s in range(5)] for k in range(3)]
+    assert lengths == [[4, 4, 2, 0, 0], [3, 0, 0, 0, 0], [4, 4, 4, 4, 1]]
+
+    problem = make_problem("mlp", n_range=(5, 40))
+    seen = []
+    problem.model.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape[0]))
+    work = {"work": {"variable": "uniform", "min_fraction": 0.3}}
+    _, trimmed = _run(problem, "fedprox", "sequential", params={"batch_size": 8}, sim=work)
+    trimmed_sizes, seen[:] = list(seen), []
+    monkeypatch.setattr(Plan, "length", lambda self, step: self.w.shape[-1])   # the padded computation
+    _, padded = _run(problem, "fedprox", "sequential", params={"batch_size": 8}, sim=work)
+    assert sum(trimmed_sizes) < sum(seen)
+    assert max(trimmed_sizes) == 8 and min(trimmed_sizes) < 8
+    torch.testing.assert_close(trimmed.server["w"], padded.server["w"], rtol=1e-5, atol=1e-6)
+    assert abs(trimmed.history[-1]["test_accuracy"] - padded.history[-1]["test_accuracy"]) < 1e-6
+
+
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadmm"])
 def test_shared_only_leaves_personal_block_at_init(name):
     from fedsolve.problems import FederatedProblem

@@ -60,7 +60,7 @@ class Plan:
     gather it once per round instead of once per step.
     """
 
-    __slots__ = ("_idx", "_w", "active", "_build", "fixed")
+    __slots__ = ("_idx", "_w", "active", "_build", "fixed", "_lengths")
 
     def __init__(self, idx: Tensor | None, w: Tensor | None, active: Tensor,
                  build: Callable[[], tuple[Tensor, Tensor]] | None = None, fixed: bool = False):
@@ -68,6 +68,7 @@ class Plan:
             raise ValueError("Plan: give idx and w, or a build function")
         self._idx, self._w, self.active, self._build = idx, w, active, build
         self.fixed = bool(fixed)
+        self._lengths: list[int] | None = None
 
     def _materialize(self) -> None:
         if self._idx is None:
@@ -86,6 +87,16 @@ class Plan:
 
     def row(self, k: int) -> "Plan":
         return Plan(self.idx[k], self.w[k], self.active[k], fixed=self.fixed)
+
+    def length(self, step: int) -> int:
+        """One client's plan (``w`` ``[S, B]``): how many leading samples of minibatch ``step`` can carry
+        weight. Batches are padded at the end with weight-0 rows (a short last batch of an epoch, or a
+        client with less data than the largest of the round); the rows past this length are all padding."""
+        if self._lengths is None:
+            nz = self.w > 0
+            B = nz.shape[-1]
+            self._lengths = torch.where(nz.any(-1), B - nz.flip(-1).to(torch.uint8).argmax(-1), 0).tolist()
+        return self._lengths[step]
 
 
 def _stack_plan(per_client: list) -> tuple[Tensor, Tensor]:
@@ -181,16 +192,25 @@ class LocalContext:
         p = self.plans[phase]
         if p.fixed:  # full batch: gather once; every step (inactive ones too) sees the whole data
             if phase not in self._fixed_batches:
-                ix = p.idx[0]
-                self._fixed_batches[phase] = (self._x[ix], self._y[ix], p.w[0])
+                ix, w = self._trimmed(p, 0)
+                self._fixed_batches[phase] = (self._x[ix], self._y[ix], w)
             x, y, w = self._fixed_batches[phase]
         else:
-            ix, w = p.idx[step], p.w[step]
+            ix, w = self._trimmed(p, step)
             x, y = self._x[ix], self._y[ix]
         if loss is not None:
             g, v = grad_and_value(lambda q: loss(q, x, y, w))(params)
             return v, g
         return self._model_loss_grad(params, x, y, w)
+
+    def _trimmed(self, p: Plan, step: int) -> tuple[Tensor, Tensor]:
+        """Rows and weights of minibatch ``step``; run one client at a time (``eager``), without the weight-0
+        padding that only makes the clients of a vectorized call the same shape."""
+        ix, w = p.idx[step], p.w[step]
+        if self.eager:
+            c = max(p.length(step), 1)
+            ix, w = ix[:c], w[:c]
+        return ix, w
 
     def _model_loss_grad(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
         """Gradient w.r.t. the per-parameter tensors, concatenated (no slice-backward over ``[d]``)."""
