@@ -10,7 +10,10 @@ References, written here in plain PyTorch:
 Workloads (all clients take part every round):
   logreg: multinomial logistic regression, 60 features, 10 classes, 200 clients x 100 samples,
           20 full-batch local steps;
-  mlp:    MLP 784-200-200-10 on MNIST-shaped data, 100 clients x 600 samples, 1 epoch of batch 50.
+  mlp:    MLP 784-200-200-10 on MNIST-shaped data, 100 clients x 600 samples, 1 epoch of batch 50;
+  lenet:  FPFC's label-swap CNN (LeNet, one fc layer) on MNIST-shaped data, 20 clients of unequal sizes
+          (151 to 369 samples: seed 0 of the MNIST label-swap suite), 2 epochs of batch 100, so short last
+          batches are the rule.
 
 Prints ``ratio <workload> <reference> <value>`` with value = reference time / fedsolve time.
 Usage: python benchmarks/round_time.py [--rounds 5] [--workloads logreg,mlp] [--executor auto|sequential|vectorized|linear]
@@ -41,27 +44,34 @@ from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
 WORKLOADS = {
     "logreg": dict(model="logreg", in_shape=(60,), classes=10, clients=200, n=100, steps=20, batch=None, lr=0.1),
     "mlp": dict(model="mlp", in_shape=(1, 28, 28), classes=10, clients=100, n=600, epochs=1, batch=50, lr=0.05),
+    "lenet": dict(model="lenet", in_shape=(1, 28, 28), classes=10, clients=20, epochs=2, batch=100, lr=0.01,
+                  sizes=[315, 210, 288, 324, 172, 202, 339, 231, 208, 305, 369, 241, 228, 271, 237, 209, 151, 155, 246,
+                         299]),
 }
+MODEL_KW = {"mlp": {"hidden": (200, 200)}, "lenet": {"fc_hidden": 0}}
 
 
 def make_data(w: dict, seed: int = 0) -> FederatedData:
     g = torch.Generator().manual_seed(seed)
-    m, n = w["clients"], w["n"]
-    x = torch.randn(m * n, *w["in_shape"], generator=g)
+    m = w["clients"]
+    sizes = w.get("sizes") or [w["n"]] * m
+    N = sum(sizes)
+    x = torch.randn(N, *w["in_shape"], generator=g)
     proj = torch.randn(int(torch.tensor(w["in_shape"]).prod()), w["classes"], generator=g)
-    y = (x.reshape(m * n, -1) @ proj).argmax(1)
-    off = torch.arange(0, m * n + 1, n)
+    y = (x.reshape(N, -1) @ proj).argmax(1)
+    off = torch.cumsum(torch.tensor([0] + sizes), 0)
     toff = torch.arange(0, m * 2 + 1, 2)
     return FederatedData(x, y, off, x[: m * 2], y[: m * 2], toff, num_classes=w["classes"], name="bench")
 
 
-def local_steps(w: dict) -> int:
-    return w["steps"] if w.get("steps") else w["epochs"] * (w["n"] // w["batch"])
+def local_steps(w: dict, n: int) -> int:
+    """Steps of a client with ``n`` samples: fixed, or epochs of ceil(n / batch) minibatches."""
+    return w["steps"] if w.get("steps") else w["epochs"] * -(-n // w["batch"])
 
 
 # ------------------------------------------------------------------ (a) fedsolve
 def time_fedsolve(w: dict, data: FederatedData, rounds: int, executor: str) -> tuple[float, str]:
-    model_kw = {"hidden": (200, 200)} if w["model"] == "mlp" else {}
+    model_kw = MODEL_KW.get(w["model"], {})
     problem = FederatedProblem(data, build_model_fn(w["model"], data.input_shape, w["classes"], **model_kw))
     params = {"lr": w["lr"], "batch_size": w["batch"]}
     params.update({"local_steps": w["steps"]} if w.get("steps") else {"local_epochs": w["epochs"]})
@@ -77,7 +87,7 @@ def time_fedsolve(w: dict, data: FederatedData, rounds: int, executor: str) -> t
 
 # ------------------------------------------------------------------ (b) plain loop
 def time_plain(w: dict, data: FederatedData, rounds: int) -> float:
-    model_kw = {"hidden": (200, 200)} if w["model"] == "mlp" else {}
+    model_kw = MODEL_KW.get(w["model"], {})
     glob = build_model_fn(w["model"], data.input_shape, w["classes"], **model_kw)()
     loss_fn = nn.CrossEntropyLoss()
     times = []
@@ -90,7 +100,7 @@ def time_plain(w: dict, data: FederatedData, rounds: int) -> float:
             opt = torch.optim.SGD(model.parameters(), lr=w["lr"])
             bs = w["batch"] or len(y)
             loader = DataLoader(TensorDataset(x, y), batch_size=bs, shuffle=True)
-            steps, done = local_steps(w), 0
+            steps, done = local_steps(w, len(y)), 0
             while done < steps:
                 for xb, yb in loader:
                     opt.zero_grad()
@@ -110,13 +120,14 @@ def time_plain(w: dict, data: FederatedData, rounds: int) -> float:
 
 # ------------------------------------------------------------------ (c) fastest sequential
 def time_fastest(w: dict, data: FederatedData, rounds: int) -> float:
-    model_kw = {"hidden": (200, 200)} if w["model"] == "mlp" else {}
+    model_kw = MODEL_KW.get(w["model"], {})
     model = build_model_fn(w["model"], data.input_shape, w["classes"], **model_kw)()
     params = list(model.parameters())
     glob = torch.cat([p.detach().reshape(-1) for p in params]).clone()
     sizes = [p.numel() for p in params]
     shards = [data.client_train(i) for i in range(data.num_clients)]
-    shards = [(x.reshape(x.shape[0], -1).contiguous(), y.contiguous()) for x, y in shards]
+    shards = [(x.contiguous() if w["model"] == "lenet" else x.reshape(x.shape[0], -1).contiguous(), y.contiguous())
+              for x, y in shards]
     model_flat = model if w["model"] == "logreg" else model
     g = torch.Generator().manual_seed(0)
     lr = w["lr"]
@@ -132,14 +143,15 @@ def time_fastest(w: dict, data: FederatedData, rounds: int) -> float:
                     p.copy_(v.view_as(p))
             n = len(y)
             bs = w["batch"] or n
-            steps = local_steps(w)
-            perm = torch.randperm(n, generator=g) if bs < n else None
+            steps = local_steps(w, n)
+            per_epoch = -(-n // bs)
             for s in range(steps):
-                if perm is None:
+                if bs >= n:
                     xb, yb = x, y
                 else:
-                    b0 = (s * bs) % n
-                    ix = perm[b0:b0 + bs]
+                    if s % per_epoch == 0:
+                        perm = torch.randperm(n, generator=g)
+                    ix = perm[(s % per_epoch) * bs:(s % per_epoch + 1) * bs]
                     xb, yb = x[ix], y[ix]
                 loss = nn.functional.cross_entropy(model_flat(xb), yb)
                 grads = torch.autograd.grad(loss, params)
