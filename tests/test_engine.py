@@ -255,3 +255,24 @@ def test_full_batch_plans_are_fixed_and_gathered_once_with_same_numbers(executor
     for k in r_fixed.server:
         torch.testing.assert_close(r_fixed.server[k], r_step.server[k], rtol=0, atol=0)
     assert r_fixed.history[-1]["train_loss"] == r_step.history[-1]["train_loss"]
+
+
+def test_auto_executor_keeps_large_convolutions_sequential():
+    """vmap turns a convolution into a grouped one, slow for large feature maps: ``auto`` runs LeNet on 28x28
+    images client by client and on 8x8 images vectorized (the crossover measured in benchmarks/round_time.py)."""
+    from fedsolve.core.executor import conv_positions, make_executor
+    from fedsolve.data.federated import FederatedData
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+
+    def lenet_problem(side):
+        x = torch.zeros(4, 1, side, side)
+        data = FederatedData(x, torch.zeros(4, dtype=torch.long), torch.tensor([0, 2, 4]), x, torch.zeros(4, dtype=torch.long),
+                             torch.tensor([0, 2, 4]), num_classes=10, name="img")
+        return FederatedProblem(data, build_model_fn("lenet", data.input_shape, 10))
+
+    big, small = lenet_problem(28), lenet_problem(8)
+    assert conv_positions(big) == 28 * 28 and conv_positions(small) == 8 * 8
+    assert make_executor("auto", big).name == "sequential"
+    assert make_executor("auto", small).name == "vectorized"
+    assert conv_positions(make_problem("mlp")) == 0 and make_executor("auto", make_problem("mlp")).name == "vectorized"

@@ -391,16 +391,44 @@ class VectorizedExecutor(Executor):
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
 #: Measured in benchmarks/round_time.py on a 2-core CPU (see docs/concepts.md).
 AUTO_MAX_PARAMS = 2_000_000
+#: Largest number of output positions per sample of a convolution for which ``auto`` picks the vectorized
+#: executor. Under vmap a convolution becomes a grouped convolution, slow on CPU for large feature maps:
+#: LeNet on 8x8 digits (64 positions) ran 1.3x faster vectorized, the HAPT model (64) about
+#: level, LeNet on 28x28 MNIST (784) 2.7x slower (benchmarks/round_time.py --workloads lenet, docs/concepts.md).
+AUTO_MAX_CONV_POSITIONS = 256
+
+
+def conv_positions(problem) -> int:
+    """The most output positions per sample of any convolution in ``problem.model`` (0 without one), from
+    one forward pass on a zero sample."""
+    sizes = [0]
+
+    def hook(mod, args, out):
+        sizes.append(math.prod(out.shape[2:]))
+
+    convs = [m for m in problem.model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)]
+    if not convs:
+        return 0
+    handles = [m.register_forward_hook(hook) for m in convs]
+    try:
+        with torch.no_grad():
+            problem.model(torch.zeros(1, *problem.data.input_shape, dtype=problem.data.train_x.dtype))
+    finally:
+        for h in handles:
+            h.remove()
+    return max(sizes)
 
 
 def make_executor(name: str, problem, chunk_size: int | None = None) -> Executor:
-    """``sequential`` | ``vectorized`` | ``auto`` (vectorized for small buffer-free models)."""
+    """``sequential`` | ``vectorized`` | ``auto`` (vectorized for small buffer-free models without large
+    convolutions)."""
     if name == "sequential":
         return SequentialExecutor()
     if name == "vectorized":
         return VectorizedExecutor(chunk_size)
     if name == "auto":
-        if problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS:
+        if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
+                and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
             return VectorizedExecutor(chunk_size)
         return SequentialExecutor()
     raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
