@@ -15,7 +15,8 @@ Workloads (all clients take part every round):
           (151 to 369 samples: seed 0 of the MNIST label-swap suite), 2 epochs of batch 100, so short last
           batches are the rule.
 
-Prints ``ratio <workload> <reference> <value>`` with value = reference time / fedsolve time.
+Prints ``ratio <workload> <reference> <value>`` with value = reference time / fedsolve time. The references run
+with ``FEDSOLVE_NATIVE=0`` (LeNet's pooling is then ``torch.max_pool2d``, not the compiled kernel).
 Usage: python benchmarks/round_time.py [--rounds 5] [--workloads logreg,mlp] [--executor auto|sequential|vectorized|linear]
 (auto runs logreg, full-batch GD on one nn.Linear, through the batched `linear` executor)
 """
@@ -178,8 +179,10 @@ def main(argv=None) -> int:
         w = WORKLOADS[name]
         data = make_data(w)
         fs, ex = time_fedsolve(w, data, args.rounds, args.executor)
+        os.environ["FEDSOLVE_NATIVE"] = "0"   # the references are plain PyTorch: no compiled kernel in the model
         pl = time_plain(w, data, args.rounds)
         fa = time_fastest(w, data, args.rounds)
+        os.environ.pop("FEDSOLVE_NATIVE")
         print(f"{name}: fedsolve[{ex}] {fs * 1000:.1f} ms  plain {pl * 1000:.1f} ms  fastest {fa * 1000:.1f} ms")
         print(f"ratio {name} plain {pl / fs:.2f}")
         print(f"ratio {name} fastest {fa / fs:.2f}")

@@ -242,3 +242,73 @@ def test_linear_kernel_chooses_the_pair_update_too(monkeypatch):
     assert sim("auto")[0].pair_kernel == "torch"
     with pytest.raises(ValueError, match="linear_kernel: 'native' is not available for FPFC's pair update"):
         sim("native", executor="sequential")
+
+
+def _pool_input(shape, seed=0):
+    """Integers (many ties), with NaN and -inf sprinkled in: torch's tie and NaN rules must hold."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randint(-2, 3, shape, generator=g).float()
+    z.view(-1)[::17] = float("nan")
+    z.view(-1)[5::13] = -float("inf")
+    return z.requires_grad_()
+
+
+@needs_cc
+@pytest.mark.parametrize("shape", [(5, 6, 28, 28), (4, 16, 10, 10), (2, 3, 2, 2), (1, 2, 6, 2050), (3, 2, 7, 9)])
+def test_max_pool2x2_is_torchs_max_pool_to_the_bit(shape):
+    """Values, gradients and double-backward products of the compiled pooling equal torch.max_pool2d's exactly
+    (odd sizes take torch's own op)."""
+    assert native.load("maxpool2") is not None
+    z = _pool_input(shape)
+    g = torch.randn(*shape[:2], shape[2] // 2, shape[3] // 2, generator=torch.Generator().manual_seed(1))
+    ref, out = F.max_pool2d(z, 2), native.max_pool2x2(z)
+    assert torch.equal(ref.isnan(), out.isnan()) and torch.equal(ref.nan_to_num(7.0), out.nan_to_num(7.0))
+    (g_ref,), (g_out,) = torch.autograd.grad(ref, z, g), torch.autograd.grad(out, z, g)
+    assert torch.equal(g_ref, g_out)
+    # double backward: d/dg of <grad_z(<pool(z), g>), v> is pool's own routing of v
+    v = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    gg = g.clone().requires_grad_()
+    (a,) = torch.autograd.grad((torch.autograd.grad(F.max_pool2d(z, 2), z, gg, create_graph=True)[0] * v).sum(), gg)
+    (b,) = torch.autograd.grad((torch.autograd.grad(native.max_pool2x2(z), z, gg, create_graph=True)[0] * v).sum(), gg)
+    assert torch.equal(a, b)
+
+
+def test_max_pool2x2_falls_back_to_torch(monkeypatch):
+    """Under torch.func transforms (the vectorized executor), for non-contiguous input and with
+    FEDSOLVE_NATIVE=0, torch's op runs: same numbers, and vmap works."""
+    from torch.func import vmap
+
+    z = _pool_input((3, 2, 6, 8)).detach()
+    ref = F.max_pool2d(z, 2).nan_to_num(7.0)
+    assert torch.equal(vmap(native.max_pool2x2)(z.unsqueeze(1)).squeeze(1).nan_to_num(7.0), ref)
+    assert torch.equal(native.max_pool2x2(z.transpose(2, 3)).nan_to_num(7.0),
+                       F.max_pool2d(z.transpose(2, 3), 2).nan_to_num(7.0))
+    monkeypatch.setenv("FEDSOLVE_NATIVE", "0")
+    assert native.max_pool2x2(z).grad_fn is None and torch.equal(native.max_pool2x2(z).nan_to_num(7.0), ref)
+
+
+@needs_cc
+def test_lenet_trains_the_same_with_and_without_the_pooling_kernel(monkeypatch):
+    """A LeNet run (sequential executor, minibatches) gives the same numbers bit for bit with the compiled
+    pooling as with torch's."""
+    from fedsolve.algorithms import get_algorithm
+    from fedsolve.data.federated import FederatedData
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+    from fedsolve.simulation import Simulation, SimulationConfig
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(120, 1, 12, 12, generator=g)
+    y = torch.randint(0, 4, (120,), generator=g)
+    off = torch.tensor([0, 30, 50, 90, 120])
+    data = FederatedData(x, y, off, x, y, off, num_classes=4, name="img")
+
+    def run():
+        problem = FederatedProblem(data, build_model_fn("lenet", (1, 12, 12), 4))
+        algo = get_algorithm("fedavg")({"lr": 0.1, "batch_size": 8}, problem)
+        sim = Simulation(problem, algo, SimulationConfig(rounds=2, eval_every=1, executor="sequential"), seed=0)
+        return sim.run().server["w"]
+
+    with_kernel = run()
+    monkeypatch.setenv("FEDSOLVE_NATIVE", "0")
+    assert torch.equal(run(), with_kernel)

@@ -1,11 +1,13 @@
 """Compiled kernels, built at first use with the machine's C compiler and cached.
 
-Two kernels, each plain C (GCC/Clang vector extensions at most) in ``kernels/``:
+Three kernels, each plain C (GCC/Clang vector extensions at most) in ``kernels/``:
 
 * ``softmax_gd.c``: the full-batch gradient descent of the ``linear`` executor for cross-entropy
   models (:class:`SoftmaxData`);
 * ``pair_update.c``: FPFC's server update of the touched pairs on the dense store
-  (``algorithms/fpfc.py``, ``DensePairs``).
+  (``algorithms/fpfc.py``, ``DensePairs``);
+* ``maxpool2.c``: the forward pass of 2x2 max pooling (:func:`max_pool2x2`, used by the LeNet model),
+  whose values and indices are torch's to the bit (torch's forward is slow on CPU).
 
 Each is compiled with ``$CC`` (default ``cc``) and ``-O3 -march=native`` into
 ``$FEDSOLVE_CACHE_DIR/kernels`` (default ``~/.cache/fedsolve/kernels``), keyed by a hash of the source,
@@ -17,7 +19,7 @@ No ``-ffast-math``: GCC links ``crtfastmath.o`` into shared libraries built with
 on flush-to-zero for the whole process at load time.
 
 Where no compiler is found or the build fails, :func:`softmax_gd_kernel` returns None with one
-warning and the executor keeps its PyTorch path. ``FEDSOLVE_NATIVE=0`` turns the kernels off.
+warning and the executor keeps its PyTorch path (:func:`max_pool2x2` falls back to ``torch.max_pool2d``). ``FEDSOLVE_NATIVE=0`` turns the kernels off.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ SIGNATURES = {
     "softmax_gd": {"softmax_gd": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _F, _F, _F, _P, _P, _P]},
     "pair_update": {"pair_delta": [_P, _P, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _P],
                     "pair_write": [_P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P]},
+    "maxpool2": {"maxpool2_fwd": [_P, _I64, _I64, _I64, _P, _P, _P, _P]},
 }
 LANES, BLOCK = 8, 16          # as in softmax_gd.c
 MAX_CLASSES = 64
@@ -235,3 +238,38 @@ class SoftmaxData:
             if grad:
                 G[pos] = g
         return (loss, G) if grad else (A, loss)
+
+
+class _MaxPool2x2(torch.autograd.Function):
+    """2x2 max pooling, stride 2: forward by ``maxpool2.c``, gradient by torch's own
+    ``max_pool2d_with_indices_backward`` (differentiable, so double backward works too)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, lib) -> Tensor:
+        B, C, H, W = x.shape
+        out = x.new_empty(B, C, H // 2, W // 2)
+        idx = torch.empty(B, C, H // 2, W // 2, dtype=torch.int64)
+        hm, ha = x.new_empty(B * C * H * W // 2), torch.empty(B * C * H * W // 2, dtype=torch.int64)
+        lib.maxpool2_fwd(pointer(x), B * C, H, W, pointer(hm), pointer(ha), pointer(out), pointer(idx))
+        ctx.save_for_backward(x, idx)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, idx = ctx.saved_tensors
+        return torch.ops.aten.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, idx), None
+
+
+def max_pool2x2(x: Tensor) -> Tensor:
+    """``torch.max_pool2d(x, 2)``, the same values and gradients to the bit, with a compiled forward on CPU.
+
+    The compiled path takes a contiguous float32 ``[B, C, H, W]`` CPU tensor with even H and W, outside
+    torch.func transforms (under ``vmap``/``grad`` of the vectorized executor, and for any other input,
+    torch's own op runs)."""
+    if (x.dim() == 4 and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and x.shape[-1] % 2 == 0 and x.shape[-2] % 2 == 0 and x.numel() > 0
+            and not torch._C._are_functorch_transforms_active()):
+        lib = load("maxpool2")
+        if lib is not None:
+            return _MaxPool2x2.apply(x, lib)
+    return torch.max_pool2d(x, 2)
