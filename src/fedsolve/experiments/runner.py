@@ -119,7 +119,9 @@ def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
 
 def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, res: RunResult | None,
                   history: list[dict], status: str, message: str = "", wall: float = 0.0,
-                  round_times: list[float] | None = None, extras: dict | None = None) -> dict[str, Any]:
+                  round_times: list[float] | None = None, extras: dict | None = None,
+                  executor: str | None = None) -> dict[str, Any]:
+    """``executor``: the executor that ran (``simulation.executor: auto`` resolved)."""
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
@@ -130,6 +132,7 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
                           "downlink_bytes": ledger.downlink_bytes if ledger else final.get("downlink_bytes", 0)},
         "wall_time_s": wall,
         "round_time_s_median": statistics.median(round_times) if round_times else None,
+        "executor": executor,
         "extras": extras or {},
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=_json_default))
@@ -168,12 +171,13 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
         res = sim.run(resume=resume)
     except DivergenceError as e:
         summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
-                                wall=time.perf_counter() - t0, round_times=sim.round_times)
+                                wall=time.perf_counter() - t0, round_times=sim.round_times, executor=sim.executor.name)
         if write_report:
             write_run_report(run_dir, summary, sim.history)
         raise
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
-                            round_times=res.round_times, extras={**res.extras, **(extras or {})})
+                            round_times=res.round_times, extras={**res.extras, **(extras or {})},
+                            executor=sim.executor.name)
     atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if write_report:
         write_run_report(run_dir, summary, res.history)
