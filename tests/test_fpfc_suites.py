@@ -248,6 +248,42 @@ def test_robustness_resume_and_one_clean_run_per_method(tmp_path):
         drv.main([*base, "--resume", "--attacker-view", "server"])
 
 
+def test_robustness_jobs_run_the_cells_in_parallel_with_the_same_results(tmp_path):
+    """--jobs 2 runs the missing cells in two worker processes; the results are those of one process, and
+    --resume with --jobs runs only what is missing."""
+    drv = _driver("robustness")
+    base = ["--smoke", "--threads", "1", "--algorithms", "fpfc", "fedavg", "--fractions", "0.0", "0.4"]
+    drv.main([*base, "--out", str(tmp_path / "one")])      # --smoke: the three attacks
+    drv.main([*base, "--jobs", "2", "--out", str(tmp_path / "two")])
+    one, two = (json.loads((tmp_path / d / "partial.json").read_text())["results"] for d in ("one", "two"))
+    assert len(one) == 8 and one == two
+    part = json.loads((tmp_path / "two" / "partial.json").read_text())
+    del part["results"]["gaussian/0.4/FPFC/0"]
+    (tmp_path / "two" / "partial.json").write_text(json.dumps(part))
+    drv.main([*base, "--jobs", "2", "--resume", "--out", str(tmp_path / "two")])
+    assert json.loads((tmp_path / "two" / "partial.json").read_text())["results"] == one
+    assert "7 results kept from partial.json by --resume" in (tmp_path / "two" / "report.md").read_text()
+
+
+def test_run_cells_keeps_finished_results_when_a_worker_fails(tmp_path):
+    """A cell that raises in a worker is raised here, after the results the other workers finished are stored."""
+    script = tmp_path / "cells.py"
+    script.write_text("import time\n\ndef square(x):\n    if x < 0:\n        raise ValueError('negative x')\n"
+                      "    time.sleep(0.2 * x)\n    return x * x\n")
+    spec = importlib.util.spec_from_file_location("cells_for_test", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(DIR))
+    common = importlib.import_module("common")     # as the drivers import it (the workers import it so too)
+    got = {}
+    with pytest.raises(ValueError, match="negative x"):
+        common.run_cells(mod.square, {"a": {"x": 1}, "b": {"x": -1}, "c": {"x": 2}}, 2, got.__setitem__)
+    assert got.get("a") == 1 and "b" not in got
+    ok = {}
+    common.run_cells(mod.square, {"a": {"x": 1}, "c": {"x": 3}}, 2, ok.__setitem__)
+    assert ok == {"a": 1, "c": 9}
+
+
 def test_plot_robustness_joins_saved_results(tmp_path):
     """plot_robustness.py draws one figure from several calls' results.json, in both row formats (``acc``
     and a merged report's ``acc_by_seed``), and refuses a cell whose results differ between files."""

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
 import json
+import multiprocessing
 import statistics
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -155,14 +159,19 @@ def set_threads(n: int) -> None:
 
 
 def driver_parser(doc: str, out: str, *, rounds: int = 2000, size_scale: float = 1.0, max_size: int = 0,
-                  scenario: bool = True, resume: bool = False) -> argparse.ArgumentParser:
+                  scenario: bool = True, resume: bool = False, jobs: bool = False) -> argparse.ArgumentParser:
     """The arguments every synthetic driver shares; the driver adds its own and calls :func:`driver_args`.
-    ``resume``: the driver keeps its finished runs in a :class:`Partial` and takes ``--resume``."""
+    ``resume``: the driver keeps its finished runs in a :class:`Partial` and takes ``--resume``; ``jobs``: it
+    runs them through :func:`run_cells` and takes ``--jobs``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if resume:
         p.add_argument("--resume", action="store_true",
                        help="keep the results already in OUT/partial.json (each run's is written as it ends) "
                             "and run only what is missing")
+    if jobs:
+        p.add_argument("--jobs", type=int, default=1,
+                       help="run the missing runs in this many processes at once, one torch thread each "
+                            "(default 1: one after the other in this process, with --threads threads)")
     if scenario:
         p.add_argument("--scenario", default="S1")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -178,6 +187,8 @@ def driver_parser(doc: str, out: str, *, rounds: int = 2000, size_scale: float =
 def driver_args(p: argparse.ArgumentParser, argv, smoke: dict) -> argparse.Namespace:
     """Parse; with ``--smoke`` apply the ``smoke`` overrides; ``--max-size 0`` -> no cap; set the threads."""
     a = p.parse_args(argv)
+    if getattr(a, "jobs", 1) < 1:
+        p.error(f"--jobs: expected a whole number >= 1 (worker processes), got {a.jobs}")
     if a.smoke:
         for k, v in smoke.items():
             setattr(a, k, v)
@@ -226,3 +237,45 @@ class Partial:
     def kept_note(self) -> str:
         """Appended to a report's wall time: how many results this call did not run."""
         return f" (this call; {self.kept} results kept from {self.file.name} by --resume)" if self.kept else ""
+
+
+_loaded_drivers: dict[str, object] = {}
+
+
+def _driver_call(path: str, fn: str, kwargs: dict):
+    """In a worker process: ``fn(**kwargs)`` of the driver script at ``path`` (loaded once per process)."""
+    if path not in _loaded_drivers:
+        spec = importlib.util.spec_from_file_location(f"_fpfc_driver_{Path(path).stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _loaded_drivers[path] = mod
+    return getattr(_loaded_drivers[path], fn)(**kwargs)
+
+
+def run_cells(fn, cells: dict[str, dict], jobs: int, on_done) -> None:
+    """``fn(**cells[key])`` for every key, and ``on_done(key, result)`` here as each one ends.
+
+    ``jobs`` 1: one after the other in this process. More: in that many fresh (spawned) processes at once,
+    one torch thread each; ``fn`` is a top-level function of a driver script, which each worker loads from
+    its file. A run's result is the same either way (the same function on the same settings)."""
+    if jobs <= 1 or len(cells) <= 1:
+        for key, kwargs in cells.items():
+            on_done(key, fn(**kwargs))
+        return
+    path = inspect.getfile(fn)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=set_threads, initargs=(1,)) as pool:
+        running = {pool.submit(_driver_call, path, fn.__name__, kwargs): key for key, kwargs in cells.items()}
+        error = None
+        for f in as_completed(running):
+            try:
+                result = f.result()
+            except Exception as e:   # keep what the other workers finish, start nothing new, then raise
+                if error is None:
+                    error = e
+                    for other in running:
+                        other.cancel()
+                continue
+            on_done(running[f], result)
+    if error is not None:
+        raise error

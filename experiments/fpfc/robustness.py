@@ -17,17 +17,19 @@ the block ``--attack-block`` of each upload (default ``fused``, the last layer: 
 layers" of the paper's text; ``all`` corrupts the whole upload, shared conv layers included).
 
 Each run's result goes to ``OUT/partial.json`` as it ends, and ``--resume`` keeps what is there: a long
-suite can be split over processes (``--algorithms`` / ``--attacks``, one ``--out`` each, the files joined)
-and picked up after a stop. At fraction 0 no device is malicious and the attack never acts, so one run per
+suite can be picked up after a stop, run on several cores at once (``--jobs N``: N worker processes of one
+torch thread each, the results of one process with ``--threads 1``), or split over machines (``--algorithms`` /
+``--attacks``, one ``--out`` each, the files joined with ``join_partial.py``). At fraction 0 no device is malicious and the attack never acts, so one run per
 method and seed serves every attack; so does one LOCAL run per fraction (LOCAL uploads nothing).
 
 usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--out runs/fpfc_robustness]
        python experiments/fpfc/robustness.py --suite experiments/fpfc/label_swap_fmnist.yaml \
-           [--set simulation.rounds=50] [--attack-block fused] [--resume]
+           [--set simulation.rounds=50] [--attack-block fused] [--resume] [--jobs 2]
        python experiments/fpfc/robustness.py --smoke
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -36,8 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (Partial, driver_args, driver_parser, fmt_pct, load_suite, params_for,  # noqa: E402
-                    per_client_accuracy, run, run_suite, suite_data, suite_params, suite_participation, suite_problem,
-                    synthetic_problem, write_report)
+                    per_client_accuracy, run, run_cells, run_suite, suite_data, suite_params, suite_participation,
+                    suite_problem, synthetic_problem, write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -82,8 +84,41 @@ def plot(rows: list[dict], attacks: list[str], labels: list[str], title: str, pa
     save_figure(fig, path)
 
 
+@functools.lru_cache(maxsize=None)
+def _suite(path: str, sets: tuple[str, ...]):
+    return load_suite(path, list(sets))
+
+
+@functools.lru_cache(maxsize=4)
+def _suite_data(path: str, sets: tuple[str, ...], seed: int):
+    return suite_data(_suite(path, sets), seed)
+
+
+def one_run(attack: str, frac: float, name: str, seed: int, opts: dict) -> dict:
+    """One (attack, fraction, method, seed) cell: ``{"acc": benign devices' mean test accuracy}``, or
+    ``{"diverged": message}``. ``opts``: the driver's settings (those recorded in ``partial.json``)."""
+    att = dict(attack=attack, malicious_fraction=frac, attack_seed=seed, attacker_view=opts["attacker_view"])
+    if name == "cfl":
+        att.update(attack_keys=("dw",), attacker_view="server")
+    if opts["suite"] is None:
+        prob = synthetic_problem(opts["scenario"], seed=seed, size_scale=opts["size_scale"], max_size=opts["max_size"])
+        prm = {**params_for(f"byz_{name}"), **att}
+    else:
+        cfg = _suite(opts["suite"], tuple(opts["sets"]))
+        prob = suite_problem(cfg, _suite_data(opts["suite"], tuple(opts["sets"]), seed))
+        block = None if opts["attack_block"] == "all" else opts["attack_block"]
+        prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
+    try:
+        _, algo, res = (run(prob, f"byz_{name}", prm, opts["rounds"], seed, eval_every=max(1, opts["rounds"]))
+                        if opts["suite"] is None else run_suite(cfg, prob, f"byz_{name}", prm, seed))
+    except DivergenceError as e:  # a finding, not a crash: reported as such
+        return {"diverged": str(e).split(":")[0]}
+    return {"acc": float(np.nanmean(per_client_accuracy(res)[benign_mask(algo).numpy()]))}
+
+
 def main(argv=None):
-    p = driver_parser(__doc__, "runs/fpfc_robustness", rounds=300, size_scale=0.25, max_size=2000, resume=True)
+    p = driver_parser(__doc__, "runs/fpfc_robustness", rounds=300, size_scale=0.25, max_size=2000, resume=True,
+                      jobs=True)
     p.add_argument("--attacks", nargs="+", default=["same_value", "sign_flip", "gaussian"])
     p.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.2, 0.4, 0.6, 0.8])
     p.add_argument("--algorithms", nargs="+", default=["fpfc", "fedavg", "ifca", "local"])
@@ -100,45 +135,41 @@ def main(argv=None):
     rows = []
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     block = None if cfg is None or a.attack_block == "all" else a.attack_block
-    data = {}
     part = Partial(a.out, {k: getattr(a, k) for k in ("scenario", "rounds", "size_scale", "max_size", "attacker_view",
                                                       "suite", "sets", "attack_block")}, a.resume)
     done = part["results"]   # "attack/fraction/label/seed" -> {"acc": benign mean} or {"diverged": message}
 
-    def one_run(attack: str, frac: float, name: str, seed: int) -> dict:
-        att = dict(attack=attack, malicious_fraction=frac, attack_seed=seed, attacker_view=a.attacker_view)
-        if name == "cfl":
-            att.update(attack_keys=("dw",), attacker_view="server")
-        if cfg is None:
-            prob = synthetic_problem(a.scenario, seed=seed, size_scale=a.size_scale, max_size=a.max_size)
-            prm = {**params_for(f"byz_{name}"), **att}
-        else:
-            if seed not in data:
-                data[seed] = suite_data(cfg, seed)
-            prob = suite_problem(cfg, data[seed])
-            prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
-        try:
-            _, algo, res = (run(prob, f"byz_{name}", prm, a.rounds, seed, eval_every=max(1, a.rounds)) if cfg is None
-                            else run_suite(cfg, prob, f"byz_{name}", prm, seed))
-        except DivergenceError as e:  # a finding, not a crash: reported as such
-            return {"diverged": str(e).split(":")[0]}
-        return {"acc": float(np.nanmean(per_client_accuracy(res)[benign_mask(algo).numpy()]))}
+    def key(attack: str, frac: float, name: str, seed: int) -> str:
+        # the attack never acts at fraction 0 (no malicious device) nor on LOCAL (no upload): one run serves every attack
+        return f"{'none' if frac == 0 or name == 'local' else attack}/{frac}/{LABELS.get(name, name)}/{seed}"
 
+    opts = {k: getattr(a, k) for k in ("scenario", "rounds", "size_scale", "max_size", "attacker_view", "suite",
+                                       "sets", "attack_block")}
+    todo = {}
+    for attack in a.attacks:
+        for frac in a.fractions:
+            for name in a.algorithms:
+                for seed in a.seeds:
+                    k = key(attack, frac, name, seed)
+                    if k not in done and k not in todo:
+                        todo[k] = dict(attack=attack, frac=frac, name=name, seed=seed, opts=opts)
+
+    def store(k: str, result: dict) -> None:
+        done[k] = result
+        part.save()
+        print(f"{k}: {result}", flush=True)
+
+    run_cells(one_run, todo, a.jobs, store)
     for attack in a.attacks:
         for frac in a.fractions:
             for name in a.algorithms:
                 accs, diverged = [], []
                 for seed in a.seeds:
-                    # the attack never acts at fraction 0 (no malicious device) nor on LOCAL (no upload):
-                    # one run serves every attack
-                    key = f"{'none' if frac == 0 or name == 'local' else attack}/{frac}/{LABELS.get(name, name)}/{seed}"
-                    if key not in done:
-                        done[key] = one_run(attack, frac, name, seed)
-                        part.save()
-                    if "diverged" in done[key]:
-                        diverged.append(done[key]["diverged"])
+                    k = key(attack, frac, name, seed)
+                    if "diverged" in done[k]:
+                        diverged.append(done[k]["diverged"])
                     else:
-                        accs.append(done[key]["acc"])
+                        accs.append(done[k]["acc"])
                 rows.append({"attack": attack, "fraction": frac, "algorithm": LABELS.get(name, name), "acc": accs,
                              "diverged": diverged})
                 print(rows[-1], flush=True)
