@@ -312,3 +312,21 @@ def test_lenet_trains_the_same_with_and_without_the_pooling_kernel(monkeypatch):
     with_kernel = run()
     monkeypatch.setenv("FEDSOLVE_NATIVE", "0")
     assert torch.equal(run(), with_kernel)
+
+
+def test_grey_images_are_stored_row_major_so_lenet_pools_with_the_kernel():
+    """[N, 1, H, W] images whose channel stride is 1 (as numpy concatenation can give) would make torch take them
+    for channels-last and run LeNet's convolutions in that layout, past the pooling kernel; FederatedData stores
+    its samples row-major."""
+    from fedsolve.data.federated import FederatedData
+    from fedsolve.models import LeNet
+
+    x = torch.as_strided(torch.rand(6 * 784), (6, 1, 28, 28), (784, 1, 28, 1))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    y = torch.zeros(6, dtype=torch.long)
+    off = torch.tensor([0, 3, 6])
+    data = FederatedData(x, y, off, x, y, off, num_classes=10, name="img")
+    assert data.train_x.stride() == data.test_x.stride() == (784, 784, 28, 1) and torch.equal(data.train_x, x)
+    net = LeNet((1, 28, 28), 10, fc_hidden=0)
+    assert net.conv1(data.train_x[torch.tensor([0, 2])]).is_contiguous()
+    assert not net.conv1(x[torch.tensor([0, 2])]).is_contiguous()     # what the kernel would not see

@@ -24,6 +24,13 @@ def _offsets(sizes: Sequence[int]) -> Tensor:
     return out
 
 
+def _row_major(t: Tensor) -> Tensor:
+    """``t`` with the default (row-major) strides of its shape: itself if it has them, else a copy."""
+    if t.stride() == torch.empty(t.shape, device="meta").stride():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 @dataclass
 class FederatedData:
     """Per-client train/test data of one federated problem.
@@ -53,6 +60,10 @@ class FederatedData:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # plain row-major samples: a size-1 dimension (the channel of a grey image) may carry any stride, and a
+        # stride of 1 there makes torch take [N, 1, H, W] images for channels-last, so convolutions silently run
+        # their channels-last kernels (slower for LeNet on CPU) and round differently from a copy of the same data
+        self.train_x, self.test_x = _row_major(self.train_x), _row_major(self.test_x)
         m = self.num_clients
         if self.test_offsets.numel() != m + 1:
             raise ValueError("test_offsets and train_offsets must describe the same number of clients")
