@@ -276,3 +276,21 @@ def test_auto_executor_keeps_large_convolutions_sequential():
     assert make_executor("auto", big).name == "sequential"
     assert make_executor("auto", small).name == "vectorized"
     assert conv_positions(make_problem("mlp")) == 0 and make_executor("auto", make_problem("mlp")).name == "vectorized"
+
+
+def test_context_loss_is_the_loss_of_loss_grad_without_the_gradient():
+    """``ctx.loss`` (IFCA scores every cluster model with it) is the forward value of ``ctx.loss_grad``."""
+    from fedsolve.core.executor import LocalContext
+
+    problem = make_problem("mlp", n_range=(5, 40))
+    data = problem.data
+    ids = torch.tensor([1])
+    plans = build_plans({"train": Work(epochs=1, batch_size=4)}, data.train_offsets, ids, RngStreams(0), 0)
+    ctx = LocalContext(problem, {"train": plans["train"].row(0)}, data.train_sizes[1], data.weights[1], ids[0],
+                       data.train_x, data.train_y)
+    ctx.eager = True
+    x0 = problem.init_params(torch.Generator().manual_seed(0))
+    for step in range(2):
+        v = ctx.loss(x0, "train", step)
+        assert not v.requires_grad
+        assert torch.equal(v, ctx.loss_grad(x0, "train", step)[0])

@@ -105,7 +105,7 @@ class IFCA(Algorithm):
     def local_update(self, state, msg, ctx):
         models = msg["models"]
         L = models.shape[0]
-        losses = torch.stack([ctx.loss_grad(models[l], "assign", 0)[0] for l in range(L)])
+        losses = torch.stack([ctx.loss(models[l], "assign", 0) for l in range(L)])
         onehot = torch.nn.functional.one_hot(torch.argmin(losses), L).to(models.dtype)
         w0 = (onehot.unsqueeze(1) * models).sum(0)
         w = self.local_sgd(ctx, w0)

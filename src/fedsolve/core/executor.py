@@ -189,19 +189,29 @@ class LocalContext:
 
         ``loss(params, x, y, w)`` replaces the model loss (e.g. a bilevel or adversarial objective).
         """
+        x, y, w = self._batch(phase, step)
+        if loss is not None:
+            g, v = grad_and_value(lambda q: loss(q, x, y, w))(params)
+            return v, g
+        return self._model_loss_grad(params, x, y, w)
+
+    def loss(self, params: Tensor, phase: str = "train", step: int = 0) -> Tensor:
+        """The model's weighted mean loss on minibatch ``step`` of ``phase``, without a gradient (a forward
+        pass only: e.g. IFCA scoring each cluster model)."""
+        x, y, w = self._batch(phase, step)
+        with torch.no_grad():
+            return self.loss_on(params, x, y, w)
+
+    def _batch(self, phase: str, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(x, y, w)`` of minibatch ``step`` of ``phase``."""
         p = self.plans[phase]
         if p.fixed:  # full batch: gather once; every step (inactive ones too) sees the whole data
             if phase not in self._fixed_batches:
                 ix, w = self._trimmed(p, 0)
                 self._fixed_batches[phase] = (self._x[ix], self._y[ix], w)
-            x, y, w = self._fixed_batches[phase]
-        else:
-            ix, w = self._trimmed(p, step)
-            x, y = self._x[ix], self._y[ix]
-        if loss is not None:
-            g, v = grad_and_value(lambda q: loss(q, x, y, w))(params)
-            return v, g
-        return self._model_loss_grad(params, x, y, w)
+            return self._fixed_batches[phase]
+        ix, w = self._trimmed(p, step)
+        return self._x[ix], self._y[ix], w
 
     def _trimmed(self, p: Plan, step: int) -> tuple[Tensor, Tensor]:
         """Rows and weights of minibatch ``step``; run one client at a time (``eager``), without the weight-0
