@@ -152,3 +152,31 @@ def test_cli_import_plugin_algorithm(tmp_path, monkeypatch):
     assert main(["--import", "my_fedavgm", "run", str(root / "examples" / "my_fedavgm.yaml"), "--quiet",
                  "--out", str(tmp_path / "o"), "--set", "simulation.rounds=2"]) == 0
     assert (tmp_path / "o" / "summary.json").exists()
+    # the worker processes of `compare --jobs` import the user's module too
+    assert main(["--import", "my_fedavgm", "compare", str(root / "examples" / "my_fedavgm.yaml"), "--jobs", "2",
+                 "--out", str(tmp_path / "c"), "--set", "simulation.rounds=2", "--set", "seeds=[0,1]"]) == 0
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["algorithms"]["my_fedavgm"]["runs"] == 2
+
+
+def test_compare_jobs_runs_in_worker_processes_with_the_same_numbers(tmp_path, capsys):
+    """--jobs 2: the algorithm x seed runs in two worker processes; the numbers are those of one process with the
+    same thread count; --resume keeps finished runs; a bad --jobs names the flag."""
+    cfg = _with("threads", 1)
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert main(["compare", str(p), "--out", str(tmp_path / "one"), "--quiet"]) == 0
+    assert main(["compare", str(p), "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "FedADMM seed 1 done" in out
+    one, two = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    for label in ("FedAvg", "FedADMM"):
+        assert one["algorithms"][label]["final"] == two["algorithms"][label]["final"]
+    for seed in (0, 1):
+        a = (tmp_path / "one" / "FedAvg" / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
+        b = (tmp_path / "two" / "FedAvg" / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["test_accuracy"] for x in a] == [json.loads(x)["test_accuracy"] for x in b]
+    assert (tmp_path / "two" / "report.md").exists()
+    assert main(["compare", str(p), "--out", str(tmp_path / "two"), "--jobs", "2", "--resume"]) == 0
+    assert "done" not in capsys.readouterr().out          # everything kept, nothing run again
+    assert main(["compare", str(p), "--out", str(tmp_path / "x"), "--jobs", "0"]) == 2
+    assert "--jobs: expected a whole number >= 1" in capsys.readouterr().err

@@ -68,8 +68,11 @@ def _cmd_compare(args) -> int:
             return EXIT_CONFIG
         keep = [a for a in specs if a.display in args.only or a.name in args.only]
         cfg = cfg.model_copy(update={"algorithms": keep, "algorithm": None})
+    if args.jobs < 1:
+        print(f"error: --jobs: expected a whole number >= 1 (worker processes), got {args.jobs}", file=sys.stderr)
+        return EXIT_CONFIG
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
-    agg = compare(cfg, out, resume=args.resume, progress=not args.quiet)
+    agg = compare(cfg, out, resume=args.resume, progress=not args.quiet and args.jobs == 1, jobs=args.jobs)
     print(f"\n{cfg.name}: {len(agg['algorithms'])} algorithms x {len(cfg.seeds)} seeds in {agg['wall_time_s']:.1f} s")
     for label, e in agg["algorithms"].items():
         acc = e["final"].get("test_accuracy") or e["final"].get("test_rmse") or {}
@@ -137,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--only", action="append", default=[], metavar="LABEL",
                    help="run only this algorithm of the config (label or name; repeatable); the report shows "
                         "the others' paper values as 'not run'")
+    c.add_argument("--jobs", type=int, default=1,
+                   help="run the algorithm x seed runs in this many processes at once, each with threads/jobs torch "
+                        "threads (default 1)")
     c.set_defaults(fn=_cmd_compare)
     ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models")
     ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models"])

@@ -270,37 +270,59 @@ def _slug(s: str) -> str:
 
 # ------------------------------------------------------------------ compare
 def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-            stop_on_divergence: bool = False) -> dict[str, Any]:
-    """Every algorithm x every seed on the same problem (the data of a seed is shared by all)."""
+            stop_on_divergence: bool = False, jobs: int = 1) -> dict[str, Any]:
+    """Every algorithm x every seed on the same problem (the data of a seed is shared by all).
+
+    ``jobs`` > 1 runs the (algorithm, seed) runs in that many worker processes at once, each with
+    ``threads // jobs`` torch threads (at least 1); every run writes its own folder, as in one process.
+    """
     from fedsolve.experiments.report import write_compare_report
 
+    if jobs < 1:
+        raise ValueError(f"jobs: expected a whole number >= 1 (worker processes), got {jobs}")
     base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
     base.mkdir(parents=True, exist_ok=True)
     atomic_write_text(base / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    t0 = time.perf_counter()
+    order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
+    summaries: dict[tuple[int, str], dict] = {}
+    todo = []
+    for seed, spec in order:
+        run_dir = default_run_dir(cfg, spec, seed, base)
+        done = _completed(run_dir) if resume else None
+        if done is not None:
+            summaries[seed, spec.display] = done
+        else:
+            todo.append((seed, spec, run_dir))
+
+    def finished(seed: int, spec: AlgorithmSpec, run_dir: Path, error: DivergenceError | None) -> None:
+        if error is not None:
+            if stop_on_divergence:
+                raise error
+            print(f"[fedsolve] {spec.display} seed {seed} diverged: {error}")
+        summaries[seed, spec.display] = json.loads((run_dir / "summary.json").read_text())
+
+    if jobs == 1 or len(todo) <= 1:
+        data_seed, data = None, None
+        for seed, spec, run_dir in todo:
+            set_threads(cfg.threads)
+            if seed != data_seed:
+                data_seed, data = seed, build_data(cfg, seed)
+            try:
+                run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress,
+                         problem=build_problem(cfg, seed, data=data), write_report=False)
+                error = None
+            except DivergenceError as e:
+                error = e
+            finished(seed, spec, run_dir, error)
+    else:
+        _compare_in_workers(cfg, todo, jobs, resume, finished)
     runs: dict[str, list[dict]] = {}
     histories: dict[str, list[list[dict]]] = {}
-    t0 = time.perf_counter()
-    for seed in cfg.seeds:
-        set_threads(cfg.threads)
-        data = build_data(cfg, seed)
-        for spec in cfg.all_algorithms():
-            problem = build_problem(cfg, seed, data=data)
-            run_dir = default_run_dir(cfg, spec, seed, base)
-            done = _completed(run_dir) if resume else None
-            if done is not None:
-                runs.setdefault(spec.display, []).append(done)
-                histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
-                continue
-            try:
-                summary = run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
-                                   write_report=False)
-            except DivergenceError as e:
-                if stop_on_divergence:
-                    raise
-                print(f"[fedsolve] {spec.display} seed {seed} diverged: {e}")
-                summary = json.loads((run_dir / "summary.json").read_text())
-            runs.setdefault(spec.display, []).append(summary)
-            histories.setdefault(spec.display, []).append(_read_jsonl(run_dir / "metrics.jsonl"))
+    for seed, spec in order:
+        runs.setdefault(spec.display, []).append(summaries[seed, spec.display])
+        histories.setdefault(spec.display, []).append(
+            _read_jsonl(default_run_dir(cfg, spec, seed, base) / "metrics.jsonl"))
     agg = aggregate_runs(cfg, runs)
     # total compute of all runs (also right after --resume, where this call only did part of it)
     agg["wall_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
@@ -309,6 +331,52 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
     atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
     write_compare_report(base, cfg, agg, histories)
     return agg
+
+
+def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bool, finished) -> None:
+    """The runs of :func:`compare` in ``jobs`` spawned processes; ``finished(seed, spec, run_dir, error)`` is
+    called here as each one ends. A worker imports the modules outside fedsolve that registered the algorithms
+    it runs (``fedsolve --import``), so user algorithms run there too."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (cfg.threads or min(2, os.cpu_count() or 1)) // jobs)
+    dump = cfg.model_copy(update={"threads": threads}).model_dump(mode="json")
+    modules = {get_algorithm(spec.name).__module__ for _, spec, _ in todo}
+    plugins = sorted(m for m in modules if not m.startswith("fedsolve.") and m != "__main__")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(_compare_worker, dump, spec.display, seed, str(run_dir), resume, plugins):
+                   (seed, spec, run_dir) for seed, spec, run_dir in todo}
+        for f in as_completed(running):
+            seed, spec, run_dir = running[f]
+            message = f.result()
+            t = json.loads((run_dir / "summary.json").read_text()).get("wall_time_s") or 0.0
+            print(f"[fedsolve] {spec.display} seed {seed} {'diverged' if message else 'done'} ({t:.1f} s)",
+                  flush=True)
+            finished(seed, spec, run_dir, DivergenceError(message) if message else None)
+
+
+_worker_data: dict[str, Any] = {}
+
+
+def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: bool, plugins: list[str]) -> str | None:
+    """One (algorithm, seed) run of :func:`compare` in a worker process: None, or the divergence message."""
+    import importlib
+
+    for mod in plugins:
+        importlib.import_module(mod)
+    cfg = ExperimentConfig.model_validate(dump)
+    key = json.dumps([dump["data"], seed], sort_keys=True)
+    if key not in _worker_data:               # a worker keeps the data of its last seed
+        _worker_data.clear()
+        _worker_data[key] = build_data(cfg, seed)
+    spec = next(s for s in cfg.all_algorithms() if s.display == label)
+    try:
+        run_spec(cfg, spec, seed, run_dir, resume=resume, progress=False,
+                 problem=build_problem(cfg, seed, data=_worker_data[key]), write_report=False)
+    except DivergenceError as e:
+        return str(e)
+    return None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
