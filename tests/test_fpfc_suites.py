@@ -130,6 +130,16 @@ def test_table3_resume_keeps_finished_methods(tmp_path):
         drv.main([*base, "--algorithms", "fedavg", "--resume", "--lam", "0.3"])
 
 
+def test_table3_jobs_give_the_results_of_one_process(tmp_path):
+    drv = _driver("table3_newcomers")
+    base = ["--smoke", "--threads", "1", "--algorithms", "fpfc", "ifca", "local"]
+    one = drv.main([*base, "--out", str(tmp_path / "one")])
+    two = drv.main([*base, "--jobs", "3", "--out", str(tmp_path / "two")])
+    assert one == two and len(one) == 3
+    clusters = [json.loads((tmp_path / d / "partial.json").read_text())["old_clusters"] for d in ("one", "two")]
+    assert clusters[0] == clusters[1] and set(clusters[0]) == {"0/FPFC", "0/IFCA"}
+
+
 def test_table3_split_over_processes_and_joined(tmp_path):
     """A column split over two --out folders, joined by join_partial.py, reports without running again and
     gives the numbers of one unsplit call; files of other settings, or with other results, are refused."""

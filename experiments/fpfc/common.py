@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import inspect
 import json
@@ -94,6 +95,18 @@ def suite_data(cfg, seed: int):
     from fedsolve.experiments.runner import build_data
 
     return build_data(cfg, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def cached_suite(path: str, sets: tuple[str, ...]):
+    """:func:`load_suite`, once per process (a driver's runs, in one process or in :func:`run_cells` workers)."""
+    return load_suite(path, list(sets))
+
+
+@functools.lru_cache(maxsize=4)
+def cached_suite_data(path: str, sets: tuple[str, ...], seed: int):
+    """:func:`suite_data` of ``cached_suite(path, sets)``, kept for the next runs of the same seed."""
+    return suite_data(cached_suite(path, sets), seed)
 
 
 def suite_problem(cfg, data, clients=None, name: str | None = None):

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import set_threads, write_report  # noqa: E402

@@ -29,7 +29,6 @@ usage: python experiments/fpfc/robustness.py [--rounds 300] [--seeds 0 1 2] [--o
 """
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from pathlib import Path
@@ -37,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (Partial, driver_args, driver_parser, fmt_pct, load_suite, params_for,  # noqa: E402
-                    per_client_accuracy, run, run_cells, run_suite, suite_data, suite_params, suite_participation,
-                    suite_problem, synthetic_problem, write_report)
+from common import (Partial, cached_suite, cached_suite_data, driver_args, driver_parser, fmt_pct,  # noqa: E402
+                    load_suite, params_for, per_client_accuracy, run, run_cells, run_suite, suite_params,
+                    suite_participation, suite_problem, synthetic_problem, write_report)
 
 from fedsolve.algorithms.byzantine import benign_mask  # noqa: E402
 from fedsolve.simulation.loop import DivergenceError  # noqa: E402
@@ -84,16 +83,6 @@ def plot(rows: list[dict], attacks: list[str], labels: list[str], title: str, pa
     save_figure(fig, path)
 
 
-@functools.lru_cache(maxsize=None)
-def _suite(path: str, sets: tuple[str, ...]):
-    return load_suite(path, list(sets))
-
-
-@functools.lru_cache(maxsize=4)
-def _suite_data(path: str, sets: tuple[str, ...], seed: int):
-    return suite_data(_suite(path, sets), seed)
-
-
 def one_run(attack: str, frac: float, name: str, seed: int, opts: dict) -> dict:
     """One (attack, fraction, method, seed) cell: ``{"acc": benign devices' mean test accuracy}``, or
     ``{"diverged": message}``. ``opts``: the driver's settings (those recorded in ``partial.json``)."""
@@ -104,8 +93,8 @@ def one_run(attack: str, frac: float, name: str, seed: int, opts: dict) -> dict:
         prob = synthetic_problem(opts["scenario"], seed=seed, size_scale=opts["size_scale"], max_size=opts["max_size"])
         prm = {**params_for(f"byz_{name}"), **att}
     else:
-        cfg = _suite(opts["suite"], tuple(opts["sets"]))
-        prob = suite_problem(cfg, _suite_data(opts["suite"], tuple(opts["sets"]), seed))
+        cfg = cached_suite(opts["suite"], tuple(opts["sets"]))
+        prob = suite_problem(cfg, cached_suite_data(opts["suite"], tuple(opts["sets"]), seed))
         block = None if opts["attack_block"] == "all" else opts["attack_block"]
         prm = suite_params(cfg, f"byz_{name}", dict(att, attack_block=block))
     try:

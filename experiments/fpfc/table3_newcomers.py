@@ -27,11 +27,13 @@ train for the suite's rounds with its participation.
 
 usage: python experiments/fpfc/table3_newcomers.py [--rounds 2000] [--seeds 0 1 2]
        python experiments/fpfc/table3_newcomers.py --suite experiments/fpfc/label_swap_mnist.yaml \
-           [--set simulation.rounds=50] [--lam 0.5] [--newcomer-rounds 20] [--resume]
+           [--set simulation.rounds=50] [--lam 0.5] [--newcomer-rounds 20] [--resume] [--jobs 2]
        python experiments/fpfc/table3_newcomers.py --smoke
 """
 from __future__ import annotations
 
+import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -39,8 +41,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (Partial, driver_args, driver_parser, fmt_pct, load_suite, params_for, run,  # noqa: E402
-                    run_suite, suite_data, suite_params, suite_participation, suite_problem, write_report)
+from common import (Partial, cached_suite, cached_suite_data, driver_args, driver_parser, fmt_pct,  # noqa: E402
+                    load_suite, params_for, run, run_cells, run_suite, suite_params, suite_participation,
+                    suite_problem, write_report)
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
@@ -96,8 +99,44 @@ def acc(problem, params) -> float:
     return evaluate(problem, params, problem.vmappable, ())[0]["test_accuracy"]
 
 
+@functools.lru_cache(maxsize=2)
+def _split(seed: int, opts_key: str):
+    """(old-device problem, newcomer problem, old ids, new ids, all devices) of one seed."""
+    opts = json.loads(opts_key)
+    if opts["suite"] is None:
+        data = fpfc_synthetic(opts["scenario"], seed=seed, features="uniform", size_scale=opts["size_scale"],
+                              max_size=opts["max_size"])
+        old, new = split_old_new(data, seed)
+        mf = build_model_fn("logreg", (60,), 10)
+        return (FederatedProblem(data.subset(old), mf, name="old"), FederatedProblem(data.subset(new), mf, name="newcomers"),
+                old, new, data.num_clients)
+    cfg = cached_suite(opts["suite"], tuple(opts["sets"]))
+    data = cached_suite_data(opts["suite"], tuple(opts["sets"]), seed)
+    old, new = split_old_new(data, seed)
+    return suite_problem(cfg, data, old, "old"), suite_problem(cfg, data, new, "newcomers"), old, new, data.num_clients
+
+
+def one_method(name: str, seed: int, opts: dict) -> dict:
+    """One method and seed: train on the old devices, then the method's newcomer rule. Returns the newcomers' mean
+    test accuracy (``acc``) and, for a clustering method, the clusters it found on the old devices."""
+    p_old, p_new, *_ = _split(seed, json.dumps(opts, sort_keys=True))
+    cfg = None if opts["suite"] is None else cached_suite(opts["suite"], tuple(opts["sets"]))
+    lam = opts["lam"]
+    extra = {"lam": lam} if name == "fpfc" and lam is not None else None
+    prm = params_for(name, extra) if cfg is None else suite_params(cfg, name, extra)
+    if name == "local":          # nothing to train on the old devices
+        algo, server, final = get_algorithm("local")(prm, p_old), {}, {}
+    else:
+        _, algo, out = (run(p_old, name, prm, opts["rounds"], seed, eval_every=max(1, opts["rounds"]))
+                        if cfg is None else run_suite(cfg, p_old, name, prm, seed))
+        server, final = out.server, out.extras          # extras: the algorithm's finalize()
+    W = algo.newcomer_models(server, p_new, rounds=opts["newcomer_rounds"], seed=seed)
+    clusters = {k: float(final[k]) for k in ("num_clusters", "ari") if k in final} if "num_clusters" in final else None
+    return {"acc": float(acc(p_new, W)), "clusters": clusters}
+
+
 def main(argv=None):
-    p = driver_parser(__doc__, "runs/fpfc_table3_newcomers", resume=True)
+    p = driver_parser(__doc__, "runs/fpfc_table3_newcomers", resume=True, jobs=True)
     p.add_argument("--newcomer-rounds", type=int, default=100)
     p.add_argument("--lam", type=float, default=None, help="FPFC's lambda (default: 0.6; with --suite the suite's)")
     p.add_argument("--algorithms", nargs="+", default=list(LABELS), choices=list(LABELS))
@@ -106,7 +145,6 @@ def main(argv=None):
                    help="override a field of --suite (repeatable)")
     a = driver_args(p, argv, dict(rounds=2, newcomer_rounds=2, seeds=[0], size_scale=0.05, max_size=100))
     t0 = time.perf_counter()
-    res: dict[str, list[float]] = {}
     settings = {k: getattr(a, k) for k in ("scenario", "rounds", "size_scale", "max_size", "newcomer_rounds", "lam",
                                            "suite", "sets")}
     part = Partial(a.out, settings, a.resume, ("results", "old_clusters"))
@@ -114,39 +152,23 @@ def main(argv=None):
     found: dict[str, dict] = part["old_clusters"]   # "seed/label" -> {"num_clusters", "ari"}
     cfg = load_suite(a.suite, a.sets) if a.suite else None
     lam = a.lam if a.lam is not None or cfg is not None else 0.6   # None with --suite: the suite's own
-    mf = build_model_fn("logreg", (60,), 10)
+    opts = {**settings, "lam": lam}
+    todo = {f"{seed}/{LABELS[name]}": dict(name=name, seed=seed, opts=opts)
+            for seed in a.seeds for name in a.algorithms if f"{seed}/{LABELS[name]}" not in done}
+
+    def store(key: str, result: dict) -> None:
+        done[key] = result["acc"]
+        if result["clusters"] is not None:
+            found[key] = result["clusters"]
+        part.save()
+        print(key, result["acc"], flush=True)
+
+    run_cells(one_method, todo, a.jobs, store)
+    res: dict[str, list[float]] = {}
     for seed in a.seeds:
-        if cfg is None:
-            data = fpfc_synthetic(a.scenario, seed=seed, features="uniform", size_scale=a.size_scale,
-                                  max_size=a.max_size)
-            old, new = split_old_new(data, seed)
-            p_old = FederatedProblem(data.subset(old), mf, name="old")
-            p_new = FederatedProblem(data.subset(new), mf, name="newcomers")
-        else:
-            data = suite_data(cfg, seed)
-            old, new = split_old_new(data, seed)
-            p_old, p_new = suite_problem(cfg, data, old, "old"), suite_problem(cfg, data, new, "newcomers")
         for name in a.algorithms:
-            key = f"{seed}/{LABELS[name]}"
-            if key in done:
-                res.setdefault(LABELS[name], []).append(float(done[key]))
-                continue
-            extra = {"lam": lam} if name == "fpfc" and lam is not None else None
-            prm = params_for(name, extra) if cfg is None else suite_params(cfg, name, extra)
-            if name == "local":          # nothing to train on the old devices
-                algo, server, final = get_algorithm("local")(prm, p_old), {}, {}
-            else:
-                _, algo, out = (run(p_old, name, prm, a.rounds, seed, eval_every=max(1, a.rounds)) if cfg is None
-                                else run_suite(cfg, p_old, name, prm, seed))
-                server, final = out.server, out.extras          # extras: the algorithm's finalize()
-            if "num_clusters" in final:
-                found[key] = {k: float(final[k]) for k in ("num_clusters", "ari") if k in final}
-            W = algo.newcomer_models(server, p_new, rounds=a.newcomer_rounds, seed=seed)
-            v = acc(p_new, W)
-            res.setdefault(LABELS[name], []).append(float(v))
-            done[key] = float(v)
-            part.save()
-            print(seed, LABELS[name], v, flush=True)
+            res.setdefault(LABELS[name], []).append(float(done[f"{seed}/{LABELS[name]}"]))
+    _, _, old, new, num_clients = _split(a.seeds[-1], json.dumps(opts, sort_keys=True))
     if cfg is None:
         dataset, paper = "synthetic", PAPER
         lines = ["# Table 3: newcomers (FPFC Sec. 6.4.2), synthetic " + a.scenario, "",
@@ -160,7 +182,7 @@ def main(argv=None):
         sc = cfg.simulation
         lam = lam if lam is not None else suite_params(cfg, "fpfc").get("lam")
         lines = [f"# Table 3: newcomers (FPFC Sec. 6.4.2), {dataset} label swap (suite {cfg.name})", "",
-                 f"{len(old)} of {data.num_clients} devices train for {sc.rounds} rounds ({suite_participation(cfg)}, "
+                 f"{len(old)} of {num_clients} devices train for {sc.rounds} rounds ({suite_participation(cfg)}, "
                  f"the suite's parameters, FPFC lam {lam}); {len(new)} newcomers (20%, one draw per "
                  f"cluster and seed) join afterwards and get {a.newcomer_rounds} newcomer rounds. "
                  f"Data {dict(cfg.data.params)}, seeds {a.seeds}.", ""]
