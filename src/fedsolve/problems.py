@@ -76,3 +76,35 @@ class FederatedProblem:
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
             model = self.model_fn()
         return self.layout.flatten(model)
+
+
+# ------------------------------------------------------------------ problem kinds
+#: A problem kind turns the plain problem that a config's ``data`` and ``model`` sections build into a
+#: family's problem (constraints, bilevel splits, domain roles, ...):
+#: ``builder(problem, params, seed) -> FederatedProblem``. ``params`` is the config's ``problem.params``;
+#: the builder validates it (a pydantic model with ``extra="forbid"`` names every bad field).
+ProblemBuilder = Callable[[FederatedProblem, Mapping[str, Any], int], FederatedProblem]
+PROBLEM_KINDS: dict[str, ProblemBuilder] = {}
+
+
+def register_problem_kind(name: str) -> Callable[[ProblemBuilder], ProblemBuilder]:
+    """Decorator: register ``builder`` as problem kind ``name`` (``problem: {kind: name}`` in a config).
+
+    Builders live in the modules of ``fedsolve.problem_kinds`` (imported when a kind is looked up)."""
+
+    def deco(builder: ProblemBuilder) -> ProblemBuilder:
+        if name in PROBLEM_KINDS and PROBLEM_KINDS[name] is not builder:
+            raise ValueError(f"problem kind {name!r} registered twice")
+        PROBLEM_KINDS[name] = builder
+        return builder
+
+    return deco
+
+
+def get_problem_kind(name: str) -> ProblemBuilder:
+    from fedsolve import problem_kinds as _  # noqa: F401  (populate the registry)
+
+    try:
+        return PROBLEM_KINDS[name]
+    except KeyError:
+        raise ValueError(f"problem.kind: unknown {name!r}; allowed: {sorted(PROBLEM_KINDS)}") from None

@@ -253,7 +253,7 @@ def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: Rng
     from fedsolve.core.executor import build_plans, make_executor
 
     ids = torch.arange(problem.num_clients)
-    plans = build_plans(phases, problem.data.train_offsets, ids, rngs, round_)
+    plans = build_plans(phases, problem.data.train_offsets, ids, rngs, round_, groups=problem.data.row_groups)
     rows, _, _ = make_executor(executor, problem).run(_PlainWork(problem, update), {"w": start.clone()}, {}, ids,
                                                       plans, problem.data)
     return rows["w"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -41,6 +41,10 @@ class Work:
     epochs: float | None = 1.0
     steps: int | None = None
     batch_size: int | None = None
+    #: draw this phase's minibatches from the client's rows of one named row group only
+    #: (``FederatedData.train_groups``: e.g. a bilevel upper/lower split, labelled source vs target rows);
+    #: epochs count passes over that group. None: all of the client's rows.
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if self.steps is None and (self.epochs is None or self.epochs <= 0):
@@ -114,25 +118,45 @@ def _stack_plan(per_client: list) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(idx), torch.from_numpy(w)
 
 
+def _group_rows(groups: tuple[Tensor, Sequence[str]] | None, phase: str, name: str, a: int, n: int,
+                cid: int) -> np.ndarray:
+    """The client-relative rows of row group ``name`` among the client's rows ``a:a+n``."""
+    if groups is None:
+        raise ValueError(f"work phase {phase!r} draws from row group {name!r}, but the data has no train_groups")
+    gids, names = groups
+    if name not in names:
+        raise ValueError(f"work phase {phase!r}: unknown row group {name!r}; allowed: {list(names)}")
+    rows = torch.nonzero(gids[a:a + n] == names.index(name)).flatten().numpy()
+    if rows.size == 0:
+        raise ValueError(f"client {cid} has no training samples in row group {name!r} (phase {phase!r})")
+    return rows
+
+
 def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: RngStreams, round_: int,
-                scale: Tensor | None = None) -> dict[str, Plan]:
-    """Draw every selected client's minibatch plan for every phase (deterministic per client)."""
+                scale: Tensor | None = None, groups: tuple[Tensor, Sequence[str]] | None = None
+                ) -> dict[str, Plan]:
+    """Draw every selected client's minibatch plan for every phase (deterministic per client).
+
+    ``groups``: ``(train_groups, group_names)`` of the data, aligned with ``offsets``, for phases whose
+    ``Work.group`` names a row group."""
     sizes = (offsets[1:] - offsets[:-1])[ids].tolist()
     starts = offsets[:-1][ids].tolist()
     cids = ids.tolist()
     plans: dict[str, Plan] = {}
     for phase, wk in work.items():
-        per_client = []
-        for k, (cid, n, a) in enumerate(zip(cids, sizes, starts)):
-            if n <= 0:
+        per_client, fixed = [], True
+        for k, (cid, n_all, a) in enumerate(zip(cids, sizes, starts)):
+            if n_all <= 0:
                 raise ValueError(f"client {cid} has no training samples")
+            rows = None if wk.group is None else _group_rows(groups, phase, wk.group, a, n_all, cid)
+            n = n_all if rows is None else int(rows.size)
             bs = n if wk.batch_size is None else min(wk.batch_size, n)
             per_epoch = math.ceil(n / bs)
             steps = wk.steps if wk.steps is not None else max(1, math.ceil(wk.epochs * per_epoch))
             if scale is not None:
                 steps = max(1, int(round(steps * float(scale[k]))))
             if bs == n:  # full batch: no randomness, the same (shared) index array every step
-                batches = [np.arange(n)] * steps
+                batches = [np.arange(n) if rows is None else rows] * steps
             else:
                 g = rngs.numpy("batches", round_, cid, phase)
                 batches = []
@@ -140,9 +164,11 @@ def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: Rn
                     order = g.permutation(n)
                     batches.extend(order[b0:b0 + bs] for b0 in range(0, n, bs))
                 batches = batches[:steps]
+                if rows is not None:
+                    batches = [rows[b] for b in batches]
+            fixed = fixed and bs == n
             per_client.append((a, bs, batches))
         S = max(len(b) for _, _, b in per_client)
-        fixed = all(bs == n for (_, bs, _), n in zip(per_client, sizes))
         act = torch.zeros((len(per_client), S), dtype=torch.bool)
         for k, (_, _, batches) in enumerate(per_client):
             act[k, :len(batches)] = True

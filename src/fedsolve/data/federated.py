@@ -43,6 +43,11 @@ class FederatedData:
         num_classes: number of classes (``None`` for regression).
         weights: ``[m]`` client weights, by default ``n_i / n`` (training sizes).
         clusters: optional ``[m]`` ground-truth cluster ids (clustered benchmarks).
+        train_groups: optional ``[N]`` long tensor naming a group per training row (an index into
+            ``group_names``): disjoint splits of each client's data that a phase of local work draws from
+            alone (``Work(group=...)``), e.g. a bilevel problem's upper/lower splits or labelled source and
+            unlabelled target samples.
+        group_names: the names of the groups (``train_groups`` values index it).
         name: dataset name for reports; ``meta`` free-form provenance (partition, substitutes, ...).
     """
 
@@ -56,6 +61,8 @@ class FederatedData:
     num_classes: int | None = None
     weights: Tensor | None = None
     clusters: Tensor | None = None
+    train_groups: Tensor | None = None
+    group_names: tuple[str, ...] = ()
     name: str = "data"
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -78,6 +85,17 @@ class FederatedData:
             self.clusters = torch.as_tensor(self.clusters, dtype=torch.long)
             if self.clusters.numel() != m:
                 raise ValueError("clusters must have one id per client")
+        if self.train_groups is not None:
+            self.train_groups = torch.as_tensor(self.train_groups, dtype=torch.long)
+            self.group_names = tuple(self.group_names)
+            if self.train_groups.shape != (self.train_x.shape[0],):
+                raise ValueError(f"train_groups must have one group id per training row ({self.train_x.shape[0]}), "
+                                 f"got shape {tuple(self.train_groups.shape)}")
+            if len(set(self.group_names)) != len(self.group_names) or not self.group_names:
+                raise ValueError(f"group_names must be distinct and non-empty, got {self.group_names}")
+            if self.train_groups.numel() and not (0 <= int(self.train_groups.min())
+                                                  and int(self.train_groups.max()) < len(self.group_names)):
+                raise ValueError(f"train_groups values must index group_names {self.group_names}")
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -101,6 +119,17 @@ class FederatedData:
         a, b = int(self.train_offsets[i]), int(self.train_offsets[i + 1])
         return self.train_x[a:b], self.train_y[a:b]
 
+    @property
+    def row_groups(self) -> tuple[Tensor, tuple[str, ...]] | None:
+        """``(train_groups, group_names)`` for ``build_plans``, or None without groups."""
+        return None if self.train_groups is None else (self.train_groups, self.group_names)
+
+    def client_train_groups(self, i: int) -> Tensor | None:
+        """Client ``i``'s row groups (``train_groups`` of its training rows), or None without groups."""
+        if self.train_groups is None:
+            return None
+        return self.train_groups[int(self.train_offsets[i]):int(self.train_offsets[i + 1])]
+
     def client_test(self, i: int) -> tuple[Tensor, Tensor]:
         a, b = int(self.test_offsets[i]), int(self.test_offsets[i + 1])
         return self.test_x[a:b], self.test_y[a:b]
@@ -120,6 +149,9 @@ class FederatedData:
             test_offsets=_offsets([x.shape[0] for x, _ in te]),
             task=self.task, num_classes=self.num_classes, weights=w,
             clusters=self.clusters[clients] if self.clusters is not None else None,
+            train_groups=(torch.cat([self.client_train_groups(i) for i in clients]) if clients
+                          else self.train_groups[:0]) if self.train_groups is not None else None,
+            group_names=self.group_names,
             name=self.name, meta=dict(self.meta),
         )
 
@@ -132,7 +164,7 @@ class FederatedData:
         if not 0 < fraction < 1:
             raise ValueError(f"fraction must be in (0, 1), got {fraction}")
         rng = np.random.default_rng(10_000 + seed)
-        tr, va = [], []
+        tr, va, groups = [], [], []
         for i in range(self.num_clients):
             x, y = self.client_train(i)
             n = x.shape[0]
@@ -140,10 +172,15 @@ class FederatedData:
             nv = min(int(round(fraction * n)), n - 1)
             va.append((x[perm[:nv]], y[perm[:nv]]))
             tr.append((x[perm[nv:]], y[perm[nv:]]))
-        return FederatedData.from_client_arrays(
+            if self.train_groups is not None:
+                groups.append(self.client_train_groups(i)[perm[nv:]])
+        out = FederatedData.from_client_arrays(
             tr, va, task=self.task, num_classes=self.num_classes,
             clusters=self.clusters.tolist() if self.clusters is not None else None, name=self.name,
             meta={**self.meta, "validation_split": {"fraction": fraction, "seed": seed}})
+        if groups:  # the training rows keep their groups (the held-out rows are scored, not trained on)
+            out.train_groups, out.group_names = torch.cat(groups), self.group_names
+        return out
 
     def to(self, device: torch.device | str) -> "FederatedData":
         for k in ("train_x", "train_y", "test_x", "test_y"):

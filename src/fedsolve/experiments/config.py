@@ -87,6 +87,23 @@ def _extra_model(name: str) -> bool:
     return name in _extra_models()
 
 
+class ProblemConfig(BaseModel):
+    """A family's problem on top of the data and model (constraints, bilevel splits, domain roles)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str = Field(..., description="problem kind (fedsolve.problems.PROBLEM_KINDS), e.g. a constrained, "
+                                       "bilevel or minimax problem")
+    params: dict[str, Any] = Field(default_factory=dict, description="the problem kind's parameters")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        from fedsolve.problems import get_problem_kind
+
+        get_problem_kind(v)  # raises with the allowed kinds
+        return v
+
+
 class TuneSpec(BaseModel):
     """Choose one hyper-parameter on validation data, per seed (the papers' "tuned on validation").
 
@@ -139,6 +156,8 @@ class ExperimentConfig(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="seeds (compare runs each)")
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
+    problem: ProblemConfig | None = Field(None, description="a family's problem kind on top of data and model "
+                                                            "(null: plain empirical risk minimization)")
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
     algorithm: AlgorithmSpec | None = Field(None, description="the algorithm of `fedsolve run`")
     algorithms: list[AlgorithmSpec] = Field(default_factory=list, description="algorithms of `fedsolve compare`")

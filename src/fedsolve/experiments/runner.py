@@ -88,7 +88,16 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
 
         blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
     loss = "cross_entropy" if data.task == "classification" else "squared_error"
-    return FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
+    problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
+    if cfg.problem is not None:
+        from fedsolve.experiments.config import ConfigError
+        from fedsolve.problems import get_problem_kind
+
+        try:
+            problem = get_problem_kind(cfg.problem.kind)(problem, dict(cfg.problem.params), seed)
+        except ValueError as e:
+            raise ConfigError(f"problem.params: {e}") from None
+    return problem
 
 
 def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: FederatedProblem):

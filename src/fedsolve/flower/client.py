@@ -112,6 +112,12 @@ def _setup(msg: Message, context: Context) -> tuple[DeploymentTask, int, ClientS
     return task, cid, store, cfg
 
 
+def _groups(data, cid: int):
+    """Client ``cid``'s row groups for ``build_plans`` on its own rows (None without groups)."""
+    g = data.client_train_groups(cid)
+    return None if g is None else (g, data.group_names)
+
+
 def _plan_pads(cfg: ConfigRecord) -> dict[str, tuple[int, int]]:
     """The ``pad-<phase>`` entries of a message's config: the simulator's plan shapes per phase."""
     return {k[4:]: tuple(int(a) for a in v) for k, v in cfg.items() if k.startswith("pad-")}
@@ -144,7 +150,7 @@ def build_client_app() -> ClientApp:
         pad = _plan_pads(cfg)
         rows, upload, loss = client_update(algo, cid, task.problem.num_clients, data.weights[cid], x, y,
                                            store.state, from_array_record(msg.content["msg"]),
-                                           RngStreams(task.seed), t, scale, pad)
+                                           RngStreams(task.seed), t, scale, pad, _groups(data, cid))
         store.set_pending(t, rows)
         store.save()
         return Message(RecordDict({"upload": to_array_record(upload),
@@ -159,7 +165,8 @@ def build_client_app() -> ClientApp:
         data = task.problem.data
         pad = _plan_pads(cfg)
         params = client_adapt(task.algorithm, params, cid, task.problem.num_clients, data.weights[cid],
-                              *data.client_train(cid), RngStreams(task.seed), int(cfg["round"]), pad)
+                              *data.client_train(cid), RngStreams(task.seed), int(cfg["round"]), pad,
+                              _groups(data, cid))
         x, y = data.client_test(cid)
         metrics = client_eval_metrics(task.problem, params, x, y, tuple(task.simulation.metrics))
         return Message(RecordDict({"metrics": MetricRecord(metrics), "info": _info(cid, int(cfg["round"]))}),

@@ -61,16 +61,17 @@ def local_offsets(cid: int, num_clients: int, n: int) -> Tensor:
 
 
 def plan_shapes(algorithm, train_offsets: Tensor, ids: Tensor, rngs: RngStreams, t: int,
-                scale: Tensor | None, phases: Mapping | None = None) -> dict[str, tuple[int, int]]:
+                scale: Tensor | None, phases: Mapping | None = None, groups=None) -> dict[str, tuple[int, int]]:
     """``{phase: (S, B)}``: steps and batch width of round ``t``'s stacked plan over ``ids`` for
     ``phases`` (default: the round's ``algorithm.work(t)``).
 
     The simulator pads every client's plan to the round's largest (S, B) (e.g. full-batch phases
     pad to the largest client); padded rows have weight 0 but change the shape of the reductions,
     so the node pads its own plan the same way to get bit-identical gradients. Needs only the
-    clients' sizes (offsets), no data.
+    clients' sizes (offsets) and, for phases on a row group, the rows' group ids (``groups``), no data.
     """
-    plans = build_plans(algorithm.work(t) if phases is None else phases, train_offsets, ids, rngs, t, scale)
+    plans = build_plans(algorithm.work(t) if phases is None else phases, train_offsets, ids, rngs, t, scale,
+                        groups)
     return {p: (int(pl.idx.shape[1]), int(pl.idx.shape[2])) for p, pl in plans.items()}
 
 
@@ -102,13 +103,13 @@ def set_round(algorithm, t: int) -> None:
 
 def _client_context(algorithm, phases: Mapping, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
                     train_y: Tensor, rngs: RngStreams, t: int, scale: float | None,
-                    pad: Mapping[str, tuple[int, int]] | None) -> LocalContext:
+                    pad: Mapping[str, tuple[int, int]] | None, groups=None) -> LocalContext:
     """ONE client's ``LocalContext`` for ``phases`` in round ``t`` on its own data: the minibatch plan is
     drawn from the client's own stream ``("batches", t, cid, phase)`` and padded to the ``pad`` shapes."""
     n = int(train_x.shape[0])
     ids = torch.tensor([cid], dtype=torch.long)
     sc = None if scale is None else torch.tensor([scale], dtype=torch.float64)
-    plans = build_plans(phases, local_offsets(cid, num_clients, n), ids, rngs, t, sc)
+    plans = build_plans(phases, local_offsets(cid, num_clients, n), ids, rngs, t, sc, groups)
     if pad:
         plans = {p: _pad(pl, *pad[p]) if p in pad else pl for p, pl in plans.items()}
     ctx = LocalContext(algorithm.problem, {p: pl.row(0) for p, pl in plans.items()},
@@ -120,16 +121,17 @@ def _client_context(algorithm, phases: Mapping, cid: int, num_clients: int, weig
 
 def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x: Tensor, train_y: Tensor,
                   state: Mapping[str, Tensor], msg: Mapping[str, Tensor], rngs: RngStreams, t: int,
-                  scale: float | None, pad: Mapping[str, tuple[int, int]] | None = None
+                  scale: float | None, pad: Mapping[str, tuple[int, int]] | None = None, groups=None
                   ) -> tuple[Record, Record, Tensor]:
     """ONE client's ``local_update`` in round ``t`` on its own data: (new rows, upload, train loss).
 
     Mirrors ``SequentialExecutor.run`` for one client; the minibatch plan is drawn from the
     client's own stream ``("batches", t, cid, phase)`` and padded to the round's ``pad`` shapes.
+    ``groups``: ``(the client's train_groups, group_names)`` when phases draw from row groups.
     """
     set_round(algorithm, t)
     ctx = _client_context(algorithm, algorithm.work(t), cid, num_clients, weight, train_x, train_y, rngs, t,
-                          scale, pad)
+                          scale, pad, groups)
     new_state, upload = algorithm.local_update(dict(state), dict(msg), ctx)
     return new_state, upload, ctx.train_loss
 
@@ -139,14 +141,14 @@ def client_eval_params(algorithm, state: Mapping[str, Tensor], eval_msg: Mapping
 
 
 def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
-                 train_y: Tensor, rngs: RngStreams, t: int, pad: Mapping[str, tuple[int, int]] | None = None
-                 ) -> Tensor:
+                 train_y: Tensor, rngs: RngStreams, t: int, pad: Mapping[str, tuple[int, int]] | None = None,
+                 groups=None) -> Tensor:
     """ONE client's evaluation-time adaptation after ``t`` rounds (``Algorithm.eval_work``, e.g.
     Per-FedAvg's), as ``Simulation.eval_params`` runs it; ``params`` itself when there is none."""
     phases = algorithm.eval_work()
     if not phases:
         return params
-    ctx = _client_context(algorithm, phases, cid, num_clients, weight, train_x, train_y, rngs, t, None, pad)
+    ctx = _client_context(algorithm, phases, cid, num_clients, weight, train_x, train_y, rngs, t, None, pad, groups)
     return algorithm.eval_adapt(params, ctx)
 
 

@@ -203,7 +203,7 @@ class FlowerRun:
             return {"round": t, "clients": 0, "train_loss": float("nan")}
         msgs = self.algo.broadcast(self.server, ids, t)
         shapes = plan_shapes(self.algo, self.problem.data.train_offsets, ids, self.rngs, t,
-                             None if scales is None else scales[ids])
+                             None if scales is None else scales[ids], groups=self.problem.data.row_groups)
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
         out = []
         for k, cid in enumerate(ids.tolist()):
@@ -260,7 +260,7 @@ class FlowerRun:
         emsg = self.algo.eval_broadcast(self.server, ids)
         phases = self.algo.eval_work()   # evaluation-time adaptation: plans padded as the simulator's
         shapes = plan_shapes(self.algo, self.problem.data.train_offsets, ids, self.rngs, done, None,
-                             phases) if phases else {}
+                             phases, self.problem.data.row_groups) if phases else {}
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
         out = [self._message(live[c], MessageType.EVALUATE, row(emsg, c), self._config(c, done, **pad), done,
                              2 * self.eval_timeout) for c in sorted(live)]

@@ -252,7 +252,7 @@ class Simulation:
             g = self.rngs.numpy("work", t)
             scale = torch.as_tensor(g.uniform(self.cfg.work.min_fraction, 1.0, size=m))[ids]
         msgs = self.algo.broadcast(self.server, ids, t)
-        plans = build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale)
+        plans = build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale, data.row_groups)
         rows = self.clients.gather(ids)
         new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, ids, plans, data, t)
         self.clients.scatter(ids, new_rows)
