@@ -1,0 +1,3 @@
+"""Federated bilevel solvers: SimFBO / ShroFBO (Algorithm 1) and the FedNest baselines."""
+
+from fedsolve.algorithms.bilevel import simfbo  # noqa: F401

@@ -1,0 +1,209 @@
+"""SimFBO and ShroFBO (Yang, Xiao, Ji 2023, Algorithm 1): simple federated bilevel optimisation.
+
+One communication round t (spec simfbo.md 2.2-2.7):
+
+    server -> each i in C_t (|C_t| = P, uniform without replacement):  x^t, y^t, v^t
+    client i, k = 0..tau_i-1, all three at the SAME point (eq. 3):
+        d_y = grad_y g_i(x_k, y_k)
+        d_v = grad2_yy g_i(x_k, y_k) v_k - grad_y f_i(x_k, y_k)            (grad_v R_i, HVP)
+        d_x = grad_x f_i(x_k, y_k) - grad2_xy g_i(x_k, y_k) v_k            (barGrad f_i, mixed JVP)
+        (y, v, x)_{k+1} = (y, v, x)_k - a_k (eta_y d_y, eta_v d_v, eta_x d_x)     (no projection)
+        q_{z,i} = sum_k a_k d_z        h_{z,i} = q_{z,i} / ||a_i||_1        (eq. 4, eq. 6)
+    client i -> server: h_{x,i}, h_{y,i}, h_{v,i} and the scalar ||a_i||_1   (d_x + 2 d_y + 1 floats)
+    p~_i = (n / P) p_i
+    SimFBO  (eq. 5):  z^{t+1} = z^t - gamma_z sum_{i in C_t} p~_i q_{z,i}
+    ShroFBO (eq. 8):  z^{t+1} = z^t - rho^t gamma_z sum_{i in C_t} p~_i h_{z,i},
+                      rho^t = sum_{j=1..n} p_j ||a_j||_1                     (eq. 6; known schedule)
+    v^{t+1} = P_r(v^{t+1})   (server only; r = None: no projection)
+
+tau_i is a persistent property of client i (its row ``tau`` of the client state), drawn once from
+the seed when ``tau_max`` is set (system heterogeneity, Fig. 4). The server keeps the same public
+schedule to compute rho^t exactly (spec 2.5 option (a)); ``rho: estimate`` uses the unbiased
+``sum_{i in C_t} p~_i ||a_i||_1`` from the uploads instead (option (b)).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.bilevel import BilevelOracles, project_ball
+from fedsolve.core.executor import Work
+from fedsolve.core.states import ClientStates
+
+
+class SimFBOConfig(BaseModel):
+    """Defaults: the paper's MNIST-MLP setting (A.2: eta = gamma = [0.2, 0.1, 0.05] for [y, v, x], tau = 1)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    eta_y: float = Field(0.2, ge=0, description="client step size of y")
+    eta_v: float = Field(0.1, ge=0, description="client step size of v")
+    eta_x: float = Field(0.05, ge=0, description="client step size of x")
+    gamma_y: float = Field(0.2, gt=0, description="server step size of y")
+    gamma_v: float = Field(0.1, gt=0, description="server step size of v")
+    gamma_x: float = Field(0.05, gt=0, description="server step size of x")
+    tau: int = Field(1, ge=1, description="local steps of every client (when tau_max and tau_clients are unset)")
+    tau_max: int | None = Field(None, ge=1, description="system heterogeneity: each client's persistent tau_i "
+                                "drawn once, uniformly from {1..tau_max} (seeded)")
+    tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i, one per client (>= 1)")
+    a: float = Field(1.0, gt=0, description="local coefficients a_i^(t,k) (constant; the paper uses 1)")
+    batch_size: int | None = Field(64, ge=1, description="minibatch size of every oracle (null: full split)")
+    independent_batches: bool = Field(True, description="independent minibatches per oracle (zeta, psi, xi: 5 "
+                                      "per step); false: one lower and one upper batch per step")
+    r: float | None = Field(None, gt=0, description="radius of the server's projection of v (null: none)")
+    v0: float = Field(0.0, description="initial value of every entry of v (spec: v^(0) = 0)")
+    weights: Literal["uniform", "data"] = Field("uniform", description="objective weights p_i: 1/n (paper) or "
+                                                "the clients' data shares")
+    normalized: bool = Field(False, description="ShroFBO: upload-normalised directions h, server step rho^t")
+    rho: Literal["known", "estimate"] = Field("known", description="ShroFBO's rho^t: from the known tau "
+                                              "schedule of all n clients, or estimated from the sampled ones")
+
+    @model_validator(mode="after")
+    def _tau(self):
+        if self.tau_max is not None and self.tau_clients is not None:
+            raise ValueError("give tau_max or tau_clients, not both")
+        if self.tau_clients is not None and min(self.tau_clients, default=1) < 1:
+            raise ValueError(f"tau_clients: every tau_i must be >= 1, got {self.tau_clients}")
+        return self
+
+    def steps(self) -> int:
+        """The largest tau_i (the number of planned local steps)."""
+        if self.tau_clients is not None:
+            return max(self.tau_clients)
+        return self.tau_max if self.tau_max is not None else self.tau
+
+
+@register
+class SimFBO(Algorithm):
+    name = "simfbo"
+    description = "SimFBO: simultaneous y, v, x local updates, one round per iteration (Yang, Xiao, Ji 2023)"
+    Config = SimFBOConfig
+
+    def setup(self):
+        self.oracles = BilevelOracles(self.problem)
+        spec = self.oracles.spec
+        c = self.cfg
+        T = c.steps()
+        if c.independent_batches:
+            groups = {"lower_y": spec.lower_group, "lower_v": spec.lower_group, "upper_v": spec.upper_group,
+                      "upper_x": spec.upper_group, "lower_x": spec.lower_group}
+        else:
+            groups = {"lower": spec.lower_group, "upper": spec.upper_group}
+        self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
+        if c.tau_clients is not None and len(c.tau_clients) != self.num_clients:
+            raise ValueError(f"tau_clients: {len(c.tau_clients)} values for {self.num_clients} clients")
+
+    def work(self, round_=0):
+        return self._work
+
+    def p(self) -> torch.Tensor:
+        """Objective weights p_i (sum to 1)."""
+        if self.cfg.weights == "uniform":
+            return torch.full((self.num_clients,), 1.0 / self.num_clients, dtype=torch.float64)
+        w = self.client_weights.double()
+        return w / w.sum()
+
+    def tau_schedule(self, rngs) -> torch.Tensor:
+        c, n = self.cfg, self.num_clients
+        if c.tau_clients is not None:
+            return torch.tensor(c.tau_clients, dtype=torch.float64)
+        if c.tau_max is not None:
+            return torch.as_tensor(rngs.numpy("simfbo_tau").integers(1, c.tau_max + 1, size=n), dtype=torch.float64)
+        return torch.full((n,), float(c.tau), dtype=torch.float64)
+
+    # ------------------------------------------------------------ Algorithm 1
+    def init(self, x0, rngs):
+        x, y = self.oracles.split(x0)
+        tau = self.tau_schedule(rngs).to(x0.dtype)
+        server = {"x": x.clone(), "y": y.clone(), "v": torch.full_like(y, self.cfg.v0), "tau": tau.clone()}
+        return server, ClientStates(self.num_clients, {"tau": tau.clone()})
+
+    def broadcast(self, server, ids, round_):
+        return {k: self.expand(server[k], ids) for k in ("x", "y", "v")}
+
+    def local_update(self, state, msg, ctx):
+        """Eq. (3)-(4) for ONE client: tau_i simultaneous steps of (y, v, x), then h = q / ||a_i||_1."""
+        c, O = self.cfg, self.oracles
+        x, y, v = msg["x"], msg["y"], msg["v"]
+        tau = state["tau"]
+        qx, qy, qv = torch.zeros_like(x), torch.zeros_like(y), torch.zeros_like(v)
+        first = next(iter(self._work))
+        for k in range(c.steps()):
+            on = (tau > k) & ctx.is_active(first, k)
+            ak = c.a * on.to(x.dtype)
+            if c.independent_batches:
+                dy, _ = O.grad_y_g(x, y, ctx.batch("lower_y", k))
+                hv = O.hvp_yy_g(x, y, v, ctx.batch("lower_v", k))
+                _, fy, _ = O.grad_f(x, y, ctx.batch("upper_v", k))
+                fx, _, fval = O.grad_f(x, y, ctx.batch("upper_x", k))
+                jv = O.jvp_xy_g(x, y, v, ctx.batch("lower_x", k))
+            else:
+                dy, _ = O.grad_y_g(x, y, ctx.batch("lower", k))
+                jv, hv = O.second_g(x, y, v, ctx.batch("lower", k))
+                fx, fy, fval = O.grad_f(x, y, ctx.batch("upper", k))
+            dv = hv - fy                      # grad_v R_i
+            dx = fx - jv                      # barGrad f_i
+            ctx.record_loss(fval, on)
+            qy, qv, qx = qy + ak * dy, qv + ak * dv, qx + ak * dx
+            y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
+        a_norm = c.a * tau
+        return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
+
+    def rho(self, server, ids, uploads) -> torch.Tensor:
+        """rho^t = sum_j p_j ||a_j||_1 (eq. 6): the known schedule, or its unbiased estimate over C_t."""
+        if self.cfg.rho == "known":
+            return (self.p().to(server["tau"].dtype) * self.cfg.a * server["tau"]).sum()
+        return (self.p_tilde(ids).to(uploads["a_norm"].dtype) * uploads["a_norm"]).sum()
+
+    def p_tilde(self, ids) -> torch.Tensor:
+        """p~_i = (n / |C_t|) p_i (spec 2.2; not renormalised)."""
+        return self.num_clients / ids.numel() * self.p()[ids]
+
+    def coefficients(self, server, ids, uploads) -> torch.Tensor:
+        """Per-client multipliers of the uploaded h: SimFBO p~_i ||a_i||_1 (q = ||a_i||_1 h), ShroFBO rho p~_i."""
+        pt = self.p_tilde(ids).to(uploads["hx"].dtype)
+        if self.cfg.normalized:
+            return self.rho(server, ids, uploads) * pt
+        return pt * uploads["a_norm"]
+
+    def aggregate(self, server, ids, uploads, round_):
+        c = self.cfg
+        w = self.coefficients(server, ids, uploads)
+        step = lambda h: (w.unsqueeze(-1) * h).sum(0)  # noqa: E731
+        return {**server,
+                "x": server["x"] - c.gamma_x * step(uploads["hx"]),
+                "y": server["y"] - c.gamma_y * step(uploads["hy"]),
+                "v": project_ball(server["v"] - c.gamma_v * step(uploads["hv"]), c.r)}
+
+    # ------------------------------------------------------------ evaluation
+    def eval_broadcast(self, server, ids):
+        return {k: self.expand(server[k], ids) for k in ("x", "y")}
+
+    def eval_model(self, state, msg):
+        return self.oracles.join(msg["x"], msg["y"])
+
+    def diagnostics(self, server, clients):
+        return {"v_norm": float(server["v"].norm())}
+
+
+class ShroFBOConfig(SimFBOConfig):
+    """Defaults: the paper's heterogeneous-computation setting (A.2: eta = gamma = [0.03, 0.02, 0.01])."""
+
+    eta_y: float = Field(0.03, ge=0, description="client step size of y")
+    eta_v: float = Field(0.02, ge=0, description="client step size of v")
+    eta_x: float = Field(0.01, ge=0, description="client step size of x")
+    gamma_y: float = Field(0.03, gt=0, description="server step size of y")
+    gamma_v: float = Field(0.02, gt=0, description="server step size of v")
+    gamma_x: float = Field(0.01, gt=0, description="server step size of x")
+    normalized: Literal[True] = Field(True, description="ShroFBO always normalises (eq. 6-8)")
+
+
+@register
+class ShroFBO(SimFBO):
+    name = "shrofbo"
+    description = "ShroFBO: SimFBO with normalised client directions and server step rho^t (eq. 6-8)"
+    Config = ShroFBOConfig

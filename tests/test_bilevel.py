@@ -1,0 +1,317 @@
+"""Federated bilevel learning: oracles, SimFBO / ShroFBO against closed forms (spec simfbo.md 1.4, 2.8, 2.10).
+
+The synthetic quadratic problem (per client i, float64):
+
+    g_i(x, y) = mean_lower 1/2 (u^T y - s^T x - t)^2 + lam/2 ||y||^2     -> grad_y g_i = A_i y - B_i x - c_i
+    f_i(x, y) = mean_upper 1/2 (u^T y - t)^2 + mu_x/2 ||x||^2             -> grad_y f_i = C_i y - e_i, grad_x f_i = mu_x x
+
+With weights q: y*(x) = A^-1 (B x + c), v*(x) = A^-1 (C y* - e), grad Phi_q(x) = mu_x x + B^T v*(x), and the
+stationary point solves (mu_x I + B^T A^-1 C A^-1 B) x = B^T A^-1 (e - C A^-1 c).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedsolve.algorithms import get_algorithm
+from fedsolve.bilevel import BilevelOracles, BilevelSpec, bilevel_spec, project_ball, ridge_on
+from fedsolve.data.federated import FederatedData
+from fedsolve.problems import FederatedProblem, get_problem_kind
+from fedsolve.simulation.loop import Simulation, SimulationConfig
+
+DX, DY, LAM, MU_X = 3, 4, 0.5, 1.0
+
+
+class QuadModel(nn.Module):
+    """out = u^T y - s^T x for an input row [u (DY), s (DX)]."""
+
+    def __init__(self):
+        super().__init__()
+        self.x = nn.Parameter(torch.zeros(DX, dtype=torch.float64))
+        self.y = nn.Parameter(torch.zeros(DY, dtype=torch.float64))
+
+    def forward(self, inp):
+        return inp[:, :DY] @ self.y - inp[:, DY:] @ self.x
+
+
+def to64(data: FederatedData) -> FederatedData:
+    """The engine stores float32 samples; the theory tests run in float64."""
+    data.train_x, data.test_x = data.train_x.double(), data.test_x.double()
+    if data.task == "regression":
+        data.train_y, data.test_y = data.train_y.double(), data.test_y.double()
+    return data
+
+
+def quad_problem(m: int = 3, seed: int = 0, n_lower: int = 12, n_upper: int = 8) -> FederatedProblem:
+    rng = np.random.default_rng(seed)
+    tr, te, groups = [], [], []
+    for i in range(m):
+        u = rng.normal(size=(n_lower + n_upper, DY)) + 0.3 * rng.normal(size=DY)
+        s = np.concatenate([rng.normal(size=(n_lower, DX)) + 0.5 * i, np.zeros((n_upper, DX))])
+        t = rng.normal(size=n_lower + n_upper) + i
+        tr.append((np.concatenate([u, s], 1), t))
+        te.append((np.concatenate([u[:2], s[:2]], 1), t[:2]))
+        groups.append(np.r_[np.zeros(n_lower, dtype=np.int64), np.ones(n_upper, dtype=np.int64)])
+    data = to64(FederatedData.from_client_arrays(tr, te, task="regression", name="quad"))
+    data.train_groups, data.group_names = torch.as_tensor(np.concatenate(groups)), ("lower", "upper")
+    data.__post_init__()
+    prob = FederatedProblem(data, QuadModel, loss="squared_error", blocks={"x": ["x"], "y": ["y"]}, name="quad")
+    prob.extras["bilevel"] = BilevelSpec(lower_reg=ridge_on(prob.layout.mask("y").nonzero().flatten(), LAM),
+                                         upper_reg=ridge_on(prob.layout.mask("x").nonzero().flatten(), MU_X))
+    return prob
+
+
+def client_matrices(prob):
+    """Per client (A_i, B_i, c_i, C_i, e_i) from its data (numpy)."""
+    out = []
+    for i in range(prob.num_clients):
+        X, t = (a.numpy() for a in prob.data.client_train(i))
+        g = prob.data.client_train_groups(i).numpy()
+        lo, up = X[g == 0], X[g == 1]
+        U, S, tl = lo[:, :DY], lo[:, DY:], t[g == 0]
+        Uu, tu = up[:, :DY], t[g == 1]
+        out.append((U.T @ U / len(U) + LAM * np.eye(DY), U.T @ S / len(U), U.T @ tl / len(U),
+                    Uu.T @ Uu / len(Uu), Uu.T @ tu / len(Uu)))
+    return out
+
+
+def closed_form(mats, q):
+    """(x*, y*(x), v*(x), grad Phi(x)) of the q-weighted objective."""
+    A, B, c, C, e = (sum(qi * M[j] for qi, M in zip(q, mats)) for j in range(5))
+    Ai = np.linalg.inv(A)
+    ystar = lambda x: Ai @ (B @ x + c)  # noqa: E731
+    vstar = lambda x: Ai @ (C @ ystar(x) - e)  # noqa: E731
+    grad = lambda x: MU_X * x + B.T @ vstar(x)  # noqa: E731
+    xs = np.linalg.solve(MU_X * np.eye(DX) + B.T @ Ai @ C @ Ai @ B, B.T @ Ai @ (e - C @ Ai @ c))
+    return xs, ystar, vstar, grad
+
+
+def run(prob, name, rounds, executor="vectorized", clients=None, seed=0, **params):
+    algo = get_algorithm(name)(params, prob)
+    cfg = SimulationConfig(rounds=max(rounds, 1), eval_every=10**6, executor=executor,
+                           sampling={"clients_per_round": clients or prob.num_clients})
+    sim = Simulation(prob, algo, cfg, seed)
+    for _ in range(rounds):
+        sim.step()
+    return sim
+
+
+FULL = dict(batch_size=None, independent_batches=False)
+
+
+# ------------------------------------------------------------------ oracles
+def test_oracles_match_explicit_derivatives_on_an_mlp():
+    """HVP and mixed JVP (double backward) equal products with the explicit Hessian blocks (reference only)."""
+    from tests.conftest import make_data
+    from fedsolve.models import build_model_fn
+
+    torch.manual_seed(0)
+    data = to64(make_data(m=3, d=5, classes=3))
+    base = FederatedProblem(data, lambda: build_model_fn("mlp", data.input_shape, 3, hidden=(4,))().double())
+    prob = get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
+    O = BilevelOracles(prob)
+    z = prob.init_params(torch.Generator().manual_seed(1))
+    x, y = O.split(z)
+    xb, yb = prob.data.client_train(0)
+    b = (xb, yb, torch.full((len(yb),), 1.0 / len(yb), dtype=torch.float64))
+    v = torch.randn(O.dy, dtype=torch.float64)
+    H = torch.autograd.functional.hessian(lambda xx, yy: O.g(xx, yy, b), (x, y))
+    jv, hv = O.second_g(x, y, v, b)
+    assert torch.allclose(hv, H[1][1] @ v, atol=1e-12) and torch.allclose(jv, H[0][1] @ v, atol=1e-12)
+    assert torch.allclose(O.hvp_yy_g(x, y, v, b), hv, atol=1e-12)
+    assert torch.allclose(O.jvp_xy_g(x, y, v, b), jv, atol=1e-12)
+    assert torch.equal(O.join(*O.split(z)), z)
+    # the lower loss is strongly convex in y with the ridge: its y-Hessian is >= lam I
+    assert float(torch.linalg.eigvalsh(H[1][1]).min()) >= 0.1 - 1e-10
+
+
+def test_surrogate_at_exact_solutions_is_the_hypergradient():
+    prob = quad_problem()
+    O = BilevelOracles(prob)
+    mats = client_matrices(prob)
+    p = np.full(prob.num_clients, 1 / prob.num_clients)
+    _, ystar, vstar, grad = closed_form(mats, p)
+    x = np.array([0.3, -1.0, 2.0])
+    tx, ty, tv = (torch.as_tensor(a) for a in (x, ystar(x), vstar(x)))
+    agg = torch.zeros(DX, dtype=torch.float64)
+    for i in range(prob.num_clients):
+        X, t = prob.data.client_train(i)
+        g = prob.data.client_train_groups(i)
+        bl = (X[g == 0], t[g == 0], torch.full((int((g == 0).sum()),), 1 / int((g == 0).sum()), dtype=torch.float64))
+        bu = (X[g == 1], t[g == 1], torch.full((int((g == 1).sum()),), 1 / int((g == 1).sum()), dtype=torch.float64))
+        agg += p[i] * O.surrogate(tx, ty, tv, bu, bl)
+        # the client's lower gradient and HVP are the closed forms
+        A, B, c, C, e = mats[i]
+        gy, _ = O.grad_y_g(tx, ty, bl)
+        assert np.allclose(gy.numpy(), A @ ystar(x) - B @ x - c, atol=1e-12)
+        assert np.allclose(O.jvp_xy_g(tx, ty, tv, bl).numpy(), -B.T @ vstar(x), atol=1e-12)
+    print("sum_i p_i barGrad f_i(x, y*, v*) =", agg.numpy(), " closed-form grad Phi(x) =", grad(x))
+    assert np.allclose(agg.numpy(), grad(x), atol=1e-11)
+
+
+def test_projection_ball():
+    v = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert torch.allclose(project_ball(v, 1.0).norm(), torch.tensor(1.0, dtype=torch.float64))
+    assert torch.equal(project_ball(v, 6.0), v) and torch.equal(project_ball(v, None), v)
+
+
+# ------------------------------------------------------------------ Algorithm 1
+def test_one_round_matches_hand_computed_step():
+    """tau_i = 1, full participation, exact oracles: spec 2.10 #3 (y, v, x all from the server point)."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    sim = run(prob, "simfbo", 0, **FULL, v0=0.3)
+    z0 = {k: sim.server[k].numpy().copy() for k in ("x", "y", "v")}
+    sim.step()
+    c = sim.algo.cfg
+    n = prob.num_clients
+    gy = sum((A @ z0["y"] - B @ z0["x"] - cc) / n for A, B, cc, C, e in mats)
+    gv = sum((A @ z0["v"] - (C @ z0["y"] - e)) / n for A, B, cc, C, e in mats)
+    gx = sum((MU_X * z0["x"] + B.T @ z0["v"]) / n for A, B, cc, C, e in mats)
+    assert np.allclose(sim.server["y"].numpy(), z0["y"] - c.gamma_y * gy, atol=1e-12)
+    assert np.allclose(sim.server["v"].numpy(), z0["v"] - c.gamma_v * gv, atol=1e-12)
+    assert np.allclose(sim.server["x"].numpy(), z0["x"] - c.gamma_x * gx, atol=1e-12)
+    # spec 2.7: down x, y, v (d_x + 2 d_y floats), up h_x, h_y, h_v and ||a_i||_1 (d_x + 2 d_y + 1)
+    led = sim.ledger.per_round[-1]
+    assert led["down_floats"] == n * (DX + 2 * DY) and led["up_floats"] == n * (DX + 2 * DY + 1)
+
+
+def test_equal_tau_simfbo_equals_shrofbo():
+    """spec 2.10 #1: equal ||a_i||_1 (tau = 2 everywhere): w_i = p_i, rho = tau, the same iterates."""
+    prob = quad_problem()
+    steps = dict(eta_y=0.05, eta_v=0.05, eta_x=0.05, gamma_y=0.1, gamma_v=0.1, gamma_x=0.05, tau=2, **FULL)
+    a = run(prob, "simfbo", 3, **steps)
+    b = run(prob, "shrofbo", 3, **steps)
+    for k in ("x", "y", "v"):
+        assert torch.allclose(a.server[k], b.server[k], atol=1e-13, rtol=0)
+
+
+def test_simfbo_with_gamma_eta_is_fedavg_of_local_models():
+    """spec 2.10 #2: gamma = eta -> x^{t+1} = x^t + sum p~_i (x_i^{tau_i} - x^t) (local models rebuilt by hand)."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    st = dict(eta_y=0.05, eta_v=0.04, eta_x=0.03)
+    sim = run(prob, "simfbo", 0, **st, gamma_y=0.05, gamma_v=0.04, gamma_x=0.03, tau_clients=[1, 3, 2], **FULL)
+    x0, y0, v0 = (sim.server[k].numpy().copy() for k in ("x", "y", "v"))
+    sim.step()
+    ends = []
+    for (A, B, c, C, e), tau in zip(mats, [1, 3, 2]):
+        x, y, v = x0.copy(), y0.copy(), v0.copy()
+        for _ in range(tau):   # simultaneous (Jacobi) updates at the same point
+            dy, dv, dx = A @ y - B @ x - c, A @ v - (C @ y - e), MU_X * x + B.T @ v
+            y, v, x = y - st["eta_y"] * dy, v - st["eta_v"] * dv, x - st["eta_x"] * dx
+        ends.append((x, y, v))
+    n = prob.num_clients
+    for j, k in enumerate(("x", "y", "v")):
+        want = [x0, y0, v0][j] + sum((end[j] - [x0, y0, v0][j]) / n for end in ends)
+        assert np.allclose(sim.server[k].numpy(), want, atol=1e-12), k
+
+
+def _stationary(name, prob, rounds, **kw):
+    sim = run(prob, name, rounds, **kw)
+    return sim.server["x"].numpy()
+
+
+def test_unequal_tau_shrofbo_true_point_simfbo_reweighted():
+    """Theorems 1-2 / spec 4.4 #1 with exact local oracles at the server point (eta = 0: no client drift):
+    ShroFBO's hypergradient of Phi -> 0, SimFBO's -> the gap that the reweighting w_i ~ p_i tau_i predicts."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    taus = [1, 2, 4]
+    p = np.full(3, 1 / 3)
+    w = p * taus / (p * taus).sum()
+    xs, _, _, grad = closed_form(mats, p)
+    xw, _, _, grad_w = closed_form(mats, w)
+    common = dict(eta_y=0.0, eta_v=0.0, eta_x=0.0, tau_clients=taus, **FULL)
+    x_shro = _stationary("shrofbo", prob, 60, gamma_y=0.2, gamma_v=0.2, gamma_x=0.15, **common)
+    x_sim = _stationary("simfbo", prob, 60, gamma_y=0.15, gamma_v=0.15, gamma_x=0.1, **common)
+    g_shro, g_sim = np.linalg.norm(grad(x_shro)), np.linalg.norm(grad(x_sim))
+    gap = np.linalg.norm(grad(xw))
+    print(f"\n||grad Phi(x_ShroFBO)|| = {g_shro:.3e}  (closed form: 0 at x* = {xs})")
+    print(f"||grad Phi(x_SimFBO)||  = {g_sim:.6e}  (closed form ||grad Phi(x~*)|| = {gap:.6e}, x~* = {xw})")
+    print(f"||grad Phi~(x_SimFBO)|| = {np.linalg.norm(grad_w(x_sim)):.3e}")
+    assert g_shro < 1e-6
+    assert np.linalg.norm(grad_w(x_sim)) < 1e-6
+    assert gap > 1e-2 and abs(g_sim - gap) < 1e-6 * max(1.0, gap)
+    assert np.linalg.norm(x_shro - xs) < 1e-6 and np.linalg.norm(x_sim - xw) < 1e-6
+
+
+def test_client_drift_bias_vanishes_with_eta():
+    """With local steps (eta > 0) ShroFBO keeps an O(eta tau) drift bias (spec 4.4 #1): it shrinks with eta."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    _, _, _, grad = closed_form(mats, np.full(3, 1 / 3))
+    errs = []
+    for eta in (0.02, 0.002):
+        x = _stationary("shrofbo", prob, 60, eta_y=eta, eta_v=eta, eta_x=eta, gamma_y=0.2, gamma_v=0.2,
+                        gamma_x=0.15, tau_clients=[1, 2, 4], **FULL)
+        errs.append(np.linalg.norm(grad(x)))
+    print("ShroFBO ||grad Phi|| at eta = 0.02, 0.002:", errs)
+    assert errs[1] < errs[0] / 5 and errs[0] > 1e-6
+
+
+def test_v_stays_in_its_ball():
+    prob = quad_problem()
+    _, _, vstar, _ = closed_form(client_matrices(prob), np.full(3, 1 / 3))
+    algo = get_algorithm("simfbo")(dict(r=0.05, tau_clients=[1, 2, 3], eta_y=0.05, eta_v=0.05, eta_x=0.05,
+                                        **FULL), prob)
+    sim = Simulation(prob, algo, SimulationConfig(rounds=30, eval_every=10**6, executor="vectorized"), 0)
+    norms = []
+    for _ in range(30):
+        sim.step()
+        norms.append(float(sim.server["v"].norm()))
+    assert max(norms) <= 0.05 + 1e-12
+    assert norms[-1] > 0.05 - 1e-9   # the ball is active: ||v*|| is far larger than r here
+    assert np.linalg.norm(vstar(sim.server["x"].numpy())) > 0.1
+
+
+def test_sampling_weights_and_rho():
+    """p~_i = (n/P) p_i (not renormalised); rho = sum_j p_j tau_j over ALL clients, or its estimate."""
+    prob = quad_problem(m=5)
+    algo = get_algorithm("shrofbo")(dict(tau_clients=[1, 2, 3, 4, 5], **FULL), prob)
+    ids = torch.tensor([1, 4])
+    assert torch.allclose(algo.p_tilde(ids), torch.full((2,), 0.5, dtype=torch.float64))
+    server = {"tau": torch.tensor([1.0, 2, 3, 4, 5], dtype=torch.float64)}
+    up = {"a_norm": torch.tensor([2.0, 5.0], dtype=torch.float64)}
+    assert float(algo.rho(server, ids, up)) == pytest.approx(3.0)
+    est = get_algorithm("shrofbo")(dict(tau_clients=[1, 2, 3, 4, 5], rho="estimate", **FULL), prob)
+    assert float(est.rho(server, ids, up)) == pytest.approx(0.5 * 2 + 0.5 * 5)
+    # heterogeneous tau drawn once per client, persistent, the same on the server
+    het = get_algorithm("shrofbo")(dict(tau_max=10, **FULL), prob)
+    from fedsolve.core.rng import RngStreams
+
+    s, c = het.init(prob.init_params(torch.Generator().manual_seed(0)), RngStreams(3))
+    assert torch.equal(s["tau"], c["tau"]) and 1 <= int(s["tau"].min()) and int(s["tau"].max()) <= 10
+
+
+@pytest.mark.parametrize("name", ["simfbo", "shrofbo"])
+def test_sequential_and_vectorized_agree(name):
+    """Minibatches, independent batches, partial participation, unequal tau on an MLP hyper-representation."""
+    from tests.conftest import make_data
+    from fedsolve.models import build_model_fn
+
+    data = to64(make_data(m=5, d=5, classes=3, n_range=(10, 25)))
+    base = FederatedProblem(data, lambda: build_model_fn("mlp", data.input_shape, 3, hidden=(6,))().double())
+    prob = get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
+    out = {}
+    for ex in ("sequential", "vectorized"):
+        sim = run(prob, name, 3, executor=ex, clients=3, batch_size=4, tau_clients=[1, 3, 2, 2, 1], r=5.0)
+        out[ex] = sim.server
+    for k in ("x", "y", "v"):
+        assert torch.allclose(out["sequential"][k], out["vectorized"][k], atol=1e-10), k
+
+
+def test_bad_input_is_named():
+    prob = quad_problem()
+    with pytest.raises(ValueError, match="tau_clients"):
+        get_algorithm("simfbo")(dict(tau_clients=[1, 2]), prob)
+    with pytest.raises(ValueError, match="tau_max or tau_clients"):
+        get_algorithm("simfbo")(dict(tau_clients=[1, 2, 3], tau_max=3), prob)
+    plain = FederatedProblem(prob.data, QuadModel, loss="squared_error")
+    with pytest.raises(ValueError, match="not bilevel"):
+        get_algorithm("simfbo")({}, plain)
+    with pytest.raises(ValueError, match="not bilevel"):
+        bilevel_spec(plain)
