@@ -9,12 +9,14 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from fedsolve.algorithms.fpfc import (FPFC, FPFCL1, fpfc_newcomers, oracle_models, paper_cost, prox,
-                                      prox_scale, scad, smoothed_scad, warmup_lambda_path)
+from fedsolve.algorithms.fpfc import FPFC, FPFCL1, paper_cost, prox, prox_scale, scad, smoothed_scad
+from fedsolve.analysis.fpfc_oracle import augmented_lagrangian, oracle_models
 from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
+from fedsolve.protocols.fpfc_path import warmup_lambda_path
+from fedsolve.protocols.newcomers import fpfc_newcomers
 from fedsolve.simulation import Simulation, SimulationConfig
 
 
@@ -240,10 +242,10 @@ def test_augmented_lagrangian_non_increasing_lemma2(fraction):
                      dtype="float64"), prob)
     sim = Simulation(prob, algo, SimulationConfig(rounds=1, sampling={"fraction": fraction}, metrics=[]), seed=3)
     f = _full_losses(prob)
-    vals = [algo.augmented_lagrangian(sim.server, f)]
+    vals = [augmented_lagrangian(algo, sim.server, f)]
     for t in range(40):
         sim.run_round(t)
-        vals.append(algo.augmented_lagrangian(sim.server, f))
+        vals.append(augmented_lagrangian(algo, sim.server, f))
     diffs = np.diff(vals)
     assert diffs.max() <= 1e-6 * max(1.0, abs(vals[0])), diffs.max()
     assert vals[-1] < vals[0]
@@ -379,7 +381,7 @@ def test_warmup_path_and_newcomers():
 
 
 def test_async_fpfc_event_simulation():
-    from fedsolve.algorithms.async_fpfc import AsyncConfig, run_async_fpfc, run_sync_fpfc_timed
+    from fedsolve.protocols.async_fpfc import AsyncConfig, run_async_fpfc, run_sync_fpfc_timed
 
     prob = regression(sizes=(3, 3), dim=3, n=40)
     cfg = AsyncConfig(delay_high=20.0, horizon=600.0, eval_every=100.0, delay_mode="redraw")

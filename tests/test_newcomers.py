@@ -1,4 +1,4 @@
-"""Newcomer rules (``Algorithm.newcomer_models``; FPFC Sec. 6.4.2 / Table 3): each method's own procedure
+"""Newcomer rules (``protocols.newcomers.newcomer_models``; FPFC Sec. 6.4.2 / Table 3): each method's own procedure
 for clients that join after training, checked against known answers."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from fedsolve.core.states import repeat_rows
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
+from fedsolve.protocols.newcomers import newcomer_models, train_on
 from fedsolve.simulation import Simulation, SimulationConfig
 
 GD = dict(lr=0.1, batch_size=None, local_epochs=3)
@@ -43,7 +44,7 @@ def test_local_newcomers_equal_a_local_run_on_the_newcomers():
     prob = regression()
     p_old, p_new, _ = split(prob, [3, 7])
     algo = get_algorithm("local")(GD, p_old)
-    got = algo.newcomer_models({}, p_new, rounds=7, seed=4)
+    got = newcomer_models(algo, {}, p_new, rounds=7, seed=4)
     _, sim = train(p_new, "local", GD, rounds=7, seed=4)
     torch.testing.assert_close(got, sim.clients["w"], rtol=1e-5, atol=1e-6)
 
@@ -52,11 +53,11 @@ def test_fedavg_newcomers_get_the_global_model_and_ditto_has_no_rule():
     prob = regression()
     p_old, p_new, _ = split(prob, [3, 7])
     algo, sim = train(p_old, "fedavg", GD, rounds=3)
-    got = algo.newcomer_models(sim.server, p_new)
+    got = newcomer_models(algo, sim.server, p_new)
     assert torch.equal(got, sim.server["w"].expand(2, -1))
     ditto = get_algorithm("ditto")(dict(lr=0.1), p_old)
     with pytest.raises(NotImplementedError, match="ditto defines no newcomer rule"):
-        ditto.newcomer_models({"w": sim.server["w"]}, p_new)
+        newcomer_models(ditto, {"w": sim.server["w"]}, p_new)
 
 
 def _cluster_fit(prob, members):
@@ -75,9 +76,9 @@ def test_ifca_newcomer_takes_the_lowest_loss_cluster_model():
     m0 = _cluster_fit(prob, [i for i in old if lab[i] == 0])
     m1 = _cluster_fit(prob, [i for i in old if lab[i] == 1])
     algo = get_algorithm("ifca")(dict(GD, num_clusters=2), p_old)
-    got = algo.newcomer_models({"models": torch.stack([m0, m1])}, p_new)
+    got = newcomer_models(algo, {"models": torch.stack([m0, m1])}, p_new)
     assert torch.equal(got, torch.stack([m0, m1]))          # device 3 is in cluster 0, device 7 in cluster 1
-    got = algo.newcomer_models({"models": torch.stack([m1, m0])}, p_new)
+    got = newcomer_models(algo, {"models": torch.stack([m1, m0])}, p_new)
     assert torch.equal(got, torch.stack([m0, m1]))          # the choice follows the loss, not the index
 
 
@@ -86,7 +87,7 @@ def test_perfedavg_newcomer_is_the_global_model_after_one_adaptation_step():
     p_old, p_new, _ = split(prob, [3, 7])
     algo = get_algorithm("perfedavg")(dict(GD, variant="code", alpha=0.05), p_old)
     w = torch.randn(p_old.layout.dim, generator=torch.Generator().manual_seed(0))
-    got = algo.newcomer_models({"w": w}, p_new)
+    got = newcomer_models(algo, {"w": w}, p_new)
     for k in range(2):
         x, y = p_new.data.client_train(k)
         v = w.clone().requires_grad_(True)
@@ -99,7 +100,7 @@ def test_lg_code_newcomer_is_the_global_model_after_one_round_of_local_training(
     p_old, p_new, _ = split(prob, [3, 7])
     algo = get_algorithm("lg_code")(GD, p_old)
     w = torch.randn(p_old.layout.dim, generator=torch.Generator().manual_seed(1))
-    got = algo.newcomer_models({"w": w}, p_new)
+    got = newcomer_models(algo, {"w": w}, p_new)
     for k in range(2):
         x, y = p_new.data.client_train(k)
         v = w.clone()
@@ -126,16 +127,16 @@ def test_pacfl_newcomer_twin_joins_its_twins_cluster_and_fine_tunes_one_round():
     bases = pacfl_bases(p_old.data, c.n_basis, True) + pacfl_bases(p_new.data, c.n_basis, True)
     lab = pacfl_clusters(pacfl_proximity(bases), c.threshold, c.linkage)
     assert (lab[twins] == lab[len(old):]).all()
-    got = algo.newcomer_models(sim.server, p_new, seed=0)
-    want = algo.train_on(p_new, sim.server["W"][twins].clone(), seed=0)
+    got = newcomer_models(algo, sim.server, p_new, seed=0)
+    want = train_on(algo, p_new, sim.server["W"][twins].clone(), seed=0)
     torch.testing.assert_close(got, want)
     assert not torch.equal(got, sim.server["W"][twins])    # one round of local training happened
     # a cut below every angle: nobody has co-members, newcomers start from the common initial model
     lonely = get_algorithm("pacfl")(dict(cfg, threshold=1e-9), p_old)
     far = FederatedProblem(fpfc_synthetic("S1", seed=9, size_scale=0.03).subset([0, 50]), prob.model_fn)
     x0 = far.init_params(RngStreams(5).torch("init"))
-    got = lonely.newcomer_models(sim.server, far, seed=5)
-    torch.testing.assert_close(got, lonely.train_on(far, repeat_rows(x0, 2), seed=5))
+    got = newcomer_models(lonely, sim.server, far, seed=5)
+    torch.testing.assert_close(got, train_on(lonely, far, repeat_rows(x0, 2), seed=5))
 
 
 def test_cfl_newcomers_walk_the_parameter_tree():
@@ -147,7 +148,7 @@ def test_cfl_newcomers_walk_the_parameter_tree():
     gen = torch.Generator().manual_seed(1)
     w_s0, w_s1 = torch.randn(4, generator=gen), torch.randn(4, generator=gen)
     sub = lambda ids: FederatedProblem(prob.data.subset(ids), prob.model_fn, loss="squared_error")  # noqa: E731
-    upd = lambda ids, w: algo.train_on(sub(ids), repeat_rows(w, len(ids))) - w  # noqa: E731
+    upd = lambda ids, w: train_on(algo, sub(ids), repeat_rows(w, len(ids))) - w  # noqa: E731
     # split 0: root 0 -> {0: A, 1: B}; split 1: cluster 1 -> {1: B's side, 2: A's side}
     unit = lambda ids, w: torch.nn.functional.normalize(upd(ids, w), dim=1).mean(0)  # noqa: E731
     tree_dir = torch.stack([torch.stack([unit(A, w_s0), unit(B, w_s0)]), torch.stack([unit(B, w_s1), unit(A, w_s1)])])
@@ -155,10 +156,10 @@ def test_cfl_newcomers_walk_the_parameter_tree():
     W = torch.stack([torch.full((4,), float(c)) for c in cluster.tolist()])
     server = {"W": W, "cluster": cluster, "tree_w": torch.stack([w_s0, w_s1]),
               "tree_ids": torch.tensor([[0, 1], [1, 2]]), "tree_dir": tree_dir}
-    got = algo.newcomer_models(server, twins)
+    got = newcomer_models(algo, server, twins)
     assert torch.equal(got, torch.stack([W[0], W[4]]))     # device 3 stays in 0; device 7 goes to 1, stays there
     server["tree_dir"] = torch.stack([tree_dir[0].flip(0), tree_dir[1]])
-    got = algo.newcomer_models(server, twins)   # split 0's sides swapped: device 3 -> 1 -> (split 1, A's side) 2
+    got = newcomer_models(algo, server, twins)   # split 0's sides swapped: device 3 -> 1 -> (split 1, A's side) 2
     assert torch.equal(got, torch.stack([W[6], W[0]]))
 
 
@@ -170,7 +171,7 @@ def test_cfl_records_its_splits_and_newcomers_land_in_their_true_cluster():
     assert s["tree_ids"].shape[0] >= 1 and s["tree_w"].shape == (s["tree_ids"].shape[0], 4)
     assert s["tree_dir"].shape == (s["tree_ids"].shape[0], 2, 4)
     assert (s["tree_dir"].norm(dim=-1) <= 1 + 1e-6).all()
-    got = algo.newcomer_models(s, p_new)
+    got = newcomer_models(algo, s, p_new)
     lab = prob.data.clusters
     twin = {0: [i for i, j in enumerate(old) if lab[j] == 0], 1: [i for i, j in enumerate(old) if lab[j] == 1]}
     for k, dev in enumerate([3, 7]):

@@ -35,6 +35,7 @@ from fedsolve.algorithms.fpfc import FPFC, adjusted_rand  # noqa: E402
 from fedsolve.data.synthetic import toy1d  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
+from fedsolve.protocols.fpfc_path import lambda_grid  # noqa: E402
 from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
 
 PENALTIES = {  # label: FPFC config overrides
@@ -56,21 +57,16 @@ def path(problem, overrides: dict, grid, rounds: int, seed: int, nu: float) -> l
     truth = problem.data.clusters.numpy()
     w_entry = next(e for e in problem.layout.entries if e.name.endswith("weight"))
     slope = slice(w_entry.start, w_entry.start + 1)
-    out, t = [], 0
-    for lam in grid:
-        algo.cfg.lam = lam
-        algo._version += 1
-        for _ in range(rounds):
-            sim.run_round(t)
-            t += 1
-        W = sim.server["W"]
-        labels = algo.cluster_labels(sim.server)
-        w = W[:, slope].flatten().numpy()
-        out.append({"lam": lam, "groups": int(labels.max() + 1), "ari": adjusted_rand(labels, truth),
-                    "slopes": w.tolist(),
-                    "spread": float(max(np.ptp(w[truth == g]) for g in np.unique(truth))),
-                    "centres": [float(w[truth == g].mean()) for g in np.unique(truth)]})
-    return out
+
+    def record(sim, lam):
+        server, _ = sim.state()
+        labels = algo.cluster_labels(server)
+        w = server["W"][:, slope].flatten().numpy()
+        return {"lam": lam, "groups": int(labels.max() + 1), "ari": adjusted_rand(labels, truth),
+                "slopes": w.tolist(), "spread": float(max(np.ptp(w[truth == g]) for g in np.unique(truth))),
+                "centres": [float(w[truth == g].mean()) for g in np.unique(truth)]}
+
+    return lambda_grid(sim, grid, rounds, record)
 
 
 def plot(results: dict, truth: np.ndarray, path_png: Path) -> None:

@@ -2,7 +2,7 @@
 
 Theorem 3 says FPFC's estimate converges to the *oracle estimator*: the true clusters, and per cluster the
 minimizer of sum_{i in c} f_i(w) (f_i the device's mean loss). This driver computes that oracle exactly
-(``fedsolve.algorithms.fpfc.oracle_models``, Newton to a gradient below 1e-9) for each data draw and runs
+(``fedsolve.analysis.fpfc_oracle.oracle_models``, Newton to a gradient below 1e-9) for each data draw and runs
 FPFC with the suites' settings (lambda 0.6, rho 1, lr 0.1, 10 GD steps, 30% participation, w0 ~ N(0, 0.1^2)),
 recording at every evaluation:
 
@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (FPFC_PAPER, driver_args, driver_parser, fmt_pct, mean_std, params_for,  # noqa: E402
                     synthetic_problem, write_report)
 
-from fedsolve.algorithms.fpfc import FPFC, oracle_models  # noqa: E402
+from fedsolve.algorithms.fpfc import FPFC  # noqa: E402
+from fedsolve.analysis.fpfc_oracle import oracle_models  # noqa: E402
 from fedsolve.core.linear import LinearGDExecutor  # noqa: E402
 from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
 from fedsolve.simulation.metrics import evaluate  # noqa: E402

@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsolve.algorithms.fpfc import FPFC, adjusted_rand, paper_cost, warmup_lambda_path
+from fedsolve.algorithms.fpfc import FPFC, adjusted_rand, paper_cost
 from fedsolve.data.synthetic import fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
+from fedsolve.protocols.fpfc_path import warmup_lambda_path
 from fedsolve.simulation import Simulation, SimulationConfig
 from fedsolve.simulation.metrics import evaluate
 

@@ -1,8 +1,8 @@
 """Table 3 (FPFC Sec. 6.4.2): generalization to newcomers on synthetic S1.
 
 20% of the devices (5 per cluster, a fixed random draw per seed) join after federated training on
-the other 80% ends. Each method's own newcomer rule is its ``newcomer_models`` (paper Sec. 6.4.2 /
-spec 3.2; the choices are documented on each method):
+the other 80% ends. Each method's own newcomer rule is in ``fedsolve.protocols.newcomers`` (paper
+Sec. 6.4.2 / spec 3.2; the choices are documented there):
   FPFC, FPFC-l1  local training, then asyncFPFC with only the newcomer active against the frozen old
                  devices (theta/v with every old device, zeta with 1/(m_old+1)); newcomers do not
                  interact with each other; scored with their own w_i.
@@ -49,6 +49,7 @@ from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
+from fedsolve.protocols.newcomers import newcomer_models  # noqa: E402
 from fedsolve.simulation.metrics import evaluate  # noqa: E402
 
 LABELS = {"fpfc": "FPFC", "fpfc_l1": "FPFC-l1", "local": "LOCAL", "fedavg": "FedAvg", "lg_code": "LG",
@@ -130,7 +131,7 @@ def one_method(name: str, seed: int, opts: dict) -> dict:
         _, algo, out = (run(p_old, name, prm, opts["rounds"], seed, eval_every=max(1, opts["rounds"]))
                         if cfg is None else run_suite(cfg, p_old, name, prm, seed))
         server, final = out.server, out.extras          # extras: the algorithm's finalize()
-    W = algo.newcomer_models(server, p_new, rounds=opts["newcomer_rounds"], seed=seed)
+    W = newcomer_models(algo, server, p_new, rounds=opts["newcomer_rounds"], seed=seed)
     clusters = {k: float(final[k]) for k in ("num_clusters", "ari") if k in final} if "num_clusters" in final else None
     return {"acc": float(acc(p_new, W)), "clusters": clusters}
 

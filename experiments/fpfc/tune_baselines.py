@@ -24,7 +24,7 @@ from common import driver_args, driver_parser, params_for, run, split_validation
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.algorithms.clustering_baselines import pacfl_bases, pacfl_clusters, pacfl_proximity  # noqa: E402
-from fedsolve.algorithms.fpfc import adjusted_rand  # noqa: E402
+from fedsolve.algorithms.clusters import adjusted_rand  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402

@@ -2,6 +2,6 @@
 
 from fedsolve.algorithms.base import ALGORITHMS, Algorithm, AlgorithmConfig, get_algorithm, register
 from fedsolve.algorithms import (fedavg, fedprox, scaffold, fedadmm, local, personalized, fedapm,  # noqa: F401
-                                 fpfc, async_fpfc, clustering_baselines, byzantine)
+                                 fpfc, clustering_baselines, byzantine)
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm", "register"]

@@ -193,29 +193,6 @@ class Algorithm:
         """
         raise NotImplementedError(f"{self.name} has no full-batch GD form (supports_linear_gd is False)")
 
-    def newcomer_models(self, server: Record, new_problem, *, rounds: int = 100, seed: int = 0) -> Tensor:
-        """Flat parameters ``[m_new, d]`` for the clients of ``new_problem``, which join after training
-        (generalization to newcomers, FPFC Sec. 6.4.2 / Table 3): this method's own rule, given its final
-        ``server`` state. ``rounds`` bounds the newcomers' own work where the rule trains (LOCAL, FPFC)."""
-        raise NotImplementedError(f"{self.name} defines no newcomer rule (newcomer_models)")
-
-    def train_on(self, problem, start: Tensor, *, seed: int = 0, work: Work | None = None,
-                 lr: float | None = None, executor: str = "auto") -> Tensor:
-        """Plain local training of every client of ``problem`` from ``start`` ``[m, d]``: this algorithm's
-        ``local_sgd`` on ``f_i`` (its lr unless ``lr`` is given, weight decay and mask) for ``work``
-        (default: one round's ``train`` phase). Shared by the newcomer rules that train (LOCAL, FPFC, CFL,
-        PACFL, Per-FedAvg)."""
-        work = self.work(0)["train"] if work is None else work
-        return run_plain(problem, start, {"train": work}, lambda ctx, w: self.local_sgd(ctx, w, lr=lr),
-                         RngStreams(seed), 0, executor)
-
-    def rounds_of_work(self, rounds: int) -> Work:
-        """``rounds`` rounds of this algorithm's ``train`` phase as one phase (same steps, same batches)."""
-        w = self.work(0)["train"]
-        if w.steps is not None:
-            return Work(epochs=None, steps=w.steps * rounds, batch_size=w.batch_size)
-        return Work(epochs=w.epochs * rounds, batch_size=w.batch_size)
-
     def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
         """Extra per-round scalars for the metrics log (e.g. model deviation, clusters found)."""
         return {}

@@ -26,7 +26,8 @@ LG-FedAvg lives in ``algorithms/personalized.py``; on a one-layer model it has n
 and the FPFC reference code's "LG" is FedAvg with every device scored before the aggregation
 (``lg_code``, :class:`LGCode`). The clustering methods report ``num_clusters`` and ``ari``.
 
-Newcomers (``newcomer_models``, FPFC Sec. 6.4.2 / Table 3: "each method's own procedure"):
+Newcomers (FPFC Sec. 6.4.2 / Table 3: "each method's own procedure"; the rules are in
+``fedsolve.protocols.newcomers``):
 IFCA, the cluster model with the lowest training loss; CFL, Sattler et al.'s parameter tree (the
 newcomer walks the recorded splits from the root, moving to the side whose members' updates its own
 update resembles more); PACFL, the PACFL code's unseen-client rule (one-shot clustering of all
@@ -43,13 +44,11 @@ import torch
 from pydantic import Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.clusters import adjusted_rand
 from fedsolve.algorithms.fedavg import FedAvg
-from fedsolve.algorithms.fpfc import adjusted_rand
 from fedsolve.core.executor import Work
 from fedsolve.core.linear import GDStep
-from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates, repeat_rows
-from fedsolve.simulation.metrics import evaluate
 
 
 def _clustering_diag(labels: np.ndarray, problem) -> dict[str, float]:
@@ -140,15 +139,6 @@ class IFCA(Algorithm):
 
     def labels(self, clients) -> np.ndarray:
         return clients["assign"].argmax(1).numpy()
-
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """A newcomer takes the cluster model with the lowest loss on its training data (IFCA's own
-        assignment step)."""
-        models, mn = server["models"], new_problem.num_clients
-        losses = [[d["loss"] for d in evaluate(new_problem, models[l].unsqueeze(0).expand(mn, -1),
-                                               new_problem.vmappable, (), split="train")[1]]
-                  for l in range(models.shape[0])]
-        return models[torch.as_tensor(np.argmin(np.array(losses), axis=0))].clone()
 
     def diagnostics(self, server, clients):
         return _clustering_diag(self.labels(clients), self.problem)
@@ -255,28 +245,6 @@ class CFL(_ClusterModels):
                     next_id += 1
         return {"W": W, "cluster": cl, "dW": dW, "seen": seen, **{k: torch.cat(v) for k, v in tree.items()}}
 
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """Sattler et al.'s parameter tree: every newcomer starts in the root cluster and replays the
-        splits in the order they happened; at a split of its current cluster it computes its update
-        from the cluster's model at that time (one round of local work) and moves to the side whose
-        recorded member updates are, on average, more cosine-similar to it. It is scored with its leaf
-        cluster's final model."""
-        mn = new_problem.num_clients
-        cur = torch.zeros(mn, dtype=torch.long)
-        for s, (parent, child) in enumerate(server["tree_ids"].tolist()):
-            here = cur == parent
-            if not bool(here.any()):
-                continue
-            w_s = server["tree_w"][s]
-            upd = self.train_on(new_problem, repeat_rows(w_s, mn), seed=seed) - w_s
-            sim = torch.nn.functional.normalize(upd.double(), dim=1) @ server["tree_dir"][s].double().T  # [mn, 2]
-            cur[here & (sim[:, 1] > sim[:, 0])] = child
-        cl = server["cluster"]
-        first = {int(c): int(torch.nonzero(cl == c)[0, 0]) for c in torch.unique(cl).tolist()}
-        return server["W"][torch.as_tensor([first[int(c)] for c in cur])].clone()
-
-
-
 # ====================================================================== PACFL
 class PACFLConfig(AlgorithmConfig):
     lr: float = Field(0.1, gt=0)
@@ -371,28 +339,6 @@ class PACFL(_ClusterModels):
     def finalize(self, server, clients):
         return {**super().finalize(server, clients), "one_shot_upload_floats": getattr(self, "upload_floats", 0)}
 
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """The PACFL code's rule for unseen clients: one-shot clustering of every signature, old and new
-        (same threshold and linkage); a newcomer takes the trained model of the old cluster most of its
-        co-members were in (the common initial model if it has none) and trains one round of local work
-        from it."""
-        c, m_old = self.cfg, self.num_clients
-        bases = pacfl_bases(self.problem.data, c.n_basis, c.per_class) + pacfl_bases(new_problem.data, c.n_basis,
-                                                                                   c.per_class)
-        lab = pacfl_clusters(pacfl_proximity(bases), c.threshold, c.linkage)
-        cl_old = server["cluster"].numpy()
-        x0 = new_problem.init_params(RngStreams(seed).torch("init")).to(server["W"].dtype)
-        start = []
-        for i in range(new_problem.num_clients):
-            co = np.flatnonzero(lab[:m_old] == lab[m_old + i])
-            if co.size == 0:
-                start.append(x0)
-                continue
-            vals, counts = np.unique(cl_old[co], return_counts=True)
-            start.append(server["W"][int(np.flatnonzero(cl_old == vals[np.argmax(counts)])[0])])
-        return self.train_on(new_problem, torch.stack(start), seed=seed)
-
-
 # ====================================================================== Per-FedAvg
 class PerFedAvgConfig(AlgorithmConfig):
     lr: float = Field(0.1, gt=0, description="beta: outer (meta) step size; FedAvg step size in variant 'code'")
@@ -468,12 +414,6 @@ class PerFedAvg(FedAvg):
     def eval_adapt(self, params, ctx):
         return self.local_sgd(ctx, params, phase="adapt", lr=self.cfg.alpha)
 
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """The final global model after Per-FedAvg's own adaptation on the newcomer's data."""
-        start = self.expand(server["w"], torch.arange(new_problem.num_clients))
-        return self.adapt_for_eval(start, new_problem, RngStreams(seed), 0)
-
-
 # ---------------------------------------------------------------------- LG as the FPFC code runs it
 @register
 class LGCode(FedAvg):
@@ -513,11 +453,6 @@ class LGCode(FedAvg):
 
     def eval_model(self, state, msg):
         return torch.where(state["last"] == msg["round"], state["local"], msg["w"])
-
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        start = self.expand(server["w"], torch.arange(new_problem.num_clients))
-        return self.train_on(new_problem, start, seed=seed)
-
 
 # attacked variants (byz_fpfc, byz_ifca, ...) register once every base algorithm above exists;
 # imported here because algorithms/__init__.py (shared) does not list the module yet.

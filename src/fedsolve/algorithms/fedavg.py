@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
@@ -63,9 +62,3 @@ class FedAvg(Algorithm):
     def eval_model(self, state, msg):
         return msg["w"]
 
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """FedAvg (and FedProx): a newcomer takes the final global model. Subclasses that score clients
-        with a personal model (Ditto, pFedMe) do not inherit this rule."""
-        if type(self).eval_model is not FedAvg.eval_model:
-            return super().newcomer_models(server, new_problem, rounds=rounds, seed=seed)
-        return self.expand(server["w"], torch.arange(new_problem.num_clients)).clone()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
 from fedsolve.core.linear import GDStep
-from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -36,9 +35,3 @@ class Local(Algorithm):
     def eval_model(self, state, msg):
         return state["w"]
 
-    def newcomer_models(self, server, new_problem, *, rounds=100, seed=0):
-        """LOCAL: a newcomer trains alone from the common init (the simulation's, for the same seed) for
-        ``rounds`` rounds of local work."""
-        x0 = new_problem.init_params(RngStreams(seed).torch("init"))
-        start = repeat_rows(x0, new_problem.num_clients)
-        return self.train_on(new_problem, start, seed=seed, work=self.rounds_of_work(rounds))

@@ -88,19 +88,6 @@ def _pad(pl: Plan, S: int, B: int) -> Plan:
     return Plan(idx, w, act)
 
 
-def set_round(algorithm, t: int) -> None:
-    """Give the client-side algorithm object the round number.
-
-    Some algorithms record the round in ``broadcast`` (server side) and read it in ``work`` /
-    ``local_update`` (e.g. FPFC's lr decay and growing local steps use ``self._round``). A node
-    never runs ``broadcast``, so set it here: ``algorithm.set_round(t)`` if defined, else ``_round``.
-    """
-    if hasattr(algorithm, "set_round"):
-        algorithm.set_round(t)
-    elif hasattr(algorithm, "_round"):
-        algorithm._round = t
-
-
 def _client_context(algorithm, phases: Mapping, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
                     train_y: Tensor, rngs: RngStreams, t: int, scale: float | None,
                     pad: Mapping[str, tuple[int, int]] | None, groups=None) -> LocalContext:
@@ -129,7 +116,6 @@ def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x
     client's own stream ``("batches", t, cid, phase)`` and padded to the round's ``pad`` shapes.
     ``groups``: ``(the client's train_groups, group_names)`` when phases draw from row groups.
     """
-    set_round(algorithm, t)
     ctx = _client_context(algorithm, algorithm.work(t), cid, num_clients, weight, train_x, train_y, rngs, t,
                           scale, pad, groups)
     new_state, upload = algorithm.local_update(dict(state), dict(msg), ctx)
