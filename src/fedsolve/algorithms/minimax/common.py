@@ -1,0 +1,100 @@
+"""Shared mechanics of the federated minimax solvers: local simultaneous descent-ascent in "minimizer form".
+
+With ``l_omega = f_i`` and ``l_psi = -f_i`` every parameter block follows the same rule (spec fedmm.md sec. 2,
+"uniform minimizer form")::
+
+    theta <- theta - eta_theta * [ grad l_theta + extra(theta) ]
+
+``extra`` is the algorithm's difference: nothing (FedAvgGDA, FedSGDA), ``mu (theta - theta_0^t)`` (FedProxGDA),
+``mu (theta - theta_0^t) + dual`` (FedMM). Both gradients are taken at the SAME point on the same fresh
+minibatch (simultaneous, not alternating GDA), plain SGD, no momentum.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig
+from fedsolve.core.executor import Work
+from fedsolve.core.states import ClientStates
+from fedsolve.minimax import OMEGA, minimax_of, player_signs
+
+
+class GDAConfig(AlgorithmConfig):
+    """Hyper-parameters shared by the minimax solvers (paper defaults, from scratch: spec 2.5)."""
+
+    lr: float = Field(0.01, gt=0, description="eta_1: step size of the min player omega")
+    lr_psi: float = Field(0.01, gt=0, description="eta_2: step size of the max player psi")
+    feature_lr: float | None = Field(None, gt=0, description="step size of the 'features' block (pretrained "
+                                                             "regime: 0.0005); null: eta_1")
+    local_epochs: float | None = Field(None, gt=0, description="local passes (local_steps takes precedence)")
+    local_steps: int | None = Field(20, ge=1, description="M: local descent-ascent steps per round")
+    batch_size: int | None = Field(64, ge=1, description="minibatch per client per local step (null: full batch)")
+    aggregation: Literal["uniform", "sample_size"] = Field(
+        "uniform", description="server mean: 'uniform' 1/N (the paper) or sample-size weighted")
+
+    @model_validator(mode="after")
+    def _no_weight_decay(self):
+        if self.weight_decay != 0:
+            raise ValueError("weight_decay: not supported by the minimax solvers (the paper uses plain SGD); use 0")
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("local_steps: give local_steps (M) or local_epochs")
+        return self
+
+
+class MinimaxAlgorithm(Algorithm):
+    """Base of FedMM and the GDA baselines: server state ``{"w": (omega_0, psi_0)}`` as one flat vector."""
+
+    Config = GDAConfig
+
+    def setup(self) -> None:
+        self.objective = minimax_of(self.problem).loss
+        self.sign = player_signs(self.layout)                      # +1 omega (descent), -1 psi (ascent)
+        om = self.layout.mask(OMEGA)
+        lr = torch.where(om, self.cfg.lr, self.cfg.lr_psi)
+        if self.cfg.feature_lr is not None:
+            if not self.layout.has_block("features"):
+                raise ValueError("feature_lr: the problem has no 'features' block")
+            lr = torch.where(self.layout.mask("features"), self.cfg.feature_lr, lr)
+        self.lr_vec = lr
+
+    def block_vector(self, on_omega: float, on_psi: float) -> Tensor:
+        """``[d]`` vector: ``on_omega`` on omega, ``on_psi`` on psi (mu_1/mu_2 of the local terms)."""
+        return torch.where(self.layout.mask(OMEGA), float(on_omega), float(on_psi))
+
+    def work(self, round_: int = 0) -> dict[str, Work]:
+        c = self.cfg
+        return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
+
+    def descent_ascent(self, ctx, start: Tensor, extra=None) -> Tensor:
+        """The local loop: ``theta <- theta - eta * [sign * grad f_i(theta) + extra(theta)]`` over the planned
+        steps (simultaneous GDA on one fresh minibatch per step)."""
+        dt = start.dtype
+        return ctx.sgd(start, self.lr_vec.to(dt), "train", extra=extra, scale=self.sign.to(dt), loss=self.objective)
+
+    def mean(self, rows: Tensor, ids: Tensor) -> Tensor:
+        """The server average: 1/N over the clients of the round (the paper), or sample-size weighted."""
+        if self.cfg.aggregation == "uniform":
+            return rows.mean(0)
+        return self.weighted_mean(rows, ids)
+
+    # ----------------------------------------------------------- the five functions (shared parts)
+    def init(self, x0, rngs):
+        return {"w": x0.clone()}, ClientStates(self.num_clients)
+
+    def broadcast(self, server, ids, round_):
+        return {"w": self.expand(server["w"], ids)}
+
+    def aggregate(self, server, ids, uploads, round_):
+        return {"w": self.mean(uploads["w"], ids)}
+
+    def eval_broadcast(self, server, ids):
+        return {"w": self.expand(server["w"], ids)}
+
+    def eval_model(self, state, msg):
+        """The global (omega_0, psi_0); scored with omega_0's label predictor on the target test data."""
+        return msg["w"]

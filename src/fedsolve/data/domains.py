@@ -1,0 +1,265 @@
+"""Domain-adaptation pairs, federated by domain (FedMM, spec fedmm.md sec. 1.2, 3.1 and 6.3).
+
+Every loader returns a :class:`FederatedData` whose training rows are labelled **source** rows (``y`` = class)
+and unlabelled **target** rows (``y = -1``; the target labels are never stored), with row groups
+``("source", "target")``. The test split of every client is a slice of the TARGET test set (the paper scores the
+global model on the target domain), so the mean test accuracy over clients is the target accuracy.
+
+Client splits (:func:`domain_split`):
+
+* ``num_clients = 2`` (default ``p = 1.0``): client 0 holds a fraction ``p`` of the source rows and ``1 - p`` of
+  the target rows, client 1 the rest (Fig. 2; ``p = 1``: one source-only client and one target-only client,
+  the paper's worst case used in all its main experiments);
+* ``source_clients = k``: clients ``0..k-1`` source-only, the others target-only, each domain split i.i.d. over
+  its clients (the natural generalization of "different number of source/target clients", Fig. 5);
+* ``classes_per_client = c`` (with ``source_clients``): each client sees only ``c`` of the classes of its domain
+  (the abstract's setting; NOT in the paper's experiments, an extension).
+
+Pairs: ``toy_domains`` (two moons -> rotated two moons, the classic DANN toy, for tests), ``mnist_mnistm``
+(MNIST -> "MNIST-M-like": the MNIST-M recipe ``|photo crop - digit|`` on crops of the colour photos shipped in
+scikit-image instead of BSDS500; NOT the canonical MNIST-M), ``mnist_digits`` (MNIST -> scikit-learn digits,
+another writer population and scanner, both at 8x8).
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .federated import FederatedData
+
+__all__ = ["domain_split", "toy_domains", "mnist_mnistm", "mnist_digits", "mnistm_blend", "skimage_photos",
+           "DOMAIN_DATASETS"]
+
+GROUPS = ("source", "target")
+
+
+def _parts(n: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.sort(p) for p in np.array_split(rng.permutation(n), k)]
+
+
+def _class_parts(y: np.ndarray, k: int, c: int, num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``k`` clients, client ``j`` holds classes ``{(j*c + r) mod K}``; a class's rows split evenly over its holders."""
+    if not 1 <= c <= num_classes:
+        raise ValueError(f"classes_per_client must be in [1, {num_classes}], got {c}")
+    holders: dict[int, list[int]] = {cl: [] for cl in range(num_classes)}
+    for j in range(k):
+        for r in range(c):
+            holders[(j * c + r) % num_classes].append(j)
+    out: list[list[np.ndarray]] = [[] for _ in range(k)]
+    for cl, hs in holders.items():
+        rows = rng.permutation(np.nonzero(y == cl)[0])
+        if not hs:
+            continue  # a class no client of this domain holds (k * c < K)
+        for j, part in zip(hs, np.array_split(rows, len(hs))):
+            out[j].append(part)
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in out]
+
+
+def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray, np.ndarray],
+                 target_test: tuple[np.ndarray, np.ndarray], num_classes: int, num_clients: int = 2,
+                 p: float | None = None, source_clients: int | None = None, classes_per_client: int | None = None,
+                 seed: int = 0, name: str = "domains", meta: dict | None = None) -> FederatedData:
+    """Federate a domain pair (see the module docstring). ``target``'s labels are used only to split by class
+    (``classes_per_client``); they are replaced by -1 in the result."""
+    rng = np.random.default_rng(seed)
+    xs, ys = source
+    xt, yt = target
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if source_clients is None:
+        if num_clients == 1:   # the pooled (centralized) run: one client holding everything
+            src_parts, tgt_parts = [np.arange(len(ys))], [np.arange(len(yt))]
+        elif num_clients == 2:
+            p = 1.0 if p is None else float(p)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"p must be in [0, 1], got {p}")
+            ps, pt = rng.permutation(len(ys)), rng.permutation(len(yt))
+            ns, nt = int(round(p * len(ys))), int(round((1 - p) * len(yt)))
+            src_parts = [np.sort(ps[:ns]), np.sort(ps[ns:])]
+            tgt_parts = [np.sort(pt[:nt]), np.sort(pt[nt:])]
+        else:
+            raise ValueError(f"num_clients={num_clients}: give source_clients (the number of source-only clients; "
+                             f"the rest are target-only); p applies to 2 clients")
+        if classes_per_client is not None:
+            raise ValueError("classes_per_client needs source_clients (domain-pure clients)")
+    else:
+        if p is not None:
+            raise ValueError("give p (2 clients, mixed) or source_clients (domain-pure clients), not both")
+        if not 1 <= source_clients < num_clients:
+            raise ValueError(f"source_clients must be in [1, num_clients - 1] = [1, {num_clients - 1}], "
+                             f"got {source_clients}")
+        ks, kt = source_clients, num_clients - source_clients
+        if classes_per_client is None:
+            sp, tp = _parts(len(ys), ks, rng), _parts(len(yt), kt, rng)
+        else:
+            sp = _class_parts(ys, ks, classes_per_client, num_classes, rng)
+            tp = _class_parts(yt, kt, classes_per_client, num_classes, rng)
+        empty = np.zeros(0, np.int64)
+        src_parts = sp + [empty] * kt
+        tgt_parts = [empty] * ks + tp
+    test_parts = _parts(len(target_test[1]), num_clients, rng)
+    train, test, groups = [], [], []
+    for i in range(num_clients):
+        s, t = src_parts[i], tgt_parts[i]
+        if len(s) + len(t) == 0:
+            raise ValueError(f"client {i} gets no training rows (too few samples for this split)")
+        train.append((np.concatenate([xs[s], xt[t]]).astype(np.float32),
+                      np.concatenate([ys[s].astype(np.int64), np.full(len(t), -1, np.int64)])))
+        groups.append(np.concatenate([np.zeros(len(s), np.int64), np.ones(len(t), np.int64)]))
+        test.append((target_test[0][test_parts[i]].astype(np.float32), target_test[1][test_parts[i]].astype(np.int64)))
+    data = FederatedData.from_client_arrays(
+        train, test, num_classes=num_classes, name=name,
+        meta={**(meta or {}), "split": {"num_clients": num_clients, "p": p, "source_clients": source_clients,
+                                        "classes_per_client": classes_per_client, "seed": seed},
+              "test": "target domain"})
+    data.train_groups = torch.as_tensor(np.concatenate(groups))
+    data.group_names = GROUPS
+    data.__post_init__()
+    return data
+
+
+# ------------------------------------------------------------------ two moons (tests, quick configs)
+def toy_domains(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
+                classes_per_client: int | None = None, n: int = 300, n_test: int = 200, rotation: float = 35.0,
+                noise: float = 0.1, seed: int = 0) -> FederatedData:
+    """Two moons (labelled source) -> the same distribution rotated by ``rotation`` degrees (unlabelled target)."""
+    from sklearn.datasets import make_moons
+
+    rng = np.random.default_rng(seed)
+    r = np.deg2rad(rotation)
+    rot = np.array([[np.cos(r), -np.sin(r)], [np.sin(r), np.cos(r)]])
+
+    def moons(m):
+        x, y = make_moons(m, noise=noise, random_state=int(rng.integers(2**31 - 1)))
+        return (x - [0.5, 0.25]).astype(np.float32), y.astype(np.int64)
+
+    xs, ys = moons(n)
+    xt, yt = moons(n)
+    xe, ye = moons(n_test)
+    return domain_split((xs, ys), (xt @ rot.T, yt), (xe @ rot.T, ye), 2, num_clients, p, source_clients,
+                        classes_per_client, seed, "toy_domains",
+                        {"dataset": "toy_domains", "source": "two moons", "target": f"two moons rotated {rotation} deg"})
+
+
+# ------------------------------------------------------------------ MNIST -> MNIST-M-like
+#: colour photos of scikit-image 0.26.0 (skimage/data), the stand-in for BSDS500 (data-sources.md)
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "hubble_deep_field.jpg", "ihc.png",
+          "retina.jpg", "motorcycle_left.png", "motorcycle_right.png", "color.png")
+
+
+def skimage_photos(download: bool = True) -> list[np.ndarray]:
+    """The colour photos of :data:`PHOTOS` as ``uint8 [H, W, 3]`` arrays, cached as ``skimage_photos.npz`` in
+    the fedsolve data cache. Read from the scikit-image wheel (``pip download --no-deps scikit-image==0.26.0``;
+    not installed), decoded with Pillow."""
+    from .fetch import cache_dir
+
+    path = Path(cache_dir()) / "skimage_photos.npz"
+    if not path.exists():
+        if not download:
+            raise FileNotFoundError(f"{path} missing; call skimage_photos(download=True)")
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, "scikit-image==0.26.0"]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            wheels = list(Path(tmp).glob("scikit_image-*.whl"))
+            if res.returncode != 0 or not wheels:
+                raise RuntimeError("fetching the scikit-image wheel failed; run by hand in an empty folder: "
+                                   f"{' '.join(cmd[1:])} ...\n{res.stderr[-800:]}")
+            from PIL import Image
+
+            arrays = {}
+            with zipfile.ZipFile(wheels[0]) as z:
+                for name in PHOTOS:
+                    img = Image.open(io.BytesIO(z.read(f"skimage/data/{name}"))).convert("RGB")
+                    arrays[name.split(".")[0]] = np.asarray(img, dtype=np.uint8)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_suffix(".tmp.npz")
+        np.savez_compressed(tmp_path, **arrays)
+        tmp_path.replace(path)
+    with np.load(path) as z:
+        return [z[k] for k in sorted(z.files)]
+
+
+def mnistm_blend(digits: np.ndarray, photos: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """The MNIST-M recipe (create_mnistm.py): binarized digit (``> 0``) replicated to RGB, blended with a
+    random crop of a random photo as ``|crop - digit|``. ``digits``: ``[n, H, W]`` in [0, 1]; returns
+    ``[n, 3, H, W]`` float32 in [0, 1]."""
+    n, h, w = digits.shape
+    out = np.empty((n, 3, h, w), dtype=np.float32)
+    binary = (digits > 0).astype(np.float32)
+    which = rng.integers(len(photos), size=n)
+    for i in range(n):
+        ph = photos[which[i]]
+        a, b = rng.integers(ph.shape[0] - h + 1), rng.integers(ph.shape[1] - w + 1)
+        crop = ph[a:a + h, b:b + w].astype(np.float32).transpose(2, 0, 1) / 255.0
+        out[i] = np.abs(crop - binary[i][None])
+    return out
+
+
+def _resize(x: np.ndarray, size: int) -> np.ndarray:
+    """``[n, C, H, W]`` -> ``[n, C, size, size]`` (area averaging)."""
+    if x.shape[-1] == size:
+        return x
+    return F.interpolate(torch.from_numpy(x), size=(size, size), mode="area").numpy()
+
+
+def _mnist(limit: int | None, test_limit: int | None, seed: int):
+    from .datasets import load_mnist
+
+    d = load_mnist(limit=limit, test_limit=test_limit, seed=seed)
+    return d.x[:, 0], d.y, d.x_test[:, 0], d.y_test
+
+
+def mnist_mnistm(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
+                 classes_per_client: int | None = None, limit: int | None = 10000, test_limit: int | None = 2000,
+                 size: int = 28, seed: int = 0) -> FederatedData:
+    """MNIST (binarized, 3 channels; labelled source) -> MNIST-M-like (unlabelled target), both built from the
+    SAME ``limit`` MNIST training images (as the paper); target test = MNIST-M-like of ``test_limit`` MNIST test
+    images. ``size``: resize both domains (16 keeps the reduced runs cheap)."""
+    x, y, xte, yte = _mnist(limit, test_limit, seed)
+    photos = skimage_photos()
+    rng = np.random.default_rng(42 + seed)
+    src = np.repeat((x > 0).astype(np.float32)[:, None], 3, axis=1)
+    tgt = mnistm_blend(x, photos, rng)
+    tgt_test = mnistm_blend(xte, photos, rng)
+    return domain_split((_resize(src, size), y), (_resize(tgt, size), y), (_resize(tgt_test, size), yte), 10,
+                        num_clients, p, source_clients, classes_per_client, seed, "mnist_mnistm",
+                        {"dataset": "mnist_mnistm", "source": "MNIST (binarized, RGB)",
+                         "target": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
+                         "limit": limit, "test_limit": test_limit, "size": size})
+
+
+def mnist_digits(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
+                 classes_per_client: int | None = None, limit: int | None = 10000, test_fraction: float = 0.3,
+                 seed: int = 0) -> FederatedData:
+    """MNIST resized to 8x8 (labelled source) -> scikit-learn digits 8x8 (UCI optdigits, other writers and
+    scanner; unlabelled target). ``test_fraction`` of the digits (stratified) is the target test set."""
+    from sklearn.datasets import load_digits
+
+    from .datasets import stratified_split
+
+    x, y, _, _ = _mnist(limit, 1, seed)
+    src = _resize(x[:, None].astype(np.float32), 8)
+    src = src / np.maximum(src.max(axis=(1, 2, 3), keepdims=True), 1e-6)
+    d = load_digits()
+    xd = (d.images / 16.0).astype(np.float32)[:, None]
+    tr, te = stratified_split(d.target, test_fraction, np.random.default_rng(seed))
+    return domain_split((src, y), (xd[tr], d.target[tr]), (xd[te], d.target[te]), 10, num_clients, p,
+                        source_clients, classes_per_client, seed, "mnist_digits",
+                        {"dataset": "mnist_digits", "source": "MNIST resized to 8x8",
+                         "target": "sklearn load_digits (optdigits)", "limit": limit})
+
+
+DOMAIN_DATASETS = {
+    "toy_domains": (toy_domains, "two moons -> rotated two moons, labelled source / unlabelled target (federated)"),
+    "mnist_mnistm": (mnist_mnistm, "MNIST -> MNIST-M-like (scikit-image photo crops, not BSDS500) (federated)"),
+    "mnist_digits": (mnist_digits, "MNIST 8x8 -> sklearn digits, labelled source / unlabelled target (federated)"),
+}

@@ -1,0 +1,224 @@
+"""Federated minimax problems: ``min_omega max_psi f(omega, psi) = (1/N) sum_i f_i(omega, psi)`` (FedMM eq. 3).
+
+A minimax problem is a :class:`~fedsolve.problems.FederatedProblem` whose model parameters fall into two named
+blocks of its ``ParamLayout``: ``omega`` (the MIN player: feature extractor + label classifier) and ``psi``
+(the MAX player: the domain discriminator, or MDD's auxiliary head). ``problem.extras["minimax"]`` holds the
+saddle objective ``f_i`` as a function of the whole flat parameter vector and one minibatch ``(x, y, w)``
+(weighted mean over the batch: ``alpha_i = 1/|D_i|`` of eq. 4, estimated on minibatches).
+
+Two ways to get one:
+
+* :func:`saddle_problem` wraps a user objective ``objective(omega, psi, batch) -> scalar`` (``omega``/``psi``
+  the flat block vectors, ``batch = (x, y, w)``); any data, any model whose parameters the two blocks cover.
+* :func:`adversarial_problem` builds adversarial domain adaptation (spec fedmm.md sec. 1.1) with the DANN,
+  CDAN or MDD loss, selected by name, on :class:`DomainAdversarialNet`.
+
+Domain data convention (``fedsolve.data.domains``): labelled source rows carry their class ``y >= 0``,
+unlabelled target rows carry ``y = -1``; the data's row groups are ``("source", "target")``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from fedsolve.data.federated import FederatedData
+from fedsolve.problems import FederatedProblem
+
+__all__ = ["OMEGA", "PSI", "Minimax", "minimax_of", "player_signs", "saddle_problem", "adversarial_problem",
+           "adversarial_loss", "DomainAdversarialNet", "ADVERSARIAL_LOSSES", "DEFAULT_NU", "DOMAIN_GROUPS"]
+
+OMEGA, PSI = "omega", "psi"
+#: row-group names of domain data (``FederatedData.group_names``)
+DOMAIN_GROUPS = ("source", "target")
+Batch = tuple[Tensor, Tensor, Tensor]
+#: ``f_i(params, x, y, w)``: the saddle objective on one weighted minibatch, ``params`` the flat vector
+FlatObjective = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+#: a user's saddle objective ``objective(omega, psi, (x, y, w)) -> scalar``
+SaddleObjective = Callable[[Tensor, Tensor, Batch], Tensor]
+
+ADVERSARIAL_LOSSES = ("dann", "cdan", "mdd")
+#: nu of the from-scratch MNIST runs in the authors' code (the paper is silent; spec 2.5)
+DEFAULT_NU = {"dann": 1.0, "cdan": 1.0, "mdd": 0.5}
+
+
+@dataclass(frozen=True)
+class Minimax:
+    """What a minimax solver needs besides the layout's ``omega``/``psi`` blocks.
+
+    ``loss(params, x, y, w)``: ``f_i`` on one minibatch; omega descends it, psi ascends it."""
+
+    loss: FlatObjective
+    name: str = "saddle"
+
+
+def minimax_of(problem) -> Minimax:
+    """The problem's minimax objective; a clear error for a problem that is not a minimax problem."""
+    mm = getattr(problem, "extras", {}).get("minimax")
+    if not isinstance(mm, Minimax):
+        raise ValueError("this algorithm needs a minimax problem (problem.extras['minimax']): use "
+                         "problem: {kind: domain_adaptation} in the config, or fedsolve.minimax.saddle_problem / "
+                         "adversarial_problem")
+    return mm
+
+
+def player_signs(layout) -> Tensor:
+    """``[d]`` vector: +1 on omega (descent), -1 on psi (ascent); checks that the blocks split the model."""
+    for b in (OMEGA, PSI):
+        if not layout.has_block(b):
+            raise ValueError(f"minimax problem: the layout has no {b!r} block; blocks: {layout.block_names()}")
+    om, ps = layout.mask(OMEGA), layout.mask(PSI)
+    if bool((om & ps).any()):
+        raise ValueError(f"minimax problem: blocks 'omega' and 'psi' overlap on {int((om & ps).sum())} parameters")
+    if not bool((om | ps).all()):
+        left = [n for n in layout.names if n not in layout.block_params(OMEGA) + layout.block_params(PSI)]
+        raise ValueError(f"minimax problem: parameters in neither 'omega' nor 'psi': {left}")
+    return torch.where(om, 1.0, -1.0)
+
+
+def _with_blocks(problem: FederatedProblem, loss_of_layout, name: str) -> FederatedProblem:
+    player_signs(problem.layout)
+    problem.extras["minimax"] = Minimax(loss_of_layout(problem.layout), name)
+    return problem
+
+
+def saddle_problem(data: FederatedData, model_fn: Callable[[], nn.Module], objective: SaddleObjective,
+                   omega: Sequence[str], psi: Sequence[str], *, name: str = "saddle",
+                   eval_loss: str = "squared_error", extra_blocks: dict | None = None) -> FederatedProblem:
+    """A minimax problem from a user objective ``objective(omega, psi, (x, y, w))`` (``omega``/``psi``: the
+    flat block vectors; a weighted mean over the batch rows). ``omega``/``psi``: parameter-name patterns of the
+    two players (together all of ``model_fn()``'s parameters). ``eval_loss`` scores ``model(x)`` on test data."""
+    blocks = {OMEGA: list(omega), PSI: list(psi), **(extra_blocks or {})}
+    problem = FederatedProblem(data=data, model_fn=model_fn, loss=eval_loss, blocks=blocks, name=name)
+
+    def lift(layout):
+        io = torch.nonzero(layout.mask(OMEGA)).flatten()
+        ip = torch.nonzero(layout.mask(PSI)).flatten()
+        return lambda params, x, y, w: objective(params[..., io], params[..., ip], (x, y, w))
+
+    return _with_blocks(problem, lift, name)
+
+
+# ------------------------------------------------------------------ adversarial domain adaptation
+def _mlp(d_in: int, hidden: Sequence[int], d_out: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(d_in, h), nn.ReLU()]
+        d_in = h
+    layers.append(nn.Linear(d_in, d_out))
+    return nn.Sequential(*layers)
+
+
+class DomainAdversarialNet(nn.Module):
+    """Feature extractor ``zeta^1`` -> label classifier ``zeta^2`` (omega) and a domain head (psi).
+
+    ``features="cnn"``: conv3x3 C->32, ReLU, maxpool2, conv3x3 32->48, ReLU, maxpool2 (the authors' "toybase"
+    shape with 3x3 kernels for small images, spec 6.3); ``"mlp"``: one ReLU layer of ``feature_dim``.
+    Domain head (spec 1.1): DANN ``D -> domain_hidden -> 2`` on the features; CDAN the same on the flattened
+    outer product softmax(logits) x features (no stop-gradient); MDD a K-way auxiliary classifier with the
+    classifier's shape. No batch-norm and no dropout (the vectorized executor runs it; spec 6.3).
+
+    ``forward(x)`` gives the class logits (evaluation); ``forward(x, adversarial=True)`` gives
+    ``(logits, domain_logits)``.
+    """
+
+    def __init__(self, in_shape: Sequence[int], num_classes: int, loss: str = "dann", features: str = "cnn",
+                 feature_dim: int = 64, hidden: Sequence[int] = (100, 100), domain_hidden: int = 100):
+        super().__init__()
+        if loss not in ADVERSARIAL_LOSSES:
+            raise ValueError(f"loss: unknown {loss!r}; allowed: {list(ADVERSARIAL_LOSSES)}")
+        self.kind = loss
+        in_shape = tuple(int(s) for s in in_shape)
+        if features == "cnn":
+            if len(in_shape) != 3:
+                raise ValueError(f"features 'cnn' needs image inputs [C, H, W], got shape {in_shape}")
+            c, h, w = in_shape
+            self.features = nn.Sequential(nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                          nn.Conv2d(32, 48, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
+            d = 48 * (h // 4) * (w // 4)
+        elif features == "mlp":
+            self.features = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), feature_dim), nn.ReLU())
+            d = feature_dim
+        else:
+            raise ValueError(f"features: unknown {features!r}; allowed: ['cnn', 'mlp']")
+        self.classifier = _mlp(d, hidden, num_classes)
+        if loss == "dann":
+            self.domain = _mlp(d, [domain_hidden], 2)
+        elif loss == "cdan":
+            self.domain = _mlp(num_classes * d, [domain_hidden], 2)
+        else:
+            self.domain = _mlp(d, hidden, num_classes)
+
+    def forward(self, x: Tensor, adversarial: bool = False):
+        z = self.features(x)
+        logits = self.classifier(z)
+        if not adversarial:
+            return logits
+        if self.kind == "cdan":
+            p = torch.softmax(logits, -1)
+            z = (p.unsqueeze(-1) * z.unsqueeze(-2)).flatten(-2)
+        return logits, self.domain(z)
+
+
+def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> FlatObjective:
+    """``f_i = mean over the batch of [ CE(zeta(x), y) on source rows  -  nu * L_dom ]`` (spec 1.1, eq. 4).
+
+    * DANN/CDAN: ``L_dom`` = 2-way domain cross-entropy, source = 0, target = 1 (so a source row gives
+      ``CE + nu log(1 - h)``, a target row ``nu log h``).
+    * MDD: ``y_hat`` = argmax of the (detached) main logits; ``L_dom`` = CE(f'(z), y_hat) on source rows and
+      ``-log(1.00001 - softmax(f'(z))[y_hat])`` on target rows.
+
+    Target rows (``y < 0``) carry no label term. omega descends ``f_i``, psi ascends it."""
+    kind = model.kind
+
+    def f(params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        logits, d = functional_call(model, layout.unflatten(params), (x,), {"adversarial": True})
+        src = y >= 0
+        ce = F.cross_entropy(logits, y.clamp_min(0), reduction="none") * src
+        logq = torch.log_softmax(d, -1)
+        if kind == "mdd":
+            yhat = logits.detach().argmax(-1, keepdim=True)
+            src_term = -logq.gather(-1, yhat).squeeze(-1)
+            tgt_term = -torch.log(1.00001 - logq.exp().gather(-1, yhat).squeeze(-1))
+            dom = torch.where(src, src_term, tgt_term)
+        else:
+            dom = torch.where(src, -logq[..., 0], -logq[..., 1])
+        return (w * (ce - nu * dom)).sum()
+
+    return f
+
+
+def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"] = "dann", nu: float | None = None,
+                        features: str = "cnn", feature_dim: int = 64, hidden: Sequence[int] = (100, 100),
+                        domain_hidden: int = 100, name: str = "domain_adaptation") -> FederatedProblem:
+    """Adversarial domain adaptation on domain data (labelled source ``y >= 0``, unlabelled target ``y = -1``).
+
+    Blocks: ``omega`` = features + classifier, ``psi`` = domain head, ``features`` = the feature extractor
+    (its own learning rate in the pretrained regime). ``nu``: default :data:`DEFAULT_NU`."""
+    if data.task != "classification" or data.num_classes is None:
+        raise ValueError("domain adaptation needs classification data (labelled source rows)")
+    if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:
+        raise ValueError(f"domain adaptation needs domain data: row groups {DOMAIN_GROUPS} (train_groups), got "
+                         f"{tuple(data.group_names) or None}; use a dataset from fedsolve.data.domains")
+    if bool(((data.train_groups == 1) != (data.train_y < 0)).any()):
+        raise ValueError("domain data: target rows (group 'target') must carry y = -1 and source rows y >= 0")
+    nu = DEFAULT_NU[loss] if nu is None else float(nu)
+    if nu <= 0:
+        raise ValueError(f"nu must be > 0, got {nu}")
+    shape, k = data.input_shape, int(data.num_classes)
+    hidden = tuple(int(h) for h in hidden)
+
+    def model_fn():
+        return DomainAdversarialNet(shape, k, loss, features, feature_dim, hidden, domain_hidden)
+
+    model_fn()  # validate the architecture now (clear errors)
+    blocks = {OMEGA: ["features.*", "classifier.*"], PSI: ["domain.*"], "features": ["features.*"]}
+    problem = FederatedProblem(data=data, model_fn=model_fn, loss="cross_entropy", blocks=blocks, name=name)
+    problem.extras["domain_adaptation"] = {"loss": loss, "nu": nu, "features": features}
+    return _with_blocks(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}")
