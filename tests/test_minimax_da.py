@@ -1,0 +1,211 @@
+"""Adversarial domain adaptation (FedMM spec 1.1, 3.1, 5): the DANN/CDAN/MDD objectives, domain data and client
+splits, the problem kind, executors and the Flower adapter. Tiny synthetic data only (two moons)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedsolve.algorithms import get_algorithm
+from fedsolve.data.datasets import build_federated
+from fedsolve.data.domains import domain_split, mnistm_blend, toy_domains
+from fedsolve.minimax import adversarial_problem, minimax_of
+from tests.test_minimax import run_rounds
+
+torch.set_num_threads(1)
+NET = dict(features="mlp", feature_dim=8, hidden=[8], domain_hidden=8)
+
+
+@pytest.fixture(scope="module")
+def moons():
+    return toy_domains(n=60, n_test=40, seed=0)
+
+
+def _params(problem, seed=0):
+    return problem.init_params(torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("loss", ["dann", "cdan", "mdd"])
+def test_objective_is_the_per_sample_form(moons, loss):
+    """f = mean[ CE on source rows - nu * L_dom ]; DANN/CDAN L_dom = domain CE (source 0, target 1); MDD as spec 1.1."""
+    nu = 0.7
+    pr = adversarial_problem(moons, loss, nu, **NET)
+    w = _params(pr)
+    x, y = moons.train_x, moons.train_y
+    n = y.numel()
+    got = minimax_of(pr).loss(w, x, y, torch.full((n,), 1.0 / n))
+    logits, d = functional_call(pr.model, pr.layout.unflatten(w), (x,), {"adversarial": True})
+    src = y >= 0
+    ce = torch.where(src, F.cross_entropy(logits, y.clamp_min(0), reduction="none"), 0.0)
+    if loss == "mdd":
+        yh = logits.argmax(-1)
+        q = torch.softmax(d, -1)[torch.arange(n), yh]
+        dom = torch.where(src, -torch.log(q), -torch.log(1.00001 - q))
+    else:
+        h = torch.softmax(d, -1)[:, 1]                       # P(domain = target)
+        dom = torch.where(src, -torch.log(1 - h), -torch.log(h))
+    torch.testing.assert_close(got, (ce - nu * dom).mean(), rtol=1e-5, atol=1e-6)
+    assert bool(src.any()) and bool((~src).any())
+
+
+def test_cdan_conditions_on_the_undetached_prediction(moons):
+    """On target-only rows there is no label term: the classifier gets a gradient through CDAN's outer product
+    (softmax not detached), none under DANN or MDD (MDD's pseudo-label is an argmax)."""
+    tgt = moons.train_y < 0
+    x, y = moons.train_x[tgt], moons.train_y[tgt]
+    w8 = torch.full((y.numel(),), 1.0 / y.numel())
+    for loss, expect in (("cdan", True), ("dann", False), ("mdd", False)):
+        pr = adversarial_problem(moons, loss, 1.0, **NET)
+        g = torch.func.grad(lambda p: minimax_of(pr).loss(p, x, y, w8))(_params(pr))
+        cls = torch.zeros_like(g, dtype=torch.bool)
+        for name in pr.layout.names:
+            if name.startswith("classifier"):
+                e = next(e for e in pr.layout.entries if e.name == name)
+                cls[e.start:e.start + e.numel] = True
+        assert bool(g[cls].abs().max() > 0) == expect, loss
+        assert g[pr.layout.mask("psi")].abs().max() > 0
+
+
+def test_cdan_discriminator_sees_the_outer_product(moons):
+    pr = adversarial_problem(moons, "cdan", **NET)
+    assert pr.model.domain[0].in_features == 2 * 8          # K x D
+    mdd = adversarial_problem(moons, "mdd", **NET)
+    assert mdd.model.domain[-1].out_features == 2            # K-way auxiliary head (K = 2 here)
+
+
+def test_one_gda_step_descends_omega_and_ascends_psi(moons):
+    """FedSGDA with one client: omega moves along -grad f, psi along +grad f (spec 5.1)."""
+    data = toy_domains(num_clients=1, n=40, n_test=10)
+    pr = adversarial_problem(data, "dann", **NET)
+    algo = get_algorithm("fedsgda")(dict(lr=0.01, lr_psi=0.02, batch_size=None), pr)
+    w0 = _params(pr, 3)
+    server, _, _ = run_rounds(algo, 1, "sequential", x0=w0)
+    n = data.train_y.numel()
+    g = torch.func.grad(lambda p: minimax_of(pr).loss(p, data.train_x, data.train_y, torch.full((n,), 1.0 / n)))(w0)
+    om = pr.layout.mask("omega")
+    expect = torch.where(om, w0 - 0.01 * g, w0 + 0.02 * g)
+    torch.testing.assert_close(server["w"], expect, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------ domain data and splits
+def test_p_split_and_worst_case(moons):
+    g = moons.train_groups
+    c0 = g[: int(moons.train_offsets[1])]
+    c1 = g[int(moons.train_offsets[1]):]
+    assert bool((c0 == 0).all()) and bool((c1 == 1).all())   # p = 1: source-only client 0, target-only client 1
+    assert bool((moons.train_y[g == 1] == -1).all()) and bool((moons.train_y[g == 0] >= 0).all())
+    half = toy_domains(p=0.7, n=100, n_test=20)
+    g0 = half.client_train_groups(0)
+    assert int((g0 == 0).sum()) == 70 and int((g0 == 1).sum()) == 30
+    assert half.group_names == ("source", "target")
+
+
+def test_source_clients_and_class_skew():
+    rng = np.random.default_rng(0)
+    xs, ys = rng.normal(size=(200, 3)), np.repeat(np.arange(10), 20)
+    xt, yt = rng.normal(size=(200, 3)), np.repeat(np.arange(10), 20)
+    data = domain_split((xs, ys), (xt, yt), (xt[:50], yt[:50]), 10, num_clients=10, source_clients=5,
+                        classes_per_client=2, seed=1)
+    for i in range(10):
+        g = data.client_train_groups(i)
+        assert bool((g == (0 if i < 5 else 1)).all())
+    for i in range(5):
+        _, y = data.client_train(i)
+        assert set(y.tolist()) == {(2 * i) % 10, (2 * i + 1) % 10}
+    assert int(data.train_sizes.sum()) == 400 and int(data.test_sizes.sum()) == 50
+    with pytest.raises(ValueError, match="source_clients must be in"):
+        domain_split((xs, ys), (xt, yt), (xt, yt), 10, num_clients=3, source_clients=3)
+    with pytest.raises(ValueError, match="give source_clients"):
+        domain_split((xs, ys), (xt, yt), (xt, yt), 10, num_clients=3)
+
+
+def test_mnistm_blend_recipe():
+    rng = np.random.default_rng(0)
+    digits = rng.random((5, 6, 6)) * (rng.random((5, 6, 6)) > 0.5)
+    photos = [rng.integers(0, 256, size=(20, 30, 3), dtype=np.uint8), np.zeros((6, 6, 3), np.uint8)]
+    out = mnistm_blend(digits, photos, np.random.default_rng(1))
+    assert out.shape == (5, 3, 6, 6) and out.min() >= 0 and out.max() <= 1
+    binary = (digits > 0).astype(np.float32)
+    for i in range(5):   # |crop - digit| per channel: flipping back recovers a crop that is constant over digits
+        crop = np.where(binary[i][None] > 0, 1 - out[i], out[i])
+        assert np.all(np.abs(crop * 255 - np.round(crop * 255)) < 1e-3)
+
+
+def test_registered_datasets_and_problem_kind():
+    from fedsolve.experiments.config import parse_config
+    from fedsolve.experiments.runner import build_problem
+
+    raw = {"name": "da", "data": {"dataset": "toy_domains", "num_clients": 2, "params": {"n": 40, "n_test": 10}},
+           "problem": {"kind": "domain_adaptation", "params": {"loss": "cdan", "features": "mlp", "feature_dim": 4}},
+           "algorithm": {"name": "fedmm"}}
+    pr = build_problem(parse_config(raw), seed=0)
+    assert minimax_of(pr).name == "cdan" and pr.layout.block_size("psi") > 0
+    with pytest.raises(ValueError, match="loss"):
+        build_problem(parse_config({**raw, "problem": {"kind": "domain_adaptation", "params": {"loss": "gan"}}}), 0)
+    plain = {**raw, "data": {"dataset": "digits", "num_clients": 2}}
+    with pytest.raises(ValueError, match="domain data"):
+        build_problem(parse_config(plain), 0)
+    with pytest.raises(ValueError, match="minimax problem"):
+        get_algorithm("fedmm")(None, build_problem(parse_config({**plain, "problem": None}), 0))
+    assert build_federated("toy_domains", 4, dataset_params={"source_clients": 1, "n": 30}).num_clients == 4
+
+
+@pytest.mark.parametrize("name", ["fedmm", "fedavggda", "fedproxgda", "fedsgda"])
+def test_sequential_and_vectorized_agree_on_dann(name):
+    data = toy_domains(num_clients=3, source_clients=1, n=40, n_test=10)
+    pr = adversarial_problem(data, "dann", **NET)
+    params = {"batch_size": 8} | ({} if name == "fedsgda" else {"local_steps": 3})
+    algo = get_algorithm(name)(params, pr)
+    a, ca, _ = run_rounds(algo, 3, "sequential")
+    b, cb, _ = run_rounds(algo, 3, "vectorized")
+    torch.testing.assert_close(a["w"], b["w"], rtol=1e-5, atol=1e-6)
+    for k in ca:
+        torch.testing.assert_close(ca[k], cb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_fedmm_duals_stay_on_the_clients():
+    data = toy_domains(n=40, n_test=10)
+    pr = adversarial_problem(data, "dann", **NET)
+    algo = get_algorithm("fedmm")({"batch_size": 8, "local_steps": 2}, pr)
+    server, clients, up = run_rounds(algo, 2)
+    assert set(server) == {"w"} and set(up) == {"w"} and set(clients) == {"dual"}
+    assert clients["dual"].shape == (2, pr.layout.dim) and float(clients["dual"].abs().max()) > 0
+
+
+# ------------------------------------------------------------------ Flower adapter
+# widths 16: with width 8 the simulation's vmapped evaluation and a node's one-client evaluation round the
+# test loss differently in the last float32 bit (an engine property, not the solver's)
+EXPERIMENT = """\
+name: minimax_flower
+seeds: [1]
+data: {dataset: toy_domains, num_clients: 3, params: {source_clients: 1, n: 40, n_test: 12}}
+problem: {kind: domain_adaptation, params: {loss: dann, features: mlp, feature_dim: 16, hidden: [16], domain_hidden: 16}}
+simulation: {rounds: 3, eval_every: 2, executor: sequential}
+algorithm: {name: fedmm, params: {batch_size: 8, local_steps: 3, lr: 0.05, lr_psi: 0.05}}
+"""
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("name", ["fedmm", "fedavggda"])
+def test_minimax_same_numbers_on_flower(tmp_path, name):
+    pytest.importorskip("flwr", reason="needs the flower extra")
+    from fedsolve.flower.client import STATE
+    from fedsolve.flower.records import from_array_record
+    from fedsolve.flower.replay import simulate_with_participation
+    from tests.test_flower_adapter import _compare, _run
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(EXPERIMENT)
+    rc = {"experiment": str(exp), "overrides": f"algorithm.name={name}", "wait-for-nodes": 5.0,
+          "round-timeout": 5.0, "eval-timeout": 5.0}
+    task, grid, run, hist = _run(rc)
+    res, sim = simulate_with_participation(task)
+    _compare(hist, res.history)
+    for node, ctx in grid.ctx.items():   # FedMM's duals live on the nodes, equal to the simulation's rows
+        rows = from_array_record(ctx.state[STATE]) if STATE in ctx.state else {}
+        for k, v in rows.items():
+            assert (v == sim.clients[k][node - 100]).all()
+        assert (name == "fedmm") == ("dual" in rows)
