@@ -38,3 +38,17 @@ def test_bilevel_same_numbers_on_flower(tmp_path, name):
     for node, ctx in grid.ctx.items():
         rows = from_array_record(ctx.state[STATE]) if STATE in ctx.state else {}
         assert float(rows["tau"]) == [1, 3, 2, 1][node - 100]
+
+
+@pytest.mark.parametrize("name,rounds", [("fednest", 10), ("lfednest", 4)])
+def test_nested_baselines_same_numbers_on_flower(tmp_path, name, rounds):
+    """The phase of an outer iteration lives in the server state: the Flower server runs the same schedule."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(EXPERIMENT)
+    rc = {"experiment": str(exp), "wait-for-nodes": 5.0, "round-timeout": 5.0, "eval-timeout": 5.0,
+          "overrides": f'algorithm.name={name} algorithm.params={{"batch_size":16,"local_ep":1}} '
+                       f'simulation.rounds={rounds} simulation.eval_every=5'}
+    task, grid, run, hist = _run(rc)
+    res, sim = simulate_with_participation(task)
+    _compare(hist, res.history)
+    assert int(sim.server["phase"]) == rounds

@@ -1,0 +1,106 @@
+"""FedNest and LFedNest: round accounting (spec 3.7: 10 and 2 rounds per outer iteration) and one outer
+iteration against a hand computation on the quadratic bilevel problem of test_bilevel.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_bilevel import client_matrices, quad_problem, run, MU_X
+
+
+def test_round_accounting():
+    prob = quad_problem()
+    sim = run(prob, "fednest", 0, batch_size=None)
+    assert sim.algo.rounds_per_iteration == 10
+    assert sim.algo.phases == ["anchor", "inner", "p0"] + ["neumann"] * 5 + ["hypergrad", "outer"]
+    x0, y0 = sim.server["x"].clone(), sim.server["y"].clone()
+    moved = []
+    for t in range(10):
+        sim.step()
+        moved.append((not torch.equal(sim.server["x"], x0), not torch.equal(sim.server["y"], y0)))
+    assert [m[0] for m in moved] == [False] * 9 + [True]          # x moves once, in the 10th round
+    assert [m[1] for m in moved] == [False] + [True] * 9           # y moves in the 2nd round (FedInn)
+    assert len(sim.ledger.per_round) == 10
+    l = run(prob, "lfednest", 0, batch_size=None)
+    assert l.algo.rounds_per_iteration == 2 and l.algo.phases == ["inner", "outer_local"]
+    assert run(prob, "fednest", 0, inner_ep=2, neumann=3).algo.rounds_per_iteration == 2 * 2 + 1 + 3 + 2
+
+
+def _hand_fednest(mats, x0, y0, c, local: bool):
+    """One outer iteration, full participation, full batches (local_ep epochs = local_ep steps)."""
+    n, steps = len(mats), int(c.local_ep)
+    lr, hlr = c.lr, c.hlr
+    glob = sum(A @ y0 - B @ x0 - cc for A, B, cc, C, e in mats) / n
+    ys = []
+    for A, B, cc, C, e in mats:
+        y = y0.copy()
+        for _ in range(steps):
+            g = A @ y - B @ x0 - cc
+            y = y - lr * (g if local else (A @ (y - y0) + glob))
+        ys.append(y)
+    y1 = sum(ys) / n
+
+    def neumann(As, fy):
+        p, counter = fy.copy(), fy.copy()
+        for _ in range(c.neumann):
+            counter = counter - hlr * sum(A @ counter for A in As) / len(As)
+            p = p + counter
+        return p
+
+    if local:
+        hgs = [MU_X * x0 - hlr * (-B.T @ neumann([A], C @ y1 - e)) for A, B, cc, C, e in mats]
+    else:
+        p = neumann([M[0] for M in mats], sum(C @ y1 - e for A, B, cc, C, e in mats) / n)
+        hg = sum(MU_X * x0 + hlr * B.T @ p for A, B, cc, C, e in mats) / n
+        hgs = [hg] * n
+    # outer_tau = 1: x_i = x0 - hlr (grad_x f_i(x0) - grad_x f_i(x0) + hg_i)
+    return sum(x0 - hlr * h for h in hgs) / n, y1
+
+
+@pytest.mark.parametrize("name", ["fednest", "lfednest"])
+def test_one_outer_iteration_matches_hand_computation(name):
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    sim = run(prob, name, 0, batch_size=None, lr=0.05, hlr=0.1, local_ep=3)
+    x0, y0 = sim.server["x"].numpy().copy(), sim.server["y"].numpy().copy()
+    for _ in range(sim.algo.rounds_per_iteration):
+        sim.step()
+    x1, y1 = _hand_fednest(mats, x0, y0, sim.algo.cfg, local=name == "lfednest")
+    assert np.allclose(sim.server["y"].numpy(), y1, atol=1e-12)
+    assert np.allclose(sim.server["x"].numpy(), x1, atol=1e-12)
+
+
+def test_neumann_approximates_the_inverse_hessian_vector_product():
+    """FedIHGP's p = hlr sum_{j<=K} (I - hlr H)^j grad_y F -> H^-1 grad_y F as K grows (hlr ||H|| < 1)."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    errs = []
+    for K in (5, 60):
+        sim = run(prob, "fednest", 0, batch_size=None, hlr=0.2, neumann=K)
+        for _ in range(3 + K):   # anchor, inner, p0, K Neumann rounds
+            sim.step()
+        A = sum(M[0] for M in mats) / 3
+        y = sim.server["y"].numpy()
+        fy = sum(M[3] @ y - M[4] for M in mats) / 3
+        errs.append(np.linalg.norm(0.2 * sim.server["p"].numpy() - np.linalg.solve(A, fy)))
+    assert errs[1] < 1e-4 < errs[0]
+
+
+@pytest.mark.parametrize("name", ["fednest", "lfednest"])
+def test_sequential_and_vectorized_agree(name):
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem, get_problem_kind
+    from tests.conftest import make_data
+    from tests.test_bilevel import to64
+
+    data = to64(make_data(m=4, d=5, classes=3, n_range=(10, 25)))
+    base = FederatedProblem(data, lambda: build_model_fn("mlp", data.input_shape, 3, hidden=(6,))().double())
+    prob = get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
+    out = {}
+    for ex in ("sequential", "vectorized"):
+        sim = run(prob, name, 10 if name == "fednest" else 4, executor=ex, clients=3, batch_size=4, local_ep=1.0)
+        out[ex] = sim.server
+    for k in ("x", "y"):
+        assert torch.allclose(out["sequential"][k], out["vectorized"][k], atol=1e-10), k
