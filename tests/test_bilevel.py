@@ -59,8 +59,7 @@ def quad_problem(m: int = 3, seed: int = 0, n_lower: int = 12, n_upper: int = 8)
     data.train_groups, data.group_names = torch.as_tensor(np.concatenate(groups)), ("lower", "upper")
     data.__post_init__()
     prob = FederatedProblem(data, QuadModel, loss="squared_error", blocks={"x": ["x"], "y": ["y"]}, name="quad")
-    prob.extras["bilevel"] = BilevelSpec(lower_reg=ridge_on(prob.layout.mask("y").nonzero().flatten(), LAM),
-                                         upper_reg=ridge_on(prob.layout.mask("x").nonzero().flatten(), MU_X))
+    prob.extras["bilevel"] = BilevelSpec(lower_reg=ridge_on(["y"], LAM), upper_reg=ridge_on(["x"], MU_X))
     return prob
 
 
@@ -142,7 +141,7 @@ def test_surrogate_at_exact_solutions_is_the_hypergradient():
         g = prob.data.client_train_groups(i)
         bl = (X[g == 0], t[g == 0], torch.full((int((g == 0).sum()),), 1 / int((g == 0).sum()), dtype=torch.float64))
         bu = (X[g == 1], t[g == 1], torch.full((int((g == 1).sum()),), 1 / int((g == 1).sum()), dtype=torch.float64))
-        agg += p[i] * O.surrogate(tx, ty, tv, bu, bl)
+        agg += p[i] * O.surrogate(tx, ty, tv, bu, bl)[0]
         # the client's lower gradient and HVP are the closed forms
         A, B, c, C, e = mats[i]
         gy, _ = O.grad_y_g(tx, ty, bl)

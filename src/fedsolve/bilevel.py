@@ -30,8 +30,8 @@ from torch.func import functional_call, grad, grad_and_value
 
 from fedsolve.problems import FederatedProblem
 
-#: ``reg(params) -> scalar``: a regulariser of the flat parameter vector (both blocks)
-Regularizer = Callable[[Tensor], Tensor]
+#: ``reg(params) -> scalar``: a regulariser of the model's parameters (``{name: tensor}``, both blocks)
+Regularizer = Callable[[dict[str, Tensor]], Tensor]
 Batch = tuple[Tensor, Tensor, Tensor]
 
 
@@ -66,20 +66,22 @@ def bilevel_spec(problem: FederatedProblem) -> BilevelSpec:
 
 
 class ridge_on:
-    """``(lam/2) ||params[idx]||^2`` (a picklable regulariser of one block, given by its indices)."""
+    """``(lam/2) sum_n ||params[n]||^2`` over the named parameters (a picklable regulariser of one block)."""
 
-    def __init__(self, idx: Tensor, lam: float):
-        self.idx, self.lam = idx, float(lam)
+    def __init__(self, names: list[str], lam: float):
+        self.names, self.lam = list(names), float(lam)
 
-    def __call__(self, params: Tensor) -> Tensor:
-        return 0.5 * self.lam * params[..., self.idx].pow(2).sum(-1)
+    def __call__(self, params: dict[str, Tensor]) -> Tensor:
+        return 0.5 * self.lam * sum(params[n].pow(2).sum() for n in self.names)
 
 
 class BilevelOracles:
     """Derivative oracles of one bilevel problem on one client's minibatch (pure tensor code).
 
-    ``x`` and ``y`` are the flat blocks (``[d_x]``, ``[d_y]``); :meth:`join` puts them back into the
-    model's flat parameter vector and :meth:`split` takes them out.
+    ``x`` and ``y`` are flat blocks (``[d_x]``, ``[d_y]``: the block's parameters concatenated in layout
+    order); :meth:`join` puts them back into the model's flat parameter vector and :meth:`split` takes them
+    out. Derivatives are taken with respect to the per-parameter tensors (views of the flat blocks), so no
+    backward pass ever scatters into a full-length vector.
     """
 
     def __init__(self, problem: FederatedProblem, spec: BilevelSpec | None = None):
@@ -90,6 +92,11 @@ class BilevelOracles:
         if bool((mx & my).any()) or not bool((mx | my).all()):
             raise ValueError(f"bilevel blocks {self.spec.x_block!r} (x) and {self.spec.y_block!r} (y) must be "
                              f"disjoint and cover every parameter; parameters are {lay.names}")
+        for e in lay.entries:
+            part = mx[e.start:e.start + e.numel]
+            if bool(part.any()) and not bool(part.all()):
+                raise ValueError(f"bilevel block {self.spec.x_block!r} splits parameter {e.name!r}; blocks must "
+                                 f"hold whole parameters")
         groups = problem.data.group_names
         for g in (self.spec.upper_group, self.spec.lower_group):
             if g not in groups:
@@ -98,6 +105,8 @@ class BilevelOracles:
         self.y_idx = torch.nonzero(my).flatten()
         self._inv = torch.argsort(torch.cat([self.x_idx, self.y_idx]))
         self.dx, self.dy = int(self.x_idx.numel()), int(self.y_idx.numel())
+        self._xs = [(e.name, e.shape, e.numel) for e in lay.entries if bool(mx[e.start])]
+        self._ys = [(e.name, e.shape, e.numel) for e in lay.entries if bool(my[e.start])]
 
     # ---------------------------------------------------------------- blocks
     def join(self, x: Tensor, y: Tensor) -> Tensor:
@@ -107,54 +116,93 @@ class BilevelOracles:
     def split(self, params: Tensor) -> tuple[Tensor, Tensor]:
         return params[..., self.x_idx], params[..., self.y_idx]
 
-    # ---------------------------------------------------------------- losses
-    def _model_loss(self, params: Tensor, b: Batch) -> Tensor:
+    @staticmethod
+    def _views(vec: Tensor, spec) -> dict[str, Tensor]:
+        out, a = {}, 0
+        for name, shape, n in spec:
+            out[name] = vec[a:a + n].reshape(shape)
+            a += n
+        return out
+
+    @staticmethod
+    def _flat(d: dict[str, Tensor], spec) -> Tensor:
+        return torch.cat([d[name].reshape(-1) for name, _, _ in spec])
+
+    # ---------------------------------------------------------------- losses on parameter dicts
+    def _loss(self, reg: Regularizer | None, px: dict, py: dict, b: Batch) -> Tensor:
         inp, tgt, w = b
-        out = functional_call(self.problem.model, self.problem.layout.unflatten(params), (inp,))
-        return (self.problem.loss_fn(out, tgt) * w).sum()
+        params = {**px, **py}
+        out = functional_call(self.problem.model, params, (inp,))
+        val = (self.problem.loss_fn(out, tgt) * w).sum()
+        return val + reg(params) if reg is not None else val
+
+    def _f(self, px, py, b):
+        return self._loss(self.spec.upper_reg, px, py, b)
+
+    def _g(self, px, py, b):
+        return self._loss(self.spec.lower_reg, px, py, b)
 
     def f(self, x: Tensor, y: Tensor, b: Batch) -> Tensor:
         """Upper loss f_i(x, y) on a minibatch of the upper split."""
-        p = self.join(x, y)
-        reg = self.spec.upper_reg
-        return self._model_loss(p, b) + (reg(p) if reg is not None else 0.0)
+        return self._f(self._views(x, self._xs), self._views(y, self._ys), b)
 
     def g(self, x: Tensor, y: Tensor, b: Batch) -> Tensor:
         """Lower loss g_i(x, y) on a minibatch of the lower split."""
-        p = self.join(x, y)
-        reg = self.spec.lower_reg
-        return self._model_loss(p, b) + (reg(p) if reg is not None else 0.0)
+        return self._g(self._views(x, self._xs), self._views(y, self._ys), b)
 
     # ---------------------------------------------------------------- first order
     def grad_y_g(self, x: Tensor, y: Tensor, b: Batch) -> tuple[Tensor, Tensor]:
         """(grad_y g, g)."""
-        return grad_and_value(self.g, argnums=1)(x, y, b)
+        gy, val = grad_and_value(self._g, argnums=1)(self._views(x, self._xs), self._views(y, self._ys), b)
+        return self._flat(gy, self._ys), val
 
     def grad_f(self, x: Tensor, y: Tensor, b: Batch) -> tuple[Tensor, Tensor, Tensor]:
         """(grad_x f, grad_y f, f)."""
-        (gx, gy), val = grad_and_value(self.f, argnums=(0, 1))(x, y, b)
-        return gx, gy, val
+        (gx, gy), val = grad_and_value(self._f, argnums=(0, 1))(self._views(x, self._xs), self._views(y, self._ys), b)
+        return self._flat(gx, self._xs), self._flat(gy, self._ys), val
+
+    def grad_y_f(self, x: Tensor, y: Tensor, b: Batch) -> Tensor:
+        """grad_y f (no x-gradient computed)."""
+        gy = grad(self._f, argnums=1)(self._views(x, self._xs), self._views(y, self._ys), b)
+        return self._flat(gy, self._ys)
 
     # ---------------------------------------------------------------- second order (double backward)
+    def _inner(self, v: Tensor, b: Batch):
+        """(px, py) -> <grad_y g(px, py), v>."""
+        vd = self._views(v, self._ys)
+
+        def inner(px, py):
+            gy = grad(self._g, argnums=1)(px, py, b)
+            return sum((gy[k] * vd[k]).sum() for k in gy)
+
+        return inner
+
     def second_g(self, x: Tensor, y: Tensor, v: Tensor, b: Batch) -> tuple[Tensor, Tensor]:
         """(grad2_xy g v, grad2_yy g v) = grad_(x,y) <grad_y g(x, y), v> (one double-backward pass)."""
-        def inner(xx, yy):
-            return (grad(self.g, argnums=1)(xx, yy, b) * v).sum()
-
-        return grad(inner, argnums=(0, 1))(x, y)
+        jx, hy = grad(self._inner(v, b), argnums=(0, 1))(self._views(x, self._xs), self._views(y, self._ys))
+        return self._flat(jx, self._xs), self._flat(hy, self._ys)
 
     def hvp_yy_g(self, x: Tensor, y: Tensor, v: Tensor, b: Batch) -> Tensor:
         """grad2_yy g(x, y) v."""
-        return grad(lambda yy: (grad(self.g, argnums=1)(x, yy, b) * v).sum())(y)
+        hy = grad(self._inner(v, b), argnums=1)(self._views(x, self._xs), self._views(y, self._ys))
+        return self._flat(hy, self._ys)
 
     def jvp_xy_g(self, x: Tensor, y: Tensor, v: Tensor, b: Batch) -> Tensor:
         """grad2_xy g(x, y) v = grad_x <grad_y g(x, y), v> (a d_x vector)."""
-        return grad(lambda xx: (grad(self.g, argnums=1)(xx, y, b) * v).sum())(x)
+        jx = grad(self._inner(v, b), argnums=0)(self._views(x, self._xs), self._views(y, self._ys))
+        return self._flat(jx, self._xs)
 
-    def surrogate(self, x: Tensor, y: Tensor, v: Tensor, bf: Batch, bg: Batch) -> Tensor:
-        """The local surrogate hypergradient barGrad f_i(x, y, v) = grad_x f - grad2_xy g v (Sec. 2.2)."""
-        gx, _, _ = self.grad_f(x, y, bf)
-        return gx - self.jvp_xy_g(x, y, v, bg)
+    def surrogate(self, x: Tensor, y: Tensor, v: Tensor, bf: Batch, bg: Batch) -> tuple[Tensor, Tensor]:
+        """(barGrad f_i(x, y, v), f_i) with barGrad f_i = grad_x f(bf) - grad2_xy g(bg) v (Sec. 2.2; combined per
+        parameter tensor, flattened once)."""
+        px, py = self._views(x, self._xs), self._views(y, self._ys)
+        gx, val = grad_and_value(self._f, argnums=0)(px, py, bf)
+        jx = grad(self._inner(v, bg), argnums=0)(px, py)
+        return self._flat({k: gx[k] - jx[k] for k in gx}, self._xs), val
+
+    def ls_grad(self, x: Tensor, y: Tensor, v: Tensor, bg: Batch, bf: Batch) -> Tensor:
+        """grad_v R_i(x, y, v) = grad2_yy g(bg) v - grad_y f(bf) (the linear-system direction, eq. 2)."""
+        return self.hvp_yy_g(x, y, v, bg) - self.grad_y_f(x, y, bf)
 
 
 def project_ball(v: Tensor, r: float | None) -> Tensor:

@@ -62,8 +62,7 @@ def hyper_representation(problem: FederatedProblem, params, seed: int) -> Federa
     out = FederatedProblem(data=split_rows(problem, p.upper_fraction, seed), model_fn=problem.model_fn,
                            loss=problem.loss, blocks=blocks, name=problem.name, extras=dict(problem.extras))
     lay = out.layout
-    y_idx = torch.nonzero(lay.mask("y")).flatten()
     out.extras["bilevel"] = BilevelSpec(x_block="x", y_block="y", upper_group="upper", lower_group="lower",
-                                        lower_reg=ridge_on(y_idx, p.lam) if p.lam > 0 else None,
+                                        lower_reg=ridge_on(lay.block_params("y"), p.lam) if p.lam > 0 else None,
                                         name=f"hyper-representation (y = {', '.join(head)}, lam = {p.lam})")
     return out

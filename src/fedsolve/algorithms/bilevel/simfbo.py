@@ -132,24 +132,24 @@ class SimFBO(Algorithm):
         tau = state["tau"]
         qx, qy, qv = torch.zeros_like(x), torch.zeros_like(y), torch.zeros_like(v)
         first = next(iter(self._work))
-        for k in range(c.steps()):
+        T = c.steps()
+        for k in range(T):
             on = (tau > k) & ctx.is_active(first, k)
             ak = c.a * on.to(x.dtype)
-            if c.independent_batches:
+            if c.independent_batches:   # zeta, psi = (lower, upper), xi = (upper, lower): five minibatches
                 dy, _ = O.grad_y_g(x, y, ctx.batch("lower_y", k))
-                hv = O.hvp_yy_g(x, y, v, ctx.batch("lower_v", k))
-                _, fy, _ = O.grad_f(x, y, ctx.batch("upper_v", k))
-                fx, _, fval = O.grad_f(x, y, ctx.batch("upper_x", k))
-                jv = O.jvp_xy_g(x, y, v, ctx.batch("lower_x", k))
-            else:
-                dy, _ = O.grad_y_g(x, y, ctx.batch("lower", k))
-                jv, hv = O.second_g(x, y, v, ctx.batch("lower", k))
-                fx, fy, fval = O.grad_f(x, y, ctx.batch("upper", k))
-            dv = hv - fy                      # grad_v R_i
-            dx = fx - jv                      # barGrad f_i
+                dv = O.ls_grad(x, y, v, ctx.batch("lower_v", k), ctx.batch("upper_v", k))
+                dx, fval = O.surrogate(x, y, v, ctx.batch("upper_x", k), ctx.batch("lower_x", k))
+            else:                        # one lower and one upper minibatch per step
+                bl, bu = ctx.batch("lower", k), ctx.batch("upper", k)
+                dy, _ = O.grad_y_g(x, y, bl)
+                jv, hv = O.second_g(x, y, v, bl)
+                fx, fy, fval = O.grad_f(x, y, bu)
+                dv, dx = hv - fy, fx - jv          # grad_v R_i, barGrad f_i
             ctx.record_loss(fval, on)
             qy, qv, qx = qy + ak * dy, qv + ak * dv, qx + ak * dx
-            y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
+            if k < T - 1:   # the last local iterate is never evaluated (spec 2.3): skip computing it
+                y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
         a_norm = c.a * tau
         return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
 
