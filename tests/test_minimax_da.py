@@ -209,3 +209,17 @@ def test_minimax_same_numbers_on_flower(tmp_path, name):
         for k, v in rows.items():
             assert (v == sim.clients[k][node - 100]).all()
         assert (name == "fedmm") == ("dual" in rows)
+
+
+def test_experiment_suites_validate():
+    from pathlib import Path
+
+    from fedsolve.experiments.config import load_config
+
+    suites = sorted((Path(__file__).resolve().parents[1] / "experiments" / "minimax").glob("*.yaml"))
+    assert len(suites) >= 4
+    for path in suites:
+        cfg = load_config(path)
+        assert cfg.problem is not None and cfg.problem.kind == "domain_adaptation", path.name
+        names = {a.name for a in cfg.algorithms}
+        assert names <= {"fedmm", "fedavggda", "fedproxgda", "fedsgda"} and names, path.name
