@@ -8,6 +8,7 @@ import torch
 
 from conftest import make_problem
 from fedsolve.algorithms import get_algorithm
+from fedsolve.algorithms.base import shared_mask
 from fedsolve.core.executor import Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.simulation import DivergenceError, Simulation, SimulationConfig
@@ -210,7 +211,7 @@ def test_shared_only_leaves_personal_block_at_init(name):
     torch.testing.assert_close(after[pm], x0[pm], rtol=0, atol=1e-6)
     assert (after[~pm] - x0[~pm]).abs().max() > 1e-3
     with pytest.raises(ValueError, match="personal"):
-        get_algorithm(name)({"shared_only": True}, make_problem("mlp")).shared_mask()
+        shared_mask(get_algorithm(name)({"shared_only": True}, make_problem("mlp")))
 
 
 def test_vectorized_buckets_unequal_clients_match_sequential():

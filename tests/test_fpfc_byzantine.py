@@ -141,8 +141,10 @@ def test_own_view_messages_for_fedavg_and_ifca_and_errors():
         assert torch.equal(got, sim.server["byz_own"][has])
         if key == "models":      # every cluster model sent to an attacker is its own
             assert torch.equal(msg[key][has][:, 1], got)
-    with pytest.raises(ValueError, match="attacker_view"):
-        own_view(algo, {"dw": torch.zeros(2, 3)}, torch.tensor([True, False]), torch.zeros(1, 3))
+    cfl = get_algorithm("byz_cfl")(dict(attack="sign_flip"), prob)   # CFL declares no own view (uploads updates)
+    assert cfl.attack_keys == ("dw",)                                   # its declared model key, not guessed
+    with pytest.raises(ValueError, match="attacker_view: 'own' is not defined for byz_cfl"):
+        own_view(cfl, {"w": torch.zeros(2, 3)}, torch.tensor([True, False]), torch.zeros(1, 3))
     with pytest.raises(ValueError, match="attacker_view"):
         get_algorithm("byz_cfl")(dict(attack="sign_flip", attack_keys=("dw",), attacker_view="own"), prob)
 

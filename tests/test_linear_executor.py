@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fedsolve.algorithms.base import get_algorithm
+from fedsolve.core.executor import linear_gd_applies
 from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
@@ -87,7 +88,7 @@ def test_auto_falls_back_and_explicit_linear_is_refused_with_a_reason():
         Simulation(prob, algo, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
     # Ditto subclasses FedAvg but changes local_update: the inherited GD form must not be used
     ditto = get_algorithm("ditto")(dict(batch_size=None), prob)
-    assert not ditto.linear_executor_ok()
+    assert not linear_gd_applies(ditto, prob)
     # an algorithm without a GD form (Per-FedAvg's first-order MAML steps)
     per = get_algorithm("perfedavg")(dict(variant="fo"), prob)
     with pytest.raises(ValueError, match="executor: 'linear' does not run perfedavg"):

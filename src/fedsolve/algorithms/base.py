@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from fedsolve.core.executor import LocalContext, Work
-from fedsolve.core.linear import FullBatch, GDStep, LinearGDExecutor, linear_model_problem
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
 
@@ -50,7 +49,7 @@ class Algorithm:
     communicates: ClassVar[bool] = True
     #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
-    #: the run's choice of compiled kernels (``simulation.linear_kernel``), set by :meth:`use_kernels`
+    #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
     kernel: str = "auto"
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
@@ -68,38 +67,17 @@ class Algorithm:
     def setup(self) -> None:
         """Hook for subclasses (masks, derived constants)."""
 
-    def use_kernels(self, kernel: str) -> None:
-        """The run's ``simulation.linear_kernel`` (``auto``, ``native`` or ``torch``), for server-side work
-        that has a compiled kernel too (FPFC's pair update); the executor gets it in :meth:`make_executor`."""
-        if kernel not in ("auto", "native", "torch"):
-            raise ValueError(f"linear_kernel: expected 'auto', 'native' or 'torch', got {kernel!r}")
-        self.kernel = kernel
-
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
         """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
-    def shared_mask(self) -> Tensor | None:
-        """Mask of the parameters this algorithm trains when ``cfg.shared_only`` is set.
-
-        The FedAPM paper's code runs FedAvg/FedProx/FedADMM on the shared block only (the personal
-        block never trains and stays at its common init, fedapm spec 4.3); ``shared_only`` reproduces
-        that. Off by default: baselines train the whole model.
-        """
-        if not getattr(self.cfg, "shared_only", False):
-            return None
-        if not self.layout.has_block("personal"):
-            raise ValueError(f"{self.name}: shared_only=true needs a 'personal' block in the problem "
-                             f"(model.blocks or model.personalization)")
-        return (~self.layout.mask("personal")).to(torch.float32)
-
     def local_sgd(self, ctx: LocalContext, params: Tensor, phase: str = "train", extra=None, mask=None,
                   lr: float | None = None, scale: float | Tensor = 1.0, until=None) -> Tensor:
         """``ctx.sgd`` with this algorithm's learning rate and weight decay folded into ``f_i``."""
         if mask is None:
-            mask = self.shared_mask()
+            mask = shared_mask(self)
         wd = self.cfg.weight_decay
         if wd > 0:
             base = extra
@@ -128,71 +106,7 @@ class Algorithm:
         """ONE client's evaluation parameters from its state rows and the eval message."""
         raise NotImplementedError
 
-    def eval_work(self) -> dict[str, Work]:
-        """Local work every client does on its training data right before it is scored, starting from its
-        :meth:`eval_model` parameters (Per-FedAvg's adaptation step); ``{}`` (default): none."""
-        return {}
-
-    def eval_adapt(self, params: Tensor, ctx: LocalContext) -> Tensor:
-        """ONE client's evaluation-time adaptation of ``params`` with the phases of :meth:`eval_work`."""
-        return params
-
-    def adapt_for_eval(self, params: Tensor, problem, rngs: RngStreams, round_: int,
-                       executor: str = "auto") -> Tensor:
-        """Every client's scored parameters ``[m, d]``: ``params`` after :meth:`eval_adapt` (batches from
-        ``rngs`` at ``round_``); ``params`` itself when :meth:`eval_work` is empty."""
-        phases = self.eval_work()
-        if not phases:
-            return params
-        return run_plain(problem, params, phases, lambda ctx, w: self.eval_adapt(w, ctx), rngs, round_, executor)
-
-    # ----------------------------------------------------------- optional
-    def make_executor(self, name: str, chunk_size: int | None = None, linear_kernel: str = "auto"):
-        """An algorithm-specific executor for ``name``, or None (the engine's).
-
-        ``linear`` (or ``auto`` when :meth:`linear_executor_ok`): the batched one-layer executor of
-        ``core/linear.py``, which runs :meth:`linear_gd` with ``linear_kernel``.
-        """
-        if name == "fpfc_linear":   # the executor's former name
-            name = "linear"
-        if name == "linear":
-            if not self.linear_executor_ok(check_problem=False):
-                raise ValueError(f"executor: 'linear' does not run {self.name} with this configuration (it needs "
-                                 f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
-                                 f"'sequential', 'vectorized'")
-            return LinearGDExecutor(self.problem, kernel=linear_kernel)
-        if name == "auto" and self.linear_executor_ok():
-            return LinearGDExecutor(self.problem, kernel=linear_kernel)
-        return None
-
-    def supports_linear_gd(self) -> bool:
-        """True when, with this configuration, :meth:`linear_gd` describes the local update."""
-        return False
-
-    def linear_executor_ok(self, check_problem: bool = True) -> bool:
-        """The ``linear`` executor applies: :meth:`supports_linear_gd`, ``linear_gd`` defined by the class
-        that defines ``local_update`` (a subclass that changes one without the other is refused), every
-        work phase full-batch and (``check_problem``) a one-``nn.Linear`` model with a supported loss."""
-        if not self.supports_linear_gd():
-            return False
-        owner = lambda attr: next(k for k in type(self).__mro__ if attr in k.__dict__)  # noqa: E731
-        if owner("local_update") is not owner("linear_gd"):   # a subclass changed the update, not its GD form
-            return False
-        if any(w.batch_size is not None for w in self.work(0).values()):
-            return False
-        return linear_model_problem(self.problem) if check_problem else True
-
-    def linear_gd(self, rows: Record, msgs: Record, ids: Tensor, round_: int, full: FullBatch) -> GDStep:
-        """This round's local update of clients ``ids`` as full-batch GD (``core.linear.GDStep``); called
-        only when :meth:`supports_linear_gd`.
-
-        ``rows``/``msgs`` are the selected clients' state and messages ``[k, ...]``; ``full.loss(w)`` /
-        ``full.grad(w)`` (``w`` ``[k, d]``) are each client's mean training loss and its gradient (e.g.
-        IFCA's cluster choice, Per-FedAvg's adaptation step).
-        Must match :meth:`local_update` (tests compare the two executors per algorithm).
-        """
-        raise NotImplementedError(f"{self.name} has no full-batch GD form (supports_linear_gd is False)")
-
+    # ----------------------------------------------------------- reporting
     def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
         """Extra per-round scalars for the metrics log (e.g. model deviation, clusters found)."""
         return {}
@@ -211,6 +125,42 @@ class Algorithm:
         w = self.client_weights[ids]
         w = (w / w.sum()).to(rows.dtype)
         return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
+
+
+def shared_mask(algo: Algorithm) -> Tensor | None:
+    """Mask of the parameters ``algo`` trains when its ``cfg.shared_only`` is set (None: all of them).
+
+    The FedAPM paper's code runs FedAvg/FedProx/FedADMM on the shared block only (the personal
+    block never trains and stays at its common init, fedapm spec 4.3); ``shared_only`` reproduces
+    that. Off by default: baselines train the whole model.
+    """
+    if not getattr(algo.cfg, "shared_only", False):
+        return None
+    if not algo.layout.has_block("personal"):
+        raise ValueError(f"{algo.name}: shared_only=true needs a 'personal' block in the problem "
+                         f"(model.blocks or model.personalization)")
+    return (~algo.layout.mask("personal")).to(torch.float32)
+
+
+# ------------------------------------------------------------------ optional capabilities
+# An algorithm may declare more than the five functions; the engine looks for these methods:
+#   supports_linear_gd() + linear_gd(rows, msgs, ids, round_, full) -> GDStep: its local update as full-batch GD,
+#       run by the ``linear`` executor (``core.executor.linear_gd_applies``, ``core/linear.py``);
+#   eval_work() -> {phase: Work} + eval_adapt(params, ctx) -> params: local work every client does right before
+#       it is scored (Per-FedAvg's adaptation step), see :func:`adapt_for_eval`.
+def eval_phases(algo) -> dict[str, Work]:
+    """The phases of ``algo``'s evaluation-time adaptation (its optional ``eval_work()``); ``{}``: none."""
+    eval_work = getattr(algo, "eval_work", None)
+    return eval_work() if eval_work is not None else {}
+
+
+def adapt_for_eval(algo, params: Tensor, problem, rngs: RngStreams, round_: int, executor: str = "auto") -> Tensor:
+    """Every client's scored parameters ``[m, d]``: ``params`` after ``algo.eval_adapt`` (batches from ``rngs`` at
+    ``round_``); ``params`` itself when ``algo`` declares no evaluation-time adaptation."""
+    phases = eval_phases(algo)
+    if not phases:
+        return params
+    return run_plain(problem, params, phases, lambda ctx, w: algo.eval_adapt(w, ctx), rngs, round_, executor)
 
 
 class _PlainWork:

@@ -22,18 +22,22 @@ the threat model's other half, which the paper does not state (``attacker_view``
 ``attack_block`` restricts the corruption to one named block of the model (the CNN's ``fused`` last layer,
 the "personalization layers" the paper's text names); the other coordinates are uploaded truly.
 
-``byzantine(cls)`` turns any registered algorithm into an attacked one (``byz_<name>``): the same
-algorithm with three more hyper-parameters and an ``aggregate`` that corrupts the upload keys in
-``attack_keys`` (default ``w``: the uploaded model; e.g. ``dw`` for CFL, whose uploads are updates)
-of the malicious participants before the algorithm's own aggregation. Registered here:
+``byzantine(cls)`` turns an algorithm into an attacked one (``byz_<name>``): the same algorithm with more
+hyper-parameters and an ``aggregate`` that corrupts the malicious participants' uploads before the algorithm's
+own aggregation. What the attack needs to know about the algorithm is declared once per algorithm class with
+:func:`declare_attack_surface` (never guessed from message keys): which upload key holds the device's model
+(``w`` for FPFC, FedAvg, IFCA; ``dw`` for CFL, whose uploads are updates; none for LOCAL) and, for
+``attacker_view='own'``, how the server's message is replaced by what a device that ignores the server trains
+from. ``attack_keys`` (default: the declared model key) can name other upload keys. Registered here:
 ``byz_fpfc``, ``byz_fpfc_l1``, ``byz_fedavg``, ``byz_local`` (no uploads: immune, a reference),
 ``byz_ifca``, ``byz_cfl``. The metric of the paper is the mean test accuracy of the *benign*
-devices: ``benign_mask(algo)`` gives them (``experiments/fpfc/robustness.py`` uses it).
+devices: ``benign_mask(algo)`` gives them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -76,24 +80,70 @@ def benign_mask(algo: Algorithm) -> Tensor:
     return ~getattr(algo, "malicious", torch.zeros(algo.num_clients, dtype=torch.bool))
 
 
-def own_view(algo: Algorithm, msg: dict, sel: Tensor, own: Tensor) -> dict:
-    """``msg`` with the rows ``sel`` replaced by what a device that ignores the server trains from:
-    its own model ``own`` ``[k_sel, d]`` (FPFC's proximal centre zeta, IFCA's L cluster models, or the
-    FedAvg-type start point ``w``)."""
-    msg = dict(msg)
-    if "zeta" in msg:
-        key, val = "zeta", own[:, algo.fidx]
-    elif "models" in msg:
-        key, val = "models", own.unsqueeze(1).expand(-1, msg["models"].shape[1], -1)
-    elif "w" in msg:
-        key, val = "w", own
-    else:
-        raise ValueError(f"attacker_view: 'own' is not defined for {algo.name} (message keys {sorted(msg)}); "
-                         "use attacker_view 'server'")
+@dataclass(frozen=True)
+class AttackSurface:
+    """What an attack needs to know about one algorithm: ``model_key``, the upload key that holds a device's model
+    (None: it uploads no model); ``own_view(algo, msg, sel, own)``, the message with the rows ``sel`` replaced by
+    what a device that ignores the server trains from, its own model ``own`` ``[k_sel, d]`` (None: undefined)."""
+
+    model_key: str | None
+    own_view: Callable[[Algorithm, dict, Tensor, Tensor], dict] | None = None
+
+
+SURFACES: dict[type[Algorithm], AttackSurface] = {}
+
+
+def declare_attack_surface(cls: type[Algorithm], surface: AttackSurface) -> None:
+    """Declare ``cls``'s attack surface (its subclasses inherit it unless they declare their own)."""
+    SURFACES[cls] = surface
+
+
+def attack_surface(algo: Algorithm | type[Algorithm]) -> AttackSurface:
+    cls = algo if isinstance(algo, type) else type(algo)
+    surface = next((SURFACES[k] for k in cls.__mro__ if k in SURFACES), None)
+    if surface is None:
+        raise ValueError(f"{cls.name} declares no attack surface (byzantine.declare_attack_surface)")
+    return surface
+
+
+def _replace_rows(msg: dict, key: str, sel: Tensor, val: Tensor) -> dict:
     rows = msg[key].clone()
     rows[sel] = val.to(rows.dtype)
-    msg[key] = rows
-    return msg
+    return dict(msg, **{key: rows})
+
+
+def own_view(algo: Algorithm, msg: dict, sel: Tensor, own: Tensor) -> dict:
+    """``msg`` with the rows ``sel`` replaced by what a device that ignores the server trains from (its own model
+    ``own`` ``[k_sel, d]``), by ``algo``'s declared attack surface."""
+    view = attack_surface(algo).own_view
+    if view is None:
+        raise ValueError(f"attacker_view: 'own' is not defined for {algo.name}; use attacker_view 'server'")
+    return view(algo, msg, sel, own)
+
+
+def _start_from_own(algo, msg, sel, own):       # FedAvg-type: the start point w is the device's own model
+    return _replace_rows(msg, "w", sel, own)
+
+
+def _own_cluster_models(algo, msg, sel, own):   # IFCA: every cluster model it is sent is its own
+    return _replace_rows(msg, "models", sel, own.unsqueeze(1).expand(-1, msg["models"].shape[1], -1))
+
+
+def _own_proximal_centre(algo, msg, sel, own):  # FPFC: the proximal centre zeta is its own fused block
+    return _replace_rows(msg, "zeta", sel, own[:, algo.fidx])
+
+
+def _declare_surfaces() -> None:
+    from fedsolve.algorithms.clustering_baselines import CFL, IFCA
+    from fedsolve.algorithms.fedavg import FedAvg
+    from fedsolve.algorithms.fpfc import FPFC
+    from fedsolve.algorithms.local import Local
+
+    declare_attack_surface(FPFC, AttackSurface("w", _own_proximal_centre))
+    declare_attack_surface(FedAvg, AttackSurface("w", _start_from_own))
+    declare_attack_surface(IFCA, AttackSurface("w", _own_cluster_models))
+    declare_attack_surface(CFL, AttackSurface("dw"))
+    declare_attack_surface(Local, AttackSurface(None))
 
 
 def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
@@ -106,7 +156,8 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
         attack_sigma: float | None = Field(None, gt=0, description="noise level sigma; null = the paper's "
                                                                    "(100 same-value, 10 sign-flip, 100 gaussian)")
         attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
-        attack_keys: tuple[str, ...] = Field(("w",), description="upload keys that are corrupted")
+        attack_keys: tuple[str, ...] | None = Field(None, description="upload keys that are corrupted (null: the "
+                                                                    "algorithm's declared model key)")
         attack_block: str | None = Field(
             None, description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
                               "last layer: the paper attacks the personalization layers); null = all of it")
@@ -131,9 +182,14 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
                     raise ValueError(f"attack_block: the model has no block {c.attack_block!r}; allowed: "
                                      f"{self.layout.block_names()} or null (the whole upload)")
                 self.attack_cols = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
-            if c.attacker_view == "own" and c.attack_keys != ("w",):
-                raise ValueError(f"attacker_view: 'own' needs the uploaded model under key 'w' (attack_keys "
-                                 f"('w',)), got attack_keys {c.attack_keys}; use attacker_view 'server'")
+            surface = attack_surface(self)
+            self.model_key = surface.model_key
+            self.attack_keys = c.attack_keys if c.attack_keys is not None else \
+                ((surface.model_key,) if surface.model_key else ())
+            if c.attacker_view == "own" and (surface.own_view is None or self.attack_keys != (surface.model_key,)):
+                raise ValueError(f"attacker_view: 'own' needs a declared own view and the uploaded model as the "
+                                 f"attacked key ({self.name}: model key {surface.model_key!r}, attack_keys "
+                                 f"{self.attack_keys}); use attacker_view 'server'")
 
         def init(self, x0, rngs):
             server, clients = super().init(x0, rngs)
@@ -161,9 +217,9 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
                 gen = torch.Generator().manual_seed(c.attack_seed * 1_000_003 + int(round_))
                 uploads = dict(uploads)
                 if keep:   # remember the true uploads before they are corrupted
-                    keep["byz_own"][ids[bad]] = uploads["w"][bad].to(keep["byz_own"].dtype)
+                    keep["byz_own"][ids[bad]] = uploads[self.model_key][bad].to(keep["byz_own"].dtype)
                     keep["byz_has_own"][ids[bad]] = True
-                for key in c.attack_keys:
+                for key in self.attack_keys:
                     if key not in uploads:
                         raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
                     rows = uploads[key].clone()
@@ -184,6 +240,7 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
     return Attacked
 
 
+_declare_surfaces()
 for _base in ("fpfc", "fpfc_l1", "fedavg", "local", "ifca", "cfl"):
     if _base in ALGORITHMS and f"byz_{_base}" not in ALGORITHMS:
         register(byzantine(ALGORITHMS[_base]))

@@ -453,7 +453,3 @@ class LGCode(FedAvg):
 
     def eval_model(self, state, msg):
         return torch.where(state["last"] == msg["round"], state["local"], msg["w"])
-
-# attacked variants (byz_fpfc, byz_ifca, ...) register once every base algorithm above exists;
-# imported here because algorithms/__init__.py (shared) does not list the module yet.
-from fedsolve.algorithms import byzantine as _byzantine  # noqa: E402,F401

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, shared_mask
 from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates
 
@@ -47,7 +47,7 @@ class FedAvg(Algorithm):
         return {}, {"w": w}
 
     def supports_linear_gd(self) -> bool:
-        return self.shared_mask() is None
+        return shared_mask(self) is None
 
     def linear_gd(self, rows, msgs, ids, round_, full):
         return GDStep(start=msgs["w"], lr=self.cfg.lr, anchor=msgs["w"], rho=self.prox_mu(),

@@ -455,17 +455,52 @@ def conv_positions(problem) -> int:
     return max(sizes)
 
 
-def make_executor(name: str, problem, chunk_size: int | None = None) -> Executor:
-    """``sequential`` | ``vectorized`` | ``auto`` (vectorized for small buffer-free models without large
-    convolutions)."""
+def linear_gd_applies(algorithm, problem, check_problem: bool = True) -> bool:
+    """The ``linear`` executor (``core/linear.py``) can run ``algorithm``: it declares the full-batch GD form of
+    its local update (the optional methods ``supports_linear_gd()`` -> True with this configuration, and
+    ``linear_gd(rows, msgs, ids, round_, full)`` -> ``GDStep``), ``linear_gd`` is defined by the class that
+    defines ``local_update`` (a subclass that changes one without the other is refused), every work phase is
+    full-batch and (``check_problem``) the model is one ``nn.Linear`` with a supported loss."""
+    supports = getattr(algorithm, "supports_linear_gd", None)
+    if supports is None or not hasattr(algorithm, "linear_gd") or not supports():
+        return False
+    owner = lambda attr: next(k for k in type(algorithm).__mro__ if attr in k.__dict__)  # noqa: E731
+    if owner("local_update") is not owner("linear_gd"):
+        return False
+    if any(w.batch_size is not None for w in algorithm.work(0).values()):
+        return False
+    if not check_problem:
+        return True
+    from fedsolve.core.linear import linear_model_problem
+
+    return linear_model_problem(problem)
+
+
+def make_executor(name: str, problem, chunk_size: int | None = None, linear_kernel: str = "auto",
+                  algorithm=None) -> Executor:
+    """``sequential`` | ``vectorized`` | ``linear`` | ``auto``, chosen by the engine from what ``algorithm``
+    declares (:func:`linear_gd_applies`). ``auto``: ``linear`` where it applies, else vectorized for small
+    buffer-free models without large convolutions, else sequential. ``fpfc_linear`` is ``linear``'s former
+    name; ``linear_kernel`` is the linear executor's kernel (``auto``, ``native`` or ``torch``)."""
+    if name == "fpfc_linear":
+        name = "linear"
     if name == "sequential":
         return SequentialExecutor()
     if name == "vectorized":
         return VectorizedExecutor(chunk_size)
+    if name == "linear" or (name == "auto" and algorithm is not None and linear_gd_applies(algorithm, problem)):
+        if algorithm is None or not linear_gd_applies(algorithm, problem, check_problem=False):
+            what = getattr(algorithm, "name", "this algorithm")
+            raise ValueError(f"executor: 'linear' does not run {what} with this configuration (it needs "
+                             f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
+                             f"'sequential', 'vectorized'")
+        from fedsolve.core.linear import LinearGDExecutor
+
+        return LinearGDExecutor(problem, kernel=linear_kernel)
     if name == "auto":
         if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
                 and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
             return VectorizedExecutor(chunk_size)
         return SequentialExecutor()
     raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
-                     f"'sequential', 'vectorized'")
+                     f"'sequential', 'vectorized', 'linear'")

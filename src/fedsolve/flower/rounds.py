@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
+from fedsolve.algorithms.base import eval_phases
 from fedsolve.core.executor import LocalContext, Plan, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.simulation.metrics import client_metrics
@@ -129,9 +130,9 @@ def client_eval_params(algorithm, state: Mapping[str, Tensor], eval_msg: Mapping
 def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
                  train_y: Tensor, rngs: RngStreams, t: int, pad: Mapping[str, tuple[int, int]] | None = None,
                  groups=None) -> Tensor:
-    """ONE client's evaluation-time adaptation after ``t`` rounds (``Algorithm.eval_work``, e.g.
+    """ONE client's evaluation-time adaptation after ``t`` rounds (the algorithm's optional ``eval_work``, e.g.
     Per-FedAvg's), as ``Simulation.eval_params`` runs it; ``params`` itself when there is none."""
-    phases = algorithm.eval_work()
+    phases = eval_phases(algorithm)
     if not phases:
         return params
     ctx = _client_context(algorithm, phases, cid, num_clients, weight, train_x, train_y, rngs, t, None, pad, groups)

@@ -35,12 +35,13 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fedsolve.algorithms.base import eval_phases
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.rng import RngStreams
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
 from fedsolve.flower.rounds import initial_state, plan_shapes, sample_round, weighted_train_loss, work_scales
 from fedsolve.flower.task import load_task, run_config_value
-from fedsolve.simulation.loop import DivergenceError, atomic_write_text
+from fedsolve.simulation.loop import atomic_write_text, check_round, eval_due
 from fedsolve.simulation.metrics import summarize
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`
@@ -238,19 +239,9 @@ class FlowerRun:
             keep = torch.as_tensor([ids.tolist().index(c) for c in part], dtype=torch.long)
             self.ledger.add_round(t, {k: v.index_select(0, keep) for k, v in msgs.items()}, uploads)
         train_loss = weighted_train_loss(losses, self.weights[pid])
-        self._check(t, train_loss)
+        self._first_loss = check_round(t, train_loss, self.server, uploads, self.algo.finite_check_keys,
+                                       self._first_loss, self.cfg.divergence_factor)
         return {"round": t, "clients": len(part), "train_loss": train_loss}
-
-    def _check(self, t: int, train_loss: float) -> None:
-        bad = [k for k, v in self.server.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-        if bad or not math.isfinite(train_loss):
-            raise DivergenceError(f"round {t + 1}: non-finite values in {bad or ['train loss']}; "
-                                  "try a smaller learning rate")
-        if self._first_loss is None:
-            self._first_loss = max(abs(train_loss), 1e-8)
-        elif train_loss > self.cfg.divergence_factor * self._first_loss:
-            raise DivergenceError(f"round {t + 1}: train loss {train_loss:.4g} exploded (> "
-                                  f"{self.cfg.divergence_factor:g} x first loss {self._first_loss:.4g})")
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, done: int, train_loss: float | None) -> dict[str, Any]:
@@ -258,7 +249,7 @@ class FlowerRun:
         live = self.registry.live_clients()
         ids = torch.arange(self.m)
         emsg = self.algo.eval_broadcast(self.server, ids)
-        phases = self.algo.eval_work()   # evaluation-time adaptation: plans padded as the simulator's
+        phases = eval_phases(self.algo)   # evaluation-time adaptation: plans padded as the simulator's
         shapes = plan_shapes(self.algo, self.problem.data.train_offsets, ids, self.rngs, done, None,
                              phases, self.problem.data.row_groups) if phases else {}
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
@@ -308,7 +299,10 @@ class FlowerRun:
             self.setup()
             log("task %s: %s clients, %s rounds, seed %s", self.task.name, self.m, self.cfg.rounds, self.task.seed)
             self.registry.wait_all(float(run_config_value(self.rc, "wait-for-nodes")))
-            self.history.append(self.evaluate(0, None))
+            rec0 = self.evaluate(0, None)
+            if math.isfinite(rec0.get("test_loss", float("nan"))):   # the reference for "exploding", as Simulation
+                self._first_loss = max(abs(rec0["test_loss"]), 1e-8)
+            self.history.append(rec0)
             self._write("running")
             last_loss = None
             for t in range(self.cfg.rounds):
@@ -320,7 +314,7 @@ class FlowerRun:
                 done = t + 1
                 log("round %s/%s: %s participants, train loss %s", done, self.cfg.rounds, info["clients"],
                     info["train_loss"])
-                if done % self.cfg.eval_every == 0 or done == self.cfg.rounds:
+                if eval_due(done, self.cfg):
                     rec = self.evaluate(done, last_loss)
                     self.history.append(rec)
                     log("eval round %s: %s", done, {k: round(v, 4) for k, v in rec.items()

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsolve.algorithms.base import Algorithm, run_plain
+from fedsolve.algorithms.base import Algorithm, adapt_for_eval, run_plain
 from fedsolve.algorithms.clustering_baselines import (CFL, IFCA, PACFL, LGCode, PerFedAvg, pacfl_bases,
                                                       pacfl_clusters, pacfl_proximity)
 from fedsolve.algorithms.fedavg import FedAvg
@@ -81,7 +81,7 @@ def lg_code_rule(algo, server, new_problem, *, rounds=100, seed=0):
 
 
 def perfedavg_rule(algo, server, new_problem, *, rounds=100, seed=0):
-    return algo.adapt_for_eval(_global(server, new_problem), new_problem, RngStreams(seed), 0)
+    return adapt_for_eval(algo, _global(server, new_problem), new_problem, RngStreams(seed), 0)
 
 
 def ifca_rule(algo, server, new_problem, *, rounds=100, seed=0):

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedsolve.algorithms.base import adapt_for_eval
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.executor import build_plans, make_executor
 from fedsolve.core.rng import RngStreams
@@ -117,6 +118,32 @@ def _all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(t.sum(dtype=torch.float64)))
 
 
+def check_round(round_: int, train_loss: float, server: dict[str, torch.Tensor], uploads: dict[str, torch.Tensor],
+                keys: tuple[str, ...] | None, first_loss: float | None, factor: float) -> float:
+    """The divergence checks after round ``round_`` (shared by ``Simulation`` and the Flower server): no NaN/inf
+    in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``, and ``train_loss`` at
+    most ``factor`` x the first loss. Raises :class:`DivergenceError`; returns the (possibly new) first loss."""
+    keys = keys or tuple(server)
+    bad = [k for k in keys if server[k].is_floating_point() and not _all_finite(server[k])]
+    bad += [f"upload:{k}" for k, v in uploads.items() if v.is_floating_point() and not _all_finite(v)]
+    if bad or not math.isfinite(train_loss):
+        raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; "
+                              f"try a smaller learning rate. The last good checkpoint is kept.")
+    if first_loss is None:
+        return max(abs(train_loss), 1e-8)
+    if train_loss > factor * first_loss:
+        raise DivergenceError(f"round {round_ + 1}: train loss {train_loss:.4g} exploded (> "
+                              f"{factor:g} x first loss {first_loss:.4g}); "
+                              f"try a smaller learning rate. The last good checkpoint is kept.")
+    return first_loss
+
+
+def eval_due(done: int, cfg: "SimulationConfig") -> bool:
+    """The evaluation cadence (shared by ``Simulation`` and the Flower server): after every ``cfg.eval_every``
+    rounds and after the last one (``done`` rounds finished; round 0 is evaluated before the first)."""
+    return done % cfg.eval_every == 0 or done == cfg.rounds
+
+
 @dataclass
 class RunResult:
     history: list[dict[str, Any]]
@@ -141,14 +168,15 @@ class Simulation:
         self.rngs = RngStreams(seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.callbacks = list(callbacks or [])
-        algorithm.use_kernels(cfg.linear_kernel)
-        self.executor = algorithm.make_executor(cfg.executor, cfg.chunk_size, cfg.linear_kernel) or make_executor(
-            cfg.executor, problem, cfg.chunk_size)
+        self.linear_kernel = cfg.linear_kernel
+        algorithm.kernel = self.linear_kernel   # the algorithm's own compiled kernels (FPFC's pair update)
+        self.use_executor(cfg.executor)
         self.vectorized_eval = problem.vmappable
         self.history: list[dict[str, Any]] = []
         self.round_times: list[float] = []
         self.ledger = CommLedger()
         self.start_round = 0
+        self.round = 0   # rounds run by run_round / step so far (the next round's index)
         self._first_loss: float | None = None
         self._elapsed = 0.0
         self._t0 = time.perf_counter()
@@ -204,7 +232,7 @@ class Simulation:
         if round_ is None:
             round_ = self.history[-1]["round"] if self.history else 0
         executor = self.cfg.executor if self.cfg.executor in ("sequential", "vectorized") else "auto"
-        return self.algo.adapt_for_eval(params, self.problem, self.rngs, round_, executor)
+        return adapt_for_eval(self.algo, params, self.problem, self.rngs, round_, executor)
 
     def evaluate(self, round_: int, train_loss: float | None) -> dict[str, Any]:
         params = self.eval_params(round_)
@@ -222,18 +250,8 @@ class Simulation:
 
     # ------------------------------------------------------------ checks
     def _check(self, round_: int, train_loss: float, uploads: dict[str, torch.Tensor]) -> None:
-        keys = self.algo.finite_check_keys or tuple(self.server)
-        bad = [k for k in keys if self.server[k].is_floating_point() and not _all_finite(self.server[k])]
-        bad += [f"upload:{k}" for k, v in uploads.items() if v.is_floating_point() and not _all_finite(v)]
-        if bad or not math.isfinite(train_loss):
-            raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; "
-                                  f"try a smaller learning rate. The last good checkpoint is kept.")
-        if self._first_loss is None:
-            self._first_loss = max(abs(train_loss), 1e-8)
-        elif train_loss > self.cfg.divergence_factor * self._first_loss:
-            raise DivergenceError(f"round {round_ + 1}: train loss {train_loss:.4g} exploded (> "
-                                  f"{self.cfg.divergence_factor:g} x first loss {self._first_loss:.4g}); "
-                                  f"try a smaller learning rate. The last good checkpoint is kept.")
+        self._first_loss = check_round(round_, train_loss, self.server, uploads, self.algo.finite_check_keys,
+                                       self._first_loss, self.cfg.divergence_factor)
 
     # ------------------------------------------------------------ main loop
     def participants(self, t: int, ids: torch.Tensor) -> torch.Tensor:
@@ -241,10 +259,14 @@ class Simulation:
         clients whose uploads never arrived, treating them as not selected)."""
         return ids
 
-    def run_round(self, t: int) -> dict[str, Any]:
+    def run_round(self, t: int, ids: torch.Tensor | None = None) -> dict[str, Any]:
+        """Communication round ``t`` with the clients ``ids`` (default: drawn by ``cfg.sampling``; a scheduler
+        such as asyncFPFC's passes the clients whose uploads arrive)."""
         m = self.problem.num_clients
         data = self.problem.data
-        ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights, self.rngs.numpy("sampling", t)))
+        if ids is None:
+            ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights,
+                                                      self.rngs.numpy("sampling", t)))
         if ids.numel() == 0:
             return {"round": t, "clients": 0, "train_loss": float("nan"), "ids": ids}
         scale = None
@@ -262,7 +284,53 @@ class Simulation:
         w = data.weights[ids].double()
         train_loss = float((losses.double() * w).sum() / w.sum())
         self._check(t, train_loss, uploads)
+        self.round = t + 1
         return {"round": t, "clients": int(ids.numel()), "train_loss": train_loss, "ids": ids}
+
+    # ------------------------------------------------------------ the API protocols drive a run with
+    def step(self, ids: torch.Tensor | None = None) -> dict[str, Any]:
+        """Run the next communication round (after the last one run, or ``start_round``) with the clients ``ids``
+        (default: sampled), time it and tell the callbacks' ``on_round``; returns the round's info (``round``,
+        ``clients``, ``train_loss``, ``ids``)."""
+        t = max(self.round, self.start_round)
+        t1 = time.perf_counter()
+        with torch.enable_grad():
+            info = self.run_round(t, ids)
+        self.round_times.append(time.perf_counter() - t1)
+        for cb in self.callbacks:
+            cb.on_round(self, t, info)
+        return info
+
+    def state(self) -> tuple[dict[str, torch.Tensor], ClientStates]:
+        """The current server state and client states (the live objects, not copies)."""
+        return self.server, self.clients
+
+    def set_state(self, server: dict[str, torch.Tensor], clients: ClientStates) -> None:
+        """Replace the server and client states (e.g. return to a saved point of a path); the next round
+        continues from them."""
+        if clients.num_clients != self.problem.num_clients:
+            raise ValueError(f"set_state: {clients.num_clients} client rows, the problem has "
+                             f"{self.problem.num_clients} clients")
+        self.server, self.clients = server, clients
+
+    def set_hparams(self, **changes: Any) -> None:
+        """Change hyper-parameters of the algorithm's config for the next rounds (e.g. FPFC's ``lam`` along a
+        path). The whole config is validated again and the algorithm's ``setup`` re-derives everything that
+        depends on it, so no cached value of the old config survives."""
+        algo = self.algo
+        cfg = type(algo.cfg)(**{**algo.cfg.model_dump(), **changes})
+        algo.cfg = cfg
+        algo.setup()
+
+    def use_executor(self, name: str) -> None:
+        """Run the clients with executor ``name`` from the next round on (as ``SimulationConfig.executor``)."""
+        c = self.cfg
+        self.executor = make_executor(name, self.problem, c.chunk_size, self.linear_kernel, self.algo)
+
+    @property
+    def elapsed(self) -> float:
+        """Wall-clock seconds of this run so far (across resumes)."""
+        return self._elapsed + time.perf_counter() - self._t0
 
     def run(self, resume: bool = False) -> RunResult:
         if resume:
@@ -290,7 +358,7 @@ class Simulation:
             for cb in self.callbacks:
                 cb.on_round(self, t, info)
             done = t + 1
-            is_eval = done % self.cfg.eval_every == 0 or done == self.cfg.rounds
+            is_eval = eval_due(done, self.cfg)
             if is_eval:
                 rec = self.evaluate(done, last_loss)
                 tl = rec.get("test_loss", rec.get("test_rmse", 0.0))

@@ -108,14 +108,20 @@ class FPFC(Algorithm):
         self._cache: tuple[dict, float, np.ndarray] | None = None   # (server record, nu, labels)
         self.sdtype = torch.float64 if c.dtype == "float64" else torch.float32
 
-    def use_kernels(self, kernel: str) -> None:
-        """As the base class; ``native`` on a dense float32 store needs the compiled pair kernel."""
-        super().use_kernels(kernel)
+    @property
+    def kernel(self) -> str:
+        """The run's ``simulation.linear_kernel`` (set by the engine); ``native`` on a dense float32 store needs
+        the compiled pair kernel."""
+        return getattr(self, "_kernel", "auto")
+
+    @kernel.setter
+    def kernel(self, kernel: str) -> None:
         if kernel == "native" and self.pair_layout == "dense" and self.sdtype == torch.float32 \
                 and DensePairs.compiled(self.sdtype) is None:
             why = "it is turned off (FEDSOLVE_NATIVE=0)" if not native.enabled() else "no C compiler could build it"
             raise ValueError(f"linear_kernel: 'native' is not available for FPFC's pair update ({why}); "
                              "use 'auto' or 'torch'")
+        self._kernel = kernel
 
     @property
     def pair_kernel(self) -> str:
