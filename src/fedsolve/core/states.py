@@ -47,7 +47,7 @@ class ClientStates:
     # ---------------------------------------------------------------- rows
     def gather(self, ids: Tensor) -> dict[str, Tensor]:
         """Rows of the selected clients: ``{name: [k, ...]}`` (copies)."""
-        return {k: v.index_select(0, ids) for k, v in self._t.items()}
+        return {k: v.index_select(0, ids.to(v.device)) for k, v in self._t.items()}
 
     def row(self, i: int) -> dict[str, Tensor]:
         return {k: v[i].clone() for k, v in self._t.items()}
@@ -57,10 +57,15 @@ class ClientStates:
         for k, v in rows.items():
             if k not in self._t:
                 raise KeyError(f"local_update returned unknown client state {k!r}; known: {sorted(self._t)}")
-            self._t[k].index_copy_(0, ids, v.to(self._t[k].dtype))
+            t = self._t[k]
+            t.index_copy_(0, ids.to(t.device), v.to(t.device, t.dtype))
 
     def clone(self) -> "ClientStates":
         return ClientStates(self.num_clients, {k: v.clone() for k, v in self._t.items()})
+
+    def to(self, device: torch.device | str) -> "ClientStates":
+        """The same states with every tensor on ``device`` (itself when they are there already)."""
+        return ClientStates(self.num_clients, {k: v.to(device) for k, v in self._t.items()})
 
     def state_dict(self) -> dict[str, Tensor]:
         return dict(self._t)

@@ -17,7 +17,7 @@ from torch.func import functional_call, vmap
 
 def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[int], vectorized: bool,
              chunk: int = 64) -> list[Tensor]:
-    """Model outputs of each client on its own rows of ``x_all``."""
+    """Model outputs of each client on its own rows of ``x_all`` (on the device of ``x_all`` and ``params``)."""
     model, layout = problem.model, problem.layout
     outs: list[Tensor] = []
     with torch.no_grad():
@@ -27,12 +27,12 @@ def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[
                 cs = ids[a:a + chunk]
                 sizes = [int(offsets[i + 1] - offsets[i]) for i in cs]
                 T = max(max(sizes), 1)
-                idx = torch.zeros(len(cs), T, dtype=torch.long)
+                idx = torch.zeros(len(cs), T, dtype=torch.long, device="cpu")   # built on the CPU, moved once
                 for k, i in enumerate(cs):
                     s = int(offsets[i])
-                    idx[k, :sizes[k]] = torch.arange(s, s + sizes[k])
-                    idx[k, sizes[k]:] = s
-                o = f(params[cs], x_all[idx])
+                    idx[k, :sizes[k]] = torch.arange(s, s + sizes[k], device="cpu")
+                    idx[k, sizes[k]:] = min(s, max(x_all.shape[0] - 1, 0))   # padding (a client may have none)
+                o = f(params[cs], x_all[idx.to(x_all.device)])
                 outs.extend(o[k, :sizes[k]] for k in range(len(cs)))
         else:
             model.eval()
@@ -125,5 +125,8 @@ def evaluate(problem, params: Tensor, vectorized: bool, which: tuple[str, ...] =
     x, y, off = (d.test_x, d.test_y, d.test_offsets) if split == "test" else (d.train_x, d.train_y, d.train_offsets)
     ids = list(range(d.num_clients))
     outs = _outputs(problem, params, x, off, ids, vectorized)
+    if x.device.type != "cpu":   # scored on the CPU: one transfer, not several per client
+        outs = list(torch.cat(outs).cpu().split([o.shape[0] for o in outs])) if outs else outs
+        y = y.cpu()
     per = [client_metrics(problem, o, y[int(off[i]):int(off[i + 1])], which) for i, o in zip(ids, outs)]
     return summarize(per, prefix=split + "_"), per

@@ -1,0 +1,246 @@
+"""``simulation.device``: configuration, CPU runs unchanged, and (where a GPU exists) CPU and CUDA runs that agree.
+
+The CUDA tests run every listed algorithm a few rounds on the CPU and on the GPU, under the sequential and the
+vectorized executor, and compare the logged metrics, the server and client states and the scored models to float
+tolerance. They are skipped on a machine without CUDA (``torch.cuda.is_available()``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from conftest import make_problem
+from fedsolve.algorithms import ALGORITHMS, get_algorithm
+from fedsolve.core.executor import Plan, Work, build_plans
+from fedsolve.core.rng import RngStreams
+from fedsolve.core.states import ClientStates
+from fedsolve.problems import FederatedProblem
+from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.simulation.loop import resolve_device
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+
+#: the algorithms checked on the GPU besides the newer families' (FAMILY_CASES)
+CORE = ["fedavg", "scaffold", "fedadmm", "fedapm", "fpfc"]
+
+
+def mlp_problem(personal: bool = False, seed: int = 0) -> FederatedProblem:
+    """The tiny MLP problem of conftest; ``personal``: its output layer is the 'personal' block (FedAPM)."""
+    p = make_problem("mlp", seed=seed)
+    if personal:
+        p = FederatedProblem(p.data, p.model_fn, blocks={"personal": ["out.*"]}, name="tiny-personal")
+    return p
+
+
+def _problem_for(name: str, seed: int = 0) -> FederatedProblem:
+    return mlp_problem(personal=name in ("fedapm",), seed=seed)
+
+
+def _run(problem, name, device="auto", executor="sequential", rounds=3, params=None, out_dir=None, resume=False,
+         seed=0, **sim):
+    algo = get_algorithm(name)({**({"lr": 0.1, "batch_size": 4} if name != "fpfc" else {"local_steps": 3}),
+                                **(params or {})}, problem)
+    cfg = SimulationConfig(**{"rounds": rounds, "eval_every": 1, "executor": executor, "device": device,
+                              "sampling": {"fraction": 0.5}, **sim})
+    s = Simulation(problem, algo, cfg, seed=seed, out_dir=out_dir)
+    return s, s.run(resume=resume)
+
+
+# ------------------------------------------------------------------ everywhere
+def test_device_field_validation():
+    for ok in ("auto", "cpu", "cuda", "cuda:0", "cuda:3"):
+        assert SimulationConfig(device=ok).device == ok
+    for bad in ("gpu", "CUDA", "cuda:", "cuda:x", "mps", ""):
+        with pytest.raises(ValidationError, match="device"):
+            SimulationConfig(device=bad)
+    assert SimulationConfig().device == "auto"
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if CUDA else "cpu")
+
+
+@pytest.mark.skipif(CUDA, reason="checks the error a machine without CUDA gives")
+def test_cuda_asked_for_without_cuda_is_a_clear_error():
+    problem = make_problem("mlp")
+    algo = get_algorithm("fedavg")({}, problem)
+    for dev in ("cuda", "cuda:1"):
+        with pytest.raises(ValueError, match=r"simulation\.device: 'cuda(:1)?' asked for, but CUDA is not available"):
+            Simulation(problem, algo, SimulationConfig(rounds=1, device=dev), seed=0)
+    assert problem.device.type == "cpu"   # nothing was moved
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_device_cpu_is_bit_identical_to_the_default_on_a_cpu(name, executor):
+    if CUDA:   # the default is the GPU there: compare an explicit cpu run with another one
+        default = "cpu"
+    else:
+        default = "auto"
+    s1, r1 = _run(_problem_for(name), name, device=default, executor=executor)
+    s2, r2 = _run(_problem_for(name), name, device="cpu", executor=executor)
+    assert json.dumps(r1.history) == json.dumps(r2.history)
+    for k in r1.server:
+        assert torch.equal(r1.server[k], r2.server[k])
+    for k in r1.clients:
+        assert torch.equal(r1.clients[k], r2.clients[k])
+    assert s2.device == torch.device("cpu") and s2.problem.device.type == "cpu"
+
+
+def test_placing_pieces_on_the_cpu_changes_nothing():
+    """``Plan.to``, ``ClientStates.to``, ``FederatedProblem.to`` and ``Algorithm.to`` keep every number (and a
+    lazy plan stays lazy)."""
+    problem = mlp_problem(personal=True)
+    plans = build_plans({"train": Work(epochs=1, batch_size=4)}, problem.data.train_offsets, torch.tensor([0, 2, 3]),
+                        RngStreams(0), 0)
+    lazy = plans["train"].to("cpu")
+    assert lazy._idx is None   # noqa: SLF001  (laziness is the point of the check)
+    assert torch.equal(lazy.idx, plans["train"].idx) and torch.equal(lazy.w, plans["train"].w)
+    eager = Plan(plans["train"].idx, plans["train"].w, plans["train"].active).to("cpu")
+    assert torch.equal(eager.active, plans["train"].active)
+    cs = ClientStates(3, {"a": torch.arange(6.0).reshape(3, 2)})
+    assert torch.equal(cs.to("cpu")["a"], cs["a"])
+    before = problem.layout.mask("personal").clone()
+    algo = get_algorithm("fedapm")({}, problem)
+    problem.to("cpu")
+    algo.to("cpu")
+    assert torch.equal(problem.layout.mask("personal"), before)
+    assert algo.client_weights.device.type == "cpu"
+
+
+# ------------------------------------------------------------------ on a GPU
+def _close(a, b, what):
+    torch.testing.assert_close(a.detach().cpu().to(torch.float64), b.detach().cpu().to(torch.float64),
+                               rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
+
+
+def _same_run(r_cpu, r_gpu, s_cpu, s_gpu):
+    assert [h["round"] for h in r_cpu.history] == [h["round"] for h in r_gpu.history]
+    for h1, h2 in zip(r_cpu.history, r_gpu.history):
+        for k, v in h1.items():
+            if isinstance(v, float) and math.isfinite(v) and k not in ("test_auc",):
+                tol = 0.05 if "accuracy" in k or "f1" in k else 1e-3 * max(1.0, abs(v))
+                assert abs(v - h2[k]) <= tol, (k, h1["round"], v, h2[k])
+    for k in r_cpu.server:
+        if isinstance(r_cpu.server[k], torch.Tensor) and r_cpu.server[k].is_floating_point():
+            assert r_gpu.server[k].device.type == "cuda", k
+            _close(r_cpu.server[k], r_gpu.server[k], f"server {k}")
+    for k in r_cpu.clients:
+        assert r_gpu.clients[k].device.type == "cuda", k
+        _close(r_cpu.clients[k], r_gpu.clients[k], f"client state {k}")
+    _close(s_cpu.eval_params(), s_gpu.eval_params(), "scored models")
+
+
+@needs_cuda
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", CORE)
+def test_cuda_run_matches_cpu(name, executor):
+    s1, r1 = _run(_problem_for(name), name, device="cpu", executor=executor)
+    s2, r2 = _run(_problem_for(name), name, device="cuda", executor=executor)
+    assert s2.device.type == "cuda" and s2.problem.device.type == "cuda"
+    _same_run(r1, r2, s1, s2)
+
+
+def _hyper_representation(seed: int = 0) -> FederatedProblem:
+    from conftest import make_data
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import get_problem_kind
+
+    data = make_data(m=5, d=5, classes=3, n_range=(10, 25), seed=seed)
+    base = FederatedProblem(data, build_model_fn("mlp", data.input_shape, 3, hidden=(6,)))
+    return get_problem_kind("hyper_representation")(base, {"lam": 0.1}, seed)
+
+
+def _saddle(seed: int = 0) -> FederatedProblem:
+    from test_minimax import quadratic_problem
+
+    return quadratic_problem(seed)[0]
+
+
+def _constrained_qp(seed: int = 0) -> FederatedProblem:
+    from fedsolve.problems import get_problem_kind
+
+    return get_problem_kind("constrained_qp")(make_problem("logreg", m=4, seed=seed), {"d": 8}, seed)
+
+
+_GDA = {"lr": 0.1, "lr_psi": 0.1, "batch_size": None}
+#: the newer families' algorithms, each on a problem of its family: (problem builder, algorithm parameters)
+FAMILY_CASES = {
+    "simfbo": (_hyper_representation, {"batch_size": 4}), "shrofbo": (_hyper_representation, {"batch_size": 4}),
+    "fednest": (_hyper_representation, {}), "lfednest": (_hyper_representation, {}),
+    "fedmm": (_saddle, {**_GDA, "local_steps": 5}), "fedsgda": (_saddle, _GDA),
+    "fedavggda": (_saddle, {**_GDA, "local_steps": 5}), "fedproxgda": (_saddle, {**_GDA, "local_steps": 5}),
+    "proxal": (_constrained_qp, {}), "fedavg_uncons": (_constrained_qp, {}), "fedprox_uncons": (_constrained_qp, {}),
+}
+
+
+def _run_case(name: str, device: str, executor: str):
+    build, params = FAMILY_CASES[name]
+    problem = build(0)
+    algo = get_algorithm(name)(params, problem)
+    sim = Simulation(problem, algo, SimulationConfig(rounds=2, eval_every=1, executor=executor, device=device), seed=0)
+    return sim, sim.run()
+
+
+@needs_cuda
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", sorted(FAMILY_CASES))
+def test_cuda_run_matches_cpu_for_the_new_families(name, executor):
+    if name not in ALGORITHMS:
+        pytest.skip(f"{name} is not registered in this checkout")
+    s1, r1 = _run_case(name, "cpu", executor)
+    s2, r2 = _run_case(name, "cuda", executor)
+    _same_run(r1, r2, s1, s2)
+
+
+def test_every_family_algorithm_has_a_device_case():
+    """The GPU comparison above covers every registered algorithm of the newer families."""
+    from fedsolve.algorithms import bilevel, constrained, minimax  # noqa: F401
+
+    family = sorted(n for n, cls in ALGORITHMS.items()
+                    if cls.__module__.split(".")[2] in ("bilevel", "constrained", "minimax"))
+    missing = sorted(set(family) - set(FAMILY_CASES))
+    assert family and not missing, f"add a (problem, params) case to FAMILY_CASES for {missing}"
+
+
+@needs_cuda
+def test_cuda_linear_executor_and_fpfc_pairs_match_cpu():
+    """The one-layer ``linear`` executor and FPFC's pair update run their tensor path on the GPU (the compiled
+    kernels are CPU-only) and agree with the CPU run."""
+    for name, params in (("fedavg", {"batch_size": None}), ("fpfc", {"local_steps": 2})):
+        s1, r1 = _run(make_problem("logreg"), name, device="cpu", executor="linear", params=params)
+        s2, r2 = _run(make_problem("logreg"), name, device="cuda", executor="linear", params=params)
+        assert s2.linear_kernel == "torch"
+        _same_run(r1, r2, s1, s2)
+
+
+@needs_cuda
+def test_cuda_errors_and_reuse(tmp_path):
+    problem = make_problem("mlp")
+    algo = get_algorithm("fedavg")({}, problem)
+    n = torch.cuda.device_count()
+    with pytest.raises(ValueError, match="simulation.device"):
+        Simulation(problem, algo, SimulationConfig(rounds=1, device=f"cuda:{n}"), seed=0)
+    with pytest.raises(ValueError, match="linear_kernel"):
+        Simulation(problem, algo, SimulationConfig(rounds=1, device="cuda", linear_kernel="native"), seed=0)
+    # a problem already on the GPU (a second run on the same problem object) gives the same run again
+    problem = mlp_problem()
+    _, r1 = _run(problem, "scaffold", device="cuda", executor="vectorized")
+    _, r2 = _run(problem, "scaffold", device="cuda", executor="vectorized")
+    for k in r1.server:
+        _close(r1.server[k], r2.server[k], k)
+
+
+@needs_cuda
+def test_cuda_checkpoint_resumes_on_the_cpu(tmp_path):
+    _, full = _run(mlp_problem(), "scaffold", device="cpu", executor="vectorized", rounds=4)
+    _run(mlp_problem(), "scaffold", device="cuda", executor="vectorized", rounds=2, out_dir=tmp_path)
+    s, resumed = _run(mlp_problem(), "scaffold", device="cpu", executor="vectorized", rounds=4, out_dir=tmp_path,
+                      resume=True)
+    assert s.start_round == 2
+    for k in full.server:
+        _close(full.server[k], resumed.server[k], f"server {k}")
