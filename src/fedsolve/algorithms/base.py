@@ -147,7 +147,9 @@ def shared_mask(algo: Algorithm) -> Tensor | None:
 #   supports_linear_gd() + linear_gd(rows, msgs, ids, round_, full) -> GDStep: its local update as full-batch GD,
 #       run by the ``linear`` executor (``core.executor.linear_gd_applies``, ``core/linear.py``);
 #   eval_work() -> {phase: Work} + eval_adapt(params, ctx) -> params: local work every client does right before
-#       it is scored (Per-FedAvg's adaptation step), see :func:`adapt_for_eval`.
+#       it is scored (Per-FedAvg's adaptation step), see :func:`adapt_for_eval`;
+#   extra_evals(server, clients) -> {prefix: [m, d]}: more models the engine scores at each evaluation
+#       (logged as ``prefix + accuracy/loss/rmse``).
 def eval_phases(algo) -> dict[str, Work]:
     """The phases of ``algo``'s evaluation-time adaptation (its optional ``eval_work()``); ``{}``: none."""
     eval_work = getattr(algo, "eval_work", None)

@@ -174,14 +174,15 @@ class PartialAlgorithm(Algorithm):
     def diagnostics(self, server, clients):
         gap = (clients["u"] - server["u"]).norm(dim=-1)
         out = {"model_deviation": float(gap.sum()), "local_drift": float(clients["drift"].mean())}
-        if self.cfg.log_other_eval:
-            from fedsolve.simulation.metrics import evaluate
-
-            other = clients["u"] if self.cfg.eval_shared == "server" else server["u"].expand_as(clients["u"])
-            summary, _ = evaluate(self.problem, self.join(clients["v"], other), self.problem.vmappable, ())
-            out.update({"other_eval_" + k.removeprefix("test_"): v for k, v in summary.items()
-                        if k in ("test_accuracy", "test_loss", "test_rmse")})
         return out
+
+    def extra_evals(self, server, clients):
+        """With ``log_other_eval``: the other ``eval_shared`` choice's models, scored by the engine as
+        ``other_eval_*`` (an optional capability the engine looks for)."""
+        if not self.cfg.log_other_eval:
+            return {}
+        other = clients["u"] if self.cfg.eval_shared == "server" else server["u"].expand_as(clients["u"])
+        return {"other_eval_": self.join(clients["v"], other)}
 
     @staticmethod
     def drift(u_new: Tensor, u_t: Tensor) -> Tensor:

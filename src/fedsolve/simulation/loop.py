@@ -243,6 +243,11 @@ class Simulation:
             rec["train_loss"] = train_loss
         rec.update(summary)
         rec.update(self.algo.diagnostics(self.server, self.clients))
+        extra_evals = getattr(self.algo, "extra_evals", None)   # optional: more models to score, {prefix: [m, d]}
+        for prefix, other in (extra_evals(self.server, self.clients) if extra_evals else {}).items():
+            s, _ = evaluate(self.problem, other, self.vectorized_eval, ())
+            rec.update({prefix + k.removeprefix("test_"): v for k, v in s.items()
+                        if k in ("test_accuracy", "test_loss", "test_rmse")})
         rec["uplink_bytes"] = self.ledger.uplink_bytes
         rec["downlink_bytes"] = self.ledger.downlink_bytes
         rec["time_s"] = self._elapsed + time.perf_counter() - self._t0
