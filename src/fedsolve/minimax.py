@@ -100,7 +100,8 @@ def saddle_problem(data: FederatedData, model_fn: Callable[[], nn.Module], objec
     def lift(layout):
         io = torch.nonzero(layout.mask(OMEGA)).flatten()
         ip = torch.nonzero(layout.mask(PSI)).flatten()
-        return lambda params, x, y, w: objective(params[..., io], params[..., ip], (x, y, w))
+        return lambda params, x, y, w: objective(params[..., io.to(params.device)], params[..., ip.to(params.device)],
+                                                 (x, y, w))
 
     return _with_blocks(problem, lift, name)
 

@@ -73,8 +73,9 @@ class MinimaxAlgorithm(Algorithm):
     def descent_ascent(self, ctx, start: Tensor, extra=None) -> Tensor:
         """The local loop: ``theta <- theta - eta * [sign * grad f_i(theta) + extra(theta)]`` over the planned
         steps (simultaneous GDA on one fresh minibatch per step)."""
-        dt = start.dtype
-        return ctx.sgd(start, self.lr_vec.to(dt), "train", extra=extra, scale=self.sign.to(dt), loss=self.objective)
+        like = dict(dtype=start.dtype, device=start.device)
+        return ctx.sgd(start, self.lr_vec.to(**like), "train", extra=extra, scale=self.sign.to(**like),
+                       loss=self.objective)
 
     def mean(self, rows: Tensor, ids: Tensor) -> Tensor:
         """The server average: 1/N over the clients of the round (the paper), or sample-size weighted."""

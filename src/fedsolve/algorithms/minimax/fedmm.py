@@ -47,7 +47,7 @@ class FedMM(MinimaxAlgorithm):
 
     def local_update(self, state, msg, ctx):
         w0, dual = msg["w"], state["dual"]               # round-start global and duals: frozen in the loop
-        mu = self.mu.to(w0.dtype)
+        mu = self.mu.to(dtype=w0.dtype, device=w0.device)
         w = self.descent_ascent(ctx, w0, lambda th: mu * (th - w0) + dual)       # eqs. 11-12
         dual = dual + mu * (w - w0)                                               # eqs. 13-14
         return {"dual": dual}, {"w": w + (self.cfg.eta3 ** ctx.round) * dual / mu}  # eq. 15
