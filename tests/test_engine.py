@@ -10,6 +10,7 @@ from conftest import make_problem
 from fedsolve.algorithms import get_algorithm
 from fedsolve.algorithms.base import shared_mask
 from fedsolve.core.executor import Work, build_plans
+from fedsolve.core.states import ClientStates
 from fedsolve.core.rng import RngStreams
 from fedsolve.simulation import DivergenceError, Simulation, SimulationConfig
 from fedsolve.simulation.sampling import SamplingConfig, sample_clients
@@ -295,3 +296,72 @@ def test_context_loss_is_the_loss_of_loss_grad_without_the_gradient():
         v = ctx.loss(x0, "train", step)
         assert not v.requires_grad
         assert torch.equal(v, ctx.loss_grad(x0, "train", step)[0])
+
+
+# ------------------------------------------------------------------ the public round API protocols use
+def _sim(name="fedavg", rounds=4, **params):
+    prob = make_problem()
+    algo = get_algorithm(name)({"lr": 0.1, "batch_size": 8, **params}, prob)
+    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, sampling={"fraction": 0.5}, metrics=[])
+    return Simulation(prob, algo, cfg, seed=3)
+
+
+def test_step_runs_the_rounds_run_runs():
+    a, b = _sim(), _sim()
+    a.run()
+    calls = []
+
+    class Count:
+        def on_round(self, sim, t, info):
+            calls.append(t)
+
+    b.callbacks.append(Count())
+    while b.round < 4:
+        info = b.step()
+    assert calls == [0, 1, 2, 3] and info["round"] == 3 and len(b.round_times) == 4
+    for k in a.server:
+        assert torch.equal(a.server[k], b.server[k]), k
+    # explicit participants: only they change (the scheduler's use, e.g. asyncFPFC)
+    c = _sim("local")
+    before = c.state()[1]["w"].clone()
+    c.step(torch.tensor([2]))
+    after = c.state()[1]["w"]
+    assert not torch.equal(after[2], before[2])
+    assert torch.equal(after[[0, 1, 3, 4, 5]], before[[0, 1, 3, 4, 5]])
+
+
+def test_set_state_and_set_hparams():
+    sim = _sim("fpfc", lam=0.3, batch_size=None)
+    sim.step()
+    server, clients = sim.state()
+    saved = ({k: v.clone() for k, v in server.items()}, clients.clone())
+    labels_then = sim.algo.cluster_labels(server).copy()
+    sim.step()
+    sim.set_state(*saved)                                # back to the saved point: no stale cluster cache
+    assert (sim.algo.cluster_labels(sim.state()[0]) == labels_then).all()
+    sim.set_hparams(lam=0.9, nu=0.5)                     # validated as a whole, setup runs again
+    assert sim.algo.cfg.lam == 0.9 and sim.algo.cfg.nu == 0.5
+    with pytest.raises(ValueError, match="lam"):
+        sim.set_hparams(lam=-1.0)
+    with pytest.raises(ValueError, match="xi=0.5 must be smaller than lam=0.4"):   # the config's own checks
+        sim.set_hparams(lam=0.4, xi=0.5)
+    with pytest.raises(ValueError, match="set_state: 2 client rows"):
+        sim.set_state(server, ClientStates(2))
+    assert sim.elapsed > 0
+
+
+def test_check_round_is_the_one_divergence_check():
+    from fedsolve.simulation.loop import check_round, eval_due
+
+    srv = {"w": torch.ones(3)}
+    assert check_round(0, 2.0, srv, {}, None, None, 10.0) == 2.0          # the first loss becomes the reference
+    assert check_round(1, 19.0, srv, {}, None, 2.0, 10.0) == 2.0
+    with pytest.raises(DivergenceError, match="round 3: train loss 21 exploded"):
+        check_round(2, 21.0, srv, {}, None, 2.0, 10.0)
+    with pytest.raises(DivergenceError, match=r"upload:g"):
+        check_round(0, 1.0, srv, {"g": torch.tensor([float("nan")])}, None, None, 10.0)
+    with pytest.raises(DivergenceError, match=r"\['w'\]"):
+        check_round(0, 1.0, {"w": torch.tensor([float("inf")]), "n": torch.tensor([1])}, {}, None, None, 10.0)
+    assert check_round(0, 1.0, {"w": torch.tensor([float("inf")]), "R": torch.ones(1)}, {}, ("R",), None, 10.0) == 1.0
+    cfg = SimulationConfig(rounds=7, eval_every=3)
+    assert [d for d in range(1, 8) if eval_due(d, cfg)] == [3, 6, 7]

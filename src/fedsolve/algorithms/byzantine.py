@@ -186,7 +186,8 @@ def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
             self.model_key = surface.model_key
             self.attack_keys = c.attack_keys if c.attack_keys is not None else \
                 ((surface.model_key,) if surface.model_key else ())
-            if c.attacker_view == "own" and (surface.own_view is None or self.attack_keys != (surface.model_key,)):
+            if c.attacker_view == "own" and surface.model_key is not None and (   # no uploads (LOCAL): immune
+                    surface.own_view is None or self.attack_keys != (surface.model_key,)):
                 raise ValueError(f"attacker_view: 'own' needs a declared own view and the uploaded model as the "
                                  f"attacked key ({self.name}: model key {surface.model_key!r}, attack_keys "
                                  f"{self.attack_keys}); use attacker_view 'server'")
