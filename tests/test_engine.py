@@ -365,3 +365,21 @@ def test_check_round_is_the_one_divergence_check():
     assert check_round(0, 1.0, {"w": torch.tensor([float("inf")]), "R": torch.ones(1)}, {}, ("R",), None, 10.0) == 1.0
     cfg = SimulationConfig(rounds=7, eval_every=3)
     assert [d for d in range(1, 8) if eval_due(d, cfg)] == [3, 6, 7]
+
+
+def test_algorithms_import_nothing_from_the_layers_above():
+    """algorithms/ may use core, problems, data and models, never simulation/, experiments/, flower/ or protocols/
+    (lazy imports inside functions included)."""
+    import ast
+    from pathlib import Path
+
+    import fedsolve.algorithms as algs
+
+    above = ("fedsolve.simulation", "fedsolve.experiments", "fedsolve.flower", "fedsolve.protocols")
+    bad = []
+    for path in Path(algs.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{path.name}: {n}" for n in names if n.startswith(above)]
+    assert not bad, bad
