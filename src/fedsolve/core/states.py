@@ -1,86 +1,281 @@
-"""ClientStates: per-client state as stacked tensors indexed by client id.
+"""ClientStates: per-client state indexed by client id, stored only for the clients that have taken part.
 
-Every piece of per-client state (local model copies, duals, personal blocks, control
-variates, step-size tolerances) is one tensor of shape ``[num_clients, ...]``. Nothing is
-kept on a reused worker object, so a client's dual can never leak into another client's
-update (the FL-bench FedADMM pitfall in specs/prior-art.md).
+Every piece of per-client state (local model copies, duals, personal blocks, control variates, step-size
+tolerances) is one named *column* of rows ``[num_clients, ...]``. Nothing is kept on a reused worker object,
+so a client's dual can never leak into another client's update (the FL-bench FedADMM pitfall in
+specs/prior-art.md).
+
+Memory follows the clients actually touched: a column whose rows all start equal (``torch.zeros(m, d)``,
+``repeat_rows(x0, m)``, or a ``defaults`` row) keeps that one *default row* and a slot per client; a client
+gets its own stored row the first time :meth:`ClientStates.scatter` writes it, and reads before that return
+the default. A round's gather / scatter costs O(selected clients x row size), whatever ``num_clients`` is.
+Over a memory budget (``budget_bytes``) the stored rows of a growing column move to a memory-mapped file
+(``spill_dir``, a temporary folder by default), so the states of many clients need not fit in memory.
+Reads return the same numbers in every layout: the layout is a storage detail.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import weakref
 from typing import Iterator, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor
 
 
-class ClientStates:
-    """A dict of ``[m, ...]`` tensors with row gather / scatter by client ids."""
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
-    def __init__(self, num_clients: int, tensors: Mapping[str, Tensor] | None = None):
+
+class _Column:
+    """One named state: a default row, the stored rows of the touched clients and each client's slot."""
+
+    __slots__ = ("default", "slot", "rows", "n", "identity", "path", "_finalizer", "__weakref__")
+
+    def __init__(self, default: Tensor, m: int):
+        self.default = default                                   # [*shape]: untouched clients' row
+        self.slot = torch.full((m,), -1, dtype=torch.long, device="cpu")   # client -> stored row (-1: untouched)
+        self.rows = default.new_empty((0, *default.shape))       # [capacity, *shape]
+        self.n = 0                                               # rows in use
+        self.identity = False   # a dense column: row i is client i's for every client (no slot lookup needed)
+        self.path: str | None = None                             # the memory-mapped file, once spilled
+        self._finalizer = None
+
+    @classmethod
+    def dense(cls, value: Tensor) -> "_Column":
+        col = cls(value[0].clone() if value.shape[0] else value.new_zeros(value.shape[1:]), value.shape[0])
+        col.slot = torch.arange(value.shape[0], device="cpu")
+        col.rows, col.n, col.identity = value, value.shape[0], True
+        return col
+
+    @property
+    def device(self) -> torch.device:
+        return self.default.device
+
+    def row_bytes(self) -> int:
+        return self.default.numel() * self.default.element_size()
+
+    def memory_bytes(self) -> int:
+        """Bytes held in memory (the stored rows unless spilled, the default row and the slots)."""
+        rows = 0 if self.path is not None else self.rows.shape[0] * self.row_bytes()
+        return rows + self.row_bytes() + self.slot.numel() * 8
+
+    def disk_bytes(self) -> int:
+        return self.rows.shape[0] * self.row_bytes() if self.path is not None else 0
+
+
+class ClientStates:
+    """Named per-client states with row gather / scatter by client ids (module docstring).
+
+    Args:
+        num_clients: m, the number of clients.
+        tensors: ``{name: [m, ...]}`` initial rows (stored as one default row when all rows are equal).
+        defaults: ``{name: [...]}`` the initial row of every client, without an ``[m, ...]`` tensor.
+        budget_bytes: in-memory bytes of stored rows above which a growing column moves to a memory-mapped file
+            (None: never).
+        spill_dir: the folder of those files (default: a new temporary folder).
+    """
+
+    def __init__(self, num_clients: int, tensors: Mapping[str, Tensor] | None = None, *,
+                 defaults: Mapping[str, Tensor] | None = None, budget_bytes: int | None = None,
+                 spill_dir: str | os.PathLike | None = None):
         self.num_clients = int(num_clients)
-        self._t: dict[str, Tensor] = {}
+        self._cols: dict[str, _Column] = {}
+        self.budget_bytes = budget_bytes
+        self.spill_dir = None if spill_dir is None else str(spill_dir)
         for k, v in (tensors or {}).items():
             self[k] = v
+        for k, row in (defaults or {}).items():
+            self.set_default(k, row)
+
+    # ---------------------------------------------------------------- configuration
+    def set_default(self, key: str, row: Tensor) -> None:
+        """Column ``key`` with every client's row equal to ``row`` (nothing stored per client yet)."""
+        self._cols[key] = _Column(row.detach().clone(), self.num_clients)
+
+    def set_budget(self, budget_bytes: int | None, spill_dir: str | os.PathLike | None = None) -> None:
+        """The memory budget for stored rows (None: unlimited) and the folder of the spill files; columns
+        already over it move to their file now."""
+        self.budget_bytes = budget_bytes
+        if spill_dir is not None:
+            self.spill_dir = str(spill_dir)
+        if budget_bytes is not None:
+            for col in self._cols.values():
+                if col.path is None and col.rows.shape[0] and self.memory_bytes() > budget_bytes:
+                    self._resize(col, col.rows.shape[0], spill=True)
 
     # ---------------------------------------------------------------- dict-like
     def __setitem__(self, key: str, value: Tensor) -> None:
         if value.shape[:1] != (self.num_clients,):
             raise ValueError(f"client state {key!r} must have leading dim {self.num_clients}, got {tuple(value.shape)}")
-        self._t[key] = value
+        if value.shape[0] and (value.stride(0) == 0 or torch.equal(value, value[:1].expand_as(value))):
+            self.set_default(key, value[0])   # every row equal: one row until clients write their own
+        else:
+            self._cols[key] = _Column.dense(value)
 
     def __getitem__(self, key: str) -> Tensor:
-        return self._t[key]
+        """All m rows of ``key`` ``[m, ...]``: the live tensor of a dense column, else a materialized copy
+        (O(m); the engine itself reads rows with :meth:`gather`)."""
+        col = self._cols[key]
+        if col.identity:
+            return col.rows
+        full = col.default.unsqueeze(0).repeat(self.num_clients, *([1] * col.default.dim()))
+        touched = torch.nonzero(col.slot >= 0).flatten()
+        if touched.numel():
+            full[touched.to(col.device)] = col.rows.index_select(0, col.slot[touched].to(col.rows.device)).to(
+                col.device)
+        return full
 
     def __contains__(self, key: str) -> bool:
-        return key in self._t
+        return key in self._cols
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._t)
+        return iter(self._cols)
 
     def keys(self):
-        return self._t.keys()
+        return self._cols.keys()
 
     def items(self):
-        return self._t.items()
+        return ((k, self[k]) for k in self._cols)
 
     # ---------------------------------------------------------------- rows
     def gather(self, ids: Tensor) -> dict[str, Tensor]:
-        """Rows of the selected clients: ``{name: [k, ...]}`` (copies)."""
-        return {k: v.index_select(0, ids.to(v.device)) for k, v in self._t.items()}
+        """Rows of the selected clients: ``{name: [k, ...]}`` (copies; the default row for a client not yet
+        written)."""
+        return {k: self._gather(col, ids) for k, col in self._cols.items()}
+
+    def _gather(self, col: _Column, ids: Tensor) -> Tensor:
+        if col.identity:
+            return col.rows.index_select(0, ids.to(col.rows.device)).to(col.device)
+        s = col.slot[ids.cpu()]
+        known = s >= 0
+        if bool(known.all()):
+            return col.rows.index_select(0, s.to(col.rows.device)).to(col.device)
+        out = col.default.unsqueeze(0).repeat(s.numel(), *([1] * col.default.dim()))
+        if bool(known.any()):
+            out[known.to(col.device)] = col.rows.index_select(0, s[known].to(col.rows.device)).to(col.device)
+        return out
 
     def row(self, i: int) -> dict[str, Tensor]:
-        return {k: v[i].clone() for k, v in self._t.items()}
+        ids = torch.tensor([int(i)], device="cpu")
+        return {k: self._gather(col, ids)[0] for k, col in self._cols.items()}
 
     def scatter(self, ids: Tensor, rows: Mapping[str, Tensor]) -> None:
         """Write back rows of the selected clients; other clients stay bit-identical."""
         for k, v in rows.items():
-            if k not in self._t:
-                raise KeyError(f"local_update returned unknown client state {k!r}; known: {sorted(self._t)}")
-            t = self._t[k]
-            t.index_copy_(0, ids.to(t.device), v.to(t.device, t.dtype))
+            if k not in self._cols:
+                raise KeyError(f"local_update returned unknown client state {k!r}; known: {sorted(self._cols)}")
+            col = self._cols[k]
+            if col.identity:
+                col.rows.index_copy_(0, ids.to(col.rows.device), v.to(col.rows.device, col.rows.dtype))
+                continue
+            ids_c = ids.cpu()
+            s = col.slot[ids_c]
+            new = s < 0
+            n_new = int(new.sum())
+            if n_new:   # first write of these clients: a stored row each (amortized growth)
+                if col.n + n_new > col.rows.shape[0]:
+                    self._resize(col, min(max(col.n + n_new, 2 * col.rows.shape[0], 16), self.num_clients))
+                s[new] = torch.arange(col.n, col.n + n_new, device="cpu")
+                col.slot[ids_c[new]] = s[new]
+                col.n += n_new
+            col.rows.index_copy_(0, s.to(col.rows.device), v.to(col.rows.device, col.rows.dtype))
 
+    def _resize(self, col: _Column, capacity: int, spill: bool = False) -> None:
+        """Give ``col`` room for ``capacity`` stored rows: in memory, or in a memory-mapped file when the
+        budget would be exceeded (or ``spill``)."""
+        new_bytes = capacity * col.row_bytes()
+        over = self.budget_bytes is not None and \
+            self.memory_bytes() - (0 if col.path else col.rows.shape[0] * col.row_bytes()) + new_bytes > \
+            self.budget_bytes
+        old_finalizer = col._finalizer
+        if (spill or over or col.path is not None) and col.default.dtype != torch.bfloat16:
+            d = self.spill_dir or tempfile.mkdtemp(prefix="fedsolve-states-")
+            self.spill_dir = d
+            os.makedirs(d, exist_ok=True)
+            fd, path = tempfile.mkstemp(dir=d, suffix=".rows")
+            os.close(fd)
+            np_dtype = torch.empty(0, dtype=col.default.dtype, device="cpu").numpy().dtype
+            mm = np.memmap(path, dtype=np_dtype, mode="w+", shape=(capacity, *col.default.shape))
+            rows = torch.from_numpy(mm)
+            if col.n:
+                rows[:col.n] = col.rows[:col.n].cpu()
+            col.rows, col.path = rows, path
+            col._finalizer = weakref.finalize(col, _unlink, path)
+        else:
+            rows = col.default.new_empty((capacity, *col.default.shape))
+            if col.n:
+                rows[:col.n] = col.rows[:col.n]
+            col.rows = rows
+            col._finalizer = None
+        if old_finalizer is not None:
+            old_finalizer()
+
+    # ---------------------------------------------------------------- copies and sizes
     def clone(self) -> "ClientStates":
-        return ClientStates(self.num_clients, {k: v.clone() for k, v in self._t.items()})
+        out = ClientStates(self.num_clients, budget_bytes=self.budget_bytes, spill_dir=self.spill_dir)
+        for k, col in self._cols.items():
+            if col.identity:
+                out._cols[k] = _Column.dense(col.rows.clone())
+                continue
+            c = _Column(col.default.clone(), self.num_clients)
+            c.slot = col.slot.clone()
+            out._cols[k] = c
+            out._resize(c, max(col.n, 1), spill=col.path is not None)
+            c.rows[:col.n] = col.rows[:col.n]
+            c.n = col.n
+        return out
 
     def to(self, device: torch.device | str) -> "ClientStates":
-        """The same states with every tensor on ``device`` (itself when they are there already)."""
-        return ClientStates(self.num_clients, {k: v.to(device) for k, v in self._t.items()})
+        """The same states with every tensor on ``device`` (stored rows in a spill file stay in their file;
+        reads return them on ``device``). Storage already there is shared, not copied."""
+        out = ClientStates(self.num_clients, budget_bytes=self.budget_bytes, spill_dir=self.spill_dir)
+        for k, col in self._cols.items():
+            if col.identity:
+                out._cols[k] = _Column.dense(col.rows.to(device))
+                continue
+            c = _Column(col.default.to(device), self.num_clients)
+            c.slot, c.n, c.path, c._finalizer = col.slot.clone(), col.n, col.path, col._finalizer
+            c.rows = col.rows if col.path is not None else col.rows.to(device)
+            out._cols[k] = c
+        return out
+
+    def touched(self, key: str) -> Tensor:
+        """Ids of the clients with a stored row of ``key`` (every client for a dense column)."""
+        col = self._cols[key]
+        return torch.arange(self.num_clients, device="cpu") if col.identity else torch.nonzero(col.slot >= 0).flatten()
 
     def state_dict(self) -> dict[str, Tensor]:
-        return dict(self._t)
+        """``{name: [m, ...]}`` (the dense rows: see :meth:`__getitem__`)."""
+        return {k: self[k] for k in self._cols}
 
     @classmethod
     def from_state_dict(cls, d: Mapping[str, Tensor]) -> "ClientStates":
         m = next(iter(d.values())).shape[0] if d else 0
         return cls(m, d)
 
+    def memory_bytes(self) -> int:
+        """Bytes of client state held in memory."""
+        return sum(col.memory_bytes() for col in self._cols.values())
+
+    def disk_bytes(self) -> int:
+        """Bytes of stored rows in memory-mapped spill files."""
+        return sum(col.disk_bytes() for col in self._cols.values())
+
     def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self._t.values())
+        """Bytes of client state, in memory and in spill files."""
+        return self.memory_bytes() + self.disk_bytes()
 
     def __repr__(self) -> str:  # pragma: no cover
-        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self._t.items())
-        return f"ClientStates({shapes})"
+        cols = ", ".join(f"{k}{(self.num_clients, *col.default.shape)}[{'dense' if col.identity else col.n}]"
+                         for k, col in self._cols.items())
+        return f"ClientStates({cols})"
 
 
 def repeat_rows(vec: Tensor, m: int) -> Tensor:
