@@ -216,3 +216,21 @@ def test_perfedavg_code_train_from_adapted_is_the_fpfc_synthetic_code():
     torch.testing.assert_close(out["linear"], want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="train_from"):
         PerFedAvg(dict(variant="fo", train_from="adapted"), prob)
+
+
+def test_adjusted_rand_known_values_and_sklearn():
+    """algorithms/clusters.adjusted_rand (used by FPFC and every clustering baseline): known values, and the
+    same number as scikit-learn's adjusted_rand_score on random labelings."""
+    from fedsolve.algorithms.clusters import adjusted_rand
+
+    assert adjusted_rand([1, 1, 0, 0], [0, 0, 1, 1]) == 1.0            # a relabeling is a perfect match
+    assert adjusted_rand([0] * 5, [0] * 5) == 1.0 and adjusted_rand([0, 1], [0, 0]) == 0.0
+    # truth {0,1},{2,3}; found {0,1,2},{3}: tp 1, fn 1, fp 2, tn 2 -> 2 (2 - 2) / (2*3 + 3*4) = 0
+    assert adjusted_rand([0, 0, 0, 1], [0, 0, 1, 1]) == 0.0
+    assert adjusted_rand([0, 0, 1, 2], [0, 0, 1, 1]) == pytest.approx(2 * (1 * 4 - 1 * 0) / ((1 + 1) * (1 + 4) + 1 * 4))
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(2, 30))
+        a, b = rng.integers(0, 4, n), rng.integers(0, 6, n)
+        assert adjusted_rand(b, a) == pytest.approx(sk.adjusted_rand_score(a, b), abs=1e-12)

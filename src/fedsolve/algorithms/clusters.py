@@ -42,6 +42,19 @@ def cluster_average(W: Tensor, labels: np.ndarray, n: Tensor) -> Tensor:
 
 
 def adjusted_rand(labels, truth) -> float:
-    from sklearn.metrics import adjusted_rand_score
-
-    return float(adjusted_rand_score(np.asarray(truth), np.asarray(labels)))
+    """Adjusted Rand index of ``labels`` against ``truth`` (Hubert & Arabie 1985), from the pair counts: with
+    ``tp`` the pairs together in both, ``tn`` apart in both, ``fp``/``fn`` together in one only,
+    ARI = 2 (tp tn - fn fp) / ((tp + fn)(fn + tn) + (tp + fp)(fp + tn)); 1 when no pair disagrees."""
+    _, a = np.unique(np.asarray(truth), return_inverse=True)
+    _, b = np.unique(np.asarray(labels), return_inverse=True)
+    n = int(a.size)
+    cont = np.zeros((a.max(initial=-1) + 1, b.max(initial=-1) + 1), dtype=np.int64)
+    np.add.at(cont, (a, b), 1)
+    same_both = int((cont * (cont - 1)).sum()) // 2                       # pairs together in both
+    same_truth = int((cont.sum(1) * (cont.sum(1) - 1)).sum()) // 2
+    same_labels = int((cont.sum(0) * (cont.sum(0) - 1)).sum()) // 2
+    tp, fn, fp = same_both, same_truth - same_both, same_labels - same_both
+    tn = n * (n - 1) // 2 - tp - fn - fp
+    if fn == 0 and fp == 0:
+        return 1.0
+    return 2.0 * (tp * tn - fn * fp) / ((tp + fn) * (fn + tn) + (tp + fp) * (fp + tn))
