@@ -7,7 +7,7 @@ grad2_yy g v, grad_y f, grad_x f, grad2_xy g v). Both executors run the SAME alg
 in the same process; the timed unit is one round's local work (``executor.run``), median over repetitions.
 
 Prints ``ratio simfbo_local vectorized_vs_sequential <sequential time / vectorized time>``.
-Usage: python benchmarks/bilevel_hvp.py [--reps 5] [--tau 1] [--clients 10] [--threads 1]
+Usage: python benchmarks/bilevel_hvp.py [--reps 5] [--tau 1] [--clients 10] [--threads 1] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -45,28 +45,36 @@ def main() -> None:
     ap.add_argument("--tau", type=int, default=1)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    prob = make_problem()
+    dev = torch.device(a.device)
+    prob = make_problem().to(dev)
     algo = get_algorithm("simfbo")({"batch_size": 64, "tau": a.tau}, prob)
+    if dev.type != "cpu":
+        algo.to(dev)
     rngs = RngStreams(0)
-    server, clients = algo.init(prob.init_params(rngs.torch("init")), rngs)
-    ids = torch.arange(a.clients) * (prob.num_clients // a.clients)
-    msgs = algo.broadcast(server, ids, 0)
-    rows = clients.gather(ids)
+    with torch.device(dev):
+        server, clients = algo.init(prob.init_params(rngs.torch("init")).to(dev), rngs)
+        ids = torch.arange(a.clients) * (prob.num_clients // a.clients)
+        msgs = algo.broadcast(server, ids, 0)
+        rows = clients.gather(ids)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     plans = build_plans(algo.work(0), prob.data.train_offsets, ids, rngs, 0, groups=prob.data.row_groups)
     times: dict[str, list[float]] = {"sequential": [], "vectorized": []}
     outs = {}
     with torch.enable_grad():
         for rep in range(a.reps + 1):
             for name, ex in (("sequential", SequentialExecutor()), ("vectorized", VectorizedExecutor())):
+                sync()
                 t = time.perf_counter()
                 outs[name] = ex.run(algo, rows, msgs, ids, plans, prob.data, 0)
+                sync()
                 if rep:  # rep 0 warms up
                     times[name].append(time.perf_counter() - t)
     diff = max(float((outs["sequential"][1][k] - outs["vectorized"][1][k]).abs().max()) for k in outs["vectorized"][1])
     seq, vec = statistics.median(times["sequential"]), statistics.median(times["vectorized"])
-    print(f"# {a.clients} clients, tau = {a.tau}, batch 64, {a.threads} thread(s); max |upload difference| = {diff:.2e}")
+    print(f"# {a.device}: {a.clients} clients, tau = {a.tau}, batch 64, {a.threads} CPU thread(s); max |upload difference| = {diff:.2e}")
     print(f"time simfbo_local sequential {seq:.4f} s")
     print(f"time simfbo_local vectorized {vec:.4f} s")
     print(f"ratio simfbo_local vectorized_vs_sequential {seq / vec:.2f}")

@@ -94,6 +94,9 @@ class SimFBO(Algorithm):
         else:
             groups = {"lower": spec.lower_group, "upper": spec.upper_group}
         self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
+        w = (torch.ones(self.num_clients, dtype=torch.float64) if c.weights == "uniform"
+             else self.client_weights.to(torch.float64))
+        self._p = w / w.sum()
         if c.tau_clients is not None and len(c.tau_clients) != self.num_clients:
             raise ValueError(f"tau_clients: {len(c.tau_clients)} values for {self.num_clients} clients")
 
@@ -101,11 +104,8 @@ class SimFBO(Algorithm):
         return self._work
 
     def p(self) -> torch.Tensor:
-        """Objective weights p_i (sum to 1)."""
-        if self.cfg.weights == "uniform":
-            return torch.full((self.num_clients,), 1.0 / self.num_clients, dtype=torch.float64)
-        w = self.client_weights.double()
-        return w / w.sum()
+        """Objective weights p_i (sum to 1; float64 on the algorithm's device)."""
+        return self._p
 
     def tau_schedule(self, rngs) -> torch.Tensor:
         c, n = self.cfg, self.num_clients
@@ -118,7 +118,7 @@ class SimFBO(Algorithm):
     # ------------------------------------------------------------ Algorithm 1
     def init(self, x0, rngs):
         x, y = self.oracles.split(x0)
-        tau = self.tau_schedule(rngs).to(x0.dtype)
+        tau = self.tau_schedule(rngs).to(device=x0.device, dtype=x0.dtype)
         server = {"x": x.clone(), "y": y.clone(), "v": torch.full_like(y, self.cfg.v0), "tau": tau.clone()}
         return server, ClientStates(self.num_clients, {"tau": tau.clone()})
 
@@ -156,16 +156,16 @@ class SimFBO(Algorithm):
     def rho(self, server, ids, uploads) -> torch.Tensor:
         """rho^t = sum_j p_j ||a_j||_1 (eq. 6): the known schedule, or its unbiased estimate over C_t."""
         if self.cfg.rho == "known":
-            return (self.p().to(server["tau"].dtype) * self.cfg.a * server["tau"]).sum()
-        return (self.p_tilde(ids).to(uploads["a_norm"].dtype) * uploads["a_norm"]).sum()
+            return (self._p.to(server["tau"]) * self.cfg.a * server["tau"]).sum()
+        return (self.p_tilde(ids).to(uploads["a_norm"]) * uploads["a_norm"]).sum()
 
     def p_tilde(self, ids) -> torch.Tensor:
         """p~_i = (n / |C_t|) p_i (spec 2.2; not renormalised)."""
-        return self.num_clients / ids.numel() * self.p()[ids]
+        return self.num_clients / ids.numel() * self._p[ids.to(self._p.device)]
 
     def coefficients(self, server, ids, uploads) -> torch.Tensor:
         """Per-client multipliers of the uploaded h: SimFBO p~_i ||a_i||_1 (q = ||a_i||_1 h), ShroFBO rho p~_i."""
-        pt = self.p_tilde(ids).to(uploads["hx"].dtype)
+        pt = self.p_tilde(ids).to(uploads["hx"])
         if self.cfg.normalized:
             return self.rho(server, ids, uploads) * pt
         return pt * uploads["a_norm"]
