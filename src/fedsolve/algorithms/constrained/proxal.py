@@ -1,0 +1,374 @@
+"""Prox-AL FL (paper 002, He, Peng & Sun 2024): Algorithm 1 (proximal AL outer loop) around Algorithm 2
+(inexact ADMM inner loop), one engine round per communication round.
+
+Outer iteration k (Alg. 1), with P_{i,k} of Eqs. 13-14 and sigma = 1/((n+1) beta):
+
+    tau_k = s_bar / (k+1)^2
+    w^{k+1} = Alg2(tau_k, w^k)                       dist_inf(0, d l_k(w^{k+1})) <= tau_k      (Eq. 10)
+    mu_0^{k+1} = [mu_0^k + beta c_0(w^{k+1})]_+      (server)
+    mu_i^{k+1} = [mu_i^k + beta c_i(w^{k+1})]_+      (client i; uploads only ||mu_i^{k+1} - mu_i^k||_inf)
+    stop if ||w^{k+1} - w^k||_inf + beta tau_k <= beta eps1  and  max_i ||mu_i^{k+1} - mu_i^k||_inf <= beta eps2  (Eq. 11)
+
+Inner iteration t (Alg. 2), started at w~^0 = w^k with u_i^0 = w^k, lambda_i^0 = -grad P_i(w^k),
+u~_i^0 = u_i^0 + lambda_i^0 / rho:
+
+    eps_{t+1} = q^t
+    server:  w^{t+1} ~ argmin P_0(w) + h(w) + sum_i rho/2 ||u~_i^t - w||^2                  (Eq. 18)
+    client:  eps~_i = ||grad P_i(w^{t+1}) - rho (w^{t+1} - u~_i^t)||_inf                      (Eq. 22)
+             u_i^{t+1} ~ argmin P_i(u) + <lambda_i^t, u - w^{t+1}> + rho/2 ||u - w^{t+1}||^2    (Eq. 19)
+             lambda_i^{t+1} = lambda_i^t + rho (u_i^{t+1} - w^{t+1});  u~_i^{t+1} = u_i^{t+1} + lambda_i^{t+1}/rho
+    stop if eps_{t+1} + sum_i eps~_i <= tau                                                    (Eq. 23)
+
+Rounds. An *outer* round broadcasts w^k: each client updates its multipliers (not in the very first
+round), starts its ADMM at w^k and uploads (u~_i^0, ||dmu_i||_inf); the server completes Eq. 11 for the
+previous outer iteration, then solves Eq. 18. An *ADMM* round broadcasts (w^{t+1}, eps_{t+1}) and
+collects (u~_i^{t+1}, eps~_i). When Eq. 23 passes, ``aggregate`` takes the outer step (w^{k+1},
+mu_0^{k+1}) and the next round is an outer round. mu_i, lambda_i, u_i live in the clients' state rows;
+the server side (:class:`ServerSide`) is built from the server's own party and holds no client data.
+Paper-vs-authors'-code differences are options (paper by default; spec section 9).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+from torch.func import grad
+
+from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.algorithms.constrained import subproblem as sp
+from fedsolve.algorithms.constrained.al import client_P, server_P, shifted
+from fedsolve.algorithms.constrained.kkt import certificate
+from fedsolve.constraints import ConstrainedSpec, ServerParty, get_spec
+from fedsolve.core.executor import Work
+from fedsolve.core.states import ClientStates
+
+OUTER_FIRST, OUTER, ADMM, DONE = 0, 1, 2, 3
+
+
+class ProxALConfig(BaseModel):
+    """Hyper-parameters of Algorithms 1-2. Defaults: the paper's Neyman-Pearson values (Sec. 5.1) and the
+    authors' code's q, caps (spec 3.3); the suites set the fairness / QP values."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    beta: float = Field(300.0, gt=0, description="fixed AL penalty beta (no increase schedule)")
+    s_bar: float = Field(1e-3, gt=0, description="inner tolerances tau_k = s_bar / (k+1)^2")
+    rho: float = Field(0.01, gt=0, description="ADMM penalty rho_i (the same for every client)")
+    q: float = Field(0.9, gt=0, lt=1, description="subproblem tolerances eps_{t+1} = q^t")
+    eps1: float = Field(1e-3, gt=0, lt=1, description="stationarity target of Eq. 11 / Definition 1")
+    eps2: float = Field(1e-3, gt=0, lt=1, description="feasibility/complementarity target of Eq. 11")
+    max_outer: int = Field(100, ge=1, description="safety cap K_max on outer iterations (then: did not converge)")
+    max_inner: int = Field(300, ge=1, description="safety cap T_max on ADMM rounds per outer iteration")
+    mu0: float = Field(0.0, ge=0, description="initial multipliers mu_i^0 (every party)")
+    w0: Literal["unit_sphere", "positive_sphere", "engine", "zero"] = Field(
+        "unit_sphere", description="w^0: random on the unit sphere (paper), normalised Uniform[0,1)^d (code), the "
+                                   "engine's model init, or zero")
+    solver: Literal["auto", "newton", "quadratic", "scipy"] = Field(
+        "auto", description="client/server subproblem solver: auto = quadratic (exact) for quadratic problems, "
+                            "else newton; scipy = L-BFGS-B client by client (reference; sequential executor)")
+    newton_max_iter: int = Field(8, ge=1, description="Newton steps per subproblem (cap; the vectorized executor always runs them all, masked)")
+    inner_stop: Literal["paper", "measured", "code"] = Field(
+        "paper", description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
+                             "none (authors' NP/QP code)")
+    eps_tilde: Literal["paper", "code"] = Field(
+        "paper", description="Eq. 22 with the old lambda_i^t (paper) or the updated one (authors' NP code)")
+    admm_start: Literal["wk", "w0"] = Field("wk", description="ADMM start w~^0 = w^k (paper) or the original w^0 "
+                                                            "(authors' NP code)")
+    eps_floor: float = Field(0.0, ge=0, description="eps_{t+1} = max(q^t, eps_floor) (authors' code: 1e-10)")
+
+
+def initial_point(kind: str, x0: Tensor, seed_gen: torch.Generator) -> Tensor:
+    """w^0 of the paper's protocol (spec 5: the same w^0 for Alg. 1 and cProx-AL within a trial)."""
+    d = x0.numel()
+    if kind == "engine":
+        return x0.detach().double().clone()
+    if kind == "zero":
+        return torch.zeros(d, dtype=torch.float64)
+    v = torch.randn(d, generator=seed_gen, dtype=torch.float64) if kind == "unit_sphere" else torch.rand(
+        d, generator=seed_gen, dtype=torch.float64)
+    return v / v.norm()
+
+
+def party_rows(ctx, phase: str = "train") -> tuple[Tensor, Tensor, Tensor]:
+    """This client's full-batch rows ``(x, y, mask)`` (float64) through the public ``ctx.loss_grad``."""
+    box: list = []
+
+    def grab(q, x, y, w):
+        box.append((x, y, w))
+        return q.sum() * 0.0
+
+    ctx.loss_grad(torch.zeros(1, dtype=torch.float64), phase, 0, loss=grab)
+    x, y, w = box[0]
+    return x.double(), y.double(), (w > 0).double()
+
+
+class ServerSide:
+    """The server's part: its party (Z_0, c_0, h), n, rho, beta. Solves Eq. 18 and updates mu_0."""
+
+    def __init__(self, party: ServerParty, n: int, cfg: ProxALConfig, quadratic: bool, solver: str):
+        self.party, self.n, self.cfg = party, n, cfg
+        self.sigma = 1.0 / ((n + 1) * cfg.beta)
+        self.quadratic, self.solver = quadratic, solver
+        self.eq0 = party.constraint.eq_mask if party.constraint is not None else torch.zeros(0, dtype=torch.bool)
+        self._factor: Tensor | None = None   # caches of the quadratic case (functions of server data only)
+        self._g0: tuple | None = None
+
+    def solve(self, ut: Tensor, mu0: Tensor, wk: Tensor, start: Tensor, tol: float) -> tuple[Tensor, float]:
+        """Eq. 18: ``argmin P_0(w) + h(w) + sum_i rho/2 ||u~_i - w||^2`` to ``dist_inf(0, d phi_0) <= tol``;
+        returns ``(w^{t+1}, measured residual)``."""
+        rho, sig, prox = self.cfg.rho, self.sigma, self.party.prox
+        S = ut.shape[0] * rho + sig
+        if self.party.constraint is None:  # closed form (spec 3.1): rho-weighted average pulled to w^k, then prox
+            return prox((rho * ut.sum(0) + sig * wk) / S, 1.0 / S), 0.0
+
+        def smooth(v):
+            return server_P(self.party, v, mu0, wk, self.cfg.beta, sig) + 0.5 * rho * (ut - v).pow(2).sum()
+
+        if not prox.is_zero:
+            w, res = sp.prox_gradient(smooth, prox, start, tol, L0=S)
+            return w, res
+        if self.quadratic:  # grad phi_0(v) = (H_0 + S' I) v + grad P_0(0) - rho sum_i u~_i: factor once, g per k
+            if self._factor is None:
+                self._factor = sp.quadratic_factor(smooth, start)
+            key = (mu0.clone(), wk.clone())
+            if self._g0 is None or not all(torch.equal(a, b) for a, b in zip(key, self._g0[0])):
+                self._g0 = (key, grad(lambda v: server_P(self.party, v, mu0, wk, self.cfg.beta, sig))(
+                    torch.zeros_like(wk)))
+            rhs = rho * ut.sum(0) - self._g0[1]
+            L = self._factor
+            w = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
+            return w, float((L @ (L.mT @ w) - rhs).abs().max())
+        if self.solver == "scipy":
+            w, res, _ = sp.scipy_lbfgsb(smooth, start, tol)
+        else:
+            w, res, _ = sp.newton(smooth, start, tol, self.cfg.newton_max_iter, eager=True)
+        return w, float(res)
+
+    def update_mu(self, mu0: Tensor, w: Tensor) -> Tensor:
+        """Alg. 1 line 5: ``mu_0^{k+1} = [mu_0^k + beta c_0(w^{k+1})]_+``."""
+        if mu0.numel() == 0:
+            return mu0
+        return shifted(mu0, self.party.c(w).double(), self.eq0, self.cfg.beta)
+
+
+@register
+class ProxAL(Algorithm):
+    name = "proxal"
+    description = "Prox-AL FL: proximal AL outer loop + inexact ADMM inner loop for constrained FL (He et al. 2024)"
+    Config = ProxALConfig
+
+    def setup(self) -> None:
+        spec: ConstrainedSpec = get_spec(self.problem, self.name)
+        self.spec = spec
+        self.d = self.layout.dim
+        solver = self.cfg.solver
+        if solver == "auto":
+            solver = "quadratic" if spec.quadratic else "newton"
+        if solver == "quadratic" and not spec.quadratic:
+            raise ValueError(f"{self.name}: solver 'quadratic' needs a quadratic problem (ConstrainedSpec.quadratic)")
+        self.solver_kind = solver
+        self.sigma = 1.0 / ((self.num_clients + 1) * self.cfg.beta)
+        self.eq = (spec.client_constraint.eq_mask if spec.client_constraint is not None
+                   else torch.zeros(0, dtype=torch.bool))
+        # the server's half: built from the server party only (no reference to client data)
+        self.server_side = ServerSide(spec.server, self.num_clients, self.cfg, spec.quadratic, solver)
+
+    def work(self, round_: int = 0) -> dict[str, Work]:
+        return {"train": Work(epochs=None, steps=1, batch_size=None)}  # full batch: the client's rows Z_i
+
+    # ----------------------------------------------------------------- state
+    def init(self, x0, rngs):
+        c, n, d = self.cfg, self.num_clients, x0.numel()
+        w0 = initial_point(c.w0, x0, rngs.torch("proxal_w0"))
+        z = torch.zeros((), dtype=torch.float64)
+        server = {"w": w0.clone(), "w_prev": w0.clone(), "w0": w0.clone(), "z": w0.clone(),
+                  "mu0": torch.full((self.spec.m_server,), c.mu0, dtype=torch.float64), "dmu0": z.clone(),
+                  "k": torch.zeros((), dtype=torch.long), "t": torch.zeros((), dtype=torch.long),
+                  "phase": torch.tensor(OUTER_FIRST), "tau": torch.tensor(c.s_bar, dtype=torch.float64),
+                  "srv_res": z.clone(), "gap": z.clone(),
+                  "dw": z.clone(), "dmu": z.clone(), "admm_rounds": torch.zeros((), dtype=torch.long),
+                  "outer_rounds": torch.zeros((), dtype=torch.long), "inner_caps": torch.zeros((), dtype=torch.long),
+                  "converged": torch.zeros((), dtype=torch.long), "floats_up": z.clone(), "floats_down": z.clone(),
+                  "client_res": z.clone()}
+        rows = {"mu": torch.full((n, self.spec.m_client), c.mu0, dtype=torch.float64)}
+        for key in ("wk", "u", "lam", "ut"):
+            rows[key] = torch.zeros(n, d, dtype=torch.float64)
+        if self.solver_kind == "quadratic":
+            rows["factor"] = torch.zeros(n, d, d, dtype=torch.float64)
+            rows["g0"] = torch.zeros(n, d, dtype=torch.float64)
+        return server, ClientStates(n, rows)
+
+    def _eps(self, t: int) -> float:
+        return max(self.cfg.q ** t, self.cfg.eps_floor)
+
+    # ----------------------------------------------------------------- the five functions
+    def broadcast(self, server, ids, round_):
+        if ids.numel() != self.num_clients:
+            raise ValueError(f"{self.name}: Algorithms 1-2 use every client in every round; got {ids.numel()} of "
+                             f"{self.num_clients} (set simulation.sampling.fraction: 1.0)")
+        phase = int(server["phase"])
+        if phase == DONE:
+            return {"idle": self.expand(torch.zeros((), dtype=torch.float64), ids)}
+        if phase == ADMM:
+            eps = torch.tensor(self._eps(int(server["t"])), dtype=torch.float64)
+            return {"w": self.expand(server["z"], ids), "eps": self.expand(eps, ids)}
+        msg = {"w_outer": self.expand(server["w"], ids)}
+        if self.cfg.admm_start == "w0":
+            msg["w_start"] = self.expand(server["w0"], ids)
+        if phase == OUTER_FIRST:
+            msg["first"] = self.expand(torch.ones((), dtype=torch.float64), ids)
+        return msg
+
+    def _P(self, rows, mu, wk):
+        return lambda u: client_P(self.spec, u, rows, mu, wk, self.cfg.beta, self.sigma)
+
+    def local_update(self, state, msg, ctx):
+        if "idle" in msg:  # Eq. 11 has passed: nothing left to do
+            return {}, {"ack": msg["idle"] * 0}
+        c, rho = self.cfg, self.cfg.rho
+        new = {}  # only the rows that change (the cached factor is written once)
+        if "w_outer" in msg:
+            rows = party_rows(ctx)
+            if self.solver_kind == "quadratic" and ctx.round == 0:  # Eq. 19's Hessian is constant: factor once
+                P = self._P(rows, state["mu"], state["wk"])
+                new["factor"] = sp.quadratic_factor(lambda u: P(u) + 0.5 * rho * u.pow(2).sum(), msg["w_outer"])
+            # Alg. 1 lines 6-8 (multipliers at w^k), then Alg. 2 line 1 for outer iteration k
+            w = msg["w_outer"]
+            mu = state["mu"]
+            if "first" in msg or mu.numel() == 0:
+                mu_new, dmu = mu, torch.zeros((), dtype=torch.float64)
+            else:
+                mu_new = shifted(mu, self.spec.c_client(w, *rows), self.eq, c.beta)
+                dmu = (mu_new - mu).abs().amax()
+            start = msg.get("w_start", w)
+            P = self._P(rows, mu_new, w)
+            g0 = grad(P)(start)
+            lam = -g0
+            ut = start + lam / rho
+            new.update(mu=mu_new, wk=w, u=start, lam=lam, ut=ut)
+            if self.solver_kind == "quadratic":  # grad P_{i,k} is affine: keep its value at 0 for this k
+                new["g0"] = grad(P)(torch.zeros_like(w))
+            return new, {"ut": ut, "dmu": dmu}
+        # Alg. 2 lines 7-8 (Eqs. 19-22)
+        w, eps = msg["w"], msg["eps"]
+        lam, u_old, ut_old = state["lam"], state["u"], state["ut"]
+        if self.solver_kind == "quadratic":  # exact: (H_P + rho I) u = rho w - grad P(0) - lambda, factor cached
+            L = state["factor"]
+            Hrho = lambda v: L @ (L.mT @ v)  # noqa: E731  (H_P + rho I) v
+            gP = Hrho(w) - rho * w + state["g0"]
+            rhs = rho * w - state["g0"] - lam
+            u = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
+            res = (Hrho(u) - rhs).abs().amax()
+        else:
+            rows = party_rows(ctx)
+            P = self._P(rows, state["mu"], state["wk"])
+            gP = grad(P)(w)
+
+
+            def phi(v):
+                return P(v) + (lam * (v - w)).sum() + 0.5 * rho * (v - w).pow(2).sum()
+
+            if self.solver_kind == "scipy":
+                u, res, _ = sp.scipy_lbfgsb(phi, u_old, float(eps))
+            else:
+                u, res, _ = sp.newton(phi, u_old, eps, c.newton_max_iter, eager=ctx.eager)
+        lam_new = lam + rho * (u - w)
+        ut = u + lam_new / rho
+        if c.eps_tilde == "paper":
+            et = (gP - rho * (w - ut_old)).abs().amax()           # Eq. 22, old u_i^t and lambda_i^t
+        else:
+            et = (gP + lam_new - rho * (w - u_old)).abs().amax()  # authors' NP code: updated lambda
+        new.update(u=u, lam=lam_new, ut=ut)
+        return new, {"ut": ut, "et": et, "res": res}
+
+    def aggregate(self, server, ids, uploads, round_):
+        c, srv = self.cfg, self.server_side
+        s = dict(server)
+        phase = int(server["phase"])
+        if phase == DONE:
+            return s
+        k_clients, d = ids.numel(), server["w"].numel()
+        up = sum(int(v[0].numel()) for v in uploads.values())
+        down = d + (d if c.admm_start == "w0" and phase != ADMM else 0) + (1 if phase != OUTER else 0)
+        s["floats_up"] = server["floats_up"] + k_clients * up
+        s["floats_down"] = server["floats_down"] + k_clients * down
+        ut = uploads["ut"].double()
+        if phase in (OUTER_FIRST, OUTER):
+            s["outer_rounds"] = server["outer_rounds"] + 1
+            if phase == OUTER:  # Eq. 11 for the outer iteration just finished (w = w^{k+1}, tau = tau_k)
+                dw = float((server["w"] - server["w_prev"]).abs().max())
+                dmu = max(float(server["dmu0"]), float(uploads["dmu"].max()))
+                s["dw"], s["dmu"] = torch.tensor(dw, dtype=torch.float64), torch.tensor(dmu, dtype=torch.float64)
+                if dw + c.beta * float(server["tau"]) <= c.beta * c.eps1 and dmu <= c.beta * c.eps2:
+                    s["phase"], s["converged"] = torch.tensor(DONE), torch.ones((), dtype=torch.long)
+                    return s
+                if int(server["k"]) >= c.max_outer:
+                    s["phase"] = torch.tensor(DONE)
+                    return s
+            k = int(server["k"])
+            s["tau"] = torch.tensor(c.s_bar / (k + 1) ** 2, dtype=torch.float64)
+            s["t"] = torch.zeros((), dtype=torch.long)
+            start = server["w0"] if c.admm_start == "w0" else server["w"]
+            z, res = srv.solve(ut, server["mu0"], server["w"], start, self._eps(0))
+            s["z"], s["srv_res"] = z, torch.tensor(res, dtype=torch.float64)
+            s["phase"] = torch.tensor(ADMM)
+            return s
+        # ADMM round: Eq. 23, then the outer step or the next server solve (Eq. 18)
+        t = int(server["t"])
+        e = {"paper": self._eps(t), "measured": float(server["srv_res"]), "code": 0.0}[c.inner_stop]
+        gap = e + float(uploads["et"].sum())
+        s["gap"] = torch.tensor(gap, dtype=torch.float64)
+        s["client_res"] = torch.maximum(uploads["res"].max().double(), torch.zeros((), dtype=torch.float64))
+        s["admm_rounds"] = server["admm_rounds"] + 1
+        if gap <= float(server["tau"]) or t + 1 >= c.max_inner:
+            if gap > float(server["tau"]):
+                s["inner_caps"] = server["inner_caps"] + 1
+            w_new = server["z"]
+            mu0_new = srv.update_mu(server["mu0"], w_new)
+            s["dmu0"] = ((mu0_new - server["mu0"]).abs().max() if mu0_new.numel()
+                         else torch.zeros((), dtype=torch.float64))
+            s["mu0"], s["w_prev"], s["w"] = mu0_new, server["w"], w_new
+            s["k"] = server["k"] + 1
+            s["phase"] = torch.tensor(OUTER)
+            return s
+        s["t"] = server["t"] + 1
+        z, res = srv.solve(ut, server["mu0"], server["w"], server["z"], self._eps(t + 1))
+        s["z"], s["srv_res"] = z, torch.tensor(res, dtype=torch.float64)
+        return s
+
+    def eval_broadcast(self, server, ids):
+        return {"w": self.expand(server["w"], ids)}
+
+    def eval_model(self, state, msg):
+        return msg["w"].to(self.layout_dtype())
+
+    def layout_dtype(self) -> torch.dtype:
+        return next(self.problem.model.parameters()).dtype
+
+    # ----------------------------------------------------------------- certificates
+    def status(self, server) -> str:
+        if int(server["converged"]):
+            return "converged (Eq. 11 passed)"
+        if int(server["phase"]) == DONE:
+            return f"did not converge: outer cap max_outer={self.cfg.max_outer} reached"
+        return (f"did not converge: the run ended (simulation.rounds) at outer iteration {int(server['k'])} "
+                f"before Eq. 11 passed")
+
+    def diagnostics(self, server, clients) -> dict[str, float]:
+        cert = certificate(self.spec, self.problem.data, server["w"], server["mu0"], clients["mu"])
+        out = {k: v for k, v in cert.items()}
+        out.update(outer_iterations=int(server["k"]), admm_rounds=int(server["admm_rounds"]),
+                   outer_rounds=int(server["outer_rounds"]), inner_cap_hits=int(server["inner_caps"]),
+                   converged=int(server["converged"]), tau=float(server["tau"]), inner_gap=float(server["gap"]),
+                   floats_up=float(server["floats_up"]), floats_down=float(server["floats_down"]),
+                   client_subproblem_residual=float(server["client_res"]))
+        return out
+
+    def finalize(self, server, clients) -> dict[str, Any]:
+        out = self.diagnostics(server, clients)
+        out["status"] = self.status(server)
+        out["w"] = server["w"].tolist() if server["w"].numel() <= 64 else None
+        return {"constrained": out}

