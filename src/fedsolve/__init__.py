@@ -1,12 +1,41 @@
 """fedsolve: structured federated optimization with vectorized simulation.
 
-Thread defaults: on shared 2-core machines a busy neighbour process makes spinning OpenMP
-threads collapse (50-120x slower rounds, see docs/concepts.md). fedsolve therefore sets
-``OMP_WAIT_POLICY=PASSIVE`` unless the user set it, before torch starts its thread pool.
+Importing fedsolve changes nothing in the process: no environment variable, thread count, allocator
+option or matplotlib backend is touched on import. Those settings happen when a run starts and are
+documented where they happen: the ``fedsolve`` command sets ``OMP_WAIT_POLICY=PASSIVE`` (unless set)
+before torch loads (:mod:`fedsolve.cli`); a run sets torch's thread count to the config's ``threads``
+(default min(2, cores), :func:`fedsolve.experiments.runner.set_threads`); the ``linear`` executor's first
+round turns on glibc's keep-freed-memory option (:func:`fedsolve.core.linear.keep_freed_memory`).
+
+Python API in one call::
+
+    import fedsolve
+    res = fedsolve.run("experiments/demo.yaml", algorithm="FedAvg", seed=0, overrides=["simulation.rounds=5"])
+    res.history          # one record per evaluated round (the trajectory)
+    res.eval_params()    # [num_clients, d]: the model each client is scored with (Simulation.eval_params)
 """
 
-import os as _os
+from __future__ import annotations
 
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from typing import TYPE_CHECKING, Any, Sequence
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedsolve.simulation.loop import RunResult
+
+
+def run(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
+        out: str | None = None, progress: bool = False) -> "RunResult":
+    """Run one algorithm of an experiment config and return its :class:`~fedsolve.simulation.loop.RunResult`.
+
+    ``config``: a YAML path, a config mapping or an ``ExperimentConfig``; ``algorithm``: label or name (needed
+    when the config lists several); ``seed``: default the config's first; ``overrides``: ``--set`` strings;
+    ``out``: a folder for ``metrics.jsonl``, ``timings.jsonl`` and checkpoints (default: none written).
+    See :func:`fedsolve.experiments.runner.run_config`."""
+    from fedsolve.experiments.runner import run_config
+
+    return run_config(config, algorithm=algorithm, seed=seed, overrides=overrides, out=out, progress=progress)
+
+
+__all__ = ["__version__", "run"]

@@ -1,23 +1,42 @@
 """fedsolve command line: run, compare, list, report.
 
-    fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume] [--seed N]
-    fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume]
+    fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--seed N]
+    fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume | --overwrite]
     fedsolve list [algorithms|datasets|partitioners|models]
     fedsolve report DIR
+    fedsolve --version
+
+Exit codes: 0 done, 2 bad input (a one-line message naming the field and what is allowed), 3 the run
+diverged, 130 interrupted (Ctrl-C; continue with ``--resume``).
+
+Process settings happen in :func:`main`, when a command starts (never on import): ``OMP_WAIT_POLICY=PASSIVE``
+unless the environment sets it (before torch loads; see docs/getting-started.md, "Threads").
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import sys
+from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-EXIT_CONFIG, EXIT_DIVERGED = 2, 3
+def _out_dir(path: Path) -> Path:
+    """Create the output folder (a clear error when it cannot be: under a file, read-only, ...)."""
+    from fedsolve.experiments.config import ConfigError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".fedsolve-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot write there ({e.strerror or e}); allowed: a writable folder "
+                          f"(not under a file)") from None
+    return path
 
 
 def _cmd_run(args) -> int:
@@ -41,10 +60,14 @@ def _cmd_run(args) -> int:
         spec = match[0]
     seed = args.seed if args.seed is not None else cfg.seeds[0]
     run_dir = Path(args.out) if args.out else default_run_dir(cfg, spec, seed)
+    if args.resume and args.overwrite:
+        print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
+        return EXIT_CONFIG
     if not args.resume and (run_dir / "checkpoint.pt").exists() and not args.overwrite:
         print(f"error: {run_dir} already holds a run; pass --resume to continue it or --overwrite to start "
               f"over", file=sys.stderr)
         return EXIT_CONFIG
+    _out_dir(run_dir)
     summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet)
     fin = summary["metrics"]["final"]
     shown = {k: round(v, 4) for k, v in fin.items() if k in ("test_accuracy", "test_f1", "test_auc", "test_rmse",
@@ -72,8 +95,14 @@ def _cmd_compare(args) -> int:
         print(f"error: --jobs: expected a whole number >= 1 (worker processes), got {args.jobs}", file=sys.stderr)
         return EXIT_CONFIG
     out = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
-    agg = compare(cfg, out, resume=args.resume, progress=not args.quiet and args.jobs == 1, jobs=args.jobs)
-    print(f"\n{cfg.name}: {len(agg['algorithms'])} algorithms x {len(cfg.seeds)} seeds in {agg['wall_time_s']:.1f} s")
+    if args.resume and args.overwrite:
+        print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
+        return EXIT_CONFIG
+    _out_dir(out)
+    agg = compare(cfg, out, resume=args.resume, progress=not args.quiet and args.jobs == 1, jobs=args.jobs,
+                  overwrite=args.overwrite)
+    print(f"\n{cfg.name}: {len(agg['algorithms'])} algorithms x {len(cfg.seeds)} seeds in {agg['wall_time_s']:.1f} s "
+          f"wall time (runs: {agg['run_time_s']:.1f} s together)")
     for label, e in agg["algorithms"].items():
         acc = e["final"].get("test_accuracy") or e["final"].get("test_rmse") or {}
         if acc:
@@ -116,9 +145,15 @@ def _cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedsolve", description="Structured federated optimization")
+    from fedsolve import __version__
+
+    p = argparse.ArgumentParser(prog="fedsolve", description="Structured federated optimization",
+                                epilog="exit codes: 0 done, 2 bad input, 3 diverged, 130 interrupted (Ctrl-C)")
+    p.add_argument("--version", action="version", version=f"fedsolve {__version__}",
+                   help="print the version and exit")
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE",
-                   help="import MODULE first (e.g. a file of your own @register-ed algorithms); repeatable")
+                   help="import MODULE first: a module name on the path or in the current folder, or a .py file "
+                        "path (e.g. a file of your own @register-ed algorithms); repeatable")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
@@ -126,14 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set simulation.rounds=5 (repeatable)")
         sp.add_argument("--out", help="output folder (default: runs/<name>/...)")
-        sp.add_argument("--resume", action="store_true", help="continue from checkpoint.pt in the output folder")
+        sp.add_argument("--resume", action="store_true",
+                        help="continue from the checkpoints in the output folder; refused when the config differs "
+                             "in anything but a larger simulation.rounds and cosmetic fields")
+        sp.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds runs")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
     r = sub.add_parser("run", help="run one algorithm with one seed")
     common(r)
     r.add_argument("--seed", type=int, help="seed (default: the config's first seed)")
     r.add_argument("--algorithm", help="which of the config's algorithms (by label or name)")
-    r.add_argument("--overwrite", action="store_true", help="start over in an existing run folder")
     r.set_defaults(fn=_cmd_run)
     c = sub.add_parser("compare", help="several algorithms x several seeds on one problem")
     common(c)
@@ -145,28 +182,55 @@ def build_parser() -> argparse.ArgumentParser:
                         "threads (default 1)")
     c.set_defaults(fn=_cmd_compare)
     ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models")
-    ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models"])
+    ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models"],
+                    help="which registry to list (default: all)")
     ls.set_defaults(fn=_cmd_list)
     rp = sub.add_parser("report", help="rebuild report.md and plots of a run or compare folder")
-    rp.add_argument("dir")
+    rp.add_argument("dir", help="a run or compare folder (holds summary.json)")
     rp.set_defaults(fn=_cmd_report)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _import_plugin(mod: str) -> None:
+    """``--import``: a module name (searched on the path and in the current folder) or a ``.py`` file path
+    (imported as a module named after the file, with its folder put on the path so workers find it too)."""
     import importlib
 
-    for mod in args.imports or []:  # user plugins: modules that @register algorithms
-        sys.path.insert(0, os.getcwd())
-        importlib.import_module(mod)
     from fedsolve.experiments.config import ConfigError
-    from fedsolve.simulation.loop import DivergenceError
+
+    path = Path(mod)
+    if mod.endswith(".py") or os.sep in mod:
+        if not path.is_file():
+            raise ConfigError(f"--import {mod}: no such file; allowed: a module name or a .py file path")
+        sys.path.insert(0, str(path.resolve().parent))
+        name = path.stem
+    else:
+        sys.path.insert(0, os.getcwd())
+        name = mod
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            raise ConfigError(f"--import {mod}: no module named {e.name!r} (looked in the current folder and on "
+                              f"the path); allowed: a module name or a .py file path") from None
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch loads (see the module docstring)
+    args = build_parser().parse_args(argv)
+    from fedsolve.experiments.config import ConfigError
+    from fedsolve.simulation.loop import DivergenceError, ResumeError, RunInterrupted
 
     try:
+        for mod in args.imports or []:  # user plugins: modules that @register algorithms
+            _import_plugin(mod)
         return args.fn(args)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        print(f"config error: {str(e).removeprefix('config: ')}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ResumeError as e:
+        print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     except DivergenceError as e:
         print(f"run diverged: {e}", file=sys.stderr)
@@ -174,6 +238,26 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except RunInterrupted as e:
+        where = getattr(e, "where", None)
+        kept = f" (last checkpoint: round {e.checkpoint_round})" if e.checkpoint_round is not None else ""
+        return _interrupted(f"interrupted at round {e.round}{kept}{' in ' + where if where else ''}; continue "
+                            f"with --resume", fast=argv is None)
+    except KeyboardInterrupt:
+        return _interrupted("interrupted; finished runs and the last checkpoints are kept; continue with --resume",
+                            fast=argv is None)
+
+
+def _interrupted(message: str, fast: bool) -> int:
+    """Ctrl-C: one line, exit code 130. As the ``fedsolve`` program (``fast``) the process ends at once: every
+    file is already on disk (atomic writes), and the interpreter's teardown of torch and the imported modules
+    takes seconds on a busy machine."""
+    print(f"\n{message}", file=sys.stderr)
+    if fast:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,7 +33,11 @@ Two kernels do the steps (``kernel``, from ``simulation.linear_kernel``):
   the torch thread count. Measured on S1 (``benchmarks/fpfc_s1.py``) it is several times faster.
 
 ``auto`` takes ``native`` where it applies and a C compiler is found, else ``torch``; the two agree to
-float rounding (``tests/test_native_kernel.py``).
+float rounding (``tests/test_native_kernel.py``). The native kernel computes in float32; float64 data
+(``data.dtype: float64``) runs the ``torch`` kernel in float64 (``auto`` picks it; ``native`` is refused).
+
+Process-wide allocator setting: the first round a linear executor runs (not its construction, not an
+import) calls :func:`keep_freed_memory` (glibc ``mallopt``; see there), unless ``tune_malloc=False``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import torch
 from torch import Tensor
 
 from fedsolve.core import native
+from fedsolve.core.executor import on_data_device
 
 Record = dict[str, Tensor]
 
@@ -148,7 +153,7 @@ class FullBatch:
         return self._sel
 
     def _loss_grad(self, w: Tensor, grad: bool) -> tuple[Tensor, Tensor | None]:
-        ex, A = self._ex, self._ex._to_aug(w.to(torch.float32))
+        ex, A = self._ex, self._ex._to_aug(w.to(self._ex.dtype))
         if ex.native is not None:
             loss, g = ex.native.run(self._ids, A, grad=True)
             return loss.to(torch.float32), g
@@ -164,8 +169,9 @@ class FullBatch:
 class LinearGDExecutor:
     """The ``linear`` executor (module docstring); same ``run`` interface as ``core.executor``.
 
-    ``tune_malloc`` calls :func:`keep_freed_memory` (process-wide; about 1.25-4x less time per round,
-    measured on FPFC). ``kernel``: ``auto``, ``native`` or ``torch`` (module docstring).
+    ``tune_malloc``: call :func:`keep_freed_memory` when the first round runs (process-wide; about 1.25-4x
+    less time per round, measured on FPFC). ``kernel``: ``auto``, ``native`` or ``torch`` (module docstring).
+    Computes in the training data's float type (float32, or float64 with the ``torch`` kernel).
     """
 
     name = "linear"
@@ -177,19 +183,25 @@ class LinearGDExecutor:
                              f"and loss cross_entropy or squared_error (got loss {problem.loss_name!r})")
         if kernel not in ("auto", "native", "torch"):
             raise ValueError(f"linear_kernel: expected 'auto', 'native' or 'torch', got {kernel!r}")
-        if tune_malloc:
-            keep_freed_memory()
+        self.tune_malloc = tune_malloc
         lin = next(mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear))
         self.ce = problem.loss_name == "cross_entropy"
         self.out_dim, self.in_dim = lin.weight.shape
         self.w_first = weight_first(problem)
         self.C = chunk
         d = problem.data
-        X = d.train_x.reshape(d.train_x.shape[0], -1).to(torch.float32)
+        self.dtype = d.train_x.dtype if d.train_x.dtype == torch.float64 else torch.float32
+        X = d.train_x.reshape(d.train_x.shape[0], -1).to(self.dtype)
         X = with_bias_feature(X)
-        self.n = d.train_sizes.to(torch.float32)
+        self.n = d.train_sizes.to(X.device, self.dtype)
         self.native: native.SoftmaxData | None = None
-        if kernel != "torch":
+        if kernel == "native" and X.device.type != "cpu":
+            raise ValueError(f"linear_kernel: 'native' runs on the CPU only (the data is on {X.device}); "
+                             f"use 'auto' or 'torch'")
+        if kernel == "native" and self.dtype != torch.float32:
+            raise ValueError("linear_kernel: 'native' computes in float32 and the data is float64; use 'auto' "
+                             "or 'torch'")
+        if kernel != "torch" and X.device.type == "cpu" and self.dtype == torch.float32:   # CPU, float32 only
             lib = native.softmax_gd_kernel(self.out_dim) if self.ce else None
             if lib is not None:
                 self.native = native.SoftmaxData(lib, X, d.train_y, d.train_offsets, self.out_dim)
@@ -201,7 +213,8 @@ class LinearGDExecutor:
                 raise ValueError(f"linear_kernel: 'native' is not available here ({why}); use 'auto' or 'torch'")
         self.kernel = "native" if self.native is not None else "torch"
         if self.native is None:
-            self._chunk_data(d, X, chunk)
+            with torch.device(X.device):
+                self._chunk_data(d, X, chunk)
 
     def _chunk_data(self, d, X: Tensor, chunk: int) -> None:
         """The torch kernel's layout: each client's rows cut into zero-padded chunks of ``chunk`` rows."""
@@ -214,11 +227,13 @@ class LinearGDExecutor:
             nc = max(1, math.ceil(n / chunk))
             pad = nc * chunk - n
             XA.append(torch.cat([X[a:b], X.new_zeros(pad, X.shape[1])]).reshape(nc, chunk, -1))
-            CW.append(torch.cat([torch.ones(n), torch.zeros(pad)]).reshape(nc, 1, chunk))
+            CW.append(torch.cat([torch.ones(n, dtype=X.dtype), torch.zeros(pad, dtype=X.dtype)]).reshape(
+                nc, 1, chunk))
             if self.ce:
                 yi = torch.cat([d.train_y[a:b].long(), torch.zeros(pad, dtype=torch.long)]).reshape(nc, 1, chunk)
             else:
-                yi = torch.cat([d.train_y[a:b].reshape(n, -1).float(), torch.zeros(pad, self.out_dim)])
+                yi = torch.cat([d.train_y[a:b].reshape(n, -1).to(X.dtype),
+                                torch.zeros(pad, self.out_dim, dtype=X.dtype)])
                 yi = yi.reshape(nc, chunk, -1).transpose(1, 2)
             Y.append(yi)
             first.append(c0); count.append(nc); c0 += nc
@@ -260,10 +275,10 @@ class LinearGDExecutor:
         else:
             G = z.sub_(sel.Y)
             lc = (0.5 * G.pow(2).sum(1, keepdim=True) * sel.CW).sum((1, 2))
-        loss = torch.zeros(sel.k).index_add_(0, sel.owner, lc) * sel.inv_n.view(-1)
+        loss = torch.zeros(sel.k, dtype=lc.dtype).index_add_(0, sel.owner, lc) * sel.inv_n.view(-1)
         if not grad:
             return loss, None
-        g = out.zero_() if out is not None else torch.zeros(sel.k, self.out_dim, self.in_dim + 1)
+        g = out.zero_() if out is not None else torch.zeros(sel.k, self.out_dim, self.in_dim + 1, dtype=self.dtype)
         return loss, g.index_add_(0, sel.owner, torch.bmm(G, sel.XA)).mul_(sel.inv_n)
 
     def full_batch(self, ids: Tensor) -> FullBatch:
@@ -271,26 +286,29 @@ class LinearGDExecutor:
         return FullBatch(self, ids)
 
     # ---------------------------------------------------------------- one round
+    @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         if not algo.supports_linear_gd():
             raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
                              f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
                              f"'sequential'")
+        if self.tune_malloc:   # the process-wide allocator setting, when the first round runs
+            keep_freed_memory()
         full = FullBatch(self, ids)
         spec = algo.linear_gd(rows, msgs, ids, round_, full)
         k = ids.numel()
         steps = plans["train"].active.sum(1)
         S = int(steps.max()) if k else 0
         wd = float(getattr(algo.cfg, "weight_decay", 0.0))
-        A = self._to_aug(spec.start.to(torch.float32))
-        Z = self._to_aug(spec.anchor.to(torch.float32)) if spec.anchor is not None and spec.rho > 0 else None
+        A = self._to_aug(spec.start.to(self.dtype))
+        Z = self._to_aug(spec.anchor.to(self.dtype)) if spec.anchor is not None and spec.rho > 0 else None
         if self.native is not None:
             A, losses = self.native.run(ids, A, steps, Z, spec.lr, spec.rho if Z is not None else 0.0, wd)
             new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
             return new_rows, uploads, losses.to(torch.float32)
         sel = full.selection()
-        loss_sum = torch.zeros(k)
-        gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1)
+        loss_sum = torch.zeros(k, dtype=self.dtype)
+        gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1, dtype=self.dtype)
         for s in range(S):
             loss, g = self._loss_grad(sel, A, grad=True, out=gbuf)
             if Z is not None:
@@ -303,6 +321,6 @@ class LinearGDExecutor:
                 A = A - spec.lr * g
             else:
                 A = torch.where(live.view(k, 1, 1), A - spec.lr * g, A)
-        losses = loss_sum / steps.clamp_min(1).to(torch.float32)
+        losses = loss_sum / steps.clamp_min(1).to(self.dtype)
         new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
         return new_rows, uploads, losses

@@ -80,7 +80,9 @@ class FederatedData:
             raise ValueError("test_offsets[-1] must equal the number of test rows")
         if self.weights is None:
             n = self.train_sizes.to(torch.float64)
-            self.weights = (n / n.sum()).to(torch.float32)
+            # in the features' float type: float64 data gets exact n_i / n (aggregation weights summing to 1)
+            wdt = torch.float64 if self.train_x.dtype == torch.float64 else torch.float32
+            self.weights = (n / n.sum()).to(wdt)
         if self.clusters is not None:
             self.clusters = torch.as_tensor(self.clusters, dtype=torch.long)
             if self.clusters.numel() != m:
@@ -177,10 +179,25 @@ class FederatedData:
         out = FederatedData.from_client_arrays(
             tr, va, task=self.task, num_classes=self.num_classes,
             clusters=self.clusters.tolist() if self.clusters is not None else None, name=self.name,
-            meta={**self.meta, "validation_split": {"fraction": fraction, "seed": seed}})
+            meta={**self.meta, "validation_split": {"fraction": fraction, "seed": seed}},
+            dtype=self.train_x.dtype if self.train_x.is_floating_point() else torch.float32)
         if groups:  # the training rows keep their groups (the held-out rows are scored, not trained on)
             out.train_groups, out.group_names = torch.cat(groups), self.group_names
         return out
+
+    def with_dtype(self, dtype: torch.dtype) -> "FederatedData":
+        """A copy with features (and regression targets) as ``dtype``; default weights (``n_i / n``) are
+        recomputed in that type, other weights converted."""
+        n = self.train_sizes.to(torch.float64)
+        default = self.weights is not None and torch.allclose(self.weights.double(), n / n.sum(), rtol=1e-6, atol=0)
+        return FederatedData(
+            train_x=self.train_x.to(dtype), test_x=self.test_x.to(dtype),
+            train_y=self.train_y if self.task == "classification" else self.train_y.to(dtype),
+            test_y=self.test_y if self.task == "classification" else self.test_y.to(dtype),
+            train_offsets=self.train_offsets, test_offsets=self.test_offsets, task=self.task,
+            num_classes=self.num_classes, weights=None if default else self.weights.to(dtype),
+            clusters=self.clusters, train_groups=self.train_groups, group_names=self.group_names,
+            name=self.name, meta=dict(self.meta))
 
     def to(self, device: torch.device | str) -> "FederatedData":
         for k in ("train_x", "train_y", "test_x", "test_y"):
@@ -199,8 +216,10 @@ class FederatedData:
         clusters: Sequence[int] | None = None,
         name: str = "data",
         meta: dict[str, Any] | None = None,
+        dtype: torch.dtype = torch.float32,
     ) -> "FederatedData":
-        """Build from per-client ``(x, y)`` pairs (train and test lists of equal length)."""
+        """Build from per-client ``(x, y)`` pairs (train and test lists of equal length); features (and
+        regression targets) are stored as ``dtype`` (float32 by default, float64 for exact numerics)."""
         if len(train) != len(test):
             raise ValueError("train and test must list the same clients")
 
@@ -208,8 +227,8 @@ class FederatedData:
             ts = [torch.as_tensor(np.asarray(p[idx]) if not isinstance(p[idx], Tensor) else p[idx]) for p in parts]
             return torch.cat(ts).to(dtype)
 
-        xdt = torch.float32
-        ydt = torch.long if task == "classification" else torch.float32
+        xdt = dtype
+        ydt = torch.long if task == "classification" else dtype
         return cls(
             train_x=cat(train, 0, xdt), train_y=cat(train, 1, ydt),
             train_offsets=_offsets([len(p[1]) for p in train]),

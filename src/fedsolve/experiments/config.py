@@ -35,6 +35,9 @@ class DataConfig(BaseModel):
         None, description="clustered transform applied per client (records true clusters)")
     transform_params: dict[str, Any] = Field(default_factory=dict, description="cluster transform parameters")
     params: dict[str, Any] = Field(default_factory=dict, description="dataset parameters")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="floating-point type of the features (and regression targets), the model and "
+                               "every client's computation; float64 for exact numerics")
 
     @field_validator("dataset")
     @classmethod
@@ -183,13 +186,20 @@ class ExperimentConfig(BaseModel):
         specs = ([self.algorithm] if self.algorithm else []) + list(self.algorithms)
         if not specs:
             raise ValueError("give `algorithm` (for run) or `algorithms` (for compare)")
+        known = {f for spec in specs for f in get_algorithm(spec.name).Config.model_fields}
+        unknown = sorted(set(self.defaults) - known)
+        if unknown:
+            raise ValueError(f"defaults.{unknown[0]}: not a hyper-parameter of any algorithm in this config; "
+                             f"allowed: {sorted(known)}")
         for spec in specs:
             cls = get_algorithm(spec.name)
             params = merged_params(cls, self.defaults, spec.params)
             try:
+                _no_bool_for_numbers(cls.Config, params, f"algorithm {spec.name!r} params")
                 cls.Config(**params)
             except ValidationError as e:
-                raise ValueError(_format_validation(e, prefix=f"algorithm {spec.name!r} params")) from None
+                raise ValueError(_format_validation(e, prefix=f"algorithm {spec.name!r} params",
+                                                    root=cls.Config)) from None
             if spec.tune is not None:
                 t = spec.tune
                 if t.param not in cls.Config.model_fields:
@@ -200,7 +210,7 @@ class ExperimentConfig(BaseModel):
                         cls.Config(**{**params, t.param: v})
                     except ValidationError as e:
                         raise ValueError(_format_validation(
-                            e, prefix=f"algorithm {spec.name!r} tune.grid value {v!r}")) from None
+                            e, prefix=f"algorithm {spec.name!r} tune.grid value {v!r}", root=cls.Config)) from None
         labels = [s.display for s in self.algorithms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"algorithms: labels must be distinct, got {labels}; set `label`")
@@ -218,7 +228,9 @@ def merged_params(cls, defaults: dict[str, Any], params: dict[str, Any]) -> dict
     return out
 
 
-def _format_validation(e: ValidationError, prefix: str = "") -> str:
+def _format_validation(e: ValidationError, prefix: str = "", root: Any = None) -> str:
+    """One line per error: the dotted field, what is wrong and what is allowed. ``root``: the model the
+    error's locations start from (default :class:`ExperimentConfig`), for the allowed keys of a typo."""
     lines = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"] if x != "__root__")
@@ -226,18 +238,19 @@ def _format_validation(e: ValidationError, prefix: str = "") -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
-            parent = _model_at(err)
+            parent = _model_at(err, root)
             if parent is not None:
                 msg += f"; allowed keys: {sorted(parent)}"
         elif err["type"] == "literal_error":
             msg = f"{msg} (got {err.get('input')!r})"
-        lines.append(f"{where or 'config'}: {msg}")
+        # a message from a validator already names its field ("algorithm 'x' params.y: ..."): no prefix
+        lines.append(f"{where}: {msg}" if where else msg)
     return "; ".join(lines)
 
 
-def _model_at(err) -> dict | None:
+def _model_at(err, root: Any = None) -> dict | None:
     """Allowed keys of the model that rejected an extra key (best effort)."""
-    model: Any = ExperimentConfig
+    model: Any = root or ExperimentConfig
     for part in err["loc"][:-1]:
         if isinstance(part, int):
             continue
@@ -257,6 +270,17 @@ def _model_at(err) -> dict | None:
     return getattr(model, "model_fields", None)
 
 
+def _list_index(key: str, node: list, p: str) -> int:
+    try:
+        i = int(p)
+    except ValueError:
+        i = None
+    if i is None or not 0 <= i < len(node):
+        raise ConfigError(f"--set {key}: {p!r} is not an index of this list of {len(node)}; "
+                          f"allowed: 0 to {len(node) - 1}" if node else f"--set {key}: the list is empty")
+    return i
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``["simulation.rounds=5", "algorithm.params.lr=0.1"]`` -> nested updates (values parsed as YAML)."""
     raw = copy.deepcopy(raw)
@@ -268,23 +292,56 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         node = raw
         for p in parts[:-1]:
             if isinstance(node, list):
-                node = node[int(p)]
+                node = node[_list_index(key, node, p)]
             else:
                 node = node.setdefault(p, {})
-                if not isinstance(node, (dict, list)):
-                    raise ConfigError(f"--set {key}: {p!r} is not a section")
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {key}: {p!r} is not a section (it holds {node!r})")
         last = parts[-1]
-        value = yaml.safe_load(val)
+        try:
+            value = yaml.safe_load(val)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {key}: {val!r} is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                              f"allowed: a YAML value, e.g. 5, 0.1, [0, 1], {{a: 1}}, null") from None
         if isinstance(node, list):
-            node[int(last)] = value
+            node[_list_index(key, node, last)] = value
         else:
             node[last] = value
     return raw
 
 
+def _no_bool_for_numbers(model: Any, raw: Any, path: str = "") -> None:
+    """Refuse ``true``/``false`` where ``model`` wants a number (pydantic would read ``true`` as 1), walking the
+    nested models of ``raw`` (a config mapping)."""
+    import typing
+
+    if not isinstance(raw, dict) or not hasattr(model, "model_fields"):
+        return
+    for name, f in model.model_fields.items():
+        if name not in raw:
+            continue
+        v, where = raw[name], f"{path}.{name}" if path else name
+        ann = f.annotation
+        args = typing.get_args(ann) or (ann,)
+        if isinstance(v, bool) and bool not in args and any(a in (int, float) for a in args):
+            kind = "an integer" if int in args else "a number"
+            raise ConfigError(f"{where}: expected {kind}, got {v!r}")
+        for a in args:
+            if hasattr(a, "model_fields"):
+                if isinstance(v, dict):
+                    _no_bool_for_numbers(a, v, where)
+                elif isinstance(v, list):
+                    for i, x in enumerate(v):
+                        _no_bool_for_numbers(a, x, f"{where}.{i}")
+            elif typing.get_origin(a) is list and any(x is int for x in typing.get_args(a)) and isinstance(v, list):
+                if any(isinstance(x, bool) for x in v):
+                    raise ConfigError(f"{where}: expected integers, got {v!r}")
+
+
 def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping")
+    _no_bool_for_numbers(ExperimentConfig, raw)
     try:
         return ExperimentConfig(**raw)
     except ValidationError as e:
@@ -309,10 +366,16 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    if path.is_dir():
+        yamls = sorted(str(p) for p in path.glob("*.yaml"))[:5]
+        raise ConfigError(f"config: {path} is a folder; give one experiment YAML file"
+                          + (f", e.g. {', '.join(yamls)}" if yamls else ""))
     try:
         raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config: cannot read {path}: {e}") from None
     return parse_config(apply_overrides(raw, overrides or []))
 
 

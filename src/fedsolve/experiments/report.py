@@ -1,4 +1,8 @@
-"""Reports: markdown tables and matplotlib plots for run and compare folders."""
+"""Reports: markdown tables and matplotlib plots for run and compare folders.
+
+Figures are drawn on ``matplotlib.figure.Figure`` objects and written as PNG without pyplot, so
+importing or using this module never selects or changes matplotlib's backend.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,36 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from fedsolve.experiments.folders import default_run_dir, read_jsonl
+from fedsolve.io import atomic_write_bytes, atomic_write_text
 
-from fedsolve.simulation.loop import atomic_write_bytes, atomic_write_text  # noqa: E402
+LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes")
+# metrics with no better direction: a cluster count is good when it is the true one, which a run does not
+# know, so it has no "best" over rounds and is never marked best in a report
+NO_DIRECTION = frozenset({"num_clusters"})
+# one line style and marker per method, so that curves lying on top of each other stay visible
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def has_direction(metric: str) -> bool:
+    return metric not in NO_DIRECTION
+
+
+def lower_is_better(metric: str) -> bool:
+    """Loss-like metrics, spreads (``_std``), costs: lower is better; accuracy-like: higher."""
+    return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
+
+
+def new_figure(*args, **kwargs):
+    """``(fig, axes)`` like ``pyplot.subplots(*args, **kwargs)``, on a plain ``Figure`` (no pyplot, no
+    backend); write it with :func:`save_figure`."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=kwargs.pop("figsize", None))
+    return fig, fig.subplots(*args, **kwargs)
 
 PLOT_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "train_loss", "test_rmse",
                 "test_accuracy_worst10", "num_clusters", "ari", "model_deviation")
@@ -29,9 +56,12 @@ def save_figure(fig, path: Path) -> None:
     """Write a matplotlib figure as PNG atomically (no half-written file) and close it."""
     import io
 
+    import sys
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    if "matplotlib.pyplot" in sys.modules:   # a pyplot figure of the caller's: free it
+        sys.modules["matplotlib.pyplot"].close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -55,7 +85,7 @@ def write_run_report(run_dir: Path, summary: dict[str, Any], history: list[dict[
         pts = [(r["round"], r[m]) for r in history if m in r and r[m] == r[m]]
         if len(pts) < 2:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.2))
+        fig, ax = new_figure(figsize=(5, 3.2))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".")
         ax.set_xlabel("round")
         ax.set_ylabel(NICE.get(m, m))
@@ -95,15 +125,13 @@ def _curves(histories: list[list[dict]], metric: str):
 
 
 def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[str, list[list[dict]]]) -> None:
-    from fedsolve.experiments.runner import has_direction, lower_is_better  # the runner's metric directions
-
     base = Path(base)
     algos = list(agg["algorithms"])
     plots = []
     for m in PLOT_METRICS:
-        fig, ax = plt.subplots(figsize=(6, 3.8))
+        fig, ax = new_figure(figsize=(6, 3.8))
         drawn = 0
-        for label in algos:
+        for k, label in enumerate(algos):
             cur = _curves(histories.get(label, []), m)
             if cur is None:
                 continue
@@ -111,12 +139,12 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             with np.errstate(all="ignore"):
                 mean = np.nanmean(mat, 0)
                 std = np.nanstd(mat, 0)
-            line, = ax.plot(x, mean, label=label)
+            line, = ax.plot(x, mean, label=label, linestyle=LINE_STYLES[k % len(LINE_STYLES)],
+                            marker=MARKERS[k % len(MARKERS)], markersize=4, markevery=max(1, len(x) // 12))
             if mat.shape[0] > 1:
                 ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, linewidth=0)
             drawn += 1
         if drawn == 0:
-            plt.close(fig)
             continue
         ax.set_xlabel("round")
         ax.set_ylabel(NICE.get(m, m))
@@ -182,7 +210,8 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
                 ours = agg["algorithms"].get(a, {}).get(which, {}).get(m)
                 cells += [str(pv), f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else missing]
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
-    lines += ["", f"Total wall time of all runs {agg.get('wall_time_s', 0):.1f} s.", ""]
+    total = agg.get("run_time_s", agg.get("wall_time_s", 0.0))   # older summaries: the sum was wall_time_s
+    lines += ["", f"Total run time of all runs {total:.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
     atomic_write_text(base / "report.md", "\n".join(lines) + "\n")
 
@@ -208,10 +237,9 @@ def _tuned_section(agg: dict[str, Any]) -> list[str]:
 
 def report_dir(path: str | Path) -> Path:
     """Rebuild report.md and plots of a run or compare folder from its files (``fedsolve report``)."""
-    from fedsolve.experiments.config import parse_config
-    from fedsolve.experiments.runner import _read_jsonl
-
     import yaml
+
+    from fedsolve.experiments.config import parse_config
 
     path = Path(path)
     summ = path / "summary.json"
@@ -221,14 +249,22 @@ def report_dir(path: str | Path) -> Path:
     if "algorithms" in summary:
         cfg = parse_config(yaml.safe_load((path / "config.yaml").read_text()))
         histories: dict[str, list[list[dict]]] = {}
-        from fedsolve.experiments.runner import default_run_dir
-
         for spec in cfg.all_algorithms():
             for seed in cfg.seeds:
-                h = _read_jsonl(default_run_dir(cfg, spec, seed, path) / "metrics.jsonl")
+                h = read_jsonl(default_run_dir(cfg, spec, seed, path) / "metrics.jsonl")
                 if h:
                     histories.setdefault(spec.display, []).append(h)
         write_compare_report(path, cfg, summary, histories)
     else:
-        write_run_report(path, summary, _read_jsonl(path / "metrics.jsonl"))
+        write_run_report(path, summary, read_jsonl(path / "metrics.jsonl"))
     return path / "report.md"
+
+
+def __getattr__(name: str):
+    """``report.plt`` for older scripts: pyplot, imported on first use (it picks its own backend, Agg when
+    there is no display); new code uses :func:`new_figure`."""
+    if name == "plt":
+        import matplotlib.pyplot as plt
+
+        return plt
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

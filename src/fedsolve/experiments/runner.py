@@ -1,9 +1,14 @@
 """Run and compare experiments; write run folders a person can read.
 
-Run folder: ``config.yaml`` (fully resolved), ``metrics.jsonl``, ``summary.json``,
-``checkpoint.pt`` (atomic; ``--resume`` continues bit-identically), ``plots/*.png``, ``report.md``.
+Run folder: ``config.yaml`` (fully resolved), ``metrics.jsonl`` (numbers only: byte-identical for two
+identical runs), ``timings.jsonl``, ``summary.json``, ``per_client.json``, ``checkpoint.pt`` (atomic;
+``--resume`` continues bit-identically), ``plots/*.png``, ``report.md``.
 Compare folder: one run folder per algorithm and seed, plus a ``summary.json`` with each
 metric's mean and std over seeds and a ``report.md`` with the table and plots.
+
+Resuming (:func:`check_resume`) compares the resolved config with the one the run folder was started
+with and refuses any difference that changes the numbers; only ``simulation.rounds`` may grow, and the
+fields in :data:`RESUME_FREE` (names, notes, evaluation and checkpoint cadence, thread count) may change.
 """
 
 from __future__ import annotations
@@ -13,35 +18,28 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import yaml
 
 from fedsolve.algorithms import get_algorithm
-from fedsolve.experiments.config import AlgorithmSpec, ExperimentConfig, merged_params
+from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
+from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
+from fedsolve.experiments.report import (has_direction, lower_is_better, write_compare_report,  # noqa: F401
+                                         write_run_report)
+from fedsolve.io import atomic_write_text
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation.loop import (DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation,
-                                      atomic_write_text)
+from fedsolve.simulation.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
+                                      Simulation)
 
-LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes")
-
-
-# metrics with no better direction: a cluster count is good when it is the true one, which a run does not
-# know, so it has no "best" over rounds and is never marked best in a report
-NO_DIRECTION = frozenset({"num_clusters"})
-
-
-def has_direction(metric: str) -> bool:
-    return metric not in NO_DIRECTION
-
-
-def lower_is_better(metric: str) -> bool:
-    """Loss-like metrics, spreads (``_std``), costs: lower is better; accuracy-like: higher."""
-    return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
+_slug, _read_jsonl = slug, read_jsonl   # older names
 
 
 def set_threads(n: int | None) -> None:
+    """The process's torch thread count for a run (``threads``; default min(2, cores)). Called when a run
+    starts, never on import. (``OMP_WAIT_POLICY=PASSIVE`` is set by the ``fedsolve`` command before torch
+    loads; with the Python API set it in the environment yourself, see docs/getting-started.md.)"""
     n = n or min(2, os.cpu_count() or 1)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -55,9 +53,20 @@ def build_data(cfg: ExperimentConfig, seed: int):
 
     d = cfg.data
     try:
-        return _build_federated(build_federated, d, seed)
-    except (ValueError, KeyError) as e:
+        data = _build_federated(build_federated, d, seed)
+    except (ValueError, KeyError, IndexError) as e:
         raise ConfigError(f"data: {e}") from None
+    empty = [(i, what) for what, sizes in (("training", data.train_sizes), ("test", data.test_sizes))
+             for i in (sizes == 0).nonzero().flatten().tolist()]
+    if empty:
+        i, what = empty[0]
+        raise ConfigError(f"data.num_clients: {len(empty)} client(s) get no {what} sample (client {i} first; "
+                          f"{data.train_x.shape[0] + data.test_x.shape[0]} samples over {data.num_clients} "
+                          f"clients); allowed: fewer clients, a larger test_fraction or a partition that gives "
+                          f"every client samples")
+    if d.dtype != "float32":
+        data = data.with_dtype(getattr(torch, d.dtype))
+    return data
 
 
 def _build_federated(build_federated, d, seed: int):
@@ -73,10 +82,22 @@ def model_factory(cfg: ExperimentConfig, data):
     out_dim = data.num_classes if data.task == "classification" else (
         1 if data.train_y.dim() == 1 else data.train_y.shape[1])
     if cfg.model.name in MODELS:
-        return build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
-    from fedsolve.models import multimodal
+        fn = build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
+    else:
+        from fedsolve.models import multimodal
 
-    return multimodal.build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
+        fn = multimodal.build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
+    try:
+        fn()
+    except TypeError as e:   # a parameter the model's constructor does not take
+        import inspect
+
+        cls = MODELS[cfg.model.name][0] if cfg.model.name in MODELS else None
+        allowed = [p for p in inspect.signature(cls).parameters][2:] if cls is not None else "see its docstring"
+        raise ConfigError(f"model.params: {cfg.model.name!r} does not take {sorted(cfg.model.params)} ({e}); "
+                          f"allowed: {allowed}") from None
+    dtype = getattr(torch, cfg.data.dtype)
+    return fn if dtype == torch.float32 else (lambda: fn().to(dtype))
 
 
 def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProblem:
@@ -90,7 +111,6 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
     loss = "cross_entropy" if data.task == "classification" else "squared_error"
     problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
     if cfg.problem is not None:
-        from fedsolve.experiments.config import ConfigError
         from fedsolve.problems import get_problem_kind
 
         try:
@@ -156,41 +176,192 @@ def _json_default(o):
     return str(o)
 
 
+#: fields of a run's resolved config that may change on ``--resume``: names and notes, the evaluation and
+#: checkpoint cadence and the extra metrics (what is recorded, not what is trained: from the resume point on
+#: the metrics file follows the new cadence) and the thread count (``compare --jobs`` changes it; it can move
+#: float rounding in the last bits, as ``--jobs`` does). ``simulation.rounds`` may grow. Anything else changes
+#: the numbers and is refused.
+RESUME_FREE = ("name", "description", "paper", "out_dir", "threads", "simulation.eval_every",
+               "simulation.checkpoint_every", "simulation.metrics", "algorithm.label")
+_ABSENT = object()
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The dotted fields where two resolved run configs differ in a way that changes the numbers (every field
+    except :data:`RESUME_FREE` and ``simulation.rounds``); a field the old config lacks (written by an older
+    fedsolve) counts only when the new value is not empty or a default-like null."""
+    a, b = _flat(old), _flat(new)
+    free = lambda k: k == "simulation.rounds" or any(k == f or k.startswith(f + ".") for f in RESUME_FREE)
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k, _ABSENT), b.get(k, _ABSENT)
+        if free(k) or va == vb:
+            continue
+        if va is _ABSENT and vb in (None, {}, [], False, "float32"):
+            continue
+        out.append(f"{k} ({'-' if va is _ABSENT else va!r} -> {'-' if vb is _ABSENT else vb!r})")
+    return out
+
+
+def check_resume(run_dir: str | Path, new: dict[str, Any]) -> None:
+    """Refuse to resume ``run_dir`` with resolved config ``new`` when ``config.yaml`` there differs in anything
+    that changes the numbers (:func:`config_differences`), naming the fields."""
+    f = Path(run_dir) / "config.yaml"
+    if not f.exists():
+        return
+    try:
+        old = yaml.safe_load(f.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--resume: {f} is not valid YAML ({e.problem}); start over with --overwrite") from None
+    diff = config_differences(old if isinstance(old, dict) else {}, new)
+    if diff:
+        raise ConfigError(f"--resume: the config differs from the one {run_dir} was started with in "
+                          f"{'; '.join(diff)}; resume allows only a larger simulation.rounds and changes to "
+                          f"{', '.join(RESUME_FREE)}; undo the change, or start over with --overwrite")
+
+
+class _Participation:
+    """Counts the rounds in which no client took part (dropout can empty a round)."""
+
+    def __init__(self):
+        self.rounds = self.empty = 0
+
+    def on_start(self, sim):
+        pass
+
+    def on_round(self, sim, round_, info):
+        self.rounds += 1
+        self.empty += int(info.get("clients", 1) == 0)
+
+    def on_eval(self, sim, record):
+        pass
+
+    def on_end(self, sim):
+        pass
+
+
+def _check_sampling(cfg: ExperimentConfig, m: int) -> None:
+    s = cfg.simulation.sampling
+    k = getattr(s, "clients_per_round", None)
+    if k is not None and k > m:
+        raise ConfigError(f"simulation.sampling.clients_per_round: {k} exceeds the {m} clients of this problem; "
+                          f"allowed: 1 to {m}")
+
+
 def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-            extras: dict | None = None) -> dict:
+            extras: dict | None = None, desc: str | None = None) -> dict:
     """Run one algorithm with one seed into ``run_dir``; returns the summary dict (``extras`` are added to
-    its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`)."""
+    its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`). ``resume`` continues the
+    checkpoint there after :func:`check_resume`; ``desc`` names the progress bar."""
     if spec.tune is not None:
         return run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
                         write_report=write_report)
-    from fedsolve.experiments.report import write_run_report
-
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = resolved_config(cfg, spec, seed)
+    if resume:
+        check_resume(run_dir, resolved)
     problem = problem if problem is not None else build_problem(cfg, seed)
+    _check_sampling(cfg, problem.num_clients)
     algo = build_algorithm(cfg, spec, problem)
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved_config(cfg, spec, seed), sort_keys=False))
-    sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
-                     callbacks=[JsonlLogger(run_dir / "metrics.jsonl"),
-                                ProgressBar(f"{spec.display} s{seed}", disable=not progress)])
+    watch = _Participation()
+    try:
+        sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
+                         callbacks=[JsonlLogger(run_dir / "metrics.jsonl"), watch,
+                                    ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress)])
+    except ValueError as e:   # e.g. an executor that cannot run this model or algorithm
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith("simulation.") else f"simulation.{msg}") from None
+    if resume:
+        sim.load_checkpoint()
+        if sim.start_round > cfg.simulation.rounds:
+            raise ConfigError(f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {sim.start_round} "
+                              f"rounds {run_dir} has done; allowed: {sim.start_round} or more")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
     t0 = time.perf_counter()
     try:
-        res = sim.run(resume=resume)
+        res = sim.run()
     except DivergenceError as e:
         summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
                                 wall=time.perf_counter() - t0, round_times=sim.round_times, executor=sim.executor.name)
         if write_report:
             write_run_report(run_dir, summary, sim.history)
         raise
+    _participation_verdict(cfg, watch)
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
                             round_times=res.round_times, extras={**res.extras, **(extras or {})},
                             executor=sim.executor.name)
-    atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
+    if res.per_client or not (run_dir / "per_client.json").exists():
+        atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if write_report:
         write_run_report(run_dir, summary, res.history)
     return summary
+
+
+def _participation_verdict(cfg: ExperimentConfig, watch: _Participation) -> None:
+    """Fail when no round trained anyone (dropout emptied every round); warn when some rounds were empty."""
+    if not watch.empty:
+        return
+    d = getattr(cfg.simulation.sampling, "dropout", 0.0)
+    if watch.empty == watch.rounds:
+        raise ConfigError(f"simulation.sampling.dropout: no client took part in any of the {watch.rounds} rounds "
+                          f"(dropout {d}); allowed: a dropout that leaves participants in some rounds")
+    import sys
+
+    print(f"warning: {watch.empty} of {watch.rounds} rounds had no participant (simulation.sampling.dropout "
+          f"{d}); those rounds changed nothing", file=sys.stderr)
+
+
+def run_config(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
+               out: str | Path | None = None, progress: bool = False) -> RunResult:
+    """Run one algorithm of a config in this process and return the :class:`RunResult` (``fedsolve.run``).
+
+    ``config``: a YAML path, a mapping or an :class:`ExperimentConfig`; ``overrides``: ``--set`` strings;
+    ``algorithm``: label or name (needed when the config lists several); ``seed``: default the first seed;
+    ``out``: write ``metrics.jsonl``, ``timings.jsonl`` and checkpoints there (default: nothing is written).
+    ``result.history`` is the trajectory, ``result.eval_params()`` the models the clients are scored with."""
+    from fedsolve.experiments.config import apply_overrides, load_config, parse_config
+
+    if isinstance(config, ExperimentConfig):
+        cfg = parse_config(apply_overrides(config.model_dump(mode="json"), list(overrides))) if overrides else config
+    elif isinstance(config, dict):
+        cfg = parse_config(apply_overrides(config, list(overrides)))
+    else:
+        cfg = load_config(config, list(overrides))
+    specs = cfg.all_algorithms()
+    if algorithm is None:
+        if len(specs) != 1:
+            raise ConfigError(f"algorithm: the config lists several {[a.display for a in specs]}; pick one")
+        spec = specs[0]
+    else:
+        match = [a for a in specs if algorithm in (a.display, a.name)]
+        if not match:
+            raise ConfigError(f"algorithm: {algorithm!r} is not in the config; allowed: {[a.display for a in specs]}")
+        spec = match[0]
+    if spec.tune is not None:
+        raise ConfigError(f"algorithm {spec.display!r}: `tune` runs through run_one / `fedsolve compare`")
+    seed = cfg.seeds[0] if seed is None else seed
+    set_threads(cfg.threads)
+    problem = build_problem(cfg, seed)
+    _check_sampling(cfg, problem.num_clients)
+    callbacks: list = [ProgressBar(f"{spec.display} s{seed}", disable=not progress)]
+    if out is not None:
+        callbacks.append(JsonlLogger(Path(out) / "metrics.jsonl"))
+    sim = Simulation(problem, build_algorithm(cfg, spec, problem), cfg.simulation, seed, out_dir=out,
+                     callbacks=callbacks)
+    return sim.run()
 
 
 # ------------------------------------------------------------------ tuning on validation
@@ -251,12 +422,13 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
 
 
 def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
-             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True) -> dict:
+             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
+             desc: str | None = None) -> dict:
     """:func:`run_one`, after choosing the tuned hyper-parameter on validation (``run_dir/tune``) when
     ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``."""
     if spec.tune is None:
         return run_one(cfg, spec, seed, run_dir, resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
-                       progress=progress, problem=problem, write_report=write_report)
+                       progress=progress, problem=problem, write_report=write_report, desc=desc)
     problem = problem if problem is not None else build_problem(cfg, seed)
     run_dir = Path(run_dir)
     try:
@@ -265,44 +437,71 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
         write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e))
         raise
     return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
-                   progress=progress, problem=problem, write_report=write_report, extras={"tuned": info})
-
-
-def default_run_dir(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, out: str | Path | None = None) -> Path:
-    base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
-    return base / _slug(spec.display) / f"seed{seed}"
-
-
-def _slug(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+                   progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc)
 
 
 # ------------------------------------------------------------------ compare
+def _kept(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path) -> dict | None:
+    """On ``compare --resume``: the summary of a finished run to keep as it is, or None to (re)run or extend it.
+    Its config must agree with this one (:func:`check_resume`; for a tuned spec, with the value it chose)."""
+    done = _completed(run_dir)
+    if done is None:
+        return None
+    chosen = spec
+    if spec.tune is not None:
+        old = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+        params = ((old or {}).get("algorithm") or {}).get("params") or {}
+        if spec.tune.param not in params:
+            return None
+        chosen = spec.with_param(spec.tune.param, params[spec.tune.param])
+    check_resume(run_dir, resolved_config(cfg, chosen, seed))
+    rounds = int(done.get("rounds") or 0)
+    if rounds > cfg.simulation.rounds:
+        raise ConfigError(f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {rounds} rounds "
+                          f"{run_dir} has done; allowed: {rounds} or more")
+    return done if rounds == cfg.simulation.rounds else None
+
+
+def _duration(sec: float) -> str:
+    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.1f} min"
+
+
 def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-            stop_on_divergence: bool = False, jobs: int = 1) -> dict[str, Any]:
+            stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False) -> dict[str, Any]:
     """Every algorithm x every seed on the same problem (the data of a seed is shared by all).
 
+    A folder that already holds runs is refused unless ``resume`` (keep finished runs whose config agrees,
+    continue the others from their checkpoints) or ``overwrite`` (start every run over).
     ``jobs`` > 1 runs the (algorithm, seed) runs in that many worker processes at once, each with
     ``threads // jobs`` torch threads (at least 1); every run writes its own folder, as in one process.
+    The summary's ``wall_time_s`` is this call's wall-clock time; ``run_time_s`` the sum of the runs' times.
     """
-    from fedsolve.experiments.report import write_compare_report
+    import sys
 
     if jobs < 1:
         raise ValueError(f"jobs: expected a whole number >= 1 (worker processes), got {jobs}")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other; give one")
     base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
+    order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
+    if not resume and not overwrite and ((base / "summary.json").exists() or any(
+            (default_run_dir(cfg, spec, seed, base) / f).exists() for seed, spec in order
+            for f in ("checkpoint.pt", "summary.json"))):
+        raise ConfigError(f"{base} already holds the runs of a compare; pass --resume to continue it or "
+                          f"--overwrite to start over")
     base.mkdir(parents=True, exist_ok=True)
     atomic_write_text(base / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     t0 = time.perf_counter()
-    order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
     summaries: dict[tuple[int, str], dict] = {}
     todo = []
     for seed, spec in order:
         run_dir = default_run_dir(cfg, spec, seed, base)
-        done = _completed(run_dir) if resume else None
+        done = _kept(cfg, spec, seed, run_dir) if resume else None
         if done is not None:
             summaries[seed, spec.display] = done
         else:
             todo.append((seed, spec, run_dir))
+    n_total, n_kept = len(order), len(summaries)
 
     def finished(seed: int, spec: AlgorithmSpec, run_dir: Path, error: DivergenceError | None) -> None:
         if error is not None:
@@ -311,41 +510,67 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
             print(f"[fedsolve] {spec.display} seed {seed} diverged: {error}")
         summaries[seed, spec.display] = json.loads((run_dir / "summary.json").read_text())
 
+    def eta() -> str:
+        """Elapsed and remaining wall time of this call, from the runs finished so far."""
+        el = time.perf_counter() - t0
+        ran = len(summaries) - n_kept
+        left = f", about {_duration(el / ran * (len(todo) - ran))} left" if ran and ran < len(todo) else ""
+        return f"{_duration(el)} elapsed{left}"
+
     if jobs == 1 or len(todo) <= 1:
         data_seed, data = None, None
-        for seed, spec, run_dir in todo:
+        for idx, (seed, spec, run_dir) in enumerate(todo):
             set_threads(cfg.threads)
+            k = n_kept + idx + 1
+            if progress:
+                print(f"[fedsolve] run {k} of {n_total}: {spec.display} seed {seed} ({eta()})",
+                      file=sys.stderr, flush=True)
             if seed != data_seed:
                 data_seed, data = seed, build_data(cfg, seed)
             try:
                 run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress,
-                         problem=build_problem(cfg, seed, data=data), write_report=False)
+                         problem=build_problem(cfg, seed, data=data), write_report=False,
+                         desc=f"run {k}/{n_total} {spec.display} s{seed}")
                 error = None
             except DivergenceError as e:
                 error = e
+            except RunInterrupted as e:
+                e.where = f"run {k} of {n_total} ({spec.display} seed {seed})"
+                raise
             finished(seed, spec, run_dir, error)
     else:
-        _compare_in_workers(cfg, todo, jobs, resume, finished)
+        _compare_in_workers(cfg, todo, jobs, resume, finished, lambda: f"{len(summaries)} of {n_total} runs "
+                            f"finished, {eta()}")
     runs: dict[str, list[dict]] = {}
     histories: dict[str, list[list[dict]]] = {}
     for seed, spec in order:
         runs.setdefault(spec.display, []).append(summaries[seed, spec.display])
         histories.setdefault(spec.display, []).append(
-            _read_jsonl(default_run_dir(cfg, spec, seed, base) / "metrics.jsonl"))
+            read_jsonl(default_run_dir(cfg, spec, seed, base) / "metrics.jsonl"))
     agg = aggregate_runs(cfg, runs)
     # total compute of all runs (also right after --resume, where this call only did part of it)
-    agg["wall_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
+    agg["run_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
         "wall_time_s", 0.0) for lst in runs.values() for s in lst)
-    agg["invocation_time_s"] = time.perf_counter() - t0
+    agg["wall_time_s"] = time.perf_counter() - t0   # this call, as a clock on the wall shows it
     atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
     write_compare_report(base, cfg, agg, histories)
     return agg
 
 
-def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bool, finished) -> None:
+def _ignore_sigint() -> None:
+    """Worker initializer: Ctrl-C is the parent's to handle (it stops the workers), so no worker prints a
+    traceback of its own."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bool, finished,
+                        status=lambda: "") -> None:
     """The runs of :func:`compare` in ``jobs`` spawned processes; ``finished(seed, spec, run_dir, error)`` is
     called here as each one ends. A worker imports the modules outside fedsolve that registered the algorithms
-    it runs (``fedsolve --import``), so user algorithms run there too."""
+    it runs (``fedsolve --import``), so user algorithms run there too. On Ctrl-C the workers are stopped at
+    once (each run's last checkpoint stays: writes are atomic) and ``KeyboardInterrupt`` is raised."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -353,16 +578,24 @@ def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bo
     dump = cfg.model_copy(update={"threads": threads}).model_dump(mode="json")
     modules = {get_algorithm(spec.name).__module__ for _, spec, _ in todo}
     plugins = sorted(m for m in modules if not m.startswith("fedsolve.") and m != "__main__")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_ignore_sigint)
+    try:
         running = {pool.submit(_compare_worker, dump, spec.display, seed, str(run_dir), resume, plugins):
                    (seed, spec, run_dir) for seed, spec, run_dir in todo}
         for f in as_completed(running):
             seed, spec, run_dir = running[f]
             message = f.result()
             t = json.loads((run_dir / "summary.json").read_text()).get("wall_time_s") or 0.0
-            print(f"[fedsolve] {spec.display} seed {seed} {'diverged' if message else 'done'} ({t:.1f} s)",
-                  flush=True)
             finished(seed, spec, run_dir, DivergenceError(message) if message else None)
+            print(f"[fedsolve] {spec.display} seed {seed} {'diverged' if message else 'done'} ({t:.1f} s; "
+                  f"{status()})", flush=True)
+    except BaseException:
+        for p in multiprocessing.active_children():   # the pool's workers: stop them now, not after their runs
+            p.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 _worker_data: dict[str, Any] = {}
@@ -386,12 +619,6 @@ def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: boo
     except DivergenceError as e:
         return str(e)
     return None
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[str, Any]:

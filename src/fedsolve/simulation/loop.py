@@ -10,29 +10,45 @@ gives the same metrics as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
-import os
-import tempfile
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsolve.algorithms.base import adapt_for_eval
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.executor import build_plans, make_executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
+from fedsolve.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 from fedsolve.simulation.metrics import evaluate
 from fedsolve.simulation.sampling import SamplingConfig, sample_clients
 
 
 class DivergenceError(RuntimeError):
     """Raised when a run produces NaN/inf or an exploding loss; the last good checkpoint is kept."""
+
+
+class ResumeError(ValueError):
+    """A checkpoint that cannot be continued: unreadable, or written by another run (algorithm, seed,
+    number of clients, model); the message says which and what to do."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :meth:`Simulation.run`: ``round`` is the round that was running, ``checkpoint_round`` the
+    round of the last checkpoint on disk (kept intact: writes are atomic); ``--resume`` continues from it."""
+
+    def __init__(self, round_: int, checkpoint_round: int | None):
+        super().__init__(f"interrupted at round {round_}")
+        self.round, self.checkpoint_round = round_, checkpoint_round
 
 
 class WorkConfig(BaseModel):
@@ -58,10 +74,53 @@ class SimulationConfig(BaseModel):
         "auto", description="kernels of the 'linear' executor and of FPFC's dense pair update: 'native' "
                             "(compiled at first use), 'torch' (tensor operations), 'auto' = native where it applies")
     chunk_size: int | None = Field(None, ge=1, description="max clients per vectorized call (memory bound)")
+    device: str = Field("auto", description="where the run's tensors live: 'cpu', 'cuda', 'cuda:N', or 'auto' "
+                                            "(cuda when a GPU is available, else cpu)")
+    state_memory_mb: float | None = Field(None, gt=0, description="memory budget of the clients' stored state rows; "
+                                          "over it they move to a memory-mapped file (null: no budget)")
     metrics: list[Literal["f1", "auc"]] = Field(default_factory=lambda: ["f1", "auc"],
                                                 description="extra classification metrics")
     checkpoint_every: int = Field(0, ge=0, description="write checkpoint.pt every k rounds (0: at evaluations)")
     divergence_factor: float = Field(1e4, gt=1, description="stop when train loss exceeds factor x first loss")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", v):
+            raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {v!r}")
+        return v
+
+
+def resolve_device(name: str) -> torch.device:
+    """``simulation.device`` as a ``torch.device`` (``auto``: the first GPU when CUDA is available, else the CPU).
+    Raises ``ValueError`` naming the field when a GPU is asked for and there is none."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            built = "built with CUDA, but no GPU is visible" if torch.backends.cuda.is_built() else \
+                f"this torch {torch.__version__} is built without CUDA"
+            raise ValueError(f"simulation.device: {name!r} asked for, but CUDA is not available ({built}); "
+                             f"use 'auto' or 'cpu'")
+        n = torch.cuda.device_count()
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= n:
+            raise ValueError(f"simulation.device: {name!r} asked for, but there are {n} GPU(s): cuda:0 to "
+                             f"cuda:{n - 1}")
+        dev = torch.device("cuda", index)
+    return dev
+
+
+def _on_run_device(method):
+    """A ``Simulation`` method run with new tensors created on the run's device (nothing changes on the CPU)."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with self.on_device():
+            return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 class Callback(Protocol):
@@ -69,47 +128,6 @@ class Callback(Protocol):
     def on_round(self, sim: "Simulation", round_: int, info: dict[str, Any]) -> None: ...
     def on_eval(self, sim: "Simulation", record: dict[str, Any]) -> None: ...
     def on_end(self, sim: "Simulation") -> None: ...
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_NEW_FILE_MODE = 0o666 & ~_umask()   # what open() would give a new file (mkstemp's own mode is 0600)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: never half-written. The file gets the
-    mode it had, or a new file's usual mode (umask), not the temp file's private 0600."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else _NEW_FILE_MODE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -154,6 +172,12 @@ class RunResult:
     round_times: list[float]
     extras: dict[str, Any] = field(default_factory=dict)
     per_client: list[dict[str, float]] = field(default_factory=list)
+    timings: list[dict[str, float]] = field(default_factory=list)   # {"round", "time_s"} per evaluation
+    simulation: Any = field(default=None, repr=False)   # the Simulation that produced this result
+
+    def eval_params(self) -> torch.Tensor:
+        """``[num_clients, d]``: the model each client is scored with at the end (:meth:`Simulation.eval_params`)."""
+        return self.simulation.eval_params()
 
 
 class Simulation:
@@ -168,12 +192,18 @@ class Simulation:
         self.rngs = RngStreams(seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.callbacks = list(callbacks or [])
-        self.linear_kernel = cfg.linear_kernel
+        self.device = resolve_device(cfg.device)
+        if self.device.type != "cpu" and cfg.linear_kernel == "native":
+            raise ValueError(f"simulation.linear_kernel: 'native' (compiled C kernels) runs on the CPU only; with "
+                             f"simulation.device {cfg.device!r} use 'auto' or 'torch'")
+        #: the kernels in use: ``cfg.linear_kernel`` on the CPU, the tensor operations (``torch``) on a GPU
+        self.linear_kernel = cfg.linear_kernel if self.device.type == "cpu" else "torch"
         algorithm.kernel = self.linear_kernel   # the algorithm's own compiled kernels (FPFC's pair update)
-        self.use_executor(cfg.executor)
         self.vectorized_eval = problem.vmappable
         self.history: list[dict[str, Any]] = []
         self.round_times: list[float] = []
+        self.timings: list[dict[str, float]] = []   # {"round", "time_s"} per evaluation (timings.jsonl)
+        self.checkpoint_round: int | None = None     # round of the last checkpoint written or loaded
         self.ledger = CommLedger()
         self.start_round = 0
         self.round = 0   # rounds run by run_round / step so far (the next round's index)
@@ -181,8 +211,28 @@ class Simulation:
         self._elapsed = 0.0
         self._t0 = time.perf_counter()
         self.per_client: list[dict[str, float]] = []
+        if problem.device.type != "cpu":   # a problem placed on a device before (its data stays): init on the CPU
+            algorithm.to("cpu")
         x0 = problem.init_params(self.rngs.torch("init"))
-        self.server, self.clients = algorithm.init(x0, self.rngs)
+        self.server, self.clients = algorithm.init(x0, self.rngs)   # on the CPU: the same numbers on any device
+        if self.device.type != "cpu" or problem.device.type != "cpu":   # placed on the run's device once
+            problem.to(self.device)
+            algorithm.to(self.device)
+            self.server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in self.server.items()}
+            self.clients = self.clients.to(self.device)
+        self._state_budget()
+        self.use_executor(cfg.executor)
+
+    def _state_budget(self) -> None:
+        """``cfg.state_memory_mb`` on the client states (spill files beside the checkpoint, else in a temp folder)."""
+        if self.cfg.state_memory_mb is not None:
+            where = None if self.out_dir is None else self.out_dir / "client_states"
+            self.clients.set_budget(int(self.cfg.state_memory_mb * 2**20), where)
+
+    def on_device(self) -> contextlib.AbstractContextManager:
+        """A context in which new tensors are created on the run's device (``torch.device``; a no-op on the
+        CPU). The engine runs the algorithm's functions and the executors in it."""
+        return contextlib.nullcontext() if self.device.type == "cpu" else torch.device(self.device)
 
     # ------------------------------------------------------------ checkpoints
     @property
@@ -194,33 +244,70 @@ class Simulation:
             return
         atomic_torch_save({
             "round": next_round, "seed": self.seed, "algorithm": self.algo.name,
+            "num_clients": self.problem.num_clients, "dim": self.problem.layout.dim,
             "server": self.server, "clients": self.clients.state_dict(), "ledger": self.ledger.state_dict(),
-            "history": self.history, "round_times": self.round_times, "first_loss": self._first_loss,
+            "history": self.history, "round_times": self.round_times, "timings": self.timings,
+            "first_loss": self._first_loss, "per_client": self.per_client,
             "elapsed": self._elapsed + time.perf_counter() - self._t0,
         }, self.checkpoint_path)
+        self.checkpoint_round = next_round
 
     def load_checkpoint(self, path: str | Path | None = None) -> None:
         path = Path(path) if path is not None else self.checkpoint_path
         if path is None or not path.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {path}")
-        ck = torch.load(path, weights_only=False)
-        if ck["seed"] != self.seed or ck["algorithm"] != self.algo.name:
-            raise ValueError(f"--resume: checkpoint is for algorithm={ck['algorithm']} seed={ck['seed']}, "
-                             f"not {self.algo.name} seed={self.seed}")
+        try:
+            ck = torch.load(path, weights_only=False, map_location=self.device)   # a GPU run resumes anywhere
+            if not isinstance(ck, dict) or not {"round", "seed", "algorithm", "server", "clients"} <= set(ck):
+                raise ValueError("not a fedsolve checkpoint")
+        except Exception as e:   # truncated, garbage or foreign: torch raises many types
+            raise ResumeError(f"--resume: {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); "
+                              f"start over with --overwrite") from None
+        self._check_checkpoint(ck, path)
         self.start_round = ck["round"]
         self.server = ck["server"]
         self.clients = ClientStates.from_state_dict(ck["clients"]) if ck["clients"] else ClientStates(
             self.problem.num_clients)
+        self._state_budget()
         self.ledger = CommLedger.from_state_dict(ck["ledger"])
         self.history = ck["history"]
         self.round_times = ck["round_times"]
+        # a checkpoint of an older fedsolve kept time_s in the records: move it to the timings
+        self.timings = ck.get("timings") or [{"round": r["round"], "time_s": r["time_s"]} for r in self.history
+                                             if "time_s" in r]
+        self.history = [{k: v for k, v in r.items() if k != "time_s"} for r in self.history]
         self._first_loss = ck["first_loss"]
         self._elapsed = ck["elapsed"]
+        self.per_client = ck.get("per_client", [])   # the last evaluation's (a finished run keeps its own)
+        self.checkpoint_round = self.start_round
+
+    def _check_checkpoint(self, ck: dict[str, Any], path: Path) -> None:
+        """Refuse a checkpoint of another run: algorithm, seed, number of clients, parameter count, and the
+        names and shapes of the server and client state (what this run's ``init`` gives)."""
+        mine = {"algorithm": self.algo.name, "seed": self.seed, "num_clients": self.problem.num_clients,
+                "dim": self.problem.layout.dim}
+        diff = [f"{k} {ck[k]!r} (this run: {v!r})" for k, v in mine.items() if k in ck and ck[k] != v]
+        for where, new, old in (("server", self.server, ck["server"]),
+                                ("client state", self.clients.state_dict(), ck["clients"] or {})):
+            for k in sorted(set(new) & set(old)):
+                if not isinstance(old[k], torch.Tensor) or tuple(old[k].shape) != tuple(new[k].shape) \
+                        or old[k].dtype != new[k].dtype:
+                    got = (tuple(old[k].shape), old[k].dtype) if isinstance(old[k], torch.Tensor) else type(old[k])
+                    diff.append(f"{where} {k!r} {got} (this run: {(tuple(new[k].shape), new[k].dtype)})")
+        if diff:
+            raise ResumeError(f"--resume: {path} belongs to another run: {'; '.join(diff)}; use another --out, "
+                              f"or start over with --overwrite")
 
     # ------------------------------------------------------------ evaluation
+    @_on_run_device
     def eval_params(self, round_: int | None = None) -> torch.Tensor:
-        """Every client's scored parameters after ``round_`` rounds (default: the last evaluated round),
-        including the algorithm's evaluation-time adaptation (``Algorithm.eval_work``)."""
+        """Every client's scored parameters ``[num_clients, d]`` after ``round_`` rounds (default: the last
+        evaluated round), including the algorithm's evaluation-time adaptation (``Algorithm.eval_work``).
+
+        This is THE way to read a trained model, whatever the algorithm: the global model sits under a
+        different server key per algorithm (``w``, ``z``, ``x``, ...) and personalized or clustered methods
+        score each client with its own model; row ``i`` is what client ``i`` is scored with.
+        ``problem.layout.unflatten(row)`` gives named tensors, ``problem.layout.load_into(model, row)`` a module."""
         ids = torch.arange(self.problem.num_clients)
         msg = self.algo.eval_broadcast(self.server, ids)
         states = self.clients.state_dict()
@@ -234,6 +321,7 @@ class Simulation:
         executor = self.cfg.executor if self.cfg.executor in ("sequential", "vectorized") else "auto"
         return adapt_for_eval(self.algo, params, self.problem, self.rngs, round_, executor)
 
+    @_on_run_device
     def evaluate(self, round_: int, train_loss: float | None) -> dict[str, Any]:
         params = self.eval_params(round_)
         summary, per = evaluate(self.problem, params, self.vectorized_eval, tuple(self.cfg.metrics))
@@ -250,7 +338,8 @@ class Simulation:
                         if k in ("test_accuracy", "test_loss", "test_rmse")})
         rec["uplink_bytes"] = self.ledger.uplink_bytes
         rec["downlink_bytes"] = self.ledger.downlink_bytes
-        rec["time_s"] = self._elapsed + time.perf_counter() - self._t0
+        # wall-clock time goes to ``timings``, not into the record: two identical runs give identical metrics
+        self.timings.append({"round": round_, "time_s": self._elapsed + time.perf_counter() - self._t0})
         return rec
 
     # ------------------------------------------------------------ checks
@@ -278,16 +367,21 @@ class Simulation:
         if self.cfg.work.variable == "uniform":
             g = self.rngs.numpy("work", t)
             scale = torch.as_tensor(g.uniform(self.cfg.work.min_fraction, 1.0, size=m))[ids]
-        msgs = self.algo.broadcast(self.server, ids, t)
+        # the engine samples and plans on the CPU (ids); the algorithm and the states see ids on the device (dids)
+        ids = ids.cpu()
+        dids = ids.to(self.device)
+        with self.on_device():
+            msgs = self.algo.broadcast(self.server, dids, t)
         plans = build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale, data.row_groups)
-        rows = self.clients.gather(ids)
-        new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, ids, plans, data, t)
-        self.clients.scatter(ids, new_rows)
-        self.server = self.algo.aggregate(self.server, ids, uploads, t)
+        with self.on_device():
+            rows = self.clients.gather(dids)
+            new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, dids, plans, data, t)
+            self.clients.scatter(dids, new_rows)
+            self.server = self.algo.aggregate(self.server, dids, uploads, t)
         if self.algo.communicates:
             self.ledger.add_round(t, msgs, uploads)
         w = data.weights[ids].double()
-        train_loss = float((losses.double() * w).sum() / w.sum())
+        train_loss = float((losses.double().cpu() * w).sum() / w.sum())
         self._check(t, train_loss, uploads)
         self.round = t + 1
         return {"round": t, "clients": int(ids.numel()), "train_loss": train_loss, "ids": ids}
@@ -325,12 +419,16 @@ class Simulation:
         algo = self.algo
         cfg = type(algo.cfg)(**{**algo.cfg.model_dump(), **changes})
         algo.cfg = cfg
-        algo.setup()
+        if self.device.type == "cpu":
+            algo.setup()
+        else:
+            algo.to(self.device)   # runs setup on the device
 
     def use_executor(self, name: str) -> None:
         """Run the clients with executor ``name`` from the next round on (as ``SimulationConfig.executor``)."""
         c = self.cfg
-        self.executor = make_executor(name, self.problem, c.chunk_size, self.linear_kernel, self.algo)
+        with self.on_device():
+            self.executor = make_executor(name, self.problem, c.chunk_size, self.linear_kernel, self.algo)
 
     @property
     def elapsed(self) -> float:
@@ -354,6 +452,24 @@ class Simulation:
                 cb.on_eval(self, rec)
             self.save_checkpoint(0)  # the initial state is the first "last good" checkpoint
         last_loss = None
+        t = self.start_round
+        try:
+            last_loss = self._rounds(last_loss)
+        except KeyboardInterrupt:   # Ctrl-C: the last checkpoint on disk is intact (atomic writes)
+            for cb in self.callbacks:
+                if hasattr(cb, "on_interrupt"):
+                    cb.on_interrupt(self)
+            raise RunInterrupted(max(self.round, t), self.checkpoint_round) from None
+        wall = self._elapsed + time.perf_counter() - self._t0
+        for cb in self.callbacks:
+            cb.on_end(self)
+        with self.on_device():
+            extras = self.algo.finalize(self.server, self.clients)
+        return RunResult(self.history, self.server, self.clients, self.ledger, wall, self.round_times,
+                         extras, self.per_client, self.timings, self)
+
+    def _rounds(self, last_loss: float | None) -> float | None:
+        """Rounds ``start_round .. cfg.rounds - 1`` with their evaluations and checkpoints (:meth:`run`)."""
         for t in range(self.start_round, self.cfg.rounds):
             t1 = time.perf_counter()
             info = self.run_round(t)
@@ -376,19 +492,18 @@ class Simulation:
             ck_every = self.cfg.checkpoint_every
             if (ck_every and done % ck_every == 0) or (not ck_every and is_eval):
                 self.save_checkpoint(done)
-        wall = self._elapsed + time.perf_counter() - self._t0
-        for cb in self.callbacks:
-            cb.on_end(self)
-        return RunResult(self.history, self.server, self.clients, self.ledger, wall, self.round_times,
-                         self.algo.finalize(self.server, self.clients), self.per_client)
+        return last_loss
 
 
 # ------------------------------------------------------------------ callbacks
 class JsonlLogger:
-    """Writes ``metrics.jsonl`` (one line per evaluated round), rewritten atomically."""
+    """Writes ``metrics.jsonl`` (one line per evaluated round: numbers only, so two identical runs give
+    byte-identical files) and, beside it, ``timings.jsonl`` (``{"round", "time_s"}``: wall-clock seconds since
+    the start, continued across ``--resume``); both rewritten atomically at every evaluation."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, timings: str | Path | None = None):
         self.path = Path(path)
+        self.timings_path = Path(timings) if timings is not None else self.path.with_name("timings.jsonl")
 
     def on_start(self, sim):
         pass
@@ -398,24 +513,30 @@ class JsonlLogger:
 
     def on_eval(self, sim, record):
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in sim.history))
+        atomic_write_text(self.timings_path, "".join(json.dumps(r) + "\n" for r in sim.timings))
 
     def on_end(self, sim):
         pass
 
 
 class ProgressBar:
-    """tqdm bar with round, latest metrics and ETA."""
+    """tqdm bar with round, latest metrics and ETA; its last line shows the final evaluation's metrics.
+
+    ``desc`` names the run (``compare`` adds "run k of N"); ``on_eval`` refreshes the shown metrics at once,
+    so the bar never shows the previous evaluation's numbers after the last round."""
 
     def __init__(self, desc: str = "", keys: tuple[str, ...] = ("train_loss", "test_accuracy", "test_rmse"),
-                 disable: bool | None = None, position: int | None = None):
-        self.desc, self.keys, self.disable, self.position = desc, keys, disable, position
+                 disable: bool | None = None, position: int | None = None, leave: bool = True):
+        self.desc, self.keys, self.disable, self.position, self.leave = desc, keys, disable, position, leave
         self.bar = None
 
     def on_start(self, sim):
         from tqdm.auto import tqdm
 
         self.bar = tqdm(total=sim.cfg.rounds, initial=sim.start_round, desc=self.desc, unit="rnd",
-                        disable=self.disable, leave=False, position=self.position, dynamic_ncols=True)
+                        disable=self.disable, leave=self.leave, position=self.position, dynamic_ncols=True)
+        if sim.history:
+            self.on_eval(sim, sim.history[-1])
 
     def on_round(self, sim, round_, info):
         if self.bar is not None:
@@ -423,8 +544,11 @@ class ProgressBar:
 
     def on_eval(self, sim, record):
         if self.bar is not None:
-            self.bar.set_postfix({k: f"{record[k]:.4f}" for k in self.keys if k in record}, refresh=False)
+            self.bar.set_postfix({k: f"{record[k]:.4f}" for k in self.keys if k in record}, refresh=True)
 
     def on_end(self, sim):
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+
+    on_interrupt = on_end

@@ -1,0 +1,30 @@
+"""Where a run's files go and how to read them back (shared by the runner and the reports).
+
+Run folder ``<out>/<label>/seed<k>/``: ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON record per
+evaluated round, numbers only), ``timings.jsonl`` (``{"round", "time_s"}`` per evaluation), ``summary.json``,
+``per_client.json``, ``checkpoint.pt``, ``report.md`` and ``plots/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def slug(s: str) -> str:
+    """``s`` with every character that is not alphanumeric or ``-_.`` replaced by ``_`` (a folder name)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+
+
+def default_run_dir(cfg, spec, seed: int, out: str | Path | None = None) -> Path:
+    """``<out>/<label>/seed<seed>`` (``out`` default: ``<cfg.out_dir>/<cfg.name>``)."""
+    base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
+    return base / slug(spec.display) / f"seed{seed}"
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a ``.jsonl`` file (``[]`` when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
