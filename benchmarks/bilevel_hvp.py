@@ -74,7 +74,8 @@ def main() -> None:
                     times[name].append(time.perf_counter() - t)
     diff = max(float((outs["sequential"][1][k] - outs["vectorized"][1][k]).abs().max()) for k in outs["vectorized"][1])
     seq, vec = statistics.median(times["sequential"]), statistics.median(times["vectorized"])
-    print(f"# {a.device}: {a.clients} clients, tau = {a.tau}, batch 64, {a.threads} CPU thread(s); max |upload difference| = {diff:.2e}")
+    print(f"# {a.device}: {a.clients} clients, tau = {a.tau}, batch 64, {a.threads} CPU thread(s); "
+          f"max |upload difference| = {diff:.2e}")
     print(f"time simfbo_local sequential {seq:.4f} s")
     print(f"time simfbo_local vectorized {vec:.4f} s")
     print(f"ratio simfbo_local vectorized_vs_sequential {seq / vec:.2f}")

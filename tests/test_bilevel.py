@@ -3,7 +3,7 @@
 The synthetic quadratic problem (per client i, float64):
 
     g_i(x, y) = mean_lower 1/2 (u^T y - s^T x - t)^2 + lam/2 ||y||^2     -> grad_y g_i = A_i y - B_i x - c_i
-    f_i(x, y) = mean_upper 1/2 (u^T y - t)^2 + mu_x/2 ||x||^2             -> grad_y f_i = C_i y - e_i, grad_x f_i = mu_x x
+    f_i(x, y) = mean_upper 1/2 (u^T y - t)^2 + mu_x/2 ||x||^2     -> grad_y f_i = C_i y - e_i, grad_x f_i = mu_x x
 
 With weights q: y*(x) = A^-1 (B x + c), v*(x) = A^-1 (C y* - e), grad Phi_q(x) = mu_x x + B^T v*(x), and the
 stationary point solves (mu_x I + B^T A^-1 C A^-1 B) x = B^T A^-1 (e - C A^-1 c).

@@ -10,7 +10,8 @@ keys tell the client what to compute. FedNest, per outer iteration (10 rounds wi
     FedIHGP (1 + neumann rounds)   p0:       p = counter = mean_i grad_y f_i(x, y)            (full upper split)
                                    neumann:  counter <- counter - hlr mean_i H_i counter;  p <- p + counter
     FedOut  (2 rounds)             hypergrad: hg = mean_i (grad_x f_i - hlr grad2_xy g_i p)
-                                   outer:    outer_tau local steps x <- x - hlr (grad_x f_i(x; b) - grad_x f_i(x0; b) + hg);
+                                   outer:    outer_tau local steps
+                                             x <- x - hlr (grad_x f_i(x; b) - grad_x f_i(x0; b) + hg);
                                              x = mean
 
 LFedNest (2 rounds): FedInn with plain local SGD on y (1 round x inner_ep), then each client a LOCAL Neumann
@@ -22,8 +23,6 @@ sample through FedIHGP/FedOut); with full participation (Fig. 4) the two coincid
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,8 +51,6 @@ class _Nested(Algorithm):
     """Shared mechanics of FedNest and LFedNest: the round schedule and the client computations."""
 
     Config = FedNestConfig
-    #: phase names of one outer iteration (built in ``setup``)
-    schedule: ClassVar[tuple[str, ...]] = ()
 
     def setup(self):
         self.oracles = BilevelOracles(self.problem)
@@ -66,6 +63,7 @@ class _Nested(Algorithm):
         self.phases = self.build_schedule()
 
     def build_schedule(self) -> list[str]:
+        """The phase names of one outer iteration, in order (``self.phases``)."""
         raise NotImplementedError
 
     @property

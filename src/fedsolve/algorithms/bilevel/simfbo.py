@@ -131,6 +131,7 @@ class SimFBO(Algorithm):
         x, y, v = msg["x"], msg["y"], msg["v"]
         tau = state["tau"]
         qx, qy, qv = torch.zeros_like(x), torch.zeros_like(y), torch.zeros_like(v)
+        a_norm = torch.zeros((), dtype=x.dtype)   # ||a_i||_1 over the steps actually taken
         first = next(iter(self._work))
         T = c.steps()
         for k in range(T):
@@ -147,10 +148,9 @@ class SimFBO(Algorithm):
                 fx, fy, fval = O.grad_f(x, y, bu)
                 dv, dx = hv - fy, fx - jv          # grad_v R_i, barGrad f_i
             ctx.record_loss(fval, on)
-            qy, qv, qx = qy + ak * dy, qv + ak * dv, qx + ak * dx
+            qy, qv, qx, a_norm = qy + ak * dy, qv + ak * dv, qx + ak * dx, a_norm + ak
             if k < T - 1:   # the last local iterate is never evaluated (spec 2.3): skip computing it
                 y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
-        a_norm = c.a * tau
         return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
 
     def rho(self, server, ids, uploads) -> torch.Tensor:
