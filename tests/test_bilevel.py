@@ -45,10 +45,14 @@ def to64(data: FederatedData) -> FederatedData:
     return data
 
 
-def quad_problem(m: int = 3, seed: int = 0, n_lower: int = 12, n_upper: int = 8) -> FederatedProblem:
+def quad_problem(m: int = 3, seed: int = 0, n_lower: int = 12, n_upper: int = 8,
+                 identical: bool = False) -> FederatedProblem:
+    """``identical``: every client holds the same data (homogeneous clients)."""
     rng = np.random.default_rng(seed)
     tr, te, groups = [], [], []
     for i in range(m):
+        if identical:
+            rng, i = np.random.default_rng(seed), 0
         u = rng.normal(size=(n_lower + n_upper, DY)) + 0.3 * rng.normal(size=DY)
         s = np.concatenate([rng.normal(size=(n_lower, DX)) + 0.5 * i, np.zeros((n_upper, DX))])
         t = rng.normal(size=n_lower + n_upper) + i
@@ -357,3 +361,44 @@ def test_hyperparameter_tuning_problem_of_the_docs():
     assert torch.allclose(O.jvp_xy_g(x, y, v, b), 0.7 * x.exp() * w * vw, atol=1e-12)
     sim = run(prob, "simfbo", 5, **FULL)
     assert torch.isfinite(sim.server["x"]).all()
+
+
+def test_without_replacement_aggregate_is_unbiased():
+    """spec 2.10 #4: over all subsets C of size P, the mean SimFBO server step equals the full weighted one."""
+    from itertools import combinations
+
+    prob = quad_problem(m=5)
+    prob.data.weights = torch.tensor([0.1, 0.3, 0.2, 0.15, 0.25], dtype=torch.float64)   # non-uniform p_i
+    algo = get_algorithm("simfbo")(dict(weights="data", **FULL), prob)
+    g = torch.Generator().manual_seed(0)
+    h = {k: torch.randn(5, d, generator=g, dtype=torch.float64) for k, d in (("hx", DX), ("hy", DY), ("hv", DY))}
+    server = {"x": torch.zeros(DX, dtype=torch.float64), "y": torch.zeros(DY, dtype=torch.float64),
+              "v": torch.zeros(DY, dtype=torch.float64), "tau": torch.ones(5, dtype=torch.float64)}
+    subsets = [torch.tensor(c) for c in combinations(range(5), 2)]
+    mean_x = sum(algo.aggregate(server, ids, {**{k: v[ids] for k, v in h.items()},
+                                              "a_norm": torch.ones(2, dtype=torch.float64)}, 0)["x"]
+                 for ids in subsets) / len(subsets)
+    p = prob.data.weights.double() / prob.data.weights.double().sum()
+    assert torch.allclose(mean_x, -algo.cfg.gamma_x * (p.unsqueeze(-1) * h["hx"]).sum(0), atol=1e-14)
+
+
+@pytest.mark.slow
+def test_more_sampled_clients_less_noise():
+    """spec 4.4 #2 (linear speedup): homogeneous clients, minibatch noise, tau = 1, constant steps: the mean
+    squared hypergradient over the second half of the run falls roughly like 1/P."""
+    prob = quad_problem(m=4, identical=True, n_lower=16, n_upper=16)
+    _, _, _, grad = closed_form(client_matrices(prob), np.full(4, 0.25))
+    err = {}
+    for P in (1, 4):
+        algo = get_algorithm("simfbo")(dict(batch_size=2, independent_batches=False, gamma_y=0.3, gamma_v=0.3,
+                                            gamma_x=0.2), prob)
+        sim = Simulation(prob, algo, SimulationConfig(rounds=120, eval_every=10**6, executor="vectorized",
+                                                      sampling={"clients_per_round": P}), 0)
+        sq = []
+        for t in range(120):
+            sim.step()
+            if t >= 60:
+                sq.append(np.linalg.norm(grad(sim.server["x"].numpy())) ** 2)
+        err[P] = float(np.mean(sq))
+    print("mean ||grad Phi||^2 with P = 1, 4:", err)
+    assert err[4] < err[1] / 2
