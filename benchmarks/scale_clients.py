@@ -1,0 +1,186 @@
+"""Round time and peak memory from 10 to 10,000 clients (FedAvg, SCAFFOLD, FedAPM), 10% participation.
+
+Each configuration runs in its own process (so its peak resident memory is its own): ``rounds`` timed rounds
+after one warm-up, vectorized executor, no evaluation. Per configuration it reports the median seconds per round,
+the process's peak resident memory, the bytes of client state held in memory (``ClientStates.memory_bytes``), what
+a dense ``[m, ...]`` client state would take, the clients with a stored row, and the server state's bytes.
+
+Reduced size for a 2-core CPU (stated in the output): an MLP 64-32-10 (2,410 parameters), 20 samples per client,
+1 epoch of batch 10. The full-size run (the MNIST MLP 784-200-200-10, 600 samples per client) is
+``--full`` (a machine with tens of GB of memory and many cores, or a GPU with ``--device cuda``).
+
+Prints ``ratio scale fedavg_10000_vs_1000_same_participants <x>`` (FedAvg round time with 10,000 clients at 10%
+over 1,000 clients at 100%: the same 1,000 participants; the issue's target is <= 1.2), writes every figure as
+JSON and draws the plot (``--out-dir``).
+
+Usage: python benchmarks/scale_clients.py [--out-dir results/scale] [--sizes 10,100,1000,10000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+ALGOS = ("fedavg", "scaffold", "fedapm")
+SMALL = dict(in_dim=64, hidden=(32,), classes=10, n=20, batch=10, epochs=1, lr=0.05)
+FULL = dict(in_dim=784, hidden=(200, 200), classes=10, n=600, batch=50, epochs=1, lr=0.05)
+
+
+def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, budget_mb: float | None) -> dict:
+    """One configuration, in this process: its figures as a dict."""
+    import torch
+
+    from fedsolve.algorithms import get_algorithm
+    from fedsolve.data.federated import FederatedData
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+    from fedsolve.simulation import Simulation, SimulationConfig
+
+    torch.set_num_threads(int(os.environ.get("SCALE_THREADS", "1")))
+    g = torch.Generator().manual_seed(0)
+    N = m * w["n"]
+    x = torch.randn(N, w["in_dim"], generator=g)
+    y = (x @ torch.randn(w["in_dim"], w["classes"], generator=g)).argmax(1)
+    off = torch.arange(0, N + 1, w["n"])
+    toff = torch.arange(0, m + 1)
+    data = FederatedData(x, y, off, x[:m], y[:m], toff, num_classes=w["classes"], name="scale")
+    blocks = {"personal": ["out.*"]} if algo == "fedapm" else {}
+    problem = FederatedProblem(data, build_model_fn("mlp", (w["in_dim"],), w["classes"], hidden=w["hidden"]),
+                               blocks=blocks)
+    params = {"lr": w["lr"], "batch_size": w["batch"], "local_epochs": w["epochs"]}
+    if algo == "fedapm":
+        params.update(log_stationarity=False, log_other_eval=False)
+    alg = get_algorithm(algo)(params, problem)
+    cfg = SimulationConfig(rounds=rounds + 1, executor="vectorized", sampling={"clients_per_round": per_round},
+                           metrics=[], device=device, state_memory_mb=budget_mb, chunk_size=1024)
+    sim = Simulation(problem, alg, cfg, seed=0)
+    sync = torch.cuda.synchronize if sim.device.type == "cuda" else (lambda: None)
+    times = []
+    for t in range(rounds + 1):
+        sync()
+        t0 = time.perf_counter()
+        sim.run_round(t)
+        sync()
+        times.append(time.perf_counter() - t0)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # before anything below allocates
+    first = sim.clients.gather(torch.tensor([0]))
+    row_bytes = sum(v[0].numel() * v.element_size() for v in first.values())
+    touched = max([int(sim.clients.touched(k).numel()) for k in sim.clients.keys()] or [0])
+    return {
+        "algorithm": algo, "clients": m, "per_round": per_round, "dim": problem.layout.dim,
+        "round_s_median": statistics.median(times[1:]), "round_s": times,
+        "peak_rss_mb": peak_rss,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if sim.device.type == "cuda" else None,
+        "state_memory_mb": sim.clients.memory_bytes() / 2**20, "state_disk_mb": sim.clients.disk_bytes() / 2**20,
+        "state_dense_mb": m * row_bytes / 2**20, "clients_stored": touched,
+        "server_mb": sum(v.numel() * v.element_size() for v in sim.server.values()
+                         if isinstance(v, torch.Tensor)) / 2**20,
+    }
+
+
+def run_child(algo: str, m: int, per_round: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--one", f"{algo},{m},{per_round}", "--rounds", str(args.rounds),
+           "--device", args.device] + (["--full"] if args.full else []) + \
+        (["--budget-mb", str(args.budget_mb)] if args.budget_mb else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{algo} m={m}: {out.stderr.strip()[-600:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    for i, algo in enumerate(ALGOS):
+        r = sorted((x for x in rows if x["algorithm"] == algo and x["per_round"] == max(1, x["clients"] // 10)),
+                   key=lambda x: x["clients"])
+        if not r:
+            continue
+        ms, c = [x["clients"] for x in r], f"C{i}"
+        ax[0].plot(ms, [1000 * x["round_s_median"] / x["per_round"] for x in r], "o-", color=c, label=algo)
+        ax[1].plot(ms, [x["peak_rss_mb"] for x in r], "o-", color=c, label=algo)
+        if any(x["state_dense_mb"] > 0 for x in r):
+            ax[2].plot(ms, [x["state_memory_mb"] for x in r], "o-", color=c, label=f"{algo}: client state stored")
+            ax[2].plot(ms, [x["state_dense_mb"] for x in r], "x:", color=c, label=f"{algo}: dense [m, d] state")
+        if max(x["server_mb"] for x in r) > 1:
+            ax[2].plot(ms, [x["server_mb"] for x in r], "s--", color=c, label=f"{algo}: server state")
+    for a, lab in zip(ax, ("ms per round per participant (median)", "peak resident memory (MB)",
+                           "state (MB)")):
+        a.set_xscale("log")
+        a.set_xlabel("clients (10% take part per round)")
+        a.set_ylabel(lab)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    ax[2].set_yscale("log")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-dir", default="results/scale")
+    ap.add_argument("--sizes", default="10,100,1000,10000")
+    ap.add_argument("--algorithms", default=",".join(ALGOS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--full", action="store_true", help="the MNIST MLP workload (see the module docstring)")
+    ap.add_argument("--budget-mb", type=float, default=None, help="simulation.state_memory_mb of every run")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    w = FULL if args.full else SMALL
+    if args.one:
+        algo, m, k = args.one.split(",")
+        print(json.dumps(one(algo, int(m), int(k), args.rounds, w, args.device, args.budget_mb)))
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    algos = args.algorithms.split(",")
+    size_note = "MNIST MLP 784-200-200-10, 600 samples/client" if args.full else \
+        "reduced: MLP 64-32-10 (2,410 parameters), 20 samples/client, 1 epoch of batch 10"
+    print(f"{size_note}; 10% participation; median of {args.rounds} rounds after 1 warm-up; device {args.device}",
+          flush=True)
+    rows = []
+    for algo in algos:
+        for m in sizes:
+            r = run_child(algo, m, max(1, m // 10), args)
+            rows.append(r)
+            print(f"{algo:9s} m={m:6d} k={r['per_round']:5d}: {r['round_s_median'] * 1000:8.1f} ms/round, peak RSS "
+                  f"{r['peak_rss_mb']:7.0f} MB, client state {r['state_memory_mb']:8.2f} MB in memory "
+                  f"(+{r['state_disk_mb']:.2f} MB spilled; dense would be {r['state_dense_mb']:8.1f} MB; "
+                  f"{r['clients_stored']} clients stored), server {r['server_mb']:.2f} MB", flush=True)
+    ratios = {}
+    if "fedavg" in algos and 10_000 in sizes:
+        same = run_child("fedavg", 1_000, 1_000, args)
+        rows.append(same)
+        big = next(r for r in rows if r["algorithm"] == "fedavg" and r["clients"] == 10_000 and r["per_round"] == 1_000)
+        ratios["fedavg_10000_vs_1000_same_participants"] = big["round_s_median"] / same["round_s_median"]
+        print(f"fedavg    m=  1000 k= 1000: {same['round_s_median'] * 1000:8.1f} ms/round (same participants as "
+              f"m=10000 at 10%)")
+        print(f"ratio scale fedavg_10000_vs_1000_same_participants "
+              f"{ratios['fedavg_10000_vs_1000_same_participants']:.3f}")
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "full" if args.full else "reduced"
+    (out / f"scale_clients_{tag}.json").write_text(json.dumps(
+        {"workload": size_note, "device": args.device, "rounds": args.rounds, "threads_per_run": 1, "rows": rows,
+         "ratios": ratios}, indent=2))
+    plot(rows, out / f"scale_clients_{tag}.png", f"fedsolve: round time and memory vs clients ({size_note})")
+    print(f"wrote {out / f'scale_clients_{tag}.json'} and .png", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
