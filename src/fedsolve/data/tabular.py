@@ -77,33 +77,37 @@ def fetch_adult() -> Path:
     return dst
 
 
-def _adult_frame(path: Path, test: bool):
-    import pandas as pd
+def _adult_frame(path: Path, test: bool) -> dict[str, np.ndarray]:
+    """The raw CSV as columns (rows with a missing '?' value dropped; test labels lose their '.')."""
+    import csv
 
-    df = pd.read_csv(path, names=_ADULT_COLS, skipinitialspace=True, header=0 if test else None, na_values="?")
-    df = df.dropna()
-    df["income"] = df["income"].str.rstrip(".")
-    return df
+    rows = []
+    with open(path, newline="") as f:
+        for i, rec in enumerate(csv.reader(f, skipinitialspace=True)):
+            if (test and i == 0) or len(rec) != len(_ADULT_COLS) or "?" in rec:
+                continue
+            rows.append(rec)
+    cols = {c: np.array([r[j] for r in rows]) for j, c in enumerate(_ADULT_COLS)}
+    for c in ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"):
+        cols[c] = cols[c].astype(np.float64)
+    cols["income"] = np.char.rstrip(cols["income"], ".")
+    return cols
 
 
 def _adult_features(df, ref) -> tuple[np.ndarray, np.ndarray]:
     """adult-b recipe (spec 5.2): binaries, z-scores (train statistics ``ref``), one-hots; sex last."""
-    cols = []
-    cols.append((df["native-country"] == "United-States").to_numpy(float)[:, None])
-    cols.append(df["marital-status"].isin(["Married-civ-spouse", "Married-AF-spouse"]).to_numpy(float)[:, None])
-    cols.append((df["capital-gain"] > 0).to_numpy(float)[:, None])
-    cols.append((df["capital-loss"] > 0).to_numpy(float)[:, None])
+    cols = [(df["native-country"] == "United-States").astype(float)[:, None],
+            np.isin(df["marital-status"], ["Married-civ-spouse", "Married-AF-spouse"]).astype(float)[:, None],
+            (df["capital-gain"] > 0).astype(float)[:, None], (df["capital-loss"] > 0).astype(float)[:, None]]
     for c in ("age", "fnlwgt", "education-num", "hours-per-week"):
-        mu, sd = ref[c].mean(), ref[c].std()
-        cols.append(((df[c] - mu) / sd).to_numpy(float)[:, None])
+        cols.append(((df[c] - ref[c].mean()) / ref[c].std())[:, None])
     for c in ("relationship", "race", "occupation"):
-        cats = sorted(ref[c].unique())
-        cols.append(np.stack([(df[c] == v).to_numpy(float) for v in cats], 1))
-    wc = df["workclass"].map(lambda v: "gov" if "gov" in v else "private" if v == "Private" else
-                             "self" if "Self" in v else "other")
-    cols.append(np.stack([(wc == v).to_numpy(float) for v in ("gov", "private", "self", "other")], 1))
-    cols.append((df["sex"] == "Male").to_numpy(float)[:, None])
-    return np.hstack(cols), (df["income"] == ">50K").to_numpy(np.int64)
+        cols.append(np.stack([(df[c] == v).astype(float) for v in sorted(set(ref[c].tolist()))], 1))
+    wc = np.array(["gov" if "gov" in v else "private" if v == "Private" else "self" if "Self" in v else "other"
+                   for v in df["workclass"]])
+    cols.append(np.stack([(wc == v).astype(float) for v in ("gov", "private", "self", "other")], 1))
+    cols.append((df["sex"] == "Male").astype(float)[:, None])
+    return np.hstack(cols), (df["income"] == ">50K").astype(np.int64)
 
 
 def adult(download: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
