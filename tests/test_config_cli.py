@@ -143,6 +143,7 @@ def test_blowup_in_first_round_is_divergence(tmp_path):
     assert main(["run", str(p), "--out", str(tmp_path / "d"), "--quiet", "--algorithm", "FedAvg"]) == 3
 
 
+@pytest.mark.slow
 def test_cli_import_plugin_algorithm(tmp_path, monkeypatch):
     """`fedsolve --import MODULE` registers a user's algorithm (docs/writing-an-algorithm.md)."""
     from pathlib import Path
@@ -158,6 +159,7 @@ def test_cli_import_plugin_algorithm(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "c" / "summary.json").read_text())["algorithms"]["my_fedavgm"]["runs"] == 2
 
 
+@pytest.mark.slow
 def test_compare_jobs_runs_in_worker_processes_with_the_same_numbers(tmp_path, capsys):
     """--jobs 2: the algorithm x seed runs in two worker processes; the numbers are those of one process with the
     same thread count; --resume keeps finished runs; a bad --jobs names the flag."""

@@ -130,6 +130,7 @@ def _sigint_after(cmd: list[str], ready, tmp_path) -> tuple[int, str, float]:
     return proc.returncode, err, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_once_keeps_the_checkpoint_and_says_how_to_continue(tmp_path):
     p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "model.name=mlp")
     out = tmp_path / "run"
@@ -175,6 +176,11 @@ BAD_INPUTS = [
     (["--set", "algorithms.1.params.mu=true"], "params.mu"),
     (["--set", "simulation.sampling.dropout=0.999999"], "simulation.sampling.dropout"),
     (["--set", "data.dtype=float16"], "data.dtype"),
+    (["--set", "model.personalization=foo"], "model.personalization"),
+    (["--set", "model.blocks={personal: [nomatch]}"], "model.blocks"),
+    (["--set", "model.params={fc_hidden: -3}"], "model.params"),
+    (["--set", "data.transform_params.x=1"], "transform_params"),
+    (["--seed", "-1"], "--seed"),
 ]
 
 

@@ -58,6 +58,9 @@ def _cmd_run(args) -> int:
                   f"{[a.display for a in cfg.all_algorithms()]}", file=sys.stderr)
             return EXIT_CONFIG
         spec = match[0]
+    if args.seed is not None and args.seed < 0:
+        print(f"error: --seed: expected a non-negative integer, got {args.seed}", file=sys.stderr)
+        return EXIT_CONFIG
     seed = args.seed if args.seed is not None else cfg.seeds[0]
     run_dir = Path(args.out) if args.out else default_run_dir(cfg, spec, seed)
     if args.resume and args.overwrite:

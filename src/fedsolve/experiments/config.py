@@ -39,6 +39,13 @@ class DataConfig(BaseModel):
         "float32", description="floating-point type of the features (and regression targets), the model and "
                                "every client's computation; float64 for exact numerics")
 
+    @model_validator(mode="after")
+    def _transform(self):
+        if self.transform_params and self.cluster_transform is None:
+            raise ValueError(f"transform_params {sorted(self.transform_params)} given without cluster_transform; "
+                             f"allowed: set data.cluster_transform (label_swap or rotation), or drop them")
+        return self
+
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:

@@ -56,6 +56,9 @@ def build_data(cfg: ExperimentConfig, seed: int):
         data = _build_federated(build_federated, d, seed)
     except (ValueError, KeyError, IndexError) as e:
         raise ConfigError(f"data: {e}") from None
+    except TypeError as e:   # a parameter a dataset, partitioner or transform does not take
+        raise ConfigError(f"data: {e}; see `fedsolve list` and docs/config-reference.md for the parameters") \
+            from None
     empty = [(i, what) for what, sizes in (("training", data.train_sizes), ("test", data.test_sizes))
              for i in (sizes == 0).nonzero().flatten().tolist()]
     if empty:
@@ -96,6 +99,9 @@ def model_factory(cfg: ExperimentConfig, data):
         allowed = [p for p in inspect.signature(cls).parameters][2:] if cls is not None else "see its docstring"
         raise ConfigError(f"model.params: {cfg.model.name!r} does not take {sorted(cfg.model.params)} ({e}); "
                           f"allowed: {allowed}") from None
+    except (ValueError, RuntimeError) as e:   # a value the constructor cannot build (e.g. a negative width)
+        raise ConfigError(f"model.params: {cfg.model.name!r} cannot be built with {cfg.model.params} ({e}); "
+                          f"allowed: positive sizes as in `fedsolve list models`") from None
     dtype = getattr(torch, cfg.data.dtype)
     return fn if dtype == torch.float32 else (lambda: fn().to(dtype))
 
@@ -104,12 +110,18 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
     data = data if data is not None else build_data(cfg, seed)
     model_fn = model_factory(cfg, data)
     blocks = {k: list(v) for k, v in cfg.model.blocks.items()}
-    if cfg.model.personalization:
-        from fedsolve.personalization import personal_patterns
-
-        blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
     loss = "cross_entropy" if data.task == "classification" else "squared_error"
-    problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
+    try:
+        if cfg.model.personalization:
+            from fedsolve.personalization import personal_patterns
+
+            blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
+        problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
+    except ValueError as e:   # an unknown personalization preset, a block pattern that matches nothing
+        field = "model.personalization" if str(e).startswith("personalization") else "model.blocks"
+        msg = str(e).removeprefix("personalization: ")
+        hint = "" if "allowed" in msg else "; allowed: name patterns that match some of those parameters"
+        raise ConfigError(f"{field}: {msg}{hint}") from None
     if cfg.problem is not None:
         from fedsolve.problems import get_problem_kind
 
