@@ -147,7 +147,8 @@ def toy_domains(num_clients: int = 2, p: float | None = None, source_clients: in
     xe, ye = moons(n_test)
     return domain_split((xs, ys), (xt @ rot.T, yt), (xe @ rot.T, ye), 2, num_clients, p, source_clients,
                         classes_per_client, seed, "toy_domains",
-                        {"dataset": "toy_domains", "source": "two moons", "target": f"two moons rotated {rotation} deg"})
+                        {"dataset": "toy_domains", "source": "two moons",
+                         "target": f"two moons rotated {rotation} deg"})
 
 
 # ------------------------------------------------------------------ MNIST -> MNIST-M-like
