@@ -151,12 +151,12 @@ def test_remark8_strong_convexity_modulus():
 def test_eq39_complementarity_certificate_every_outer_step():
     x, y = np_data(N=40)
     prob = np_problem(x, y, 2, r=0.35)
-    params = {"beta": 5.0, "s_bar": 0.01, "rho": 1.0, "q": 0.5, "eps1": 1e-4, "eps2": 1e-4}
+    params = {"beta": 5.0, "s_bar": 0.1, "rho": 1.0, "q": 0.3, "eps1": 1e-4, "eps2": 1e-4}
     sim = Simulation(prob, get_algorithm("proxal")(params, prob),
-                     SimulationConfig(rounds=50, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
+                     SimulationConfig(rounds=35, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
     spec = prob.extras["constraints"]
     checked = 0
-    for before, mu_b, after, mu_a in step(sim, 50):
+    for before, mu_b, after, mu_a in step(sim, 35):
         if int(before["phase"]) == OUTER:  # the clients' multiplier step at w^{k+1} = before["w"]
             w = before["w"]
             c = torch.stack([spec.c_client(w, *client_rows(prob.data, i)) for i in range(2)])
@@ -241,6 +241,23 @@ def test_sequential_equals_vectorized():
             torch.testing.assert_close(a.clients[k], b.clients[k], rtol=1e-9, atol=1e-10)
 
 
+def test_newton_and_scipy_solve_the_same_subproblem():
+    from fedsolve.algorithms.constrained import subproblem as sp
+
+    x, y = np_data(N=40)
+    prob = np_problem(x, y, 2, r=0.3)
+    spec, rows = prob.extras["constraints"], client_rows(prob.data, 0)
+    wk, w = torch.zeros(3, dtype=torch.float64), torch.full((3,), 0.3, dtype=torch.float64)
+    lam = torch.tensor([0.1, -0.2, 0.05], dtype=torch.float64)
+    P = lambda u: client_P(spec, u, rows, torch.tensor([2.0], dtype=torch.float64), wk, 10.0, 1 / 30)  # noqa: E731
+    phi = lambda u: P(u) + (lam * (u - w)).sum() + 0.5 * (u - w).pow(2).sum()  # noqa: E731
+    a, ra, _ = sp.newton(phi, wk, 1e-9)
+    b, rb, _ = sp.scipy_lbfgsb(phi, wk, 1e-9)
+    assert float(ra) <= 1e-9 and float(rb) <= 1e-7
+    assert float((a - b).abs().max()) < 1e-6
+
+
+@pytest.mark.slow
 def test_scipy_reference_reaches_the_same_answer():
     x, y = np_data(N=40)
     prob = np_problem(x, y, 2, r=0.4)
