@@ -28,13 +28,14 @@ def test_round_accounting():
     assert run(prob, "fednest", 0, inner_ep=2, neumann=3).algo.rounds_per_iteration == 2 * 2 + 1 + 3 + 2
 
 
-def _hand_fednest(mats, x0, y0, c, local: bool):
-    """One outer iteration, full participation, full batches (local_ep epochs = local_ep steps)."""
-    n, steps = len(mats), int(c.local_ep)
+def _hand_fednest(mats, x0, y0, c, local: bool, taus=None):
+    """One outer iteration, full participation, full batches (local_ep epochs = local_ep steps, or tau_i)."""
+    n = len(mats)
+    taus = taus or [int(c.local_ep)] * n
     lr, hlr = c.lr, c.hlr
     glob = sum(A @ y0 - B @ x0 - cc for A, B, cc, C, e in mats) / n
     ys = []
-    for A, B, cc, C, e in mats:
+    for (A, B, cc, C, e), steps in zip(mats, taus):
         y = y0.copy()
         for _ in range(steps):
             g = A @ y - B @ x0 - cc
@@ -60,14 +61,16 @@ def _hand_fednest(mats, x0, y0, c, local: bool):
 
 
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
-def test_one_outer_iteration_matches_hand_computation(name):
+@pytest.mark.parametrize("taus", [None, [1, 4, 2]])
+def test_one_outer_iteration_matches_hand_computation(name, taus):
+    """Also with persistent per-client inner steps tau_i (Fig. 4: every method's local work varies)."""
     prob = quad_problem()
     mats = client_matrices(prob)
-    sim = run(prob, name, 0, batch_size=None, lr=0.05, hlr=0.1, local_ep=3)
+    sim = run(prob, name, 0, batch_size=None, lr=0.05, hlr=0.1, local_ep=3, tau_clients=taus)
     x0, y0 = sim.server["x"].numpy().copy(), sim.server["y"].numpy().copy()
     for _ in range(sim.algo.rounds_per_iteration):
         sim.step()
-    x1, y1 = _hand_fednest(mats, x0, y0, sim.algo.cfg, local=name == "lfednest")
+    x1, y1 = _hand_fednest(mats, x0, y0, sim.algo.cfg, local=name == "lfednest", taus=taus)
     assert np.allclose(sim.server["y"].numpy(), y1, atol=1e-12)
     assert np.allclose(sim.server["x"].numpy(), x1, atol=1e-12)
 

@@ -25,9 +25,10 @@ sample through FedIHGP/FedOut); with full participation (Fig. 4) the two coincid
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.algorithms.bilevel.local_steps import draw_tau, max_steps, validate_tau
 from fedsolve.bilevel import BilevelOracles
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
@@ -45,6 +46,19 @@ class FedNestConfig(BaseModel):
     neumann: int = Field(5, ge=0, description="Neumann-series terms of the inverse-Hessian-vector product")
     outer_tau: int = Field(1, ge=1, description="local x-steps per FedOut")
     batch_size: int | None = Field(64, ge=1, description="minibatch of the local SGD loops (null: full split)")
+    tau_max: int | None = Field(None, ge=1, description="system heterogeneity (Fig. 4): FedInn's local y-SGD takes "
+                                "each client's persistent tau_i ~ U{1..tau_max} steps instead of local_ep epochs "
+                                "(the same draw as SimFBO's for a seed)")
+    tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i of FedInn, one per client")
+
+    @model_validator(mode="after")
+    def _tau(self):
+        validate_tau(self.tau_max, self.tau_clients)
+        return self
+
+    @property
+    def heterogeneous(self) -> bool:
+        return self.tau_max is not None or self.tau_clients is not None
 
 
 class _Nested(Algorithm):
@@ -57,7 +71,9 @@ class _Nested(Algorithm):
         spec, c = self.oracles.spec, self.cfg
         full = lambda g: Work(epochs=None, steps=1, batch_size=None, group=g)  # noqa: E731
         self._work = {"lower_full": full(spec.lower_group), "upper_full": full(spec.upper_group),
-                      "lower_sgd": Work(epochs=c.local_ep, batch_size=c.batch_size, group=spec.lower_group),
+                      "lower_sgd": (Work(epochs=None, steps=max_steps(1, c.tau_max, c.tau_clients),
+                                         batch_size=c.batch_size, group=spec.lower_group) if c.heterogeneous else
+                                    Work(epochs=c.local_ep, batch_size=c.batch_size, group=spec.lower_group)),
                       "upper_sgd": Work(epochs=None, steps=c.outer_tau, batch_size=c.batch_size,
                                         group=spec.upper_group)}
         self.phases = self.build_schedule()
@@ -79,14 +95,19 @@ class _Nested(Algorithm):
         zy, zx = torch.zeros_like(y), torch.zeros_like(x)
         server = {"x": x.clone(), "y": y.clone(), "phase": torch.zeros((), dtype=torch.long),
                   "gy_glob": zy.clone(), "p": zy.clone(), "counter": zy.clone(), "hg_glob": zx.clone()}
-        return server, ClientStates(self.num_clients)
+        c = self.cfg
+        if not c.heterogeneous:
+            return server, ClientStates(self.num_clients)
+        tau = draw_tau(rngs, self.num_clients, 1, c.tau_max, c.tau_clients).to(device=x0.device, dtype=x0.dtype)
+        return server, ClientStates(self.num_clients, {"tau": tau})
 
     def phase(self, server) -> str:
         return self.phases[int(server["phase"]) % len(self.phases)]
 
     # ------------------------------------------------------------ client computations (one client)
-    def _lower_sgd(self, ctx, x, y, anchor: tuple | None):
-        """Local SGD on y over the lower split; ``anchor = (y0, global gradient)``: the SVRG correction."""
+    def _lower_sgd(self, ctx, state, x, y, anchor: tuple | None):
+        """Local SGD on y over the lower split (tau_i steps when heterogeneous); ``anchor = (y0, global
+        gradient)``: the SVRG correction."""
         lr = self.cfg.lr
         for k in range(ctx.max_steps("lower_sgd")):
             b = ctx.batch("lower_sgd", k)
@@ -95,6 +116,8 @@ class _Nested(Algorithm):
                 y0, glob = anchor
                 g = g - self.oracles.grad_y_g(x, y0, b)[0] + glob
             on = ctx.is_active("lower_sgd", k)
+            if "tau" in state:
+                on = on & (state["tau"] > k)
             y = y - lr * on.to(y.dtype) * g
         return y
 
@@ -164,7 +187,7 @@ class FedNest(_Nested):
         if "y_anchor" in msg:
             return {}, {"gy": O.grad_y_g(x, msg["y_anchor"], ctx.batch("lower_full", 0))[0]}
         if "gy_glob" in msg:
-            return {}, {"y": self._lower_sgd(ctx, x, msg["y"], (msg["y"], msg["gy_glob"]))}
+            return {}, {"y": self._lower_sgd(ctx, state, x, msg["y"], (msg["y"], msg["gy_glob"]))}
         if "y_p0" in msg:
             return {}, {"fy": O.grad_f(x, msg["y_p0"], ctx.batch("upper_full", 0))[1]}
         if "counter" in msg:
@@ -205,7 +228,7 @@ class LFedNest(_Nested):
         O, x = self.oracles, msg["x"]
         self.record_upper_loss(ctx, msg)
         if "y_inner" in msg:
-            return {}, {"y": self._lower_sgd(ctx, x, msg["y_inner"], None)}
+            return {}, {"y": self._lower_sgd(ctx, state, x, msg["y_inner"], None)}
         y = msg["y_outer"]
         _, fy, _ = O.grad_f(x, y, ctx.batch("upper_full", 0))
         p, counter = fy, fy

@@ -30,6 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.algorithms.bilevel.local_steps import draw_tau, max_steps, validate_tau
 from fedsolve.bilevel import BilevelOracles, project_ball
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
@@ -64,17 +65,12 @@ class SimFBOConfig(BaseModel):
 
     @model_validator(mode="after")
     def _tau(self):
-        if self.tau_max is not None and self.tau_clients is not None:
-            raise ValueError("give tau_max or tau_clients, not both")
-        if self.tau_clients is not None and min(self.tau_clients, default=1) < 1:
-            raise ValueError(f"tau_clients: every tau_i must be >= 1, got {self.tau_clients}")
+        validate_tau(self.tau_max, self.tau_clients)
         return self
 
     def steps(self) -> int:
         """The largest tau_i (the number of planned local steps)."""
-        if self.tau_clients is not None:
-            return max(self.tau_clients)
-        return self.tau_max if self.tau_max is not None else self.tau
+        return max_steps(self.tau, self.tau_max, self.tau_clients)
 
 
 @register
@@ -107,18 +103,11 @@ class SimFBO(Algorithm):
         """Objective weights p_i (sum to 1; float64 on the algorithm's device)."""
         return self._p
 
-    def tau_schedule(self, rngs) -> torch.Tensor:
-        c, n = self.cfg, self.num_clients
-        if c.tau_clients is not None:
-            return torch.tensor(c.tau_clients, dtype=torch.float64)
-        if c.tau_max is not None:
-            return torch.as_tensor(rngs.numpy("simfbo_tau").integers(1, c.tau_max + 1, size=n), dtype=torch.float64)
-        return torch.full((n,), float(c.tau), dtype=torch.float64)
-
     # ------------------------------------------------------------ Algorithm 1
     def init(self, x0, rngs):
         x, y = self.oracles.split(x0)
-        tau = self.tau_schedule(rngs).to(device=x0.device, dtype=x0.dtype)
+        c = self.cfg
+        tau = draw_tau(rngs, self.num_clients, c.tau, c.tau_max, c.tau_clients).to(device=x0.device, dtype=x0.dtype)
         server = {"x": x.clone(), "y": y.clone(), "v": torch.full_like(y, self.cfg.v0), "tau": tau.clone()}
         return server, ClientStates(self.num_clients, {"tau": tau.clone()})
 
