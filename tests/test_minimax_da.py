@@ -223,3 +223,23 @@ def test_experiment_suites_validate():
         assert cfg.problem is not None and cfg.problem.kind == "domain_adaptation", path.name
         names = {a.name for a in cfg.algorithms}
         assert names <= {"fedmm", "fedavggda", "fedproxgda", "fedsgda"} and names, path.name
+
+
+def test_pooled_single_client_holds_everything():
+    data = toy_domains(num_clients=1, n=30, n_test=10)
+    assert data.num_clients == 1 and int(data.train_sizes[0]) == 60
+    assert set(data.client_train_groups(0).tolist()) == {0, 1}
+
+
+@pytest.mark.realdata
+def test_mnist_pairs_build_from_the_cache():
+    from fedsolve.data.fetch import cache_dir, is_cached
+
+    if not is_cached("mnist") or not (cache_dir() / "skimage_photos.npz").exists():
+        pytest.skip("MNIST or the scikit-image photos are not in the cache")
+    from fedsolve.data.domains import mnist_digits, mnist_mnistm
+
+    d = mnist_mnistm(limit=200, test_limit=50, size=8)
+    assert d.input_shape == (3, 8, 8) and int(d.train_sizes.sum()) == 400 and d.test_x.min() >= 0
+    g = mnist_digits(limit=200, num_clients=4, source_clients=2)
+    assert g.input_shape == (1, 8, 8) and g.num_clients == 4 and float(g.train_x.max()) <= 1.0
