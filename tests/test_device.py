@@ -174,7 +174,8 @@ FAMILY_CASES = {
     "fednest": (_hyper_representation, {}), "lfednest": (_hyper_representation, {}),
     "fedmm": (_saddle, {**_GDA, "local_steps": 5}), "fedsgda": (_saddle, _GDA),
     "fedavggda": (_saddle, {**_GDA, "local_steps": 5}), "fedproxgda": (_saddle, {**_GDA, "local_steps": 5}),
-    "proxal": (_constrained_qp, {}), "fedavg_uncons": (_constrained_qp, {}), "fedprox_uncons": (_constrained_qp, {}),
+    "proxal": (_constrained_qp, {}), "cproxal": (_constrained_qp, {}), "fedavg_uncons": (_constrained_qp, {}),
+    "fedprox_uncons": (_constrained_qp, {}),
 }
 
 
