@@ -337,6 +337,13 @@ def test_bad_constraint_input_named_errors():
         get_algorithm("proxal")({}, FederatedProblem(data, lambda: LinearScore(3)))
 
 
+def test_infeasible_constraint_is_named():
+    x, y = np_data(N=60)
+    prob = np_problem(x, y, 1, r=0.3)   # the smallest class-1 loss of this data is 0.43 > r
+    with pytest.raises(ValueError, match=r"client 0's constraint \['class-1 loss - r'\] looks infeasible"):
+        run(prob, {"beta": 10.0, "s_bar": 0.1, "rho": 1.0, "q": 0.3, "infeasible_patience": 6}, 400)
+
+
 def test_prox_stationarity_exact_for_l1_and_box():
     w = torch.tensor([0.0, 1.0, -2.0], dtype=torch.float64)
     g = torch.tensor([0.3, -0.5, 0.2], dtype=torch.float64)

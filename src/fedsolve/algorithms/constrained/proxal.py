@@ -78,6 +78,9 @@ class ProxALConfig(BaseModel):
     admm_start: Literal["wk", "w0"] = Field("wk", description="ADMM start w~^0 = w^k (paper) or the original w^0 "
                                                             "(authors' NP code)")
     eps_floor: float = Field(0.0, ge=0, description="eps_{t+1} = max(q^t, eps_floor) (authors' code: 1e-10)")
+    infeasible_patience: int = Field(40, ge=0, description="stop with an error naming the constraint when the "
+                                     "largest multiplier step has not halved in this many outer iterations "
+                                     "(an infeasible constraint: its multiplier grows without bound); 0 = off")
 
 
 def initial_point(kind: str, x0: Tensor, seed_gen: torch.Generator) -> Tensor:
@@ -192,7 +195,8 @@ class ProxAL(Algorithm):
                   "dw": z.clone(), "dmu": z.clone(), "admm_rounds": torch.zeros((), dtype=torch.long),
                   "outer_rounds": torch.zeros((), dtype=torch.long), "inner_caps": torch.zeros((), dtype=torch.long),
                   "converged": torch.zeros((), dtype=torch.long), "floats_up": z.clone(), "floats_down": z.clone(),
-                  "client_res": z.clone()}
+                  "client_res": z.clone(), "dmu_ref": torch.tensor(1e300, dtype=torch.float64),
+                  "stall": torch.zeros((), dtype=torch.long)}
         rows = {"mu": torch.full((n, self.spec.m_client), c.mu0, dtype=torch.float64)}
         for key in ("wk", "u", "lam", "ut"):
             rows[key] = torch.zeros(n, d, dtype=torch.float64)
@@ -308,6 +312,7 @@ class ProxAL(Algorithm):
                 if int(server["k"]) >= c.max_outer:
                     s["phase"] = torch.tensor(DONE)
                     return s
+                self._watch_feasibility(s, server, dmu, uploads["dmu"])
             k = int(server["k"])
             s["tau"] = torch.tensor(c.s_bar / (k + 1) ** 2, dtype=torch.float64)
             s["t"] = torch.zeros((), dtype=torch.long)
@@ -338,6 +343,25 @@ class ProxAL(Algorithm):
         z, res = srv.solve(ut, server["mu0"], server["w"], server["z"], self._eps(t + 1))
         s["z"], s["srv_res"] = z, torch.tensor(res, dtype=torch.float64)
         return s
+
+    def _watch_feasibility(self, s, server, dmu: float, dmu_clients: Tensor) -> None:
+        """No progress on feasibility: the largest ||mu^{k+1} - mu^k||_inf (= beta x that party's violation once
+        w settles) has not halved in ``infeasible_patience`` outer iterations -> a clear error naming it."""
+        c = self.cfg
+        if dmu < 0.5 * float(server["dmu_ref"]) or dmu <= c.beta * c.eps2:
+            s["dmu_ref"], s["stall"] = torch.tensor(dmu, dtype=torch.float64), torch.zeros((), dtype=torch.long)
+            return
+        s["stall"] = server["stall"] + 1
+        if c.infeasible_patience and int(s["stall"]) >= c.infeasible_patience:
+            if float(server["dmu0"]) >= float(dmu_clients.max()):
+                who = f"the server constraint {list(self.spec.server.constraint.names)}"
+            else:
+                i = int(dmu_clients.argmax())
+                who = f"client {i}'s constraint {list(self.spec.client_constraint.names)}"
+            raise ValueError(f"{self.name}: {who} looks infeasible: after {int(server['k'])} outer iterations its "
+                             f"multiplier still grows by {dmu / c.beta:.3g} x beta per iteration (no halving in "
+                             f"{c.infeasible_patience}); loosen the constraint or check its data "
+                             f"(infeasible_patience=0 turns this check off)")
 
     def eval_broadcast(self, server, ids):
         return {"w": self.expand(server["w"], ids)}
