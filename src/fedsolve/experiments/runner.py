@@ -496,11 +496,11 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
         raise ConfigError("--resume and --overwrite contradict each other; give one")
     base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
     order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
-    if not resume and not overwrite and ((base / "summary.json").exists() or any(
-            (default_run_dir(cfg, spec, seed, base) / f).exists() for seed, spec in order
-            for f in ("checkpoint.pt", "summary.json"))):
-        raise ConfigError(f"{base} already holds the runs of a compare; pass --resume to continue it or "
-                          f"--overwrite to start over")
+    held = [default_run_dir(cfg, spec, seed, base) for seed, spec in order]
+    held = [d for d in held if (d / "checkpoint.pt").exists() or (d / "summary.json").exists()]
+    if held and not resume and not overwrite:   # only the runs this call would write count (--only may add)
+        raise ConfigError(f"{base} already holds {len(held)} of these runs ({held[0].relative_to(base)} first); "
+                          f"pass --resume to continue them or --overwrite to start over")
     base.mkdir(parents=True, exist_ok=True)
     atomic_write_text(base / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     t0 = time.perf_counter()
