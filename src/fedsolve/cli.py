@@ -34,7 +34,8 @@ def _out_dir(path: Path) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"--out {path}: cannot write there ({e.strerror or e}); allowed: a writable folder "
+        why = "it is a file" if path.is_file() else (e.strerror or str(e))
+        raise ConfigError(f"--out {path}: cannot write there ({why}); allowed: a writable folder "
                           f"(not under a file)") from None
     return path
 
@@ -143,7 +144,12 @@ def _cmd_list(args) -> int:
 def _cmd_report(args) -> int:
     from fedsolve.experiments.report import report_dir
 
-    print(report_dir(args.dir))
+    try:
+        print(report_dir(args.dir))
+    except (ValueError, OSError) as e:   # a broken summary.json / config.yaml, a missing file
+        print(f"error: fedsolve report {args.dir}: {e}; allowed: a run or compare folder written by fedsolve",
+              file=sys.stderr)
+        return EXIT_CONFIG
     return 0
 
 

@@ -172,7 +172,8 @@ class ExperimentConfig(BaseModel):
     algorithm: AlgorithmSpec | None = Field(None, description="the algorithm of `fedsolve run`")
     algorithms: list[AlgorithmSpec] = Field(default_factory=list, description="algorithms of `fedsolve compare`")
     defaults: dict[str, Any] = Field(default_factory=dict,
-                                     description="hyper-parameters applied to every algorithm that has them")
+                                     description="hyper-parameters applied to every algorithm that has them "
+                                                 "(a key that no registered algorithm has is refused)")
     paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers, shown next to ours")
     threads: int | None = Field(None, ge=1, description="torch threads (default: min(2, cores))")
     out_dir: str = Field("runs", description="parent folder of run folders")
@@ -193,11 +194,15 @@ class ExperimentConfig(BaseModel):
         specs = ([self.algorithm] if self.algorithm else []) + list(self.algorithms)
         if not specs:
             raise ValueError("give `algorithm` (for run) or `algorithms` (for compare)")
-        known = {f for spec in specs for f in get_algorithm(spec.name).Config.model_fields}
-        unknown = sorted(set(self.defaults) - known)
+        # a key no registered algorithm has is a typo; a key of other algorithms is a shared template's default
+        from fedsolve.algorithms import ALGORITHMS
+
+        anywhere = {f for cls in ALGORITHMS.values() for f in cls.Config.model_fields}
+        unknown = sorted(set(self.defaults) - anywhere)
         if unknown:
-            raise ValueError(f"defaults.{unknown[0]}: not a hyper-parameter of any algorithm in this config; "
-                             f"allowed: {sorted(known)}")
+            mine = sorted({f for spec in specs for f in get_algorithm(spec.name).Config.model_fields})
+            raise ValueError(f"defaults.{unknown[0]}: not a hyper-parameter of any algorithm; allowed (this "
+                             f"config's algorithms): {mine}")
         for spec in specs:
             cls = get_algorithm(spec.name)
             params = merged_params(cls, self.defaults, spec.params)
@@ -296,6 +301,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set {item!r}: expected key=value (e.g. simulation.rounds=5)")
         key, val = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"--set {item!r}: the key has an empty part; expected dotted.key=value "
+                              f"(e.g. simulation.rounds=5)")
         node = raw
         for p in parts[:-1]:
             if isinstance(node, list):
