@@ -208,7 +208,13 @@ def test_bad_paths_and_imports_are_errors(tmp_path, capsys):
         (["compare", p, "--quiet", "--out", str(tmp_path / "afile" / "cmp")], "--out"),
         (["--import", "no_such_module_xyz", "list"], "no_such_module_xyz"),
         (["--import", str(tmp_path / "missing.py"), "list"], "missing.py"),
+        (["run", p, "--algorithm", "FedAvg", "--quiet", "--out", str(tmp_path / "afile")], "it is a file"),
+        (["run", p, "--algorithm", "FedAvg", "--quiet", "--set", "simulation..rounds=2"], "empty part"),
+        (["report", str(tmp_path / "broken")], "fedsolve report"),
+        (["report", str(tmp_path / "nothing-here")], "no summary.json"),
     ]
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "summary.json").write_text("{not json")
     if os.geteuid() != 0:                                # root writes anywhere
         ro = tmp_path / "ro"
         ro.mkdir()
