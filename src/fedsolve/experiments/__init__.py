@@ -2,7 +2,8 @@
 
 from fedsolve.experiments.config import (AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides, load_config,
                                          parse_config)
-from fedsolve.experiments.runner import build_algorithm, build_data, build_problem, compare, run_one
+from fedsolve.experiments.runner import (build_algorithm, build_data, build_problem, check_resume, compare, run_config,
+                                         run_one)
 
 __all__ = ["AlgorithmSpec", "ConfigError", "ExperimentConfig", "apply_overrides", "load_config", "parse_config",
-           "build_algorithm", "build_data", "build_problem", "compare", "run_one"]
+           "build_algorithm", "build_data", "build_problem", "check_resume", "compare", "run_config", "run_one"]
