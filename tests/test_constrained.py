@@ -299,6 +299,13 @@ def test_outer_cap_says_did_not_converge():
     assert status is not None and "did not converge" in status and "max_outer=1" in status
 
 
+def test_inner_cap_hits_void_the_certificate_in_the_status():
+    prob = qp_problem(4, 2, 1, seed=0)
+    _, res = run(prob, {**QP, "beta": 1.0, "s_bar": 0.1, "max_inner": 2, "eps1": 0.9, "eps2": 0.9}, 40)
+    st = res.extras["constrained"]["status"]
+    assert "Eq. 11 passed, but" in st and "max_inner=2" in st
+
+
 def test_partial_participation_is_refused():
     prob = qp_problem(4, 3, 1, seed=0)
     algo = get_algorithm("proxal")(QP, prob)

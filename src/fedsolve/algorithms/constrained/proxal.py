@@ -374,6 +374,10 @@ class ProxAL(Algorithm):
 
     # ----------------------------------------------------------------- certificates
     def status(self, server) -> str:
+        caps = int(server["inner_caps"])
+        if int(server["converged"]) and caps:
+            return (f"Eq. 11 passed, but {caps} inner loop(s) stopped at max_inner={self.cfg.max_inner} before Eq. 23: "
+                    f"Eq. 10 did not hold, so Theorem 3's certificate does not follow (see kkt_eps1/kkt_eps2)")
         if int(server["converged"]):
             return "converged (Eq. 11 passed)"
         if int(server["phase"]) == DONE:
