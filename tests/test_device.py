@@ -245,3 +245,29 @@ def test_cuda_checkpoint_resumes_on_the_cpu(tmp_path):
     assert s.start_round == 2
     for k in full.server:
         _close(full.server[k], resumed.server[k], f"server {k}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CUDA, reason="a machine with a GPU runs the CUDA tests themselves")
+def test_the_cuda_tests_pass_on_a_cpu_stand_in_for_the_gpu():
+    """This file's CUDA tests, in a process where ``tests/fake_cuda.py`` stands in for a GPU (tensors "on cuda"
+    are tagged CPU tensors, and an operation mixing them with CPU tensors fails as on CUDA): the device plumbing
+    checked on a machine without a GPU (not CUDA's numerics)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import fake_cuda
+
+    if not fake_cuda.available():
+        pytest.skip("this torch lacks the internals tests/fake_cuda.py uses")
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fake_cuda",
+                        str(Path(__file__).resolve()), "-k", "cuda and not stand_in and not without_cuda"],
+                       capture_output=True, text=True, env=env, timeout=1200, cwd=here.parent)
+    tail = (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0, tail
+    summary = r.stdout.strip().splitlines()[-1]
+    assert int(summary.split(" passed")[0].split()[-1]) >= 20 and " skipped" not in summary, tail
