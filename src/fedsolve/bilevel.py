@@ -16,7 +16,9 @@ ever formed), so they run one client at a time or under ``vmap`` (the vectorized
 * ``grad_y_g``, ``grad_f`` (= (grad_x f, grad_y f));
 * ``second_g(x, y, v)`` = (grad2_xy g v, grad2_yy g v): ONE double-backward pass of <grad_y g, v>
   with respect to (x, y) (the mixed Jacobian-vector and the Hessian-vector product);
-* ``hvp_yy_g`` and ``jvp_xy_g``: the two halves.
+* ``hvp_yy_g`` and ``jvp_xy_g``: the two halves;
+* ``surrogate`` (barGrad f_i = grad_x f - grad2_xy g v) and ``ls_grad`` (grad_v R_i = grad2_yy g v - grad_y f),
+  SimFBO's x- and v-directions.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class BilevelSpec:
         x_block, y_block: names of the layout blocks holding x (upper variable) and y (lower variable);
             disjoint, together every parameter of the model.
         upper_group, lower_group: row groups (``FederatedData.group_names``) f_i and g_i are computed on.
-        lower_reg, upper_reg: regularisers added to g_i / f_i (functions of the flat parameters).
+        lower_reg, upper_reg: regularisers added to g_i / f_i (functions of the ``{name: tensor}`` parameters).
         name: a short description for reports.
     """
 
