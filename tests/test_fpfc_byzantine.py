@@ -179,3 +179,29 @@ def test_attack_block_corrupts_only_that_block():
     assert float((runs["all"][~bias] - runs["clean"][~bias]).abs().max()) > 1.0
     with pytest.raises(ValueError, match="attack_block: the model has no block 'head'"):
         get_algorithm("byz_fedavg")(dict(base, attack="gaussian", attack_block="head"), prob)
+
+
+def test_wrapper_composes_with_any_declared_algorithm_and_equals_the_registered_name():
+    """``Byzantine(inner, attack=...)`` wraps an algorithm object: the same run as the registered ``byz_<name>``,
+    the inner algorithm's config, methods and full-batch executor pass through, and set_hparams reaches it."""
+    from fedsolve.algorithms.byzantine import Byzantine
+    from fedsolve.algorithms.fpfc import FPFC
+
+    prob = _small_s1()
+    cfg = SimulationConfig(rounds=3, eval_every=3, executor="auto", sampling={"fraction": 0.5}, metrics=[])
+    base = dict(lam=0.6, init_std=0.1, local_epochs=5, batch_size=None)
+    attack = dict(attack="gaussian", malicious_fraction=0.4, attack_seed=2, attacker_view="own")
+    wrapped = Byzantine(FPFC(base, prob), **attack)
+    named = get_algorithm("byz_fpfc")(dict(base, **attack), prob)
+    sims = [Simulation(prob, a, cfg, seed=0) for a in (wrapped, named)]
+    for s in sims:
+        s.run()
+    assert type(sims[0].executor).__name__ == type(sims[1].executor).__name__ == "LinearGDExecutor"
+    for k, v in sims[1].server.items():
+        assert torch.equal(sims[0].server[k], v), k
+    assert wrapped.name == "byz_fpfc" and wrapped.cfg.lam == 0.6 and torch.equal(benign_mask(wrapped), benign_mask(named))
+    assert wrapped.cluster_labels(sims[0].server).shape == (prob.num_clients,)     # the inner algorithm's method
+    sims[0].set_hparams(lam=0.3)
+    assert wrapped.inner.cfg.lam == 0.3 and int((~benign_mask(wrapped)).sum()) == 40
+    with pytest.raises(ValueError, match="malicious_fraction"):
+        Byzantine(FPFC(base, prob), attack="gaussian", malicious_fraction=1.5)

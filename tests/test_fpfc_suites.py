@@ -1,28 +1,32 @@
-"""Every FPFC suite in experiments/fpfc/ loads and runs (tiny: 1 seed, 2 rounds, small data), and every
-driver script has a --smoke mode that writes a report with the paper's numbers.
+"""The FPFC experiments: every experiment YAML in experiments/fpfc/ runs under ``fedsolve compare`` (tiny), every
+suite YAML loads, and each suite gives the numbers of the driver script it replaced.
 
-Suites on fetched data (mnist, fmnist) are marked ``realdata``.
+Equivalence: the reference numbers below were produced by the driver scripts as they were at commit d8fc5a8
+(``experiments/fpfc/<driver>.py``, deleted since), each run with its own ``--smoke`` settings and one torch
+thread; the arguments are named at each table. Each test runs the suite live on the same reduced settings
+(``--set`` overrides) and compares. Suites on fetched data (mnist, fmnist) are marked ``realdata``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
-import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import suite_dataset, suite_param
 from fedsolve.core import native
 from fedsolve.experiments.config import load_config
 from fedsolve.experiments.runner import compare
+from fedsolve.experiments.suite import load_suite, main
 
 DIR = Path(__file__).resolve().parents[1] / "experiments" / "fpfc"
-SUITES = sorted(DIR.glob("*.yaml"))
+ALL = sorted(DIR.glob("*.yaml"))
+SUITES = [p for p in ALL if "protocol" in (yaml.safe_load(p.read_text()) or {})]
+EXPERIMENTS = [p for p in ALL if p not in SUITES]
 REAL = {"mnist", "fmnist"}
-DRIVERS = ["s1_protocol", "table2_tuning", "table3_newcomers", "robustness", "tune_baselines", "fig1_paths",
-           "join_partial", "plot_robustness"]
+APPROX = dict(rel=1e-6, abs=1e-7)
 
 
 def _tiny(path: Path) -> list[str]:
@@ -35,15 +39,21 @@ def _tiny(path: Path) -> list[str]:
     return sets
 
 
-def test_suites_found():
-    names = {p.stem for p in SUITES}
-    assert {"synthetic_s1", "synthetic_s3", "hbf", "lambda_sensitivity", "xi_sensitivity", "label_swap_mnist",
-            "label_swap_fmnist"} <= names
-    for d in DRIVERS:
-        assert (DIR / f"{d}.py").exists()
+def test_experiments_dir_holds_yaml_only():
+    assert not list(DIR.glob("*.py")), "experiments/fpfc/ holds suites, not driver scripts"
+    assert {p.stem for p in SUITES} >= {"fig1_paths", "robustness_synthetic", "robustness_mnist", "robustness_fmnist",
+                                         "table3_newcomers", "table3_mnist", "table3_fmnist", "s1_acceptance",
+                                         "table2_tuning", "tune_pacfl", "oracle_gap"}
 
 
-@pytest.mark.parametrize("path", [suite_param(p, REAL) for p in SUITES])
+@pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
+def test_suite_loads_with_its_experiment(path):
+    suite, base = load_suite(path)
+    assert suite.description.strip() and suite.tables
+    assert suite.paper.get("source"), f"{path.name}: name the paper's table or figure"
+
+
+@pytest.mark.parametrize("path", [suite_param(p, REAL) for p in EXPERIMENTS])
 def test_suite_runs_tiny(path, tmp_path):
     cfg = load_config(path, _tiny(path))
     assert cfg.description.strip()
@@ -58,269 +68,187 @@ def test_suite_runs_tiny(path, tmp_path):
     assert "Paper's numbers" in report
 
 
-def _driver(name):
-    sys.path.insert(0, str(DIR))
-    spec = importlib.util.spec_from_file_location(f"fpfc_driver_{name}", DIR / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _suite(name: str, tmp_path, *sets: str) -> list[dict]:
+    return main(str(DIR / f"{name}.yaml"), out=str(tmp_path / name), sets=list(sets), progress=False)
 
 
-@pytest.mark.parametrize("args", [["--protocol", "fixed"], ["--protocol", "warmup", "--refit-full"],
-                                  ["--protocol", "separate"]], ids=["fixed", "warmup", "separate"])
-def test_s1_protocol_smoke(args, tmp_path):
-    res = _driver("s1_protocol").main([*args, "--smoke", "--threads", "1", "--out", str(tmp_path)])
-    assert len(res) == 1 and 1 <= res[0]["num_clusters"] <= 100
-    assert "89.46%" in (tmp_path / "report.md").read_text()
+def _by(rows, *keys):
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
 
 
-def test_table2_smoke(tmp_path):
-    _driver("table2_tuning").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
-    text = (tmp_path / "report.md").read_text()
-    assert "4.02 h" in text and "0.46 h" in text
+SYN_SMALL = ["seeds=[0]", "experiment.data.params.size_scale=0.05", "experiment.data.params.max_size=100"]
 
 
-def test_fig1_paths_smoke(tmp_path):
-    """Fig. 1 driver: four penalties on one lambda grid, lambda 0 is LOCAL for all (same slopes, no fusion),
-    squared l2 never fuses exactly (its slopes keep their spread), and the report and plot are written."""
-    res = _driver("fig1_paths").main(["--smoke", "--out", str(tmp_path)])
-    assert list(res) == ["squared l2", "l1", "SCAD", "smoothed SCAD"]
-    at0 = [recs[0] for recs in res.values()]
-    assert all(r["lam"] == 0 and r["groups"] == 50 for r in at0)
-    assert all(r["slopes"] == at0[0]["slopes"] for r in at0)
-    assert all(r["groups"] >= 45 and r["spread"] > 0.05 for r in res["squared l2"])     # never fuses exactly
-    assert res["l1"][-1]["groups"] < 50
-    assert (tmp_path / "plots" / "paths.png").stat().st_size > 0
-    assert "l1 fuses everything into one group by lambda ~0.08" in (tmp_path / "report.md").read_text()
+# fig1_paths.py --smoke (grid 0, 0.08, 0.4, 2.0; 5 rounds per lambda; seed 0): groups, ARI, spread per penalty
+FIG1 = {"squared l2": [(50, 0.0, 0.2675336003303528), (50, 0.0, 0.22978132963180542), (50, 0.0, 0.22274580597877502),
+                       (49, 0.0017, 0.14512163400650024)],
+        "l1": [(50, 0.0, 0.2675336003303528), (28, 0.09, 0.16702604293823242), (2, 1.0, 0.048943161964416504),
+               (1, 0.0, 0.13968780636787415)],
+        "SCAD": [(50, 0.0, 0.2675336003303528), (29, 0.0747, 0.17877334356307983), (2, 1.0, 0.012045025825500488),
+                 (1, 0.0, 0.16912049055099487)],
+        "smoothed SCAD": [(50, 0.0, 0.2675336003303528), (29, 0.0747, 0.17877376079559326),
+                          (2, 1.0, 0.012004256248474121), (1, 0.0, 0.16910290718078613)]}
 
 
-def test_table3_smoke(tmp_path):
-    res = _driver("table3_newcomers").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
-    assert set(res) == {"FPFC", "FPFC-l1", "LOCAL", "FedAvg", "LG", "Per-FedAvg", "IFCA", "CFL", "PACFL"}
-    text = (tmp_path / "report.md").read_text()
-    assert "79.31%" in text and "| LG | 66.22% |" in text and "not run" not in text
-    # the clustering methods' clusters on the old devices (80 of them) are recorded and reported
-    found = json.loads((tmp_path / "partial.json").read_text())["old_clusters"]
-    assert set(found) == {"0/FPFC", "0/FPFC-l1", "0/IFCA", "0/CFL", "0/PACFL"}
-    assert all(1 <= d["num_clusters"] <= 80 and -1 <= d["ari"] <= 1 for d in found.values())
-    assert found["0/IFCA"]["num_clusters"] <= 4                  # IFCA is told L = 4
-    assert "Clusters found on the old devices" in text
-    assert f"| IFCA | {found['0/IFCA']['num_clusters']:.0f} / {found['0/IFCA']['ari']:.2f} |" in text
+def test_fig1_suite_gives_the_drivers_paths(tmp_path):
+    rows = _suite("fig1_paths", tmp_path, "args.grid=[0.0, 0.08, 0.4, 2.0]", "args.rounds=5")
+    for label, ref in FIG1.items():
+        got = sorted((r for r in rows if r["algorithm"] == label), key=lambda r: r["lam"])
+        assert [r["groups"] for r in got] == [g for g, _, _ in ref]
+        assert [r["ari"] for r in got] == pytest.approx([a for _, a, _ in ref], abs=1e-4)
+        assert [r["spread"] for r in got] == pytest.approx([s for _, _, s in ref], **APPROX)
+    text = (tmp_path / "fig1_paths" / "report.md").read_text()
+    assert "| 0.4 | 50 | 2 | 2 | 2 |" in text               # fused groups: squared l2 never fuses
+    assert (tmp_path / "fig1_paths" / "lambda_path.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_table3_resume_keeps_finished_methods(tmp_path):
-    """--resume reads OUT/partial.json (written after every method) and runs only what is missing; other
-    settings in the same folder are refused."""
-    drv = _driver("table3_newcomers")
-    base = ["--smoke", "--threads", "1", "--out", str(tmp_path)]
-    first = drv.main([*base, "--algorithms", "fedavg", "local"])
-    part = json.loads((tmp_path / "partial.json").read_text())
-    assert set(part["results"]) == {"0/FedAvg", "0/LOCAL"}
-    part["results"]["0/FedAvg"] = 0.123                       # a kept result is not recomputed
-    (tmp_path / "partial.json").write_text(json.dumps(part))
-    again = drv.main([*base, "--algorithms", "fedavg", "local", "ifca", "--resume"])
-    assert again["FedAvg"] == [0.123] and again["LOCAL"] == first["LOCAL"] and len(again["IFCA"]) == 1
-    part = json.loads((tmp_path / "partial.json").read_text())
-    assert set(part["old_clusters"]) == {"0/IFCA"}           # FedAvg and LOCAL find no clusters
-    del part["old_clusters"]                                  # a partial.json written before this record
-    (tmp_path / "partial.json").write_text(json.dumps(part))
-    drv.main([*base, "--algorithms", "fedavg", "local", "ifca", "--resume"])
-    assert "Clusters found" not in (tmp_path / "report.md").read_text()   # nothing recorded: no cluster table
-    with pytest.raises(SystemExit, match="--resume: .* other settings"):
-        drv.main([*base, "--algorithms", "fedavg", "--resume", "--lam", "0.3"])
+# robustness.py --smoke (S1, size_scale 0.05, max n_i 100, 2 rounds, seed 0, fractions 0 and 0.4, the three
+# attacks, attacker view own, methods fpfc fedavg ifca local): the benign devices' mean test accuracy
+ROBUST = {("none", 0.0, "FPFC"): 0.33420840818434955, ("none", 0.0, "FedAvg"): 0.3606204340979457,
+          ("none", 0.0, "IFCA"): 0.3473182827606797, ("none", 0.0, "LOCAL"): 0.3763887957111001,
+          ("any", 0.4, "FPFC"): 0.2821928752586246, ("any", 0.4, "LOCAL"): 0.33794499809543294,
+          ("same_value", 0.4, "FedAvg"): 0.33088295459747313, ("same_value", 0.4, "IFCA"): 0.3207791664948066,
+          ("sign_flip", 0.4, "FedAvg"): 0.12730406324068705, ("sign_flip", 0.4, "IFCA"): 0.13242521478484073,
+          ("gaussian", 0.4, "FedAvg"): 0.020082377828657627, ("gaussian", 0.4, "IFCA"): 0.035044192398587866}
 
 
-def test_table3_jobs_give_the_results_of_one_process(tmp_path):
-    drv = _driver("table3_newcomers")
-    base = ["--smoke", "--threads", "1", "--algorithms", "fpfc", "ifca", "local"]
-    one = drv.main([*base, "--out", str(tmp_path / "one")])
-    two = drv.main([*base, "--jobs", "3", "--out", str(tmp_path / "two")])
-    assert one == two and len(one) == 3
-    clusters = [json.loads((tmp_path / d / "partial.json").read_text())["old_clusters"] for d in ("one", "two")]
-    assert clusters[0] == clusters[1] and set(clusters[0]) == {"0/FPFC", "0/IFCA"}
+def test_robustness_suite_gives_the_drivers_numbers(tmp_path):
+    rows = _suite("robustness_synthetic", tmp_path, *SYN_SMALL, "experiment.simulation.rounds=2",
+                  "sweep.fraction=[0.0, 0.4]")
+    assert len(rows) == 3 * 2 * 4
+    for r in rows:
+        ref = ROBUST.get(("none" if r["fraction"] == 0 else r["attack"], r["fraction"], r["algorithm"]),
+                         ROBUST.get(("any", r["fraction"], r["algorithm"])))
+        assert r["benign_accuracy"] == pytest.approx(ref, **APPROX), r
+    # fraction 0 and LOCAL: one run serves every attack (4 + 1 + 3 x 3 runs for 24 cells)
+    assert len(list((tmp_path / "robustness_synthetic" / "cells").glob("*.json"))) == 4 + 1 + 9
+    text = (tmp_path / "robustness_synthetic" / "report.md").read_text()
+    assert "## benign devices' mean test accuracy: gaussian" in text and "| FedAvg | 36.06% | 2.01% |" in text
+    assert (tmp_path / "robustness_synthetic" / "attack_grid.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_table3_split_over_processes_and_joined(tmp_path):
-    """A column split over two --out folders, joined by join_partial.py, reports without running again and
-    gives the numbers of one unsplit call; files of other settings, or with other results, are refused."""
-    drv, join = _driver("table3_newcomers"), _driver("join_partial")
-    base = ["--smoke", "--threads", "1"]
-    whole = drv.main([*base, "--algorithms", "fedavg", "ifca", "--out", str(tmp_path / "whole")])
-    drv.main([*base, "--algorithms", "fedavg", "--out", str(tmp_path / "a")])
-    drv.main([*base, "--algorithms", "ifca", "--out", str(tmp_path / "b")])
-    part = join.main([str(tmp_path / "all"), str(tmp_path / "a"), str(tmp_path / "b" / "partial.json")])
-    assert set(part["results"]) == {"0/FedAvg", "0/IFCA"} and set(part["old_clusters"]) == {"0/IFCA"}
-    joined = drv.main([*base, "--algorithms", "fedavg", "ifca", "--resume", "--out", str(tmp_path / "all")])
-    assert joined == whole
-    assert "2 results kept from partial.json" in (tmp_path / "all" / "report.md").read_text()
-    drv.main([*base, "--algorithms", "fedavg", "--lam", "0.3", "--out", str(tmp_path / "c")])
-    with pytest.raises(SystemExit, match="only runs of the same settings can be joined"):
-        join.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "c")])
-    other = json.loads((tmp_path / "a" / "partial.json").read_text())
-    other["results"]["0/FedAvg"] += 0.01
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "partial.json").write_text(json.dumps(other))
-    with pytest.raises(SystemExit, match="'0/FedAvg' is .* in one file"):
-        join.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "d")])
-    with pytest.raises(SystemExit, match="no partial.json"):
-        join.main([str(tmp_path / "x"), str(tmp_path / "nothing")])
+# table3_newcomers.py --smoke (S1, size_scale 0.05, max n_i 100, 2 rounds, 2 newcomer rounds, seed 0): the
+# newcomers' mean test accuracy, and (number, ARI) of the clusters found on the 80 old devices
+TABLE3 = {"FPFC": 0.6317735135555267, "FPFC-l1": 0.611869664490223, "LOCAL": 0.6072863325476646,
+          "FedAvg": 0.3413888942450285, "LG": 0.6152029991149902, "Per-FedAvg": 0.4788888957351446,
+          "IFCA": 0.5909401796758175, "CFL": 0.3413888942450285, "PACFL": 0.6047863319516182}
+TABLE3_CLUSTERS = {"FPFC": (3.0, 0.03934434271767859), "FPFC-l1": (18.0, 0.15989398333713517),
+                   "IFCA": (4.0, 0.14376309164632858), "CFL": (1.0, 0.0), "PACFL": (80.0, 0.0)}
 
 
-def _suite_sets(path: Path) -> list[str]:
-    return [a for kv in _tiny(path) if not kv.startswith("seeds=") for a in ("--set", kv)]
+def _table3(tmp_path, methods):
+    rows = _suite("table3_newcomers", tmp_path, *SYN_SMALL, "experiment.simulation.rounds=2",
+                  "args.newcomer_rounds=2", f"algorithms={methods}")
+    got = _by(rows, "algorithm")
+    assert list(got) == methods
+    for label, r in got.items():
+        assert r["newcomer_accuracy"] == pytest.approx(TABLE3[label], **APPROX), label
+        assert r["old"] == 80 and r["new"] == 20
+        if label in TABLE3_CLUSTERS:
+            assert (r["num_clusters"], r["ari"]) == pytest.approx(TABLE3_CLUSTERS[label], **APPROX), label
+        else:
+            assert "num_clusters" not in r
+    return (tmp_path / "table3_newcomers" / "report.md").read_text()
+
+
+def test_table3_suite_gives_the_drivers_numbers(tmp_path):
+    text = _table3(tmp_path, ["FPFC", "FPFC-l1", "FedAvg", "LG", "Per-FedAvg", "IFCA"])
+    assert "| FPFC | 79.31% | 63.18% |" in text and "| LG | 66.22% | 61.52% |" in text
+
+
+@pytest.mark.slow
+def test_table3_suite_gives_the_drivers_numbers_slow_methods(tmp_path):
+    _table3(tmp_path, ["LOCAL", "CFL", "PACFL"])
+
+
+# s1_protocol.py --protocol {fixed, warmup [--refit-full], separate} --smoke (S1, size_scale 0.2, max n_i 200,
+# 6 rounds, evaluation every 3, validation 80/20, lambda 0.6; warmup grid 0, 0.5, ..., 3.5, a check every round,
+# at most 2 rounds per lambda; separate grid 0.2, 0.4; seed 0):
+# (test accuracy, own-w accuracy, clusters, ARI, chosen lambda)
+S1 = {"fixed": (0.5816427547857166, 0.6106604088656604, 10, 0.29721265267773256, 0.6),
+      "warmup": (0.51627191927284, 0.5143173661455512, 9, 0.38773567575691786, 0.5),
+      "separate": (0.6113417918793858, 0.6132448569498956, 28, 0.5472550870779181, 0.4)}
+S1_SMALL = ["seeds=[0]", "experiment.data.params.size_scale=0.2", "experiment.data.params.max_size=200",
+            "experiment.simulation.rounds=6", "args.eval_every=3", "args.validation=true", "args.check_every=1",
+            "args.max_per_lambda=2"]
+
+
+def _s1_row(r):
+    return (r["test_accuracy"], r["test_accuracy_own_w"], r["num_clusters"], r["ari"], r["lam"])
+
+
+def test_s1_suite_gives_the_drivers_numbers(tmp_path):
+    rows = _suite("s1_acceptance", tmp_path, *S1_SMALL, "sweep.strategy=[fixed, warmup]", "args.grid=null")
+    rows += _suite("s1_acceptance", tmp_path / "sep", *S1_SMALL, "sweep.strategy=[separate]", "args.grid=[0.2, 0.4]")
+    got = _by(rows, "strategy")
+    for strategy, ref in S1.items():
+        assert _s1_row(got[strategy]) == pytest.approx(ref, **APPROX), strategy
+    assert got["warmup"]["switches"] == [[0, 0.0], [2, 0.5], [4, 1.0], [6, 0.5]]
+    assert [g["lam"] for g in got["separate"]["grid"]] == [0.2, 0.4]
+    text = (tmp_path / "s1_acceptance" / "report.md").read_text()
+    assert "| fixed | 89.46% | 58.16% |" in text
+
+
+def test_s1_warmup_refit_full_gives_the_drivers_numbers(tmp_path):
+    rows = _suite("s1_acceptance", tmp_path, *S1_SMALL, "sweep.strategy=[warmup]", "args.refit_full=true")
+    assert _s1_row(rows[0]) == pytest.approx(S1["warmup"], **APPROX)
+
+
+# table2_tuning.py --smoke (s1_protocol's smoke settings for both strategies; separate on the first two grid
+# values, 0 and 0.5; warmup on 0, 0.5, ..., 3.5): (chosen lambda, test accuracy, clusters, ARI)
+TABLE2 = {"separate": (0.5, 0.6164089908823371, 21, 0.47569255839217817),
+          "warmup": (0.5, 0.51627191927284, 9, 0.38773567575691786)}
+
+
+def test_table2_suite_gives_the_drivers_numbers(tmp_path):
+    small = [s.replace("args.validation=true", "args.tol=0.0001") for s in S1_SMALL]
+    sep = _suite("table2_tuning", tmp_path / "a", *small, "sweep.strategy=[separate]", "args.grid=[0.0, 0.5]")
+    warm = _suite("table2_tuning", tmp_path / "b", *small, "sweep.strategy=[warmup]")
+    for strategy, (r,) in (("separate", sep), ("warmup", warm)):
+        assert (r["lam"], r["test_accuracy"], r["num_clusters"], r["ari"]) == pytest.approx(TABLE2[strategy],
+                                                                                             **APPROX)
+        assert r["tuning_wall_s"] > 0
+    text = (tmp_path / "b" / "table2_tuning" / "report.md").read_text()
+    assert "| warmup | 3 | 0.50 |" in text and "| warmup | 0.46 h |" in text
+
+
+# tune_baselines.py --smoke (PACFL's threshold over 3, 4, 30 on S3, size_scale 0.05, max n_i 100, tuning runs
+# of 2 rounds, the retrained run 3 rounds, seed 0)
+@pytest.mark.slow
+def test_tuning_suite_gives_the_drivers_numbers(tmp_path):
+    (r,) = _suite("tune_pacfl", tmp_path, *SYN_SMALL, "experiment.simulation.rounds=3", "args.tune_rounds=2",
+                  "args.grid=[3.0, 4.0, 30.0]", "sweep={data.params.scenario: [S3]}")
+    assert r["chosen"] == 30.0 and r["distinct_runs"] == 2
+    assert [g["val_acc"] for g in r["grid"]] == pytest.approx([0.36423485048115256, 0.36423485048115256,
+                                                              0.38902201011776927], **APPROX)
+    assert (r["test_accuracy"], r["num_clusters"], r["ari"]) == pytest.approx((0.32863688115030526, 1, 0.0), **APPROX)
+
+
+# oracle_gap.py --smoke (S1, size_scale 0.02, max n_i 100, 4 rounds, evaluation every 2, seed 0):
+# the oracle's accuracy, and (round, FPFC's test accuracy, objective gap, clusters) per evaluation
+@pytest.mark.slow
+def test_oracle_gap_suite_gives_the_drivers_numbers(tmp_path):
+    rows = _suite("oracle_gap", tmp_path, "seeds=[0]", "experiment.data.params.size_scale=0.02",
+                  "experiment.data.params.max_size=100", "experiment.simulation.rounds=4", "args.eval_every=2")
+    assert rows[0]["oracle_accuracy"] == pytest.approx(0.7769346427917481, **APPROX)
+    assert rows[0]["oracle_grad_max"] < 1e-8
+    ref = [(0, 0.06843055587261915, 2.485297918319702, 1.0), (2, 0.3224387275800109, 1.9679678678512573, 8.0),
+           (4, 0.5298692831769586, 1.524397611618042, 24.0)]
+    assert [(r["round"], r["test_accuracy"], r["loss_gap"], r["num_clusters"]) for r in rows] == \
+        pytest.approx(ref, rel=1e-5)
 
 
 @pytest.mark.realdata
-def test_table3_label_swap_suite_smoke(tmp_path):
-    """Table 3's MNIST column: --suite takes data, CNN and parameters from the label-swap suite; one newcomer
-    per cluster (4 of 20), every method's own newcomer rule runs on the CNN."""
-    path = DIR / "label_swap_mnist.yaml"
-    res = _driver("table3_newcomers").main(["--suite", str(path), *_suite_sets(path), "--newcomer-rounds", "1",
-                                            "--seeds", "0", "--threads", "1", "--out", str(tmp_path)])
-    assert set(res) == {"FPFC", "FPFC-l1", "LOCAL", "FedAvg", "LG", "Per-FedAvg", "IFCA", "CFL", "PACFL"}
-    assert all(len(v) == 1 and 0 <= v[0] <= 1 for v in res.values())
-    text = (tmp_path / "report.md").read_text()
-    assert "16 of 20 devices" in text and "4 newcomers" in text and "| FPFC | 93.51% |" in text
-
-
-@pytest.mark.realdata
-def test_robustness_label_swap_suite_smoke(tmp_path):
-    path = DIR / "label_swap_fmnist.yaml"
-    rows = _driver("robustness").main(["--suite", str(path), *_suite_sets(path), "--seeds", "0", "--attacks",
-                                       "gaussian", "--fractions", "0.0", "0.4", "--algorithms", "fpfc", "fedavg",
-                                       "--threads", "1", "--out", str(tmp_path)])
-    assert [(r["algorithm"], r["fraction"]) for r in rows] == [("FPFC", 0.0), ("FedAvg", 0.0), ("FPFC", 0.4),
-                                                                ("FedAvg", 0.4)]
-    assert all(len(r["acc"]) == 1 for r in rows)
-    text = (tmp_path / "report.md").read_text()
-    assert "Fig. 7" in text and "the block 'fused' of each upload" in text
-    assert "the suite's parameters with --set [" in text          # overrides are named in the report
-
-
-def test_suite_mode_names_the_algorithms_a_suite_has():
-    sys.path.insert(0, str(DIR))
-    import common
-
-    cfg = common.load_suite(DIR / "label_swap_mnist.yaml")
-    assert common.suite_params(cfg, "byz_fpfc")["lam"] == 0.4          # the spec's value, tune ignored
-    with pytest.raises(SystemExit, match="'fedprox' is not in the suite .*allowed: .*'fpfc'"):
-        common.suite_params(cfg, "fedprox")
-
-
-def test_tune_baselines_smoke(tmp_path):
-    rows = _driver("tune_baselines").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
-    (r,) = rows
-    assert r["chosen"] in (3.0, 4.0, 30.0) and len(r["grid"]) == 3
-    assert r["chosen"] == max(r["grid"], key=lambda g: g["val_acc"])["value"]
-    # the 30-degree cut merges every device, 3 and 4 degrees keep them apart: at least two distinct runs
-    assert r["distinct_runs"] >= 2
-    assert "91.64%" in (tmp_path / "report.md").read_text()
-    with pytest.raises(SystemExit, match="pacfl has no field 'lam'"):
-        _driver("tune_baselines").main(["--smoke", "--param", "lam", "--out", str(tmp_path)])
-
-
-def test_robustness_smoke(tmp_path):
-    rows = _driver("robustness").main(["--smoke", "--threads", "1", "--algorithms", "fpfc", "fedavg", "local",
-                                       "--out", str(tmp_path)])
-    assert {r["attack"] for r in rows} == {"same_value", "sign_flip", "gaussian"}
-    # LOCAL uploads nothing: the attack cannot touch it
-    loc = {r["fraction"]: r["acc"][0] for r in rows if r["algorithm"] == "LOCAL" and r["attack"] == "gaussian"}
-    assert all(0 <= v <= 1 for v in loc.values())
-
-
-def test_robustness_resume_and_one_clean_run_per_method(tmp_path):
-    """Fraction 0 (no malicious device) runs once per method and seed and serves every attack; each run is
-    written to OUT/partial.json as it ends and --resume keeps it; other settings are refused."""
-    drv = _driver("robustness")
-    base = ["--smoke", "--threads", "1", "--algorithms", "fedavg", "local", "--fractions", "0.0", "0.4", "--out",
-            str(tmp_path)]
-    rows = drv.main(base)                     # --smoke: the three attacks
-    part = json.loads((tmp_path / "partial.json").read_text())
-    assert set(part["results"]) == {"none/0.0/FedAvg/0", "same_value/0.4/FedAvg/0", "sign_flip/0.4/FedAvg/0",
-                                    "gaussian/0.4/FedAvg/0", "none/0.0/LOCAL/0", "none/0.4/LOCAL/0"}
-    clean = [r["acc"] for r in rows if r["fraction"] == 0.0 and r["algorithm"] == "FedAvg"]
-    assert len(clean) == 3 and clean[0] == clean[1] == clean[2]
-    sign_flip = part["results"].pop("sign_flip/0.4/FedAvg/0")              # missing: run again
-    part["results"]["gaussian/0.4/FedAvg/0"] = {"diverged": "round 7"}      # kept, not run again
-    (tmp_path / "partial.json").write_text(json.dumps(part))
-    again = {(r["attack"], r["fraction"], r["algorithm"]): r for r in drv.main([*base, "--resume"])}
-    assert again[("gaussian", 0.0, "FedAvg")]["acc"] == clean[0]
-    gauss = again[("gaussian", 0.4, "FedAvg")]
-    assert gauss["diverged"] == ["round 7"] and gauss["acc"] == []
-    assert again[("sign_flip", 0.4, "FedAvg")]["acc"] == [sign_flip["acc"]]   # the driver is deterministic
-    local = [again[(att, 0.4, "LOCAL")]["acc"] for att in ("same_value", "sign_flip", "gaussian")]
-    assert local[0] == local[1] == local[2] and len(local[0]) == 1
-    text = (tmp_path / "report.md").read_text()
-    assert "diverged 1/1 (round 7)" in text and "5 results kept from partial.json by --resume" in text
-    # the paper's figure layout, drawn with the diverged cell among the points
-    assert "](robustness.png)" in text and (tmp_path / "robustness.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(SystemExit, match="--resume: .* other settings"):
-        drv.main([*base, "--resume", "--attacker-view", "server"])
-
-
-def test_robustness_jobs_run_the_cells_in_parallel_with_the_same_results(tmp_path):
-    """--jobs 2 runs the missing cells in two worker processes; the results are those of one process, and
-    --resume with --jobs runs only what is missing."""
-    drv = _driver("robustness")
-    base = ["--smoke", "--threads", "1", "--algorithms", "fpfc", "fedavg", "--fractions", "0.0", "0.4"]
-    drv.main([*base, "--out", str(tmp_path / "one")])      # --smoke: the three attacks
-    drv.main([*base, "--jobs", "2", "--out", str(tmp_path / "two")])
-    one, two = (json.loads((tmp_path / d / "partial.json").read_text())["results"] for d in ("one", "two"))
-    assert len(one) == 8 and one == two
-    part = json.loads((tmp_path / "two" / "partial.json").read_text())
-    del part["results"]["gaussian/0.4/FPFC/0"]
-    (tmp_path / "two" / "partial.json").write_text(json.dumps(part))
-    drv.main([*base, "--jobs", "2", "--resume", "--out", str(tmp_path / "two")])
-    assert json.loads((tmp_path / "two" / "partial.json").read_text())["results"] == one
-    assert "7 results kept from partial.json by --resume" in (tmp_path / "two" / "report.md").read_text()
-
-
-def test_run_cells_keeps_finished_results_when_a_worker_fails(tmp_path):
-    """A cell that raises in a worker is raised here, after the results the other workers finished are stored."""
-    script = tmp_path / "cells.py"
-    script.write_text("import time\n\ndef square(x):\n    if x < 0:\n        raise ValueError('negative x')\n"
-                      "    time.sleep(0.2 * x)\n    return x * x\n")
-    spec = importlib.util.spec_from_file_location("cells_for_test", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.path.insert(0, str(DIR))
-    common = importlib.import_module("common")     # as the drivers import it (the workers import it so too)
-    got = {}
-    with pytest.raises(ValueError, match="negative x"):
-        common.run_cells(mod.square, {"a": {"x": 1}, "b": {"x": -1}, "c": {"x": 2}}, 2, got.__setitem__)
-    assert got.get("a") == 1 and "b" not in got
-    ok = {}
-    common.run_cells(mod.square, {"a": {"x": 1}, "c": {"x": 3}}, 2, ok.__setitem__)
-    assert ok == {"a": 1, "c": 9}
-
-
-def test_plot_robustness_joins_saved_results(tmp_path):
-    """plot_robustness.py draws one figure from several calls' results.json, in both row formats (``acc``
-    and a merged report's ``acc_by_seed``), and refuses a cell whose results differ between files."""
-    one = [{"attack": "sign_flip", "fraction": 0.0, "algorithm": "FPFC", "acc": [0.8, 0.9], "diverged": []},
-           {"attack": "sign_flip", "fraction": 0.4, "algorithm": "FedAvg", "acc": [], "diverged": ["round 3"]}]
-    two = [{"attack": "sign_flip", "fraction": 0.0, "algorithm": "FPFC", "acc_by_seed": {"1": 0.9, "0": 0.8}},
-           {"attack": "gaussian", "fraction": 0.4, "algorithm": "FPFC", "acc_by_seed": {"0": 0.7}}]
-    for name, rows in (("one", one), ("two", two)):
-        (tmp_path / f"{name}.json").write_text(json.dumps(rows))
-    drv = _driver("plot_robustness")
-    rows = drv.main([str(tmp_path / "fig.png"), str(tmp_path / "one.json"), str(tmp_path / "two.json")])
-    assert [(r["attack"], r["fraction"], r["algorithm"], r["acc"]) for r in rows] == [
-        ("sign_flip", 0.0, "FPFC", [0.8, 0.9]), ("sign_flip", 0.4, "FedAvg", []), ("gaussian", 0.4, "FPFC", [0.7])]
-    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
-    two[0]["acc_by_seed"]["1"] = 0.91
-    (tmp_path / "two.json").write_text(json.dumps(two))
-    with pytest.raises(SystemExit, match="differs between files"):
-        drv.main([str(tmp_path / "fig.png"), str(tmp_path / "one.json"), str(tmp_path / "two.json")])
-
-
-def test_oracle_gap_smoke(tmp_path):
-    """oracle_gap.py: exact oracle per data draw, FPFC traced against it; the report names the paper's value."""
-    (res,) = _driver("oracle_gap").main(["--smoke", "--threads", "1", "--out", str(tmp_path)])
-    assert res["oracle_grad_max"] < 1e-8 and 0 < res["oracle_accuracy"] <= 1
-    assert [t["round"] for t in res["trace"]] == [0, 2, 4]
-    assert all(t["loss_gap"] > 0 for t in res["trace"])   # FPFC is not yet at the oracle after 4 rounds
-    assert "89.46%" in (tmp_path / "report.md").read_text()
+@pytest.mark.parametrize("name", ["table3_mnist", "robustness_fmnist"])
+def test_label_swap_suites_run_tiny(name, tmp_path):
+    sets = ["seeds=[0]", "experiment.simulation.rounds=2", "experiment.defaults.local_epochs=1",
+            "experiment.data.params.limit=400", "experiment.data.params.test_limit=100"]
+    if name.startswith("table3"):
+        sets += ["args.newcomer_rounds=1", "algorithms=[FPFC, FedAvg]"]
+    else:
+        sets += ["sweep.fraction=[0.0, 0.4]", "sweep.attack=[gaussian]", "algorithms=[FPFC, FedAvg]"]
+    rows = _suite(name, tmp_path, *sets)
+    assert rows and all(0 <= r.get("newcomer_accuracy", r.get("benign_accuracy")) <= 1 for r in rows)
 
 
 def test_fpfc_s1_benchmark_smoke():

@@ -22,9 +22,11 @@ the threat model's other half, which the paper does not state (``attacker_view``
 ``attack_block`` restricts the corruption to one named block of the model (the CNN's ``fused`` last layer,
 the "personalization layers" the paper's text names); the other coordinates are uploaded truly.
 
-``byzantine(cls)`` turns an algorithm into an attacked one (``byz_<name>``): the same algorithm with more
-hyper-parameters and an ``aggregate`` that corrupts the malicious participants' uploads before the algorithm's
-own aggregation. What the attack needs to know about the algorithm is declared once per algorithm class with
+:class:`Byzantine` wraps an algorithm (``Byzantine(FedAvg(cfg, problem), attack="gaussian",
+malicious_fraction=0.4)``, composed like an optax transformation): it implements the five functions by
+delegating to the wrapped algorithm, with an ``aggregate`` that corrupts the malicious participants' uploads
+before the wrapped algorithm's own aggregation. ``byzantine(cls)`` registers the same wrapper under
+``byz_<name>`` for configs (``<name>``'s hyper-parameters plus :class:`AttackConfig`'s). What the attack needs to know about the algorithm is declared once per algorithm class with
 :func:`declare_attack_surface` (never guessed from message keys): which upload key holds the device's model
 (``w`` for FPFC, FedAvg, IFCA; ``dw`` for CFL, whose uploads are updates; none for LOCAL) and, for
 ``attacker_view='own'``, how the server's message is replaced by what a device that ignores the server trains
@@ -37,11 +39,11 @@ devices: ``benign_mask(algo)`` gives them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from torch import Tensor
 
 from fedsolve.algorithms.base import ALGORITHMS, Algorithm, register
@@ -99,6 +101,8 @@ def declare_attack_surface(cls: type[Algorithm], surface: AttackSurface) -> None
 
 
 def attack_surface(algo: Algorithm | type[Algorithm]) -> AttackSurface:
+    if isinstance(algo, Byzantine):
+        algo = algo.inner
     cls = algo if isinstance(algo, type) else type(algo)
     surface = next((SURFACES[k] for k in cls.__mro__ if k in SURFACES), None)
     if surface is None:
@@ -118,7 +122,7 @@ def own_view(algo: Algorithm, msg: dict, sel: Tensor, own: Tensor) -> dict:
     view = attack_surface(algo).own_view
     if view is None:
         raise ValueError(f"attacker_view: 'own' is not defined for {algo.name}; use attacker_view 'server'")
-    return view(algo, msg, sel, own)
+    return view(algo.inner if isinstance(algo, Byzantine) else algo, msg, sel, own)
 
 
 def _start_from_own(algo, msg, sel, own):       # FedAvg-type: the start point w is the device's own model
@@ -146,97 +150,175 @@ def _declare_surfaces() -> None:
     declare_attack_surface(Local, AttackSurface(None))
 
 
+class AttackConfig(BaseModel):
+    """The attack's settings (the fields a ``byz_<name>`` config adds to ``<name>``'s)."""
+
+    model_config = ConfigDict(extra="forbid")
+    attack: Attack = Field("none", description="Byzantine attack of the malicious devices' uploads")
+    malicious_fraction: float = Field(0.0, ge=0, le=1, description="share of malicious devices (paper: "
+                                                                   "0, 0.2, 0.4, 0.6, 0.8)")
+    attack_sigma: float | None = Field(None, gt=0, description="noise level sigma; null = the paper's "
+                                                               "(100 same-value, 10 sign-flip, 100 gaussian)")
+    attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
+    attack_keys: tuple[str, ...] | None = Field(None, description="upload keys that are corrupted (null: the "
+                                                                "algorithm's declared model key)")
+    attack_block: str | None = Field(
+        None, description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
+                          "last layer: the paper attacks the personalization layers); null = all of it")
+    attacker_view: Literal["server", "own"] = Field(
+        "server", description="what a malicious device trains from: the server's message (the protocol) or "
+                              "its own last true model (see the module docstring)")
+
+
+class Byzantine(Algorithm):
+    """``inner`` under attack: the five functions delegate to ``inner``; ``broadcast`` gives an attacker that
+    ignores the server its own view, ``aggregate`` corrupts the malicious participants' declared upload keys
+    before ``inner``'s aggregation. Everything else (``cfg``, ``cluster_labels``, ...) is ``inner``'s.
+
+    ``Byzantine(FPFC(cfg, problem), attack="sign_flip", malicious_fraction=0.4)``."""
+
+    def __init__(self, inner: Algorithm, attack: AttackConfig | Mapping[str, Any] | str | None = None, **kw):
+        if isinstance(attack, str) or attack is None:
+            attack = AttackConfig(**({"attack": attack} if attack else {}), **kw)
+        elif not isinstance(attack, AttackConfig):
+            attack = AttackConfig(**dict(attack), **kw)
+        vars(self).update(inner=inner, attack_cfg=attack, name=f"byz_{inner.name}",
+                          description=f"{inner.description} -- under a Byzantine model-update attack "
+                                      f"(FPFC Sec. 6.4.1)")
+        self.problem, self.layout, self.num_clients = inner.problem, inner.layout, inner.num_clients
+        self.communicates, self.finite_check_keys = inner.communicates, inner.finite_check_keys
+        self._setup_attack()
+
+    def __getattr__(self, name: str):         # what the wrapper does not define is the inner algorithm's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # the inner algorithm's config and kernel choice (Simulation.set_hparams replaces cfg, then calls setup)
+    cfg = property(lambda self: self.inner.cfg, lambda self, v: setattr(self.inner, "cfg", v))
+    kernel = property(lambda self: self.inner.kernel, lambda self, v: setattr(self.inner, "kernel", v))
+    client_weights = property(lambda self: self.inner.client_weights)
+
+    def setup(self) -> None:
+        self.inner.setup()
+        self._setup_attack()
+
+    def to(self, device):
+        self.inner.to(device)
+        with torch.device(device):
+            self._setup_attack()
+        return self
+
+    def _setup_attack(self) -> None:
+        c = self.attack_cfg
+        self.malicious = malicious_set(self.num_clients, c.malicious_fraction, c.attack_seed)
+        self.sigma = c.attack_sigma if c.attack_sigma is not None else PAPER_SIGMA.get(c.attack, 0.0)
+        self.attack_cols: slice | Tensor = slice(None)     # the coordinates an attack corrupts
+        if c.attack_block is not None:
+            if not self.layout.has_block(c.attack_block):
+                raise ValueError(f"attack_block: the model has no block {c.attack_block!r}; allowed: "
+                                 f"{self.layout.block_names()} or null (the whole upload)")
+            self.attack_cols = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
+        surface = attack_surface(self)
+        self.model_key = surface.model_key
+        self.attack_keys = c.attack_keys if c.attack_keys is not None else \
+            ((surface.model_key,) if surface.model_key else ())
+        if c.attacker_view == "own" and surface.model_key is not None and (   # no uploads (LOCAL): immune
+                surface.own_view is None or self.attack_keys != (surface.model_key,)):
+            raise ValueError(f"attacker_view: 'own' needs a declared own view and the uploaded model as the "
+                             f"attacked key ({self.name}: model key {surface.model_key!r}, attack_keys "
+                             f"{self.attack_keys}); use attacker_view 'server'")
+
+    # ----------------------------------------------------------- the five functions
+    def init(self, x0, rngs):
+        server, clients = self.inner.init(x0, rngs)
+        if self.attack_cfg.attacker_view == "own":   # kept in the server record, so checkpoints carry it
+            server = dict(server, byz_own=torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
+                          byz_has_own=torch.zeros(self.num_clients, dtype=torch.bool))
+        return server, clients
+
+    def broadcast(self, server, ids, round_):
+        msg = self.inner.broadcast(self._inner_server(server), ids, round_)
+        if self.attack_cfg.attacker_view == "own":
+            sel = self.malicious[ids] & server["byz_has_own"][ids]
+            if bool(sel.any()):
+                msg = own_view(self, msg, sel, server["byz_own"][ids[sel]])
+        return msg
+
+    def local_update(self, state, msg, ctx):
+        return self.inner.local_update(state, msg, ctx)
+
+    def supports_linear_gd(self) -> bool:   # the inner algorithm's full-batch GD form, if it declares one
+        from fedsolve.core.executor import linear_gd_applies
+
+        return linear_gd_applies(self.inner, self.problem, check_problem=False)
+
+    def linear_gd(self, *args, **kw):
+        return self.inner.linear_gd(*args, **kw)
+
+    def aggregate(self, server, ids, uploads, round_):
+        c = self.attack_cfg
+        bad = self.malicious[ids]
+        keep = {k: server[k] for k in ("byz_own", "byz_has_own") if k in server}
+        if c.attack != "none" and bool(bad.any()) and uploads:   # LOCAL uploads nothing
+            gen = torch.Generator().manual_seed(c.attack_seed * 1_000_003 + int(round_))
+            uploads = dict(uploads)
+            if keep:   # remember the true uploads before they are corrupted
+                keep["byz_own"][ids[bad]] = uploads[self.model_key][bad].to(keep["byz_own"].dtype)
+                keep["byz_has_own"][ids[bad]] = True
+            for key in self.attack_keys:
+                if key not in uploads:
+                    raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
+                rows = uploads[key].clone()
+                sub = rows[bad].reshape(int(bad.sum()), -1)
+                sub[:, self.attack_cols] = attack_rows(sub[:, self.attack_cols], c.attack, self.sigma, gen)
+                rows[bad] = sub.reshape(rows[bad].shape)
+                uploads[key] = rows
+        out = self.inner.aggregate(self._inner_server(server), ids, uploads, round_)
+        return dict(out, **keep) if keep else out
+
+    def eval_broadcast(self, server, ids):
+        return self.inner.eval_broadcast(self._inner_server(server), ids)
+
+    def eval_model(self, state, msg):
+        return self.inner.eval_model(state, msg)
+
+    def work(self, round_: int = 0):
+        return self.inner.work(round_)
+
+    def diagnostics(self, server, clients):
+        out = dict(self.inner.diagnostics(self._inner_server(server), clients))
+        out["malicious"] = float(self.malicious.sum())
+        return out
+
+    def finalize(self, server, clients):
+        return self.inner.finalize(self._inner_server(server), clients)
+
+    @staticmethod
+    def _inner_server(server: dict) -> dict:
+        """The server record without the wrapper's own keys (the inner algorithm never sees them)."""
+        if "byz_own" not in server:
+            return server
+        return {k: v for k, v in server.items() if k not in ("byz_own", "byz_has_own")}
+
+
 def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
-    """``cls`` with attacked uploads (see the module docstring)."""
+    """The registered ``byz_<name>`` of ``cls`` (for configs and ``fedsolve compare``): its config is ``cls``'s
+    plus :class:`AttackConfig`'s fields; an instance is ``Byzantine(cls(...), attack=...)``."""
+    attack_fields = {k: (f.annotation, f) for k, f in AttackConfig.model_fields.items()}
+    config = create_model(f"Byzantine{cls.Config.__name__}", __base__=cls.Config, **attack_fields)
 
-    class Config(cls.Config):
-        attack: Attack = Field("none", description="Byzantine attack of the malicious devices' uploads")
-        malicious_fraction: float = Field(0.0, ge=0, le=1, description="share of malicious devices (paper: "
-                                                                       "0, 0.2, 0.4, 0.6, 0.8)")
-        attack_sigma: float | None = Field(None, gt=0, description="noise level sigma; null = the paper's "
-                                                                   "(100 same-value, 10 sign-flip, 100 gaussian)")
-        attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
-        attack_keys: tuple[str, ...] | None = Field(None, description="upload keys that are corrupted (null: the "
-                                                                    "algorithm's declared model key)")
-        attack_block: str | None = Field(
-            None, description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
-                              "last layer: the paper attacks the personalization layers); null = all of it")
-        attacker_view: Literal["server", "own"] = Field(
-            "server", description="what a malicious device trains from: the server's message (the protocol) or "
-                                  "its own last true model (see the module docstring)")
-
-    Config.__name__ = f"Byzantine{cls.Config.__name__}"
-
-    class Attacked(cls):
+    class Attacked(Byzantine):
         name = f"byz_{cls.name}"
         description = f"{cls.description} -- under a Byzantine model-update attack (FPFC Sec. 6.4.1)"
+        Config = config
 
-        def setup(self) -> None:
-            super().setup()
-            c = self.cfg
-            self.malicious = malicious_set(self.num_clients, c.malicious_fraction, c.attack_seed)
-            self.sigma = c.attack_sigma if c.attack_sigma is not None else PAPER_SIGMA.get(c.attack, 0.0)
-            self.attack_cols: slice | Tensor = slice(None)     # the coordinates an attack corrupts
-            if c.attack_block is not None:
-                if not self.layout.has_block(c.attack_block):
-                    raise ValueError(f"attack_block: the model has no block {c.attack_block!r}; allowed: "
-                                     f"{self.layout.block_names()} or null (the whole upload)")
-                self.attack_cols = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
-            surface = attack_surface(self)
-            self.model_key = surface.model_key
-            self.attack_keys = c.attack_keys if c.attack_keys is not None else \
-                ((surface.model_key,) if surface.model_key else ())
-            if c.attacker_view == "own" and surface.model_key is not None and (   # no uploads (LOCAL): immune
-                    surface.own_view is None or self.attack_keys != (surface.model_key,)):
-                raise ValueError(f"attacker_view: 'own' needs a declared own view and the uploaded model as the "
-                                 f"attacked key ({self.name}: model key {surface.model_key!r}, attack_keys "
-                                 f"{self.attack_keys}); use attacker_view 'server'")
+        def __init__(self, config: Any, problem):
+            cfg = config if isinstance(config, self.Config) else self.Config(**dict(config or {}))
+            values = cfg.model_dump()
+            inner = cls({k: v for k, v in values.items() if k not in AttackConfig.model_fields}, problem)
+            super().__init__(inner, AttackConfig(**{k: values[k] for k in AttackConfig.model_fields}))
 
-        def init(self, x0, rngs):
-            server, clients = super().init(x0, rngs)
-            if self.cfg.attacker_view == "own":   # kept in the server record, so checkpoints carry it
-                server = dict(server, byz_own=torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
-                              byz_has_own=torch.zeros(self.num_clients, dtype=torch.bool))
-            return server, clients
-
-        def broadcast(self, server, ids, round_):
-            msg = super().broadcast(server, ids, round_)
-            if self.cfg.attacker_view == "own":
-                sel = self.malicious[ids] & server["byz_has_own"][ids]
-                if bool(sel.any()):
-                    msg = own_view(self, msg, sel, server["byz_own"][ids[sel]])
-            return msg
-
-        def aggregate(self, server, ids, uploads, round_):
-            c = self.cfg
-            bad = self.malicious[ids]
-            keep = {}
-            if c.attacker_view == "own":     # the wrapped algorithm's aggregate never sees these keys
-                server = dict(server)
-                keep = {k: server.pop(k) for k in ("byz_own", "byz_has_own")}
-            if c.attack != "none" and bool(bad.any()) and uploads:   # LOCAL uploads nothing
-                gen = torch.Generator().manual_seed(c.attack_seed * 1_000_003 + int(round_))
-                uploads = dict(uploads)
-                if keep:   # remember the true uploads before they are corrupted
-                    keep["byz_own"][ids[bad]] = uploads[self.model_key][bad].to(keep["byz_own"].dtype)
-                    keep["byz_has_own"][ids[bad]] = True
-                for key in self.attack_keys:
-                    if key not in uploads:
-                        raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
-                    rows = uploads[key].clone()
-                    sub = rows[bad].reshape(int(bad.sum()), -1)
-                    sub[:, self.attack_cols] = attack_rows(sub[:, self.attack_cols], c.attack, self.sigma, gen)
-                    rows[bad] = sub.reshape(rows[bad].shape)
-                    uploads[key] = rows
-            out = super().aggregate(server, ids, uploads, round_)
-            return dict(out, **keep) if keep else out
-
-        def diagnostics(self, server, clients):
-            out = dict(super().diagnostics(server, clients))
-            out["malicious"] = float(self.malicious.sum())
-            return out
-
-    Attacked.Config = Config
     Attacked.__name__ = Attacked.__qualname__ = f"Byzantine{cls.__name__}"
     return Attacked
 

@@ -4,5 +4,7 @@
 * ``fpfc_path``: FPFC's warmup lambda path (Sec. 4.3) and a warm-started lambda grid (Fig. 1);
 * ``async_fpfc``: asyncFPFC as an event scheduler over ``Simulation.step`` and synchronous FPFC on the same
   virtual clock (Fig. 8);
-* ``newcomers``: each method's rule for clients that join after training (FPFC Sec. 6.4.2 / Table 3).
+* ``newcomers``: each method's rule for clients that join after training (FPFC Sec. 6.4.2 / Table 3);
+* ``fpfc_tables``: the per-cell protocols of the FPFC suites (``fedsolve suite experiments/fpfc/<x>.yaml``):
+  lambda path, attack grid, newcomers, lambda tuning, baseline tuning, oracle gap.
 """

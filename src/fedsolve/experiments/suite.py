@@ -1,0 +1,551 @@
+"""Experiment suites: an experiment config plus a sweep, a registered protocol, the tables it reports.
+
+A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs beyond one ``fedsolve compare``:
+
+* ``experiment``: the data, model, simulation settings and algorithms (a path to an experiment YAML,
+  relative to the suite file, or the same fields inline), with ``set`` overrides as in ``--set``;
+* ``protocol``: a registered function (:data:`PROTOCOLS`) that drives simulations for ONE cell through
+  ``Simulation``'s public API and returns rows of metrics (``lambda_path``, ``newcomers``, ``attack_grid``,
+  ``fpfc_tuning``, ``tuning``, ``oracle_gap``), with its typed ``args``;
+* ``sweep``: a grid of cells, the product of the axes, the ``algorithms`` (labels of the experiment's)
+  and the ``seeds``. An axis named ``params.<p>`` sets an algorithm parameter, a dotted name
+  (``data.params.scenario``) sets an experiment field, any other name is a protocol input
+  (``attack``, ``fraction``, ``strategy``);
+* ``tables``: what each table reports (the metric, what its rows and columns are, mean +- std over the
+  seeds, the paper's numbers next to ours) and ``plot``: a registered figure.
+
+Each finished cell is written atomically to ``OUT/cells/`` as it comes in, so an interrupted suite picks
+up where it stopped (``--resume``, refused if the suite's settings changed); ``--jobs N`` runs the cells
+in N spawned worker processes of one torch thread each. The report is ``OUT/report.md`` (the tables, the
+paper's numbers, the figure) and ``OUT/results.json`` (every row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedsolve.experiments.config import (AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides,
+                                         merged_params, parse_config)
+from fedsolve.io import atomic_write_text
+
+
+# ------------------------------------------------------------------ schema
+class TableSpec(BaseModel):
+    """One table of the report: ``metric`` of the rows, pivoted to ``rows`` x ``columns`` (one table per value
+    of ``split``), mean +- std over the seeds; ``paper``: the paper's numbers by row label (or
+    ``{row: {column: value}}``), shown next to ours."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(..., description="the row field the table reports (e.g. test_accuracy)")
+    rows: str = Field("algorithm", description="the field whose values are the table's rows")
+    columns: str | None = Field(None, description="the field whose values are the columns (null: one column)")
+    split: str | None = Field(None, description="one table per value of this field (e.g. attack)")
+    title: str | None = Field(None, description="heading (default: the metric)")
+    percent: bool = Field(False, description="show values x 100 with a % sign")
+    digits: int = Field(2, ge=0, le=8, description="decimals shown")
+    paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers by row label")
+
+
+class SuiteConfig(BaseModel):
+    """A suite: an experiment, a protocol, a sweep of cells and the tables to report."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., description="suite name (default output folder runs/<name>)")
+    description: str = Field(..., min_length=1, description="what the suite reproduces (shown in the report)")
+    protocol: str = Field(..., description="registered protocol (fedsolve.experiments.suite.PROTOCOLS)")
+    experiment: str | dict[str, Any] = Field(..., description="experiment YAML (path relative to the suite "
+                                                              "file) or its fields inline")
+    set: list[str] = Field(default_factory=list, description="overrides of the experiment (key=value)")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="seeds of every cell")
+    algorithms: list[str] | None = Field(None, description="labels of the experiment's algorithms to run "
+                                                           "(null: all; ignored by protocols without them)")
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="grid axes (see the module docstring)")
+    args: dict[str, Any] = Field(default_factory=dict, description="the protocol's arguments")
+    tables: list[TableSpec] = Field(default_factory=list, description="the report's tables")
+    plot: str | None = Field(None, description="registered figure drawn from the rows (null: none)")
+    paper: dict[str, Any] = Field(default_factory=dict, description="the paper's source and notes")
+    threads: int = Field(1, ge=1, description="torch threads of a run in this process (workers use 1)")
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocol(cls, v: str) -> str:
+        if v not in builtin_protocols():
+            raise ValueError(f"unknown protocol {v!r}; allowed: {sorted(PROTOCOLS)}")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v) or min(v) < 0:
+            raise ValueError(f"seeds must be distinct non-negative integers, got {v}")
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for k, vals in v.items():
+            if not vals:
+                raise ValueError(f"sweep.{k}: give at least one value")
+            if k in ("seed", "algorithm"):
+                raise ValueError(f"sweep.{k}: use the suite's `{k}s` field")
+        return v
+
+    @model_validator(mode="after")
+    def _plot_args(self):
+        p = PROTOCOLS[self.protocol]
+        try:
+            p.Args(**self.args)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"args.{'.'.join(map(str, err['loc']))}: {err['msg']}; allowed: "
+                             f"{sorted(p.Args.model_fields)}") from None
+        if self.plot is not None and self.plot not in PLOTS:
+            raise ValueError(f"plot: unknown {self.plot!r}; allowed: {sorted(PLOTS)} or null")
+        missing = sorted(set(p.axes) - set(self.sweep))
+        if missing:
+            raise ValueError(f"sweep: protocol {self.protocol!r} needs the axes {missing}")
+        return self
+
+
+SUITE_FIELDS = set(SuiteConfig.model_fields)
+
+
+def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[SuiteConfig, Path]:
+    """The suite at ``path`` with ``--set`` ``overrides`` (a key under ``experiment.`` goes to the experiment's
+    ``set`` list, any other to the suite); returns the suite and the folder its relative paths start from."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"suite: no file {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict) or "protocol" not in raw:
+        raise ConfigError(f"{path}: not a suite (a YAML mapping with a `protocol`); experiment configs run with "
+                          f"`fedsolve run|compare`")
+    mine, theirs = [], []
+    for item in overrides or []:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith("experiment."):
+            theirs.append(item[len("experiment."):].lstrip())
+        elif key.split(".")[0] in SUITE_FIELDS:
+            mine.append(item)
+        else:
+            raise ConfigError(f"--set {key}: not a suite field; allowed: {sorted(SUITE_FIELDS)} or "
+                              f"experiment.<field> (e.g. experiment.simulation.rounds=5)")
+    raw = apply_overrides(raw, mine)
+    raw["set"] = list(raw.get("set") or []) + theirs
+    try:
+        suite = SuiteConfig(**raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(map(str, err["loc"]))
+        raise ConfigError(f"{path.name}: {loc + ': ' if loc else ''}{err['msg'].removeprefix('Value error, ')}") \
+            from None
+    base = path.resolve().parent
+    Context(suite, base).experiment({})          # the experiment loads and validates now, not in a worker
+    return suite, base
+
+
+# ------------------------------------------------------------------ protocols
+@dataclass(frozen=True)
+class Protocol:
+    """``run(ctx) -> row | [rows]`` for one cell; ``Args``: its typed arguments; ``axes``: sweep axes it needs;
+    ``algorithms``: whether cells run per algorithm; ``key(ctx) -> cell``: the cell whose run serves this one
+    (a run shared by several cells, e.g. no attack at fraction 0)."""
+
+    run: Callable[["Context"], dict | list[dict]]
+    Args: type[BaseModel]
+    axes: tuple[str, ...] = ()
+    algorithms: bool = True
+    key: Callable[["Context"], dict] | None = None
+
+
+PROTOCOLS: dict[str, Protocol] = {}
+PLOTS: dict[str, Callable[[list[dict], "SuiteConfig", Path], None]] = {}
+
+
+def builtin_protocols() -> dict[str, Protocol]:
+    """The registry, with the built-in protocols (``fedsolve.protocols.fpfc_tables``) and figures
+    (``fedsolve.experiments.fpfc_figures``) registered on first use."""
+    if "attack_grid" not in PROTOCOLS:
+        from fedsolve.experiments import fpfc_figures as f
+        from fedsolve.protocols import fpfc_tables as t
+
+        register_protocol("lambda_path", Protocol(t.lambda_path, t.LambdaPathArgs))
+        register_protocol("attack_grid", Protocol(t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"),
+                                                  key=t.attack_grid_key))
+        register_protocol("newcomers", Protocol(t.newcomers, t.NewcomersArgs))
+        register_protocol("fpfc_tuning", Protocol(t.fpfc_tuning, t.FPFCTuningArgs, axes=("strategy",)))
+        register_protocol("tuning", Protocol(t.tuning, t.TuningArgs))
+        register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))
+        register_plot("attack_grid", f.attack_grid_figure)
+        register_plot("lambda_path", f.lambda_path_figure)
+    return PROTOCOLS
+
+
+def register_protocol(name: str, protocol: Protocol) -> None:
+    PROTOCOLS[name] = protocol
+
+
+def register_plot(name: str, fn: Callable) -> None:
+    PLOTS[name] = fn
+
+
+class Context:
+    """What a protocol sees for one cell: the suite, its ``args``, the ``cell`` (axes, ``algorithm``, ``seed``),
+    the cell's experiment and algorithm spec, and builders for data, problems, algorithms and simulation
+    settings (the same ones ``fedsolve compare`` uses)."""
+
+    def __init__(self, suite: SuiteConfig, base: Path, cell: dict | None = None):
+        self.suite, self.base, self.cell = suite, base, dict(cell or {})
+        self.args = PROTOCOLS[suite.protocol].Args(**suite.args)
+
+    def for_cell(self, cell: dict) -> "Context":
+        ctx = Context.__new__(Context)
+        ctx.suite, ctx.base, ctx.args, ctx.cell = self.suite, self.base, self.args, dict(cell)
+        ctx._cache = self._caches()
+        return ctx
+
+    def _caches(self) -> dict:
+        if "_cache" not in vars(self):
+            self._cache = {}
+        return self._cache
+
+    @property
+    def seed(self) -> int:
+        return int(self.cell["seed"])
+
+    # -------------------------------------------------------------- experiment
+    def experiment(self, cell: dict | None = None) -> ExperimentConfig:
+        cell = self.cell if cell is None else cell
+        sets = list(self.suite.set) + [f"{k}={json.dumps(v)}" for k, v in cell.items()
+                                       if "." in k and not k.startswith("params.")]
+        key = ("experiment", tuple(sets))
+        cache = self._caches()
+        if key not in cache:
+            src = self.suite.experiment
+            if isinstance(src, str):
+                p = self.base / src
+                if not p.is_file():
+                    raise ConfigError(f"experiment: no file {src} next to the suite")
+                raw = yaml.safe_load(p.read_text())
+            else:
+                raw = dict(src)
+            raw.setdefault("name", self.suite.name)
+            raw.pop("seeds", None)
+            try:
+                cache[key] = parse_config(apply_overrides(raw, sets))
+            except (ValueError, ConfigError) as e:
+                raise ConfigError(f"experiment: {e}") from None
+        return cache[key]
+
+    def specs(self) -> list[AlgorithmSpec]:
+        """The experiment's algorithm specs the suite runs (``algorithms``: labels, in the suite's order)."""
+        specs = self.experiment({}).all_algorithms()
+        if self.suite.algorithms is None:
+            return specs
+        by = {s.display: s for s in specs} | {s.name: s for s in specs}
+        unknown = [a for a in self.suite.algorithms if a not in by]
+        if unknown:
+            raise ConfigError(f"algorithms: {unknown} not in the experiment; allowed: {[s.display for s in specs]}")
+        return [by[a] for a in self.suite.algorithms]
+
+    @property
+    def spec(self) -> AlgorithmSpec:
+        label = self.cell["algorithm"]
+        spec = next(s for s in self.experiment().all_algorithms() if label in (s.display, s.name))
+        extra = {k[len("params."):]: v for k, v in self.cell.items() if k.startswith("params.")}
+        return spec.model_copy(update={"params": {**spec.params, **extra}}) if extra else spec
+
+    def params(self, name: str | None = None, extra: dict | None = None) -> dict:
+        """The cell's algorithm parameters (the experiment's ``defaults`` merged with its spec and ``extra``)."""
+        from fedsolve.algorithms import get_algorithm
+
+        spec = self.spec
+        return merged_params(get_algorithm(name or spec.name), self.experiment().defaults,
+                             {**spec.params, **(extra or {})})
+
+    def algorithm(self, problem, extra: dict | None = None, name: str | None = None):
+        from fedsolve.algorithms import get_algorithm
+
+        return get_algorithm(name or self.spec.name)(self.params(name, extra), problem)
+
+    # -------------------------------------------------------------- data and runs
+    def data(self, seed: int | None = None):
+        """The experiment's data for ``seed`` (default: the cell's), built once per process and seed."""
+        from fedsolve.experiments.runner import build_data
+
+        cfg = self.experiment()
+        seed = self.seed if seed is None else seed
+        key = ("data", cfg.model_dump_json(include={"data"}), seed)
+        cache = self._caches()
+        if key not in cache:
+            for k in [k for k in cache if k[0] == "data"][:-1]:   # keep at most two data sets
+                del cache[k]
+            cache[key] = build_data(cfg, seed)
+        return cache[key]
+
+    def problem(self, data=None, clients=None, name: str | None = None):
+        """The experiment's problem (model, blocks, loss) on ``data`` (default: the cell's), restricted to
+        ``clients`` if given."""
+        from fedsolve.experiments.runner import build_problem
+
+        data = self.data() if data is None else data
+        prob = build_problem(self.experiment(), 0, data=data.subset(list(clients)) if clients is not None else data)
+        if name:
+            prob.name = name
+        return prob
+
+    def sim_config(self, rounds: int | None = None, eval_every: int | None = None, **update):
+        """The experiment's simulation settings with ``rounds`` (default: its own) evaluated only at the end
+        (or every ``eval_every``), no extra metrics."""
+        sc = self.experiment().simulation
+        rounds = sc.rounds if rounds is None else rounds
+        return sc.model_copy(update={"rounds": rounds, "eval_every": eval_every or rounds, "metrics": [], **update})
+
+    def run(self, problem, algo, rounds: int | None = None, eval_every: int | None = None, callbacks=()):
+        """Run ``algo`` on ``problem`` for the cell's seed; returns (simulation, result)."""
+        from fedsolve.simulation import Simulation
+
+        sim = Simulation(problem, algo, self.sim_config(rounds, eval_every), seed=self.seed,
+                         callbacks=list(callbacks))
+        return sim, sim.run()
+
+
+# ------------------------------------------------------------------ cells, resume, workers
+def cells(suite: SuiteConfig, base: Path) -> list[dict]:
+    """Every cell of the suite: the product of the sweep axes, the algorithms (if the protocol runs per
+    algorithm) and the seeds, in that order."""
+    proto = PROTOCOLS[suite.protocol]
+    axes = dict(suite.sweep)
+    if proto.algorithms:
+        axes["algorithm"] = [s.display for s in Context(suite, base).specs()]
+    axes["seed"] = list(suite.seeds)
+    return [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
+
+
+def cell_key(cell: dict) -> str:
+    text = json.dumps(cell, sort_keys=True, default=str)
+    slug = "_".join(str(v) for v in cell.values()).replace("/", "-").replace(" ", "-")[:60]
+    return f"{slug}_{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def _run_key(ctx: Context) -> dict:
+    key = PROTOCOLS[ctx.suite.protocol].key
+    return key(ctx) if key is not None else ctx.cell
+
+
+_WORKER: dict[str, Context] = {}
+
+
+def run_cell(ctx: Context) -> list[dict]:
+    """The protocol on one cell; rows tagged with the cell's fields. A diverged run is a row with
+    ``diverged`` (a finding, not a crash)."""
+    from fedsolve.simulation.loop import DivergenceError
+
+    t0 = time.perf_counter()
+    try:
+        out = PROTOCOLS[ctx.suite.protocol].run(ctx)
+    except DivergenceError as e:
+        out = {"diverged": str(e).split(":")[0]}
+    rows = out if isinstance(out, list) else [out]
+    wall = time.perf_counter() - t0
+    return [{**r, "wall_s": wall} for r in rows]
+
+
+def _worker_cell(dump: dict, base: str, cell: dict) -> list[dict]:
+    key = json.dumps(dump, sort_keys=True)
+    if key not in _WORKER:
+        _WORKER.clear()
+        _WORKER[key] = Context(SuiteConfig(**dump), Path(base))
+    return run_cell(_WORKER[key].for_cell(cell))
+
+
+def _set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+# settings that do not change a cell's numbers: a report may be redrawn with other tables on --resume
+REPORT_ONLY = ("name", "description", "tables", "plot", "paper", "threads")
+
+
+def _settings(suite: SuiteConfig) -> dict:
+    return json.loads(suite.model_dump_json(exclude=set(REPORT_ONLY)))
+
+
+def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, resume: bool = False,
+              progress: bool = True) -> list[dict]:
+    """Run every missing cell of ``suite`` into ``out`` (one file per run in ``out/cells/``, written atomically
+    as it ends), then write the report. Returns every row, tagged with its cell."""
+    out = Path(out)
+    ctx = Context(suite, base)
+    settings_file = out / "suite.json"
+    if settings_file.exists():
+        old = json.loads(settings_file.read_text())
+        if not resume:
+            raise ConfigError(f"--out {out}: already holds a suite run; use --resume to continue it or another --out")
+        if old != _settings(suite):
+            diff = sorted(k for k in set(old) | set(_settings(suite)) if old.get(k) != _settings(suite).get(k))
+            raise ConfigError(f"--resume: {out} was run with other settings ({', '.join(diff)} differ); use "
+                              f"another --out")
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(settings_file, json.dumps(_settings(suite), indent=1, sort_keys=True))
+    _set_threads(suite.threads)
+    t0 = time.perf_counter()
+    all_cells = cells(suite, base)
+    runs: dict[str, dict] = {}            # run key -> the cell that runs it
+    serves: list[tuple[dict, str]] = []
+    for cell in all_cells:
+        rk = _run_key(ctx.for_cell(cell))
+        k = cell_key(rk)
+        runs.setdefault(k, rk)
+        serves.append((cell, k))
+    done = {k for k in runs if (out / "cells" / f"{k}.json").exists()}
+    todo = {k: c for k, c in runs.items() if k not in done}
+
+    def store(k: str, rows: list[dict]) -> None:
+        atomic_write_text(out / "cells" / f"{k}.json", json.dumps({"cell": runs[k], "rows": rows}, default=float))
+        if progress:
+            print(f"[{len(runs) - len(todo) + stored[0]}/{len(runs)}] {runs[k]}: "
+                  + "; ".join(_brief(r) for r in rows[:3]), flush=True)
+
+    stored = [0]
+    if jobs <= 1 or len(todo) <= 1:
+        for k, cell in todo.items():
+            stored[0] += 1
+            store(k, run_cell(ctx.for_cell(cell)))
+    else:
+        dump = json.loads(suite.model_dump_json())
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_set_threads, initargs=(1,)) as pool:
+            futs = {pool.submit(_worker_cell, dump, str(base), cell): k for k, cell in todo.items()}
+            error = None
+            for f in as_completed(futs):
+                try:
+                    rows = f.result()
+                except Exception as e:   # keep what the other workers finish, start nothing new, then raise
+                    error = error or e
+                    for other in futs:
+                        other.cancel()
+                    continue
+                stored[0] += 1
+                store(futs[f], rows)
+            if error is not None:
+                raise error
+    rows = []
+    for cell, k in serves:
+        saved = json.loads((out / "cells" / f"{k}.json").read_text())["rows"]
+        rows += [{**r, **cell} for r in saved]
+    write_report(suite, rows, out, time.perf_counter() - t0, kept=len(done))
+    return rows
+
+
+def _brief(r: dict) -> str:
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
+                     if isinstance(v, (int, float, str)) and k != "wall_s")
+
+
+# ------------------------------------------------------------------ report
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _fmt(t: TableSpec, vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    scale, pct = (100.0, "%") if t.percent else (1.0, "")
+    m = statistics.mean(vals) * scale
+    if len(vals) == 1:
+        return f"{m:.{t.digits}f}{pct}"
+    return f"{m:.{t.digits}f}{pct} +- {statistics.pstdev(vals) * scale:.{t.digits}f}"
+
+
+def _paper(t: TableSpec, v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{100 * v:.{t.digits}f}%" if t.percent else f"{v:g}"
+    return str(v)
+
+
+def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
+    """Markdown lines of one table: mean +- std of ``t.metric`` over the rows of each (row, column) cell; a
+    cell with diverged runs names them; a ``paper`` column where the suite gives the paper's numbers."""
+    order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))  # noqa: E731
+    out = []
+    for part in (order(t.split) if t.split else [None]):
+        sub = [r for r in rows if t.split is None or r.get(t.split) == part]
+        cols = order(t.columns) if t.columns else [None]
+        head = f"## {t.title or t.metric}" + (f": {part}" if part is not None else "")
+        paper = t.paper.get(str(part), t.paper) if part is not None and str(part) in t.paper else t.paper
+        has_paper = bool(paper) and not (t.columns and all(isinstance(v, dict) for v in paper.values()))
+        hdr = [t.rows] + (["paper"] if has_paper else []) + [("ours" if c is None else f"{t.columns} {c}" if _num(c) is not None else str(c))
+                                                             for c in cols]
+        if t.columns and paper and all(isinstance(v, dict) for v in paper.values()):
+            hdr += [f"paper {c}" for c in cols]
+        out += [head, "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+        for rv in order(t.rows):
+            cells_ = []
+            for c in cols:
+                here = [r for r in sub if r.get(t.rows) == rv and (c is None or r.get(t.columns) == c)]
+                vals = [x for x in (_num(r.get(t.metric)) for r in here) if x is not None]
+                div = [r["diverged"] for r in here if r.get("diverged")]
+                text = _fmt(t, vals) if vals or not here else "-"
+                if div:
+                    text += f"; diverged {len(div)}/{len(here)} ({div[0]})"
+                cells_.append(text if here else "")
+            pv = paper.get(str(rv)) if paper else None
+            line = [str(rv)] + ([_paper(t, pv)] if has_paper else []) + cells_
+            if t.columns and isinstance(pv, dict):
+                line += [_paper(t, pv.get(str(c), pv.get(c))) for c in cols]
+            out.append("| " + " | ".join(line) + " |")
+        out.append("")
+    return out
+
+
+def write_report(suite: SuiteConfig, rows: list[dict], out: Path, wall: float, kept: int = 0) -> None:
+    """``out/report.md``: what ran, each table with the paper's numbers, the figure; ``out/results.json``."""
+    lines = [f"# {suite.name}", "", suite.description.strip(), "",
+             f"Protocol `{suite.protocol}` with {json.dumps(suite.args, default=str)}; sweep "
+             f"{json.dumps(suite.sweep, default=str)}; algorithms {suite.algorithms or 'all of the experiment'}; "
+             f"seeds {suite.seeds}; experiment "
+             f"{suite.experiment if isinstance(suite.experiment, str) else 'inline'}"
+             + (f" with {suite.set}" if suite.set else "") + ". Values: mean +- std over the seeds.", ""]
+    if suite.paper:
+        lines += [f"Paper: {suite.paper.get('source', '')}"] + \
+                 ([str(suite.paper["note"]).strip()] if suite.paper.get("note") else []) + [""]
+    for t in suite.tables:
+        lines += table_lines(t, rows)
+    if suite.plot is not None:
+        PLOTS[suite.plot](rows, suite, out / f"{suite.plot}.png")
+        lines += [f"![{suite.plot}]({suite.plot}.png)", ""]
+    lines.append(f"Wall time {wall:.0f} s" + (f" ({kept} runs kept by --resume)" if kept else "") + ".")
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(rows, indent=1, default=float))
+
+
+def main(path: str, out: str | None = None, jobs: int = 1, resume: bool = False, sets: list[str] | None = None,
+         progress: bool = True) -> list[dict]:
+    """``fedsolve suite``: load, run every missing cell, write the report (default folder ``runs/<name>``)."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs: expected a whole number >= 1 (worker processes), got {jobs}")
+    suite, base = load_suite(path, sets)
+    out = Path(out) if out else Path("runs") / suite.name
+    rows = run_suite(suite, base, out, jobs=jobs, resume=resume, progress=progress)
+    if progress:
+        print(f"report: {out / 'report.md'}")
+    return rows
