@@ -263,12 +263,3 @@ def report_dir(path: str | Path) -> Path:
         write_run_report(path, summary, read_jsonl(path / "metrics.jsonl"))
     return path / "report.md"
 
-
-def __getattr__(name: str):
-    """``report.plt`` for older scripts: pyplot, imported on first use (it picks its own backend, Agg when
-    there is no display); new code uses :func:`new_figure`."""
-    if name == "plt":
-        import matplotlib.pyplot as plt
-
-        return plt
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
