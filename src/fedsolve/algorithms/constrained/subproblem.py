@@ -79,6 +79,19 @@ def quadratic_factor(fun: Fun, u: Tensor) -> Tensor:
     return torch.linalg.cholesky(jacrev(grad(fun))(u))
 
 
+def quadratic_eigh(fun: Fun, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigendecomposition ``(e, V)`` of the (constant, positive definite) Hessian of a quadratic ``fun``."""
+    e, V = torch.linalg.eigh(jacrev(grad(fun))(u))
+    return e, V
+
+
+def eigh_solve_and_apply(V: Tensor, e: Tensor, rhs: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """``(H^{-1} rhs, H w)`` for ``H = V diag(e) V^T``, reading ``V`` twice (one matmul each way)."""
+    a = torch.stack([rhs, w]) @ V                       # [2, d]: V^T rhs, V^T w
+    out = V @ torch.stack([a[0] / e, a[1] * e], -1)     # [d, 2]
+    return out[..., 0], out[..., 1]
+
+
 def quadratic_step(fun: Fun, u: Tensor, L: Tensor, extra_grad: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The exact minimiser of ``fun(v) + <extra_grad, v>`` (quadratic ``fun``, Hessian ``L L^T``) and its
     gradient inf-norm (rounding only)."""
