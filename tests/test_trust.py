@@ -509,3 +509,19 @@ def test_an_interrupted_run_resumes_to_byte_identical_metrics(tmp_path, monkeypa
     monkeypatch.undo()
     assert main(run + ["--out", str(tmp_path / "cut"), "--resume"]) == 0
     assert filecmp.cmp(tmp_path / "whole" / "metrics.jsonl", tmp_path / "cut" / "metrics.jsonl", shallow=False)
+
+
+def test_resume_accepts_a_folder_written_before_newer_config_fields(tmp_path):
+    """A config.yaml written by an older fedsolve lacks fields added since (read with their defaults); it
+    resumes, while a real difference in such a field is still refused."""
+    p, out = _cfg(tmp_path, "simulation.rounds=2"), tmp_path / "run"
+    run = ["run", p, "--algorithm", "FedAvg", "--out", str(out), "--quiet"]
+    assert main(run) == 0
+    old = yaml.safe_load((out / "config.yaml").read_text())
+    old["data"].pop("dtype")
+    old.pop("problem", None)
+    old["simulation"].pop("linear_kernel")
+    (out / "config.yaml").write_text(yaml.safe_dump(old))
+    assert main(run + ["--resume", "--set", "simulation.rounds=3"]) == 0
+    (out / "config.yaml").write_text(yaml.safe_dump(old))
+    assert main(run + ["--resume", "--set", "simulation.rounds=4", "--set", "simulation.linear_kernel=torch"]) == 2

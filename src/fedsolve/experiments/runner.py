@@ -190,11 +190,12 @@ def _json_default(o):
 
 #: fields of a run's resolved config that may change on ``--resume``: names and notes, the evaluation and
 #: checkpoint cadence and the extra metrics (what is recorded, not what is trained: from the resume point on
-#: the metrics file follows the new cadence) and the thread count (``compare --jobs`` changes it; it can move
-#: float rounding in the last bits, as ``--jobs`` does). ``simulation.rounds`` may grow. Anything else changes
-#: the numbers and is refused.
+#: the metrics file follows the new cadence), where the state is kept (``state_memory_mb``), and the thread
+#: count and device (``compare --jobs`` changes the threads; both can move float rounding in the last bits,
+#: as ``--jobs`` does). ``simulation.rounds`` may grow. Anything else changes the numbers and is refused.
 RESUME_FREE = ("name", "description", "paper", "out_dir", "threads", "simulation.eval_every",
-               "simulation.checkpoint_every", "simulation.metrics", "algorithm.label")
+               "simulation.checkpoint_every", "simulation.metrics", "simulation.state_memory_mb",
+               "simulation.device", "algorithm.label")
 _ABSENT = object()
 
 
@@ -235,7 +236,15 @@ def check_resume(run_dir: str | Path, new: dict[str, Any]) -> None:
         old = yaml.safe_load(f.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"--resume: {f} is not valid YAML ({e.problem}); start over with --overwrite") from None
-    diff = config_differences(old if isinstance(old, dict) else {}, new)
+    old = old if isinstance(old, dict) else {}
+    try:   # the old config read by this fedsolve: fields added since then get their defaults, as in `new`
+        from fedsolve.experiments.config import parse_config
+
+        ocfg = parse_config(old)
+        old = resolved_config(ocfg, ocfg.all_algorithms()[0], (old.get("seeds") or [0])[0])
+    except Exception:   # a field removed since: compare the files as they are
+        pass
+    diff = config_differences(old, new)
     if diff:
         raise ConfigError(f"--resume: the config differs from the one {run_dir} was started with in "
                           f"{'; '.join(diff)}; resume allows only a larger simulation.rounds and changes to "
