@@ -75,7 +75,7 @@ def test_resume_runs_only_missing_cells_and_refuses_other_settings(tmp_path):
     assert {key(r): r["benign_accuracy"] for r in again if key(r) not in changed} == \
         {key(r): r["benign_accuracy"] for r in rows if key(r) not in changed}
     assert "(4 runs kept by --resume)" in (out / "report.md").read_text()
-    with pytest.raises(ConfigError, match="--resume: .* other settings \\(set differ\\)"):
+    with pytest.raises(ConfigError, match="--resume: .* other settings \\(resolved_experiment, set differ\\)"):
         main(str(DIR / "robustness_synthetic.yaml"), out=str(out), sets=TINY + ["experiment.simulation.rounds=3"],
              progress=False, resume=True)
     # report-only fields may change on --resume (nothing runs again)

@@ -383,8 +383,13 @@ def _set_threads(n: int) -> None:
 REPORT_ONLY = ("name", "description", "tables", "plot", "paper", "threads")
 
 
-def _settings(suite: SuiteConfig) -> dict:
-    return json.loads(suite.model_dump_json(exclude=set(REPORT_ONLY)))
+def _settings(suite: SuiteConfig, base: Path) -> dict:
+    """What decides a cell's numbers: the suite's fields but the report's, and the experiment as resolved (so a
+    changed experiment file is seen too)."""
+    out = json.loads(suite.model_dump_json(exclude=set(REPORT_ONLY)))
+    out["resolved_experiment"] = json.loads(Context(suite, base).experiment({}).model_dump_json(
+        exclude={"name", "description", "paper", "out_dir", "threads"}))
+    return out
 
 
 def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, resume: bool = False,
@@ -394,16 +399,17 @@ def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, re
     out = Path(out)
     ctx = Context(suite, base)
     settings_file = out / "suite.json"
+    settings = _settings(suite, base)
     if settings_file.exists():
         old = json.loads(settings_file.read_text())
         if not resume:
             raise ConfigError(f"--out {out}: already holds a suite run; use --resume to continue it or another --out")
-        if old != _settings(suite):
-            diff = sorted(k for k in set(old) | set(_settings(suite)) if old.get(k) != _settings(suite).get(k))
+        if old != settings:
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             raise ConfigError(f"--resume: {out} was run with other settings ({', '.join(diff)} differ); use "
                               f"another --out")
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(settings_file, json.dumps(_settings(suite), indent=1, sort_keys=True))
+    atomic_write_text(settings_file, json.dumps(settings, indent=1, sort_keys=True))
     _set_threads(suite.threads)
     t0 = time.perf_counter()
     all_cells = cells(suite, base)
