@@ -260,6 +260,55 @@ class ClientStates:
         m = next(iter(d.values())).shape[0] if d else 0
         return cls(m, d)
 
+    # ---------------------------------------------------------------- checkpoints
+    COMPACT = "fedsolve.ClientStates/1"
+
+    def compact_state_dict(self) -> dict:
+        """What a checkpoint stores: per column its default row, the clients' slots and the stored rows only (a
+        dense column as is), so saving costs the touched clients' rows, not ``[m, ...]``."""
+        cols = {k: {"dense": col.rows} if col.identity else
+                {"default": col.default, "slot": col.slot, "rows": col.rows[:col.n]}
+                for k, col in self._cols.items()}
+        return {"format": self.COMPACT, "num_clients": self.num_clients, "columns": cols}
+
+    @classmethod
+    def load(cls, d: Mapping | None, num_clients: int) -> "ClientStates":
+        """States from a checkpoint's entry: :meth:`compact_state_dict` or (older checkpoints) :meth:`state_dict`."""
+        if not d:
+            return cls(num_clients)
+        if d.get("format") != cls.COMPACT:
+            return cls.from_state_dict(d)
+        out = cls(int(d["num_clients"]))
+        for k, c in d["columns"].items():
+            if "dense" in c:
+                out._cols[k] = _Column.dense(c["dense"])
+                continue
+            col = _Column(c["default"], out.num_clients)
+            col.slot = c["slot"].to("cpu", torch.long).clone()
+            n = int(c["rows"].shape[0])
+            out._cols[k] = col
+            out._resize(col, max(n, 1))
+            col.rows[:n] = c["rows"].to(col.rows.device)
+            col.n = n
+        return out
+
+    @classmethod
+    def shapes(cls, d: Mapping | "ClientStates" | None) -> dict[str, Tensor]:
+        """``{name: [m, ...]}`` tensors on the ``meta`` device (shape and dtype, no memory) of states or of a
+        checkpoint's entry (either format): what a resume check compares."""
+        if isinstance(d, ClientStates):
+            return {k: torch.empty((d.num_clients, *c.default.shape), dtype=c.default.dtype, device="meta")
+                    for k, c in d._cols.items()}
+        if not isinstance(d, Mapping) or not d:
+            return {}
+        if d.get("format") != cls.COMPACT:
+            return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, Tensor) else v
+                    for k, v in d.items()}
+        m = int(d["num_clients"])
+        return {k: torch.empty(c["dense"].shape, dtype=c["dense"].dtype, device="meta") if "dense" in c else
+                torch.empty((m, *c["default"].shape), dtype=c["default"].dtype, device="meta")
+                for k, c in d["columns"].items()}
+
     def memory_bytes(self) -> int:
         """Bytes of client state held in memory."""
         return sum(col.memory_bytes() for col in self._cols.values())
