@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import types
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from torch.func import grad
 from fedsolve.algorithms import get_algorithm
 from fedsolve.algorithms.constrained import cproxal
 from fedsolve.algorithms.constrained.al import client_P, server_P, shifted
-from fedsolve.algorithms.constrained.kkt import certificate, client_rows
+from fedsolve.algorithms.constrained.kkt import client_rows
 from fedsolve.algorithms.constrained.proxal import ADMM, OUTER
 from fedsolve.constraints import (ConstrainedSpec, Constraint, ConstraintError, Prox, ServerParty,
                                   constrained_problem, logistic_loss, masked_mean)
@@ -270,7 +271,6 @@ def test_scipy_reference_reaches_the_same_answer():
 
 
 def test_server_side_holds_no_client_data():
-    x, y = np_data(N=40)
     prob = _fair_problem(n=2)
     algo = get_algorithm("proxal")({}, prob)
     client_storage = {prob.data.train_x.untyped_storage().data_ptr(), prob.data.train_y.untyped_storage().data_ptr()}
@@ -284,7 +284,7 @@ def test_server_side_holds_no_client_data():
         if isinstance(obj, torch.Tensor):
             assert obj.untyped_storage().data_ptr() not in client_storage
             continue
-        if isinstance(obj, type) or callable(obj) and not hasattr(obj, "__dict__"):
+        if isinstance(obj, (type, types.ModuleType)) or callable(obj) and not hasattr(obj, "__dict__"):
             continue
         stack.extend(gc.get_referents(obj))
     assert algo.server_side.party.x is not None  # it does hold the server's own Z_0
@@ -359,3 +359,28 @@ def test_prox_stationarity_exact_for_l1_and_box():
     box = Prox("box", lo=-2.0, hi=1.0)   # w_2 at lo (g>0 absorbed), w_1 at hi (g<0 absorbed)
     assert box.stationarity(w, g) == pytest.approx(0.3)
     torch.testing.assert_close(Prox("l1", lam=1.0)(torch.tensor([2.0, -0.5]), 0.5), torch.tensor([1.5, 0.0]))
+
+
+# ------------------------------------------------------------------ data
+def test_tabular_stand_ins():
+    from fedsolve.data.tabular import breast_cancer, monks1
+
+    x, y = monks1()
+    assert x.shape == (432, 17) and int(y.sum()) == 216          # the full grid = the original test set
+    assert (x.reshape(432, -1).sum(1) == 6).all()                  # one level per attribute
+    x, y = breast_cancer()
+    assert x.shape == (569, 30) and int(y.sum()) == 212           # class 1 = malignant (minority)
+    np.testing.assert_allclose(x.mean(0), 0, atol=1e-12)
+    folds = __import__("fedsolve.problem_kinds.constrained", fromlist=["x"]).stratified_folds(y, 5)
+    assert all(int(y[f].sum()) == 212 // 5 and len(f) == 357 // 5 + 212 // 5 for f in folds)
+
+
+@pytest.mark.realdata
+def test_adult_features():
+    from fedsolve.data.tabular import adult, adult_cached
+
+    if not adult_cached():
+        pytest.skip("UCI Adult not cached (fedsolve.data.tabular.fetch_adult())")
+    xtr, ytr, xte, yte = adult()
+    assert xtr.shape == (30162, 38) and xte.shape[0] == 15060
+    assert set(np.unique(xtr[:, -1])) == {0.0, 1.0} and 0.2 < ytr.mean() < 0.3

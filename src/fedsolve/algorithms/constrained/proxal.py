@@ -7,7 +7,7 @@ Outer iteration k (Alg. 1), with P_{i,k} of Eqs. 13-14 and sigma = 1/((n+1) beta
     w^{k+1} = Alg2(tau_k, w^k)                       dist_inf(0, d l_k(w^{k+1})) <= tau_k      (Eq. 10)
     mu_0^{k+1} = [mu_0^k + beta c_0(w^{k+1})]_+      (server)
     mu_i^{k+1} = [mu_i^k + beta c_i(w^{k+1})]_+      (client i; uploads only ||mu_i^{k+1} - mu_i^k||_inf)
-    stop if ||w^{k+1} - w^k||_inf + beta tau_k <= beta eps1  and  max_i ||mu_i^{k+1} - mu_i^k||_inf <= beta eps2  (Eq. 11)
+    stop if ||w^{k+1} - w^k||_inf + beta tau_k <= beta eps1 and max_i ||mu_i^{k+1} - mu_i^k||_inf <= beta eps2  (Eq. 11)
 
 Inner iteration t (Alg. 2), started at w~^0 = w^k with u_i^0 = w^k, lambda_i^0 = -grad P_i(w^k),
 u~_i^0 = u_i^0 + lambda_i^0 / rho:
@@ -69,7 +69,8 @@ class ProxALConfig(BaseModel):
     solver: Literal["auto", "newton", "quadratic", "scipy"] = Field(
         "auto", description="client/server subproblem solver: auto = quadratic (exact) for quadratic problems, "
                             "else newton; scipy = L-BFGS-B client by client (reference; sequential executor)")
-    newton_max_iter: int = Field(8, ge=1, description="Newton steps per subproblem (cap; the vectorized executor always runs them all, masked)")
+    newton_max_iter: int = Field(8, ge=1, description="Newton steps per subproblem (cap; the vectorized executor "
+                                                     "always runs them all, masked)")
     inner_stop: Literal["paper", "measured", "code"] = Field(
         "paper", description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
                              "none (authors' NP/QP code)")
