@@ -238,17 +238,42 @@ def test_oracle_gap_suite_gives_the_drivers_numbers(tmp_path):
     assert [x for row in got for x in row] == pytest.approx([x for row in ref for x in row], rel=1e-5)
 
 
+# The drivers' --suite mode on the label-swap CNN (commit d8fc5a8, one torch thread, seed 0, the suite's settings with
+# --set simulation.rounds=2 simulation.eval_every=1 defaults.local_epochs=1 data.params.limit=2000
+# data.params.test_limit=500):
+#   table3_newcomers.py --suite label_swap_mnist.yaml --lam 0.5 --newcomer-rounds 1 --algorithms fpfc fedavg ifca
+#   robustness.py --suite label_swap_fmnist.yaml --attacks gaussian sign_flip --fractions 0.0 0.4
+#       --algorithms fpfc fedavg   (attack block 'fused', attacker view own)
+LABEL_SWAP_SMALL = ["seeds=[0]", "experiment.simulation.rounds=2", "experiment.simulation.eval_every=1",
+                    "experiment.defaults.local_epochs=1", "experiment.data.params.limit=2000",
+                    "experiment.data.params.test_limit=500"]
+TABLE3_MNIST = {"FPFC": (0.10033084452152252, 1.0, 0.0), "FedAvg": (0.11120041087269783, None, None),
+                "IFCA": (0.12001451477408409, 4.0, 0.1791044776119403)}
+ROBUST_FMNIST = {(0.0, "FPFC"): 0.09737764913588762, (0.0, "FedAvg"): 0.09404431525617837,
+                 (0.4, "FPFC"): 0.1030606289083759, ("gaussian", 0.4, "FedAvg"): 0.07440027237559359,
+                 ("sign_flip", 0.4, "FedAvg"): 0.11052135719607274}
+
+
 @pytest.mark.realdata
-@pytest.mark.parametrize("name", ["table3_mnist", "robustness_fmnist"])
-def test_label_swap_suites_run_tiny(name, tmp_path):
-    sets = ["seeds=[0]", "experiment.simulation.rounds=2", "experiment.defaults.local_epochs=1",
-            "experiment.data.params.limit=400", "experiment.data.params.test_limit=100"]
-    if name.startswith("table3"):
-        sets += ["args.newcomer_rounds=1", "algorithms=[FPFC, FedAvg]"]
-    else:
-        sets += ["sweep.fraction=[0.0, 0.4]", "sweep.attack=[gaussian]", "algorithms=[FPFC, FedAvg]"]
-    rows = _suite(name, tmp_path, *sets)
-    assert rows and all(0 <= r.get("newcomer_accuracy", r.get("benign_accuracy")) <= 1 for r in rows)
+def test_table3_mnist_suite_gives_the_drivers_numbers(tmp_path):
+    rows = _suite("table3_mnist", tmp_path, *LABEL_SWAP_SMALL, "args.newcomer_rounds=1",
+                  "algorithms=[FPFC, FedAvg, IFCA]")
+    for r in rows:
+        acc, num, ari = TABLE3_MNIST[r["algorithm"]]
+        assert (r["old"], r["new"]) == (16, 4)
+        assert r["newcomer_accuracy"] == pytest.approx(acc, rel=1e-5), r["algorithm"]
+        assert (r.get("num_clusters"), r.get("ari")) == ((num, pytest.approx(ari)) if num is not None else (None, None))
+
+
+@pytest.mark.realdata
+def test_robustness_fmnist_suite_gives_the_drivers_numbers(tmp_path):
+    rows = _suite("robustness_fmnist", tmp_path, *LABEL_SWAP_SMALL, "sweep.fraction=[0.0, 0.4]",
+                  "sweep.attack=[gaussian, sign_flip]", "algorithms=[FPFC, FedAvg]")
+    assert len(rows) == 8
+    for r in rows:
+        ref = ROBUST_FMNIST.get((r["fraction"], r["algorithm"]), ROBUST_FMNIST.get((r["attack"], r["fraction"],
+                                                                                    r["algorithm"])))
+        assert r["benign_accuracy"] == pytest.approx(ref, rel=1e-5), r
 
 
 def test_fpfc_s1_benchmark_smoke():
