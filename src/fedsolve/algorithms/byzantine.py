@@ -26,7 +26,8 @@ the "personalization layers" the paper's text names); the other coordinates are 
 malicious_fraction=0.4)``, composed like an optax transformation): it implements the five functions by
 delegating to the wrapped algorithm, with an ``aggregate`` that corrupts the malicious participants' uploads
 before the wrapped algorithm's own aggregation. ``byzantine(cls)`` registers the same wrapper under
-``byz_<name>`` for configs (``<name>``'s hyper-parameters plus :class:`AttackConfig`'s). What the attack needs to know about the algorithm is declared once per algorithm class with
+``byz_<name>`` for configs (``<name>``'s hyper-parameters plus :class:`AttackConfig`'s). What the attack needs
+to know about the algorithm is declared once per algorithm class with
 :func:`declare_attack_surface` (never guessed from message keys): which upload key holds the device's model
 (``w`` for FPFC, FedAvg, IFCA; ``dw`` for CFL, whose uploads are updates; none for LOCAL) and, for
 ``attacker_view='own'``, how the server's message is replaced by what a device that ignores the server trains

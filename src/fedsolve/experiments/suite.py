@@ -31,7 +31,6 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -499,8 +498,8 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
         head = f"## {t.title or t.metric}" + (f": {part}" if part is not None else "")
         paper = t.paper.get(str(part), t.paper) if part is not None and str(part) in t.paper else t.paper
         has_paper = bool(paper) and not (t.columns and all(isinstance(v, dict) for v in paper.values()))
-        hdr = [t.rows] + (["paper"] if has_paper else []) + [("ours" if c is None else f"{t.columns} {c}" if _num(c) is not None else str(c))
-                                                             for c in cols]
+        col_name = lambda c: "ours" if c is None else f"{t.columns} {c}" if _num(c) is not None else str(c)  # noqa: E731
+        hdr = [t.rows] + (["paper"] if has_paper else []) + [col_name(c) for c in cols]
         if t.columns and paper and all(isinstance(v, dict) for v in paper.values()):
             hdr += [f"paper {c}" for c in cols]
         out += [head, "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
