@@ -197,7 +197,7 @@ class ProxAL(Algorithm):
                   "outer_rounds": torch.zeros((), dtype=torch.long), "inner_caps": torch.zeros((), dtype=torch.long),
                   "converged": torch.zeros((), dtype=torch.long), "floats_up": z.clone(), "floats_down": z.clone(),
                   "client_res": z.clone(), "dmu_ref": torch.tensor(1e300, dtype=torch.float64),
-                  "stall": torch.zeros((), dtype=torch.long)}
+                  "stall": torch.zeros((), dtype=torch.long), "solve_misses": torch.zeros((), dtype=torch.long)}
         rows = {"mu": torch.full((n, self.spec.m_client), c.mu0, dtype=torch.float64)}
         for key in ("wk", "u", "lam", "ut"):
             rows[key] = torch.zeros(n, d, dtype=torch.float64)
@@ -329,6 +329,8 @@ class ProxAL(Algorithm):
         gap = e + float(uploads["et"].sum())
         s["gap"] = torch.tensor(gap, dtype=torch.float64)
         s["client_res"] = torch.maximum(uploads["res"].max().double(), torch.zeros((), dtype=torch.float64))
+        # spec 7.8: the clients' solves are verified against eps_{t+1}; misses are counted, never hidden
+        s["solve_misses"] = server["solve_misses"] + int((uploads["res"].double() > self._eps(t)).sum())
         s["admm_rounds"] = server["admm_rounds"] + 1
         if gap <= float(server["tau"]) or t + 1 >= c.max_inner:
             if gap > float(server["tau"]):
@@ -394,7 +396,8 @@ class ProxAL(Algorithm):
                    outer_rounds=int(server["outer_rounds"]), inner_cap_hits=int(server["inner_caps"]),
                    converged=int(server["converged"]), tau=float(server["tau"]), inner_gap=float(server["gap"]),
                    floats_up=float(server["floats_up"]), floats_down=float(server["floats_down"]),
-                   client_subproblem_residual=float(server["client_res"]))
+                   client_subproblem_residual=float(server["client_res"]),
+                   client_solves_above_tolerance=int(server["solve_misses"]))
         return out
 
     def finalize(self, server, clients) -> dict[str, Any]:
