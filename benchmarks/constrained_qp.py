@@ -70,8 +70,10 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="one instance d,n,m (e.g. 500,10,5)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"# grid {a.grid}, seed {a.seed}, torch threads {a.threads}")
+    print(f"# grid {a.only or a.grid}, seed {a.seed}, torch threads {a.threads}")
     grid = [tuple(int(v) for v in a.only.split(","))] if a.only else GRIDS[a.grid]
+    ours(qp_problem(5, 2, 1, seed=10), a.seed, "paper")      # warm-up: first-call costs of torch.func, imports
+    reference_seconds_per_round(qp_problem(5, 2, 1, seed=10), a.seed, 2, "paper")
     for (d, n, m), variant in ((g, v) for g in grid for v in a.variants.split(",")):
         prob = qp_problem(d, n, m, seed=10)
         inst = prob.extras["qp_instance"]
