@@ -19,11 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedsolve.constraints import (ConstrainedSpec, Constraint, ServerParty, constrained_problem, logistic_loss,
                                   masked_mean)
-from fedsolve.data.federated import FederatedData, _offsets
+from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem, register_problem_kind
 
 __all__ = ["qp_instance", "qp_problem", "qp_exact_solution", "np_problem", "fairness_problem", "rows_data",
            "stratified_folds"]
+
+
+def _offsets(sizes: list[int]) -> torch.Tensor:
+    return torch.cumsum(torch.tensor([0, *sizes], dtype=torch.long), 0)
 
 
 def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.ndarray, np.ndarray]] | None = None,
