@@ -7,6 +7,8 @@ upper/lower losses, source/target roles) in ``extras``.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -71,11 +73,55 @@ class FederatedProblem:
         return self.data.num_clients
 
     def init_params(self, generator: torch.Generator) -> Tensor:
-        """A fresh random initial flat parameter vector (deterministic given ``generator``)."""
-        with torch.random.fork_rng(devices=[]):
+        """A fresh random initial flat parameter vector (deterministic given ``generator``), drawn on the CPU
+        (the same numbers whatever device the run uses; the engine moves them)."""
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
             model = self.model_fn()
         return self.layout.flatten(model)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model and the clients' samples live (``cpu`` unless moved by :meth:`to`)."""
+        return self.data.train_x.device
+
+    def to(self, device: torch.device | str) -> "FederatedProblem":
+        """Move the problem to ``device`` in place (once, before a run): the clients' samples, the model and
+        the parameter blocks' masks. Offsets, client weights and row groups stay on the CPU: they index and
+        plan (sampling, minibatch plans), and the engine moves what it needs per round."""
+        device = torch.device(device)
+        self.data = copy.copy(self.data).to(device)   # a copy: data shared with other problems stays put
+        self.model.to(device)
+        with torch.device(device):   # the same masks, rebuilt on the device (add_block replaces a block)
+            for name, patterns in self.blocks.items():
+                self.layout.add_block(name, patterns)
+        self.extras = {k: _moved(v, device) for k, v in self.extras.items()}   # e.g. the server's own data
+        return self
+
+
+def _moved(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside it on ``device``: tensors, modules (moved in place), dataclasses (rebuilt
+    with ``dataclasses.replace`` where a field changed), dicts, lists and tuples; the rest as is."""
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, nn.Module):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {}
+        for f in dataclasses.fields(obj):
+            if f.init:
+                v = getattr(obj, f.name)
+                nv = _moved(v, device)
+                if nv is not v:
+                    changes[f.name] = nv
+        return dataclasses.replace(obj, **changes) if changes else obj
+    if isinstance(obj, dict):
+        new = {k: _moved(v, device) for k, v in obj.items()}
+        return new if any(new[k] is not obj[k] for k in obj) else obj
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        new = [_moved(v, device) for v in obj]
+        return type(obj)(new) if any(a is not b for a, b in zip(new, obj)) else obj
+    return obj
 
 
 # ------------------------------------------------------------------ problem kinds

@@ -61,11 +61,24 @@ class Algorithm:
         self.problem = problem
         self.layout = problem.layout
         self.num_clients = problem.num_clients
-        self.client_weights = problem.data.weights.to(torch.float32)
+        self.client_weights = problem.data.weights   # n_i / n in the data's float type (float64 data: exact)
         self.setup()
 
     def setup(self) -> None:
         """Hook for subclasses (masks, derived constants)."""
+
+    def to(self, device: torch.device | str) -> "Algorithm":
+        """Put this algorithm's own tensors on ``device`` (the engine calls it once when a run is placed on a
+        GPU, after ``problem.to(device)``): the client weights, and what :meth:`setup` derives (run again
+        under the device, then any tensor attribute still elsewhere is moved)."""
+        device = torch.device(device)
+        self.client_weights = self.client_weights.to(device)
+        with torch.device(device):
+            self.setup()
+        for k, v in list(vars(self).items()):
+            if isinstance(v, Tensor) and v.device != device:
+                setattr(self, k, v.to(device))
+        return self
 
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
@@ -122,8 +135,8 @@ class Algorithm:
 
     def weighted_mean(self, rows: Tensor, ids: Tensor) -> Tensor:
         """Sample-size weighted mean of the selected clients' rows (FedAvg aggregation)."""
-        w = self.client_weights[ids]
-        w = (w / w.sum()).to(rows.dtype)
+        w = self.client_weights[ids.to(self.client_weights.device)].to(rows.device, rows.dtype)
+        w = w / w.sum()   # normalized in the rows' type: in float64 the weights sum to 1 to float64 rounding
         return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
 
 

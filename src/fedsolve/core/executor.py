@@ -16,6 +16,7 @@ batch runs the same program.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -92,6 +93,15 @@ class Plan:
     def row(self, k: int) -> "Plan":
         return Plan(self.idx[k], self.w[k], self.active[k], fixed=self.fixed)
 
+    def to(self, device: torch.device | str) -> "Plan":
+        """The same plan on ``device`` (a plan is drawn on the CPU; an executor moves it to the data once per
+        round). A lazy plan stays lazy: its index is built on the CPU and moved when first needed."""
+        if self._idx is not None:
+            return Plan(self._idx.to(device), self._w.to(device), self.active.to(device), fixed=self.fixed)
+        build = self._build
+        return Plan(None, None, self.active.to(device), fixed=self.fixed,
+                    build=lambda: tuple(t.to(device) for t in build()))
+
     def length(self, step: int) -> int:
         """One client's plan (``w`` ``[S, B]``): how many leading samples of minibatch ``step`` can carry
         weight. Batches are padded at the end with weight-0 rows (a short last batch of an epoch, or a
@@ -139,6 +149,7 @@ def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: Rn
 
     ``groups``: ``(train_groups, group_names)`` of the data, aligned with ``offsets``, for phases whose
     ``Work.group`` names a row group."""
+    ids = ids.cpu()
     sizes = (offsets[1:] - offsets[:-1])[ids].tolist()
     starts = offsets[:-1][ids].tolist()
     cids = ids.tolist()
@@ -227,6 +238,11 @@ class LocalContext:
         x, y, w = self._batch(phase, step)
         with torch.no_grad():
             return self.loss_on(params, x, y, w)
+
+    def batch(self, phase: str, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(x, y, w)`` of minibatch ``step`` of ``phase`` (for losses that need more than a gradient,
+        e.g. a bilevel method's Hessian-vector products)."""
+        return self._batch(phase, step)
 
     def _batch(self, phase: str, step: int) -> tuple[Tensor, Tensor, Tensor]:
         """``(x, y, w)`` of minibatch ``step`` of ``phase``."""
@@ -324,9 +340,27 @@ class Executor:
 
 
 def _ctx_inputs(data, ids: Tensor):
-    n = data.train_sizes[ids].to(torch.float32)
-    w = data.weights[ids].to(torch.float32)
+    ids, dev = ids.cpu(), data.train_x.device   # sizes and weights stay on the CPU (they plan and sample)
+    n = data.train_sizes[ids].to(dev, torch.float32)
+    w = data.weights[ids].to(dev, torch.float32)
     return n, w
+
+
+def on_data_device(run):
+    """Decorator of ``Executor.run``: on a GPU (training data not on the CPU), the round's plans and client ids
+    are moved to the data's device once and the run creates its new tensors there (``torch.device``
+    context); on the CPU it changes nothing."""
+
+    @functools.wraps(run)
+    def wrapped(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
+        dev = data.train_x.device
+        if dev.type == "cpu":
+            return run(self, algo, rows, msgs, ids, plans, data, round_)
+        with torch.device(dev):
+            return run(self, algo, rows, msgs, ids.to(dev), {p: pl.to(dev) for p, pl in plans.items()}, data,
+                       round_)
+
+    return wrapped
 
 
 class SequentialExecutor(Executor):
@@ -334,6 +368,7 @@ class SequentialExecutor(Executor):
 
     name = "sequential"
 
+    @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         n, wt = _ctx_inputs(data, ids)
         outs_s, outs_u, losses = [], [], []
@@ -374,8 +409,9 @@ class VectorizedExecutor(Executor):
         order = torch.argsort(cost, descending=True, stable=True)
         groups, cur, first = [], [], None
         cap = self.chunk_size or K
+        costs = cost.tolist()   # one transfer (not one per client on a GPU)
         for pos in order.tolist():
-            c = float(cost[pos])
+            c = costs[pos]
             if cur and (len(cur) >= cap or c * self.bucket_ratio < first):
                 groups.append(torch.tensor(cur))
                 cur = []
@@ -386,6 +422,7 @@ class VectorizedExecutor(Executor):
             groups.append(torch.tensor(cur))
         return groups
 
+    @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         if not algo.problem.vmappable:
             raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "

@@ -41,7 +41,8 @@ from fedsolve.core.rng import RngStreams
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
 from fedsolve.flower.rounds import initial_state, plan_shapes, sample_round, weighted_train_loss, work_scales
 from fedsolve.flower.task import load_task, run_config_value
-from fedsolve.simulation.loop import atomic_write_text, check_round, eval_due
+from fedsolve.io import atomic_write_text
+from fedsolve.simulation.loop import check_round, eval_due
 from fedsolve.simulation.metrics import summarize
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`

@@ -4,3 +4,7 @@ A config selects one with ``problem: {kind: <name>, params: {...}}``; the builde
 ``fedsolve.problems.register_problem_kind``) turns the plain problem built from the config's ``data`` and
 ``model`` sections into the family's problem. One module per family.
 """
+
+from fedsolve.problem_kinds import bilevel  # noqa: F401,E402
+from fedsolve.problem_kinds import minimax  # noqa: F401,E402
+from fedsolve.problem_kinds import constrained  # noqa: F401,E402

@@ -245,7 +245,7 @@ class Simulation:
         atomic_torch_save({
             "round": next_round, "seed": self.seed, "algorithm": self.algo.name,
             "num_clients": self.problem.num_clients, "dim": self.problem.layout.dim,
-            "server": self.server, "clients": self.clients.state_dict(), "ledger": self.ledger.state_dict(),
+            "server": self.server, "clients": self.clients.compact_state_dict(), "ledger": self.ledger.state_dict(),
             "history": self.history, "round_times": self.round_times, "timings": self.timings,
             "first_loss": self._first_loss, "per_client": self.per_client,
             "elapsed": self._elapsed + time.perf_counter() - self._t0,
@@ -266,8 +266,7 @@ class Simulation:
         self._check_checkpoint(ck, path)
         self.start_round = ck["round"]
         self.server = ck["server"]
-        self.clients = ClientStates.from_state_dict(ck["clients"]) if ck["clients"] else ClientStates(
-            self.problem.num_clients)
+        self.clients = ClientStates.load(ck["clients"], self.problem.num_clients)   # the stored rows only
         self._state_budget()
         self.ledger = CommLedger.from_state_dict(ck["ledger"])
         self.history = ck["history"]
@@ -288,7 +287,8 @@ class Simulation:
                 "dim": self.problem.layout.dim}
         diff = [f"{k} {ck[k]!r} (this run: {v!r})" for k, v in mine.items() if k in ck and ck[k] != v]
         for where, new, old in (("server", self.server, ck["server"]),
-                                ("client state", self.clients.state_dict(), ck["clients"] or {})):
+                                ("client state", ClientStates.shapes(self.clients),
+                                 ClientStates.shapes(ck["clients"]))):
             for k in sorted(set(new) & set(old)):
                 if not isinstance(old[k], torch.Tensor) or tuple(old[k].shape) != tuple(new[k].shape) \
                         or old[k].dtype != new[k].dtype:
@@ -410,6 +410,9 @@ class Simulation:
         if clients.num_clients != self.problem.num_clients:
             raise ValueError(f"set_state: {clients.num_clients} client rows, the problem has "
                              f"{self.problem.num_clients} clients")
+        if self.device.type != "cpu":   # on the run's device (a no-op for tensors already there)
+            server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in server.items()}
+            clients = clients.to(self.device)
         self.server, self.clients = server, clients
 
     def set_hparams(self, **changes: Any) -> None:
