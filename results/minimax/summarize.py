@@ -79,16 +79,33 @@ def main(root: str) -> None:
         print("\n".join(table(groups, target, (100, 200))))
     for extra, title in (("mnistm_dann_centralized", "centralized (pooled data, one client)"),
                          ("mnistm_source_only", "source only (pooled, nu = 1e-6)"),
-                         ("mnistm_dann_variants", "FedMM variants, 2 clients at p = 1")):
+                         ("mnistm_dann_variants", "FedMM variants, 2 clients at p = 1"),
+                         ("mnistm_cdan_2clients", "CDAN, 2 clients at p = 1"),
+                         ("mnistm_mdd_2clients", "MDD, 2 clients at p = 1")):
         p = root_p / extra
         if p.exists() and any(p.glob("*/seed*/summary.json")):
             print(f"\n### {title}\n")
-            print("\n".join(table(runs(p), target, (100, 200))))
+            print("\n".join(table(runs(p), target if "dann" in extra or "source" in extra else None, (100, 200))))
     for loss in ("dann", "cdan", "mdd"):
         p = root_p / f"skew10_{loss}"
         if p.exists() and (p / "summary.json").exists():
             print(f"\n### 10 class-skewed clients, {loss.upper()}\n")
             print("\n".join(table(runs(p), None, (20, 40))))
+    p_sweep(root_p)
+
+
+def p_sweep(root: Path) -> None:
+    """<root>/p_sweep/p<p>/: final target accuracy per method and p (Fig. 2 analogue)."""
+    folders = sorted((root / "p_sweep").glob("p*"), key=lambda q: float(q.name[1:]))
+    res = {q.name[1:]: runs(q) for q in folders if any(q.glob("*/seed*/summary.json"))}
+    if not res:
+        return
+    methods = sorted({m for r in res.values() for m in r})
+    print("\n### p sweep, CDAN, 2 clients (final target acc. %)\n")
+    print("| p | " + " | ".join(methods) + " |")
+    print("|---|" + "---|" * len(methods))
+    for pv, r in res.items():
+        print(f"| {pv} | " + " | ".join(ms([acc(x)[-1][1] for x in r.get(m, [])]) for m in methods) + " |")
 
 
 if __name__ == "__main__":
