@@ -106,3 +106,15 @@ def test_table_lines_pivot_with_the_papers_numbers_and_diverged_runs():
     assert "| B |  | 90.00% |  |" in lines
     plain = table_lines(TableSpec(metric="acc", rows="algorithm", digits=3), rows)
     assert "| A | 0.600 +- 0.100; diverged 1/3 (round 3) |" in plain
+
+
+def test_tables_reduce_over_rounds_per_seed_before_the_mean():
+    """``over: round``: one value per seed (best: max accuracy, min loss; last: at the largest round)."""
+    rows = [{"algorithm": "A", "seed": s, "round": t, "acc": a, "test_loss": a}
+            for s, trace in ((0, [0.2, 0.6, 0.5]), (1, [0.1, 0.3, 0.4])) for t, a in zip((0, 10, 20), trace)]
+    best = table_lines(TableSpec(metric="acc", over="round"), rows)
+    assert "| A | 0.50 +- 0.10 |" in best                       # max per seed: 0.6, 0.4
+    last = table_lines(TableSpec(metric="acc", over="round", pick="last"), rows)
+    assert "| A | 0.45 +- 0.05 |" in last                       # round 20: 0.5, 0.4
+    loss = table_lines(TableSpec(metric="test_loss", over="round"), rows)
+    assert "| A | 0.15 +- 0.05 |" in loss                       # a loss: min per seed, 0.2 and 0.1

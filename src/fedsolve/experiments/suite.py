@@ -11,8 +11,9 @@ A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs beyond on
   and the ``seeds``. An axis named ``params.<p>`` sets an algorithm parameter, a dotted name
   (``data.params.scenario``) sets an experiment field, any other name is a protocol input
   (``attack``, ``fraction``, ``strategy``);
-* ``tables``: what each table reports (the metric, what its rows and columns are, mean +- std over the
-  seeds, the paper's numbers next to ours) and ``plot``: a registered figure.
+* ``tables``: what each table reports (the metric; final, or the best or last over a field such as the
+  round with ``over``; what its rows and columns are; mean +- std over the seeds; the paper's numbers next to
+  ours) and ``plot``: a registered figure.
 
 Each finished cell is written atomically to ``OUT/cells/`` as it comes in, so an interrupted suite picks
 up where it stopped (``--resume``, refused if the suite's settings changed); ``--jobs N`` runs the cells
@@ -32,7 +33,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -57,6 +58,9 @@ class TableSpec(BaseModel):
     percent: bool = Field(False, description="show values x 100 with a % sign")
     digits: int = Field(2, ge=0, le=8, description="decimals shown")
     paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers by row label")
+    over: str | None = Field(None, description="reduce each seed's rows over this field first (e.g. round)")
+    pick: Literal["best", "last"] = Field("best", description="with `over`: the best value (max; min for a "
+                                                             "loss-like metric) or the one at the largest `over`")
 
 
 class SuiteConfig(BaseModel):
@@ -487,6 +491,26 @@ def _paper(t: TableSpec, v) -> str:
     return str(v)
 
 
+def _values(t: TableSpec, rows: list[dict]) -> list[float]:
+    """The values a table cell averages: ``t.metric`` of each row, or with ``t.over`` one value per seed (the
+    best over ``t.over``, or the one at its largest value)."""
+    if t.over is None:
+        return [x for x in (_num(r.get(t.metric)) for r in rows) if x is not None]
+    from fedsolve.experiments.report import lower_is_better
+
+    out = []
+    for seed in dict.fromkeys(r.get("seed") for r in rows):
+        mine = [r for r in rows if r.get("seed") == seed and _num(r.get(t.metric)) is not None]
+        if not mine:
+            continue
+        if t.pick == "last":
+            out.append(float(max(mine, key=lambda r: r[t.over])[t.metric]))
+        else:
+            vals = [float(r[t.metric]) for r in mine]
+            out.append(min(vals) if lower_is_better(t.metric) else max(vals))
+    return out
+
+
 def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
     """Markdown lines of one table: mean +- std of ``t.metric`` over the rows of each (row, column) cell; a
     cell with diverged runs names them; a ``paper`` column where the suite gives the paper's numbers."""
@@ -507,7 +531,7 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
             cells_ = []
             for c in cols:
                 here = [r for r in sub if r.get(t.rows) == rv and (c is None or r.get(t.columns) == c)]
-                vals = [x for x in (_num(r.get(t.metric)) for r in here) if x is not None]
+                vals = _values(t, here)
                 div = [r["diverged"] for r in here if r.get("diverged")]
                 text = _fmt(t, vals) if vals or not here else "-"
                 if div:
