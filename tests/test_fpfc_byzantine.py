@@ -206,3 +206,21 @@ def test_wrapper_composes_with_any_declared_algorithm_and_equals_the_registered_
     assert wrapped.inner.cfg.lam == 0.3 and int((~benign_mask(wrapped)).sum()) == 40
     with pytest.raises(ValueError, match="malicious_fraction"):
         Byzantine(FPFC(base, prob), attack="gaussian", malicious_fraction=1.5)
+
+
+def test_wrapper_runs_the_same_under_sequential_and_vectorized_executors():
+    from fedsolve.algorithms.byzantine import Byzantine
+    from fedsolve.algorithms.fedavg import FedAvg
+
+    prob = _small_s1()
+    out = {}
+    for ex in ("sequential", "vectorized"):
+        algo = Byzantine(FedAvg(dict(lr=0.1, local_epochs=1, batch_size=8), prob), attack="sign_flip",
+                         malicious_fraction=0.3, attack_seed=1, attacker_view="own")
+        sim = Simulation(prob, algo, SimulationConfig(rounds=3, eval_every=3, executor=ex, sampling={"fraction": 0.5},
+                                                      metrics=[]), seed=0)
+        sim.run()
+        out[ex] = sim.server
+    assert bool(out["sequential"]["byz_has_own"].any())
+    for k, v in out["sequential"].items():
+        assert torch.allclose(out["vectorized"][k].double(), v.double(), atol=1e-5), k
