@@ -84,6 +84,8 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
         "objective": float(f.sum()) + spec.server.prox.value(w),
         "objective_client_mean": float(f.mean()),
         "objective_client_std": float(f.std(unbiased=False)),
+        "objective_client_min": float(f.min()),
+        "objective_client_max": float(f.max()),
         "violation_max": max(viol_parties) if viol_parties else 0.0,
         "violation_mean": sum(viol_parties) / len(viol_parties) if viol_parties else 0.0,
     }
@@ -91,6 +93,7 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
         nm = spec.client_constraint.names[j]
         out[f"c_client_mean[{nm}]"] = float(cc[:, j].mean())
         out[f"c_client_max[{nm}]"] = float(cc[:, j].max())
+        out[f"c_client_min[{nm}]"] = float(cc[:, j].min())
     for j in range(spec.m_server):
         out[f"c_server[{spec.server.constraint.names[j]}]"] = float(c0[j])
     return out
