@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from conftest import make_problem
 from fedsolve.algorithms import ALGORITHMS, get_algorithm
+from fedsolve.algorithms.base import place_algorithm
 from fedsolve.core.executor import Plan, Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
@@ -107,7 +108,7 @@ def test_placing_pieces_on_the_cpu_changes_nothing():
     before = problem.layout.mask("personal").clone()
     algo = get_algorithm("fedapm")({}, problem)
     problem.to("cpu")
-    algo.to("cpu")
+    place_algorithm(algo, "cpu")
     assert torch.equal(problem.layout.mask("personal"), before)
     assert algo.client_weights.device.type == "cpu"
 

@@ -141,6 +141,13 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _cmd_suite(args) -> int:
+    from fedsolve.experiments.suite import main as run_suite   # all the logic lives there
+
+    run_suite(args.config, args.out, jobs=args.jobs, resume=args.resume, sets=args.set, progress=not args.quiet)
+    return 0
+
+
 def _cmd_report(args) -> int:
     from fedsolve.experiments.report import report_dir
 
@@ -197,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rebuild report.md and plots of a run or compare folder")
     rp.add_argument("dir", help="a run or compare folder (holds summary.json)")
     rp.set_defaults(fn=_cmd_report)
+
+    st = sub.add_parser("suite", help="run a suite (a sweep of a registered protocol) and write its report")
+    st.add_argument("config", help="suite YAML, e.g. experiments/fpfc/table3_newcomers.yaml")
+    st.add_argument("--out", help="output folder (default: runs/<suite name>)")
+    st.add_argument("--jobs", type=int, default=1, help="run the cells in this many worker processes (default 1)")
+    st.add_argument("--resume", action="store_true", help="keep the finished cells in --out and run the rest")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a suite field (seeds=[0], args.rounds=5) or experiment.<field> (repeatable)")
+    st.add_argument("--quiet", action="store_true", help="no progress lines")
+    st.set_defaults(fn=_cmd_suite)
     return p
 
 

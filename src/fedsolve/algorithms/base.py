@@ -67,19 +67,6 @@ class Algorithm:
     def setup(self) -> None:
         """Hook for subclasses (masks, derived constants)."""
 
-    def to(self, device: torch.device | str) -> "Algorithm":
-        """Put this algorithm's own tensors on ``device`` (the engine calls it once when a run is placed on a
-        GPU, after ``problem.to(device)``): the client weights, and what :meth:`setup` derives (run again
-        under the device, then any tensor attribute still elsewhere is moved)."""
-        device = torch.device(device)
-        self.client_weights = self.client_weights.to(device)
-        with torch.device(device):
-            self.setup()
-        for k, v in list(vars(self).items()):
-            if isinstance(v, Tensor) and v.device != device:
-                setattr(self, k, v.to(device))
-        return self
-
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
         """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""
@@ -199,6 +186,20 @@ def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: Rng
     rows, _, _ = make_executor(executor, problem).run(_PlainWork(problem, update), {"w": start.clone()}, {}, ids,
                                                       plans, problem.data)
     return rows["w"]
+
+
+def place_algorithm(algo: Algorithm, device: torch.device | str) -> Algorithm:
+    """Put ``algo``'s own tensors on ``device`` (the engine calls it once when a run is placed on a GPU, after
+    ``problem.to(device)``): the client weights, and what :meth:`Algorithm.setup` derives (run again under the
+    device, then any tensor attribute still elsewhere is moved)."""
+    device = torch.device(device)
+    algo.client_weights = algo.client_weights.to(device)
+    with torch.device(device):
+        algo.setup()
+    for k, v in list(vars(algo).items()):
+        if isinstance(v, Tensor) and v.device != device:
+            setattr(algo, k, v.to(device))
+    return algo
 
 
 # ------------------------------------------------------------------ registry

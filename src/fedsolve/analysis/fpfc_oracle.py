@@ -1,6 +1,6 @@
 """FPFC theory checks: the oracle estimator of Theorem 3 and the augmented Lagrangian of eq. (8) (Lemma 2).
 
-Used by tests and ``experiments/fpfc/oracle_gap.py``; the algorithm itself never needs them.
+Used by tests and ``experiments/fpfc/oracle_gap.yaml``; the algorithm itself never needs them.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from fedsolve.flower.records import from_array_record, row, stack_rows, to_array
 from fedsolve.flower.rounds import initial_state, plan_shapes, sample_round, weighted_train_loss, work_scales
 from fedsolve.flower.task import load_task, run_config_value
 from fedsolve.io import atomic_write_text
-from fedsolve.simulation.loop import check_round, eval_due
+from fedsolve.simulation.loop import check_round, drive_rounds, eval_due
 from fedsolve.simulation.metrics import summarize
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`
@@ -154,6 +154,7 @@ class FlowerRun:
         self.participation: list[dict[str, Any]] = []
         self.per_client: dict[int, dict[str, float]] = {}
         self.round_times: list[float] = []
+        self.timings: list[dict[str, float]] = []   # {"round", "time_s"} per evaluation (timings.jsonl)
         self.ledger = CommLedger()
         self.registry: NodeRegistry | None = None
         self._first_loss: float | None = None
@@ -272,7 +273,8 @@ class FlowerRun:
         rec["eval_clients"] = len(per)
         rec["uplink_bytes"] = self.ledger.uplink_bytes
         rec["downlink_bytes"] = self.ledger.downlink_bytes
-        rec["time_s"] = time.perf_counter() - self._t0
+        # wall-clock time goes to timings.jsonl, as in simulation: metrics.jsonl holds only the run's numbers
+        self.timings.append({"round": done, "time_s": time.perf_counter() - self._t0})
         return rec
 
     # ---------------------------------------------------------------- results
@@ -281,6 +283,7 @@ class FlowerRun:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.history))
+        atomic_write_text(self.out / "timings.jsonl", "".join(json.dumps(r) + "\n" for r in self.timings))
         atomic_write_text(self.out / "participation.json", json.dumps(self.participation))
         atomic_write_text(self.out / "per_client.json", json.dumps({str(k): v for k, v in self.per_client.items()}))
         if status != "running":
@@ -294,6 +297,22 @@ class FlowerRun:
                 "nodes": {str(c): n for c, n in self.registry.client_node.items()} if self.registry else {},
             }, indent=2))
 
+    def _timed_round(self, t: int) -> dict[str, Any]:
+        t1 = time.perf_counter()
+        info = self.run_round(t)
+        self.round_times.append(time.perf_counter() - t1)
+        return info
+
+    def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
+        """After ``done`` rounds: log, evaluate when due (the simulator's cadence), write the run's files."""
+        log("round %s/%s: %s participants, train loss %s", done, self.cfg.rounds, info["clients"], info["train_loss"])
+        if eval_due(done, self.cfg):
+            rec = self.evaluate(done, last_loss)
+            self.history.append(rec)
+            log("eval round %s: %s", done, {k: round(v, 4) for k, v in rec.items()
+                                             if k.startswith("test_") and not k.endswith(("_std", "_worst10"))})
+        self._write("running")
+
     def run(self) -> list[dict[str, Any]]:
         self._t0 = time.perf_counter()
         try:
@@ -305,22 +324,7 @@ class FlowerRun:
                 self._first_loss = max(abs(rec0["test_loss"]), 1e-8)
             self.history.append(rec0)
             self._write("running")
-            last_loss = None
-            for t in range(self.cfg.rounds):
-                t1 = time.perf_counter()
-                info = self.run_round(t)
-                self.round_times.append(time.perf_counter() - t1)
-                if math.isfinite(info["train_loss"]):
-                    last_loss = info["train_loss"]
-                done = t + 1
-                log("round %s/%s: %s participants, train loss %s", done, self.cfg.rounds, info["clients"],
-                    info["train_loss"])
-                if eval_due(done, self.cfg):
-                    rec = self.evaluate(done, last_loss)
-                    self.history.append(rec)
-                    log("eval round %s: %s", done, {k: round(v, 4) for k, v in rec.items()
-                                                     if k.startswith("test_") and not k.endswith(("_std", "_worst10"))})
-                self._write("running")
+            drive_rounds(0, self.cfg.rounds, self._timed_round, self._after_round)
         except BaseException as e:
             self._write("failed", f"{type(e).__name__}: {e}")
             raise

@@ -18,12 +18,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedsolve.algorithms.base import adapt_for_eval
+from fedsolve.algorithms.base import adapt_for_eval, place_algorithm
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.executor import build_plans, make_executor
 from fedsolve.core.rng import RngStreams
@@ -212,12 +212,12 @@ class Simulation:
         self._t0 = time.perf_counter()
         self.per_client: list[dict[str, float]] = []
         if problem.device.type != "cpu":   # a problem placed on a device before (its data stays): init on the CPU
-            algorithm.to("cpu")
+            place_algorithm(algorithm, "cpu")
         x0 = problem.init_params(self.rngs.torch("init"))
         self.server, self.clients = algorithm.init(x0, self.rngs)   # on the CPU: the same numbers on any device
         if self.device.type != "cpu" or problem.device.type != "cpu":   # placed on the run's device once
             problem.to(self.device)
-            algorithm.to(self.device)
+            place_algorithm(algorithm, self.device)
             self.server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in self.server.items()}
             self.clients = self.clients.to(self.device)
         self._state_budget()
@@ -361,7 +361,8 @@ class Simulation:
         if ids is None:
             ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights,
                                                       self.rngs.numpy("sampling", t)))
-        if ids.numel() == 0:
+        if ids.numel() == 0:   # nobody took part: the round still counts (states unchanged)
+            self.round = t + 1
             return {"round": t, "clients": 0, "train_loss": float("nan"), "ids": ids}
         scale = None
         if self.cfg.work.variable == "uniform":
@@ -425,7 +426,7 @@ class Simulation:
         if self.device.type == "cpu":
             algo.setup()
         else:
-            algo.to(self.device)   # runs setup on the device
+            place_algorithm(algo, self.device)   # runs setup on the device
 
     def use_executor(self, name: str) -> None:
         """Run the clients with executor ``name`` from the next round on (as ``SimulationConfig.executor``)."""
@@ -473,29 +474,39 @@ class Simulation:
 
     def _rounds(self, last_loss: float | None) -> float | None:
         """Rounds ``start_round .. cfg.rounds - 1`` with their evaluations and checkpoints (:meth:`run`)."""
-        for t in range(self.start_round, self.cfg.rounds):
-            t1 = time.perf_counter()
-            info = self.run_round(t)
-            self.round_times.append(time.perf_counter() - t1)
-            if math.isfinite(info["train_loss"]):
-                last_loss = info["train_loss"]
+        return drive_rounds(max(self.round, self.start_round), self.cfg.rounds, lambda t: self.step(),
+                            self._after_round, last_loss)
+
+    def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
+        """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due."""
+        is_eval = eval_due(done, self.cfg)
+        if is_eval:
+            rec = self.evaluate(done, last_loss)
+            tl = rec.get("test_loss", rec.get("test_rmse", 0.0))
+            if not math.isfinite(tl):
+                raise DivergenceError(f"round {done}: the evaluated models give a non-finite test loss; try a "
+                                      f"smaller learning rate. The last good checkpoint is kept.")
+            self.history.append(rec)
             for cb in self.callbacks:
-                cb.on_round(self, t, info)
-            done = t + 1
-            is_eval = eval_due(done, self.cfg)
-            if is_eval:
-                rec = self.evaluate(done, last_loss)
-                tl = rec.get("test_loss", rec.get("test_rmse", 0.0))
-                if not math.isfinite(tl):
-                    raise DivergenceError(f"round {done}: the evaluated models give a non-finite test loss; try a "
-                                          f"smaller learning rate. The last good checkpoint is kept.")
-                self.history.append(rec)
-                for cb in self.callbacks:
-                    cb.on_eval(self, rec)
-            ck_every = self.cfg.checkpoint_every
-            if (ck_every and done % ck_every == 0) or (not ck_every and is_eval):
-                self.save_checkpoint(done)
-        return last_loss
+                cb.on_eval(self, rec)
+        ck_every = self.cfg.checkpoint_every
+        if (ck_every and done % ck_every == 0) or (not ck_every and is_eval):
+            self.save_checkpoint(done)
+
+
+def drive_rounds(first: int, rounds: int, step: Callable[[int], dict[str, Any]],
+                 after: Callable[[int, float | None, dict[str, Any]], None], last_loss: float | None = None
+                 ) -> float | None:
+    """THE round loop of fedsolve, shared by :class:`Simulation` and the Flower server: for ``t`` in
+    ``first .. rounds - 1``, ``info = step(t)`` runs communication round ``t`` (its ``train_loss`` may be NaN when
+    nobody took part), then ``after(t + 1, last finite train loss, info)`` evaluates, logs and checkpoints
+    when due. Returns the last finite train loss."""
+    for t in range(first, rounds):
+        info = step(t)
+        if math.isfinite(info["train_loss"]):
+            last_loss = info["train_loss"]
+        after(t + 1, last_loss, info)
+    return last_loss
 
 
 # ------------------------------------------------------------------ callbacks
