@@ -167,7 +167,7 @@ class ServerParty:
     def c(self, w: Tensor) -> Tensor:
         if self.constraint is None:
             return w.new_zeros(0)
-        return self.constraint.fn(w, *self.rows())
+        return self.constraint.fn(w, *(t.to(w.device) for t in self.rows()))
 
 
 @dataclass

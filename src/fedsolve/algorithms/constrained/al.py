@@ -16,7 +16,7 @@ from fedsolve.constraints import ConstrainedSpec, ServerParty
 def shifted(mu: Tensor, c: Tensor, eq: Tensor, beta: float) -> Tensor:
     """``[mu + beta c]_+`` componentwise (``mu + beta c`` on equality rows, spec 1.6)."""
     z = mu + beta * c
-    return torch.where(eq, z, z.clamp_min(0.0))
+    return torch.where(eq.to(z.device), z, z.clamp_min(0.0))
 
 
 def penalty(mu: Tensor, c: Tensor, eq: Tensor, beta: float) -> Tensor:

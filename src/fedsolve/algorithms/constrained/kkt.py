@@ -27,12 +27,12 @@ def client_rows(data: FederatedData, i: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def violation(c: Tensor, eq: Tensor) -> Tensor:
     """Per-constraint violation: ``|c|`` for equalities, ``[c]_+`` for inequalities."""
-    return torch.where(eq, c.abs(), c.clamp_min(0.0))
+    return torch.where(eq.to(c.device), c.abs(), c.clamp_min(0.0))
 
 
 def complementarity(c: Tensor, mu: Tensor, eq: Tensor) -> Tensor:
     """Per-constraint ``dist(c_j, N_{R_+}(mu_j))`` (equalities: ``|c_j|``)."""
-    return torch.where(eq | (mu > 0), c.abs(), c.clamp_min(0.0))
+    return torch.where(eq.to(c.device) | (mu > 0), c.abs(), c.clamp_min(0.0))
 
 
 def evaluate_parties(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> dict[str, Any]:
@@ -54,6 +54,7 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
     n = data.num_clients
     mu0 = torch.zeros(spec.m_server, dtype=torch.float64) if mu0 is None else mu0.double()
     mu_c = torch.zeros(n, spec.m_client, dtype=torch.float64) if mu_clients is None else mu_clients.double()
+    mu0, mu_c = mu0.to(w.device), mu_c.to(data.train_x.device)
     wr = w.clone().requires_grad_(True)
     g = torch.zeros_like(w)
     with torch.enable_grad():

@@ -90,10 +90,10 @@ def initial_point(kind: str, x0: Tensor, seed_gen: torch.Generator) -> Tensor:
     if kind == "engine":
         return x0.detach().double().clone()
     if kind == "zero":
-        return torch.zeros(d, dtype=torch.float64)
-    v = torch.randn(d, generator=seed_gen, dtype=torch.float64) if kind == "unit_sphere" else torch.rand(
-        d, generator=seed_gen, dtype=torch.float64)
-    return v / v.norm()
+        return torch.zeros(d, dtype=torch.float64, device=x0.device)
+    cpu = {"generator": seed_gen, "dtype": torch.float64, "device": "cpu"}   # the same w^0 on every device
+    v = torch.randn(d, **cpu) if kind == "unit_sphere" else torch.rand(d, **cpu)
+    return (v / v.norm()).to(x0.device)
 
 
 def party_rows(ctx, phase: str = "train") -> tuple[Tensor, Tensor, Tensor]:
