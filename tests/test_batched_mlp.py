@@ -1,0 +1,182 @@
+"""The ``batched`` executor (core/batched_mlp.py) against the sequential executor, and ``auto``'s calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from fedsolve.algorithms.base import get_algorithm
+from fedsolve.core import batched_mlp as bm
+from fedsolve.core.batched_mlp import BatchedMLPExecutor, batched_sgd_applies, mlp_layers
+from fedsolve.core.executor import make_executor
+from fedsolve.data.federated import FederatedData
+from fedsolve.models import build_model_fn
+from fedsolve.problems import FederatedProblem
+from fedsolve.simulation import Simulation, SimulationConfig
+
+SIZES = [37, 50, 23, 61, 12]   # unequal clients; with batch 10 most epochs end in a short batch
+
+
+def data(sizes=SIZES, classes=4, shape=(1, 5, 5), seed=0, regression=False):
+    g = torch.Generator().manual_seed(seed)
+    N = sum(sizes)
+    x = torch.randn(N, *shape, generator=g)
+    y = torch.randn(N, 2, generator=g) if regression else torch.randint(0, classes, (N,), generator=g)
+    off = torch.cumsum(torch.tensor([0] + list(sizes)), 0)
+    m = len(sizes)
+    return FederatedData(x, y, off, x[:2 * m], y[:2 * m], torch.arange(0, 2 * m + 1, 2),
+                         num_classes=None if regression else classes, name="tiny")
+
+
+class TanhNet(nn.Module):   # a chain built from nn.Sequential with other activations
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(25, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(),
+                                 nn.Linear(5, 4, bias=False))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+PROBLEMS = {
+    "mlp": lambda: FederatedProblem(data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7, 6))),
+    "logreg": lambda: FederatedProblem(data(), build_model_fn("logreg", (1, 5, 5), 4)),
+    "tanh": lambda: FederatedProblem(data(), TanhNet),
+    "mlp_sq": lambda: FederatedProblem(data(regression=True), build_model_fn("mlp", (1, 5, 5), 2, hidden=(6,)),
+                                       loss="squared_error"),
+}
+CASES = {
+    "fedavg": dict(lr=0.1, batch_size=10, local_epochs=2),
+    "fedavg_full": dict(lr=0.1, batch_size=None, local_steps=3),
+    "fedprox": dict(lr=0.1, batch_size=10, local_epochs=1.5, mu=0.3, weight_decay=0.01),
+    "local": dict(lr=0.1, batch_size=10, local_steps=4, weight_decay=0.02),
+}
+
+
+def _run(prob, case, executor, rounds=3, variable=True):
+    name = case.split("_")[0]
+    algo = get_algorithm(name)(CASES[case], prob)
+    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[],
+                           sampling={"fraction": 0.6}, work={"variable": "uniform"} if variable else {})
+    sim = Simulation(prob, algo, cfg, seed=2)
+    sim.use_executor(executor)
+    losses = [sim.run_round(t)["train_loss"] for t in range(rounds)]
+    state = {k: v.clone() for k, v in sim.server.items() if v.is_floating_point()}
+    state.update({f"client.{k}": v.clone() for k, v in sim.clients.items()})
+    return sim, losses, state
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("model", sorted(PROBLEMS))
+def test_batched_matches_sequential(case, model):
+    prob = PROBLEMS[model]()
+    sim_b, loss_b, st_b = _run(prob, case, "batched")
+    _, loss_s, st_s = _run(prob, case, "sequential")
+    assert sim_b.executor.name == "batched"
+    assert loss_b == pytest.approx(loss_s, rel=1e-5, abs=1e-6)
+    assert st_b.keys() == st_s.keys() and st_b
+    for k in st_s:
+        torch.testing.assert_close(st_b[k], st_s[k], rtol=1e-5, atol=1e-6)
+    # the run moved: the comparison is not between two untouched copies of the start
+    x0 = prob.layout.flatten(prob.model).detach()
+    moved = st_b["w"] if "w" in st_b else st_b["client.w"]
+    assert (moved - x0).abs().max() > 1e-3
+
+
+def test_chunks_and_threads_give_the_same_numbers():
+    prob = PROBLEMS["mlp"]()
+    algo = get_algorithm("fedprox")(CASES["fedprox"], prob)
+    cfg = SimulationConfig(rounds=1, executor="sequential", metrics=[])
+    sim = Simulation(prob, algo, cfg, seed=0)
+    from fedsolve.core.executor import Work, build_plans
+
+    ids = torch.arange(prob.num_clients)
+    plan = build_plans({"train": Work(epochs=2, batch_size=10)}, prob.data.train_offsets, ids, sim.rngs, 0)["train"]
+    start = prob.layout.flatten(prob.model).detach().repeat(len(ids), 1)
+    ref, lref = BatchedMLPExecutor(prob, chunk=len(ids)).sgd(start, 0.1, plan, prob.data, start, 0.3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        out, lout = BatchedMLPExecutor(prob, chunk=2).sgd(start, 0.1, plan, prob.data, start, 0.3)
+        assert torch.get_num_threads() == 2   # restored after the pool
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(lout, lref)
+
+
+def test_layers_detected():
+    prob = PROBLEMS["tanh"]()
+    ls = mlp_layers(prob)
+    assert [(ly.w[1:], ly.b is not None, ly.act) for ly in ls] == [
+        ((6, 25), True, "tanh"), ((5, 6), True, "sigmoid"), ((4, 5), False, None)]
+
+
+def test_refused_for_a_cnn_with_a_clear_message():
+    prob = FederatedProblem(data(shape=(1, 8, 8)), build_model_fn("lenet", (1, 8, 8), 4))
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    assert not batched_sgd_applies(algo, prob)
+    with pytest.raises(ValueError, match=r"'batched' needs a model made of nn.Linear layers.*LeNet"):
+        make_executor("batched", prob, algorithm=algo)
+
+
+def test_refused_for_an_algorithm_without_the_declaration():
+    prob = PROBLEMS["mlp"]()
+    algo = get_algorithm("scaffold")({"lr": 0.1}, prob)
+    assert not batched_sgd_applies(algo, prob)
+    with pytest.raises(ValueError, match=r"'batched' does not run scaffold"):
+        make_executor("batched", prob, algorithm=algo)
+    fedavg = get_algorithm("fedavg")({"lr": 0.1, "shared_only": True}, FederatedProblem(
+        data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7,)), blocks={"personal": ["out.*"]}))
+    assert not batched_sgd_applies(fedavg, fedavg.problem)   # masked training is not the declared GD form
+
+
+def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FEDSOLVE_CALIBRATE", raising=False)
+    calls = []
+    real = bm.measure
+
+    def counting(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(bm, "measure", counting)
+    prob = PROBLEMS["mlp"]()
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    first = make_executor("auto", prob, algorithm=algo)
+    path = tmp_path / "executor_calibration.json"
+    assert len(calls) == 1 and path.exists()
+    cache = json.loads(path.read_text())
+    (key, entry), = cache.items()
+    assert set(entry["seconds"]) == {"batched", "vectorized", "sequential"}
+    assert first.name == min(entry["seconds"], key=entry["seconds"].get)
+    assert f"threads {torch.get_num_threads()}" in key and "batch 10" in key
+    again = make_executor("auto", prob, algorithm=algo)
+    assert len(calls) == 1 and again.name == first.name   # read from the cache, not measured again
+    # a forced choice in the cache is obeyed (the cache is what decides)
+    entry["seconds"] = {"batched": 3.0, "vectorized": 1.0, "sequential": 2.0}
+    path.write_text(json.dumps({key: entry}))
+    assert make_executor("auto", prob, algorithm=algo).name == "vectorized"
+    # another batch size is another workload: measured once more
+    algo2 = get_algorithm("fedavg")({**CASES["fedavg"], "batch_size": 7}, prob)
+    make_executor("auto", prob, algorithm=algo2)
+    assert len(calls) == 2 and len(json.loads(path.read_text())) == 2
+
+
+def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FEDSOLVE_CALIBRATE", "0")
+    prob = PROBLEMS["mlp"]()
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    assert make_executor("auto", prob, algorithm=algo).name == "batched"
+    scaffold = get_algorithm("scaffold")({"lr": 0.1}, prob)
+    assert make_executor("auto", prob, algorithm=scaffold).name == "vectorized"
+    monkeypatch.delenv("FEDSOLVE_CALIBRATE")
+    for name in ("sequential", "vectorized", "batched"):
+        assert make_executor(name, prob, algorithm=algo).name == name
+    assert not (tmp_path / "executor_calibration.json").exists()   # explicit names never calibrate
