@@ -46,6 +46,9 @@ class FedAvg(Algorithm):
         w = self.local_sgd(ctx, msg["w"], extra=self.prox_term(msg))
         return {}, {"w": w}
 
+    #: ``linear_gd``'s GDStep also states the minibatch local SGD update (``batched`` executor, core/batched_mlp.py)
+    linear_gd_minibatch = True
+
     def supports_linear_gd(self) -> bool:
         return shared_mask(self) is None
 

@@ -23,6 +23,9 @@ class Local(Algorithm):
     def local_update(self, state, msg, ctx):
         return {"w": self.local_sgd(ctx, state["w"])}, {}
 
+    #: ``linear_gd``'s GDStep also states the minibatch local SGD update (``batched`` executor, core/batched_mlp.py)
+    linear_gd_minibatch = True
+
     def supports_linear_gd(self) -> bool:
         return True
 

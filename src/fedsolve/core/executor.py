@@ -8,7 +8,8 @@ exactly the same minibatches:
 * ``sequential`` calls ``local_update`` client by client (any model, batch-norm included);
 * ``vectorized`` runs it for all selected clients at once with ``torch.func.vmap`` over the
   stacked state rows, messages and plans (``functional_call`` on the shared module);
-* ``auto`` picks by model size (crossover measured in ``benchmarks/round_time.py``).
+* ``batched`` (``core/batched_mlp.py``) runs stacked MLPs with hand-written ``bmm`` passes;
+* ``auto`` picks the fastest by a calibration cached per machine and model (``core/batched_mlp.py``).
 
 Variable amounts of local work are inactive (masked) steps, so every client in a vmapped
 batch runs the same program.
@@ -492,17 +493,23 @@ def conv_positions(problem) -> int:
     return max(sizes)
 
 
+def linear_gd_owner_ok(algorithm) -> bool:
+    """``algorithm`` declares its GD form with this configuration (``supports_linear_gd()`` -> True and
+    ``linear_gd``), and ``linear_gd`` is defined by the class that defines ``local_update``."""
+    supports = getattr(algorithm, "supports_linear_gd", None)
+    if supports is None or not hasattr(algorithm, "linear_gd") or not supports():
+        return False
+    owner = lambda attr: next(k for k in type(algorithm).__mro__ if attr in k.__dict__)  # noqa: E731
+    return owner("local_update") is owner("linear_gd")
+
+
 def linear_gd_applies(algorithm, problem, check_problem: bool = True) -> bool:
     """The ``linear`` executor (``core/linear.py``) can run ``algorithm``: it declares the full-batch GD form of
     its local update (the optional methods ``supports_linear_gd()`` -> True with this configuration, and
     ``linear_gd(rows, msgs, ids, round_, full)`` -> ``GDStep``), ``linear_gd`` is defined by the class that
     defines ``local_update`` (a subclass that changes one without the other is refused), every work phase is
     full-batch and (``check_problem``) the model is one ``nn.Linear`` with a supported loss."""
-    supports = getattr(algorithm, "supports_linear_gd", None)
-    if supports is None or not hasattr(algorithm, "linear_gd") or not supports():
-        return False
-    owner = lambda attr: next(k for k in type(algorithm).__mro__ if attr in k.__dict__)  # noqa: E731
-    if owner("local_update") is not owner("linear_gd"):
+    if not linear_gd_owner_ok(algorithm):
         return False
     if any(w.batch_size is not None for w in algorithm.work(0).values()):
         return False
@@ -515,10 +522,14 @@ def linear_gd_applies(algorithm, problem, check_problem: bool = True) -> bool:
 
 def make_executor(name: str, problem, chunk_size: int | None = None, linear_kernel: str = "auto",
                   algorithm=None) -> Executor:
-    """``sequential`` | ``vectorized`` | ``linear`` | ``auto``, chosen by the engine from what ``algorithm``
-    declares (:func:`linear_gd_applies`). ``auto``: ``linear`` where it applies, else vectorized for small
-    buffer-free models without large convolutions, else sequential. ``fpfc_linear`` is ``linear``'s former
-    name; ``linear_kernel`` is the linear executor's kernel (``auto``, ``native`` or ``torch``)."""
+    """``sequential`` | ``vectorized`` | ``linear`` | ``batched`` | ``auto``, chosen by the engine from what
+    ``algorithm`` declares (:func:`linear_gd_applies`, ``core.batched_mlp.batched_sgd_applies``). ``auto``:
+    ``linear`` where it applies, else the fastest of ``batched`` (where it applies), ``vectorized`` (buffer-free
+    models) and ``sequential`` by a calibration cached per machine and model (``core/batched_mlp.py``);
+    without ``algorithm`` (no batch size to time) or with ``FEDSOLVE_CALIBRATE=0``: batched where it applies,
+    else vectorized for small buffer-free models without large convolutions, else sequential. ``fpfc_linear``
+    is ``linear``'s former name; ``linear_kernel`` is the linear executor's kernel (``auto``, ``native`` or
+    ``torch``)."""
     if name == "fpfc_linear":
         name = "linear"
     if name == "sequential":
@@ -534,10 +545,28 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
         from fedsolve.core.linear import LinearGDExecutor
 
         return LinearGDExecutor(problem, kernel=linear_kernel)
+    from fedsolve.core import batched_mlp as bm
+
+    if name == "batched":
+        if algorithm is None or not bm.batched_sgd_applies(algorithm, problem, check_problem=False):
+            what = getattr(algorithm, "name", "this algorithm")
+            raise ValueError(f"executor: 'batched' does not run {what} with this configuration (it needs local "
+                             f"SGD declared by the algorithm's linear_gd with linear_gd_minibatch, one 'train' "
+                             f"phase); allowed: 'auto', 'sequential', 'vectorized'")
+        return bm.BatchedMLPExecutor(problem)   # raises with the reason when the model is not a stacked MLP
     if name == "auto":
-        if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
-                and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
-            return VectorizedExecutor(chunk_size)
-        return SequentialExecutor()
+        batched = algorithm is not None and bm.batched_sgd_applies(algorithm, problem)
+        if algorithm is None or not bm.calibration_enabled():   # no workload to time, or FEDSOLVE_CALIBRATE=0
+            if batched:
+                return bm.BatchedMLPExecutor(problem)
+            if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
+                    and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
+                return VectorizedExecutor(chunk_size)
+            return SequentialExecutor()
+        # the fastest that applies, measured once per machine and model (core/batched_mlp.py)
+        cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
+        bs = algorithm.work(0).get("train", Work()).batch_size
+        choice = bm.calibrated_choice(problem, cands, bs, chunk_size)
+        return make_executor(choice, problem, chunk_size, linear_kernel, algorithm)
     raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
-                     f"'sequential', 'vectorized', 'linear'")
+                     f"'sequential', 'vectorized', 'linear', 'batched'")
