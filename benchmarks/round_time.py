@@ -18,7 +18,7 @@ Workloads (all clients take part every round):
 Prints ``ratio <workload> <reference> <value>`` with value = reference time / fedsolve time. The references run
 with ``FEDSOLVE_NATIVE=0`` (LeNet's pooling is then ``torch.max_pool2d``, not the compiled kernel).
 Usage: python benchmarks/round_time.py [--rounds 5] [--workloads logreg,mlp] [--executor auto,batched,vectorized]
-       [--threads 1] [--skip-plain]
+       [--threads 1] [--skip-plain] [--repeats 3] [--clock wall|cpu]
 (auto runs logreg, full-batch GD on one nn.Linear, through the batched `linear` executor, and picks the
 fastest of batched / vectorized / sequential elsewhere by its cached per-machine calibration)
 """
@@ -43,6 +43,10 @@ from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
 from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
+
+#: the clock of every timing: wall time (default) or, with --clock cpu, this process's CPU time, which a busy
+#: machine disturbs far less (with one thread it is the wall time of an idle machine; with more it sums them)
+CLOCK = time.perf_counter
 
 WORKLOADS = {
     "logreg": dict(model="logreg", in_shape=(60,), classes=10, clients=200, n=100, steps=20, batch=None, lr=0.1),
@@ -83,9 +87,9 @@ def time_fedsolve(w: dict, data: FederatedData, rounds: int, executor: str) -> t
     sim.use_executor(executor)   # any name make_executor knows (``batched`` included)
     times = []
     for t in range(rounds + 1):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         sim.run_round(t)
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return statistics.median(times[1:]), sim.executor.name
 
 
@@ -96,7 +100,7 @@ def time_plain(w: dict, data: FederatedData, rounds: int) -> float:
     loss_fn = nn.CrossEntropyLoss()
     times = []
     for _ in range(rounds + 1):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         states, sizes = [], []
         for i in range(data.num_clients):
             x, y = data.client_train(i)
@@ -118,7 +122,7 @@ def time_plain(w: dict, data: FederatedData, rounds: int) -> float:
         tot = sum(sizes)
         new = {k: sum(s[k] * (n / tot) for s, n in zip(states, sizes)) for k in states[0]}
         glob.load_state_dict(new)
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return statistics.median(times[1:])
 
 
@@ -138,7 +142,7 @@ def time_fastest(w: dict, data: FederatedData, rounds: int) -> float:
     times = []
     for _ in range(rounds + 1):
         # minibatch indices drawn outside the timed region, as fedsolve's plans are inside its round
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         acc = torch.zeros_like(glob)
         tot = sum(len(y) for _, y in shards)
         for x, y in shards:
@@ -165,7 +169,7 @@ def time_fastest(w: dict, data: FederatedData, rounds: int) -> float:
             with torch.no_grad():
                 acc.add_(torch.cat([p.reshape(-1) for p in params]), alpha=n / tot)
         glob = acc
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return statistics.median(times[1:])
 
 
@@ -178,20 +182,30 @@ def main(argv=None) -> int:
                          "linear, batched); ratio lines of the first are 'ratio <workload> <reference>', of the "
                          "others 'ratio <workload>:<executor> <reference>'")
     ap.add_argument("--skip-plain", action="store_true", help="do not time the (slow) plain loop")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="time every method this many times, interleaved, and keep each one's best median")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or this process's CPU time (robust on a loaded machine; use with --threads 1)")
     args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds (after 1 warm-up)")
+    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds (after 1 warm-up), "
+          f"best of {args.repeats} interleaved repeats, {args.clock} clock")
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
         data = make_data(w)
-        fss = [time_fedsolve(w, data, args.rounds, e) for e in args.executor.split(",")]
-        os.environ["FEDSOLVE_NATIVE"] = "0"   # the references are plain PyTorch: no compiled kernel in the model
-        pl = None if args.skip_plain else time_plain(w, data, args.rounds)
-        fa = time_fastest(w, data, args.rounds)
-        os.environ.pop("FEDSOLVE_NATIVE")
+        exs = args.executor.split(",")
+        fss, pl, fa = [(float("inf"), "")] * len(exs), float("inf"), float("inf")
+        for _ in range(args.repeats):   # interleaved: a load that changes over the run hits every method alike
+            fss = [min(old, time_fedsolve(w, data, args.rounds, e)) for old, e in zip(fss, exs)]
+            os.environ["FEDSOLVE_NATIVE"] = "0"   # the references are plain PyTorch: no compiled kernel in the model
+            pl = None if args.skip_plain else min(pl, time_plain(w, data, args.rounds))
+            fa = min(fa, time_fastest(w, data, args.rounds))
+            os.environ.pop("FEDSOLVE_NATIVE")
         for j, (fs, ex) in enumerate(fss):
-            tag = name if j == 0 else f"{name}:{args.executor.split(',')[j]}"
+            tag = name if j == 0 else f"{name}:{exs[j]}"
             pls = "" if pl is None else f"  plain {pl * 1000:.1f} ms"
             print(f"{tag}: fedsolve[{ex}] {fs * 1000:.1f} ms{pls}  fastest {fa * 1000:.1f} ms")
             if pl is not None:

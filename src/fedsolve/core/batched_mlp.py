@@ -17,9 +17,9 @@ running it with *minibatch* gradients by setting ``linear_gd_minibatch = True`` 
 use the ``full`` argument, and its ``local_update`` is ``local_sgd`` on that objective: FedAvg, FedProx,
 Local). Same numbers as the sequential executor to float rounding (``tests/test_batched_mlp.py``).
 
-``auto`` (``core.executor.make_executor``) chooses among the executors that apply by a calibration: one tiny
-timing of each candidate (two SGD steps of a few clients on the actual model and batch size), measured once
-per machine, model signature, batch size and thread count and cached as JSON in
+``auto`` (``core.executor.make_executor``) chooses among the executors that apply by a calibration: a tiny
+timing of each candidate (two SGD steps of 16 clients on the actual model and batch size, best of 5,
+interleaved), measured once per machine, model signature, batch size and thread count and cached as JSON in
 ``$FEDSOLVE_CACHE_DIR`` (default ``~/.cache/fedsolve``) / ``executor_calibration.json``.
 ``FEDSOLVE_CALIBRATE=0`` turns the measurement off (``auto`` then takes ``batched`` where it applies, else
 the fixed rules of ``make_executor``); an explicit ``simulation.executor`` always forces one executor.
@@ -324,21 +324,27 @@ def calibration_key(problem, batch_size: int | None) -> str:
             f"in{tuple(d.input_shape)}|{d.train_x.dtype}|batch {batch_size}|threads {torch.get_num_threads()}")
 
 
-def _time(fn, device: torch.device, repeats: int = 2) -> float:
-    """Best of ``repeats`` timings of ``fn`` after one warm-up (vmap tracing, allocations); inf if it fails."""
+def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, float]:
+    """Best of ``repeats`` timings of each function after one warm-up (vmap tracing, allocations), the
+    candidates interleaved so that a load that comes and goes hits them alike; inf for one that fails."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    try:
-        fn()
-        sync()
-        best = math.inf
-        for _ in range(repeats):
+    best = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            sync()
+            best[name] = math.inf
+        except (RuntimeError, ValueError):   # a candidate that cannot run this model is never chosen
+            best[name] = None
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if best[name] is None:
+                continue
             t0 = time.perf_counter()
             fn()
             sync()
-            best = min(best, time.perf_counter() - t0)
-    except (RuntimeError, ValueError):   # a candidate that cannot run this model is never chosen
-        return math.inf
-    return best
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {k: math.inf if v is None else v for k, v in best.items()}
 
 
 def measure(problem, candidates: list[str], batch_size: int | None, clients: int = 16, steps: int = 2,
@@ -354,18 +360,16 @@ def measure(problem, candidates: list[str], batch_size: int | None, clients: int
     x0 = problem.layout.flatten(problem.model).detach().to(d.train_x.device)
     start = x0.unsqueeze(0).repeat(ids.numel(), 1)
     lr = 1e-4
-    out = {}
+    fns = {}
     for name in candidates:
         if name == "batched":
             ex = BatchedMLPExecutor(problem)
-            fn = lambda ex=ex: ex.sgd(start, lr, plans["train"], d)  # noqa: E731
+            fns[name] = lambda ex=ex: ex.sgd(start, lr, plans["train"], d)
         else:
             ex = SequentialExecutor() if name == "sequential" else VectorizedExecutor(chunk_size)
-            work = _PlainSGD(problem, lr)
-            fn = lambda ex=ex, work=work: ex.run(work, {"w": start}, {}, ids, plans, d)  # noqa: E731
-        with torch.enable_grad():
-            out[name] = _time(fn, d.train_x.device)
-    return out
+            fns[name] = lambda ex=ex, work=_PlainSGD(problem, lr): ex.run(work, {"w": start}, {}, ids, plans, d)
+    with torch.enable_grad():
+        return _best_times(fns, d.train_x.device)
 
 
 def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
