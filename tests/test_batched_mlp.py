@@ -132,6 +132,9 @@ def test_refused_for_an_algorithm_without_the_declaration():
     fedavg = get_algorithm("fedavg")({"lr": 0.1, "shared_only": True}, FederatedProblem(
         data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7,)), blocks={"personal": ["out.*"]}))
     assert not batched_sgd_applies(fedavg, fedavg.problem)   # masked training is not the declared GD form
+    for name, cfg in (("lg_code", {"lr": 0.1}), ("perfedavg", {"lr": 0.1, "variant": "code"})):
+        sub = get_algorithm(name)(cfg, prob)   # FedAvg subclasses with their own GD form, not declared minibatch
+        assert sub.linear_gd_minibatch and not batched_sgd_applies(sub, prob)
 
 
 def test_calibration_written_once_and_reused(tmp_path, monkeypatch):

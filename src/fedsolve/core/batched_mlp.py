@@ -117,10 +117,14 @@ def mlp_layers(problem) -> list[_Layer]:
 def batched_sgd_applies(algorithm, problem, check_problem: bool = True) -> bool:
     """The ``batched`` executor can run ``algorithm``: it declares its GD form (``supports_linear_gd()`` and
     ``linear_gd``, defined by the class that defines ``local_update``) with ``linear_gd_minibatch = True``, its
-    only work phase is ``train``, and (``check_problem``) the model is a stacked-Linear chain (:func:`mlp_layers`)."""
+    only work phase is ``train`` (the flag set by the class that defines ``linear_gd``: a subclass with its own
+    GD form does not inherit it), and (``check_problem``) the model is a stacked-Linear chain (:func:`mlp_layers`)."""
     from fedsolve.core.executor import linear_gd_owner_ok
 
     if not getattr(algorithm, "linear_gd_minibatch", False) or not linear_gd_owner_ok(algorithm):
+        return False
+    owner = lambda attr: next(k for k in type(algorithm).__mro__ if attr in k.__dict__)  # noqa: E731
+    if owner("linear_gd_minibatch") is not owner("linear_gd"):   # a subclass's own GD form was not declared so
         return False
     if set(algorithm.work(0)) != {"train"}:
         return False
