@@ -185,13 +185,18 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="time every method this many times, interleaved, and keep each one's best median")
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--ref-threads", type=int, default=None,
+                    help="torch threads of the plain and fastest loops (default: --threads); e.g. fedsolve on 2 "
+                         "threads against the loops at their best count, 1 on the 2-core machine")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or this process's CPU time (robust on a loaded machine; use with --threads 1)")
     args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, median of {args.rounds} rounds (after 1 warm-up), "
+    ref_threads = args.ref_threads or args.threads
+    print(f"torch {torch.__version__}, {args.threads} threads (loops: {ref_threads}), "
+          f"median of {args.rounds} rounds (after 1 warm-up), "
           f"best of {args.repeats} interleaved repeats, {args.clock} clock")
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
@@ -201,8 +206,10 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):   # interleaved: a load that changes over the run hits every method alike
             fss = [min(old, time_fedsolve(w, data, args.rounds, e)) for old, e in zip(fss, exs)]
             os.environ["FEDSOLVE_NATIVE"] = "0"   # the references are plain PyTorch: no compiled kernel in the model
+            torch.set_num_threads(ref_threads)
             pl = None if args.skip_plain else min(pl, time_plain(w, data, args.rounds))
             fa = min(fa, time_fastest(w, data, args.rounds))
+            torch.set_num_threads(args.threads)
             os.environ.pop("FEDSOLVE_NATIVE")
         for j, (fs, ex) in enumerate(fss):
             tag = name if j == 0 else f"{name}:{exs[j]}"

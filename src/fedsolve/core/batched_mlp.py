@@ -232,8 +232,9 @@ class BatchedMLPExecutor:
             wd: float = 0.0) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
 
-        On the CPU the clients run in chunks of ``chunk`` (their weights stay in cache for all their steps),
-        the chunks spread over the torch thread count (one intra-op thread each); on a GPU as one chunk."""
+        On the CPU the clients run in chunks of ``chunk`` (default: at most 8, at least 4 chunks a thread): a
+        chunk's weights stay in cache for all its steps, and the chunks spread over the torch thread count (one
+        intra-op thread each, the count restored afterwards); on a GPU all clients are one chunk."""
         dtype = data.train_x.dtype if data.train_x.dtype == torch.float64 else torch.float32
         P = start.to(dtype).clone(memory_format=torch.contiguous_format)
         K = P.shape[0]
@@ -249,7 +250,9 @@ class BatchedMLPExecutor:
         idx, wts = plan.idx[..., :B], plan.w[..., :B].to(dtype)
         cpu = P.device.type == "cpu"
         threads = torch.get_num_threads() if cpu else 1
-        size = K if not cpu else (self.chunk or max(1, min(8, math.ceil(K / threads))))
+        # at most 8 clients a chunk; with several threads at least 4 chunks a thread, so that a thread slowed by
+        # another process's job leaves the others more chunks to take (the pool hands them out as threads free up)
+        size = K if not cpu else (self.chunk or max(1, min(8, math.ceil(K / (4 * threads if threads > 1 else 1)))))
         bounds = [(a, min(a + size, K)) for a in range(0, K, size)]
 
         def chunk(ab):
