@@ -149,6 +149,8 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(bm, "measure", counting)
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)   # one thread: no 'batched:1' candidate
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
     first = make_executor("auto", prob, algorithm=algo)
@@ -169,6 +171,15 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
     algo2 = get_algorithm("fedavg")({**CASES["fedavg"], "batch_size": 7}, prob)
     make_executor("auto", prob, algorithm=algo2)
     assert len(calls) == 2 and len(json.loads(path.read_text())) == 2
+    # several threads: also the chunks one after another ('batched:1'), a key of its own
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    ex = make_executor("auto", prob, algorithm=algo)
+    (key2, entry2), = [(k, v) for k, v in json.loads(path.read_text()).items() if k.endswith("threads 2")]
+    assert len(calls) == 3 and set(entry2["seconds"]) == {"batched", "batched:1", "vectorized", "sequential"}
+    best = min(entry2["seconds"], key=entry2["seconds"].get)
+    assert ex.name == best.split(":")[0] and (getattr(ex, "workers", None) == 1) == (best == "batched:1")
+    monkeypatch.undo()
+    torch.set_num_threads(threads)   # the executor restored the patched count
 
 
 def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ use the ``full`` argument, and its ``local_update`` is ``local_sgd`` on that obj
 Local). Same numbers as the sequential executor to float rounding (``tests/test_batched_mlp.py``).
 
 ``auto`` (``core.executor.make_executor``) chooses among the executors that apply by a calibration: a tiny
-timing of each candidate (two SGD steps of 16 clients on the actual model and batch size, best of 5,
+timing of each candidate (two SGD steps of 32 clients on the actual model and batch size, best of 5,
 interleaved), measured once per machine, model signature, batch size and thread count and cached as JSON in
 ``$FEDSOLVE_CACHE_DIR`` (default ``~/.cache/fedsolve``) / ``executor_calibration.json``.
 ``FEDSOLVE_CALIBRATE=0`` turns the measurement off (``auto`` then takes ``batched`` where it applies, else
@@ -142,10 +142,13 @@ class BatchedMLPExecutor:
 
     name = "batched"
 
-    def __init__(self, problem, chunk: int | None = None):
+    def __init__(self, problem, chunk: int | None = None, workers: int | None = None):
         self.layers = mlp_layers(problem)
-        #: clients per chunk on the CPU (None: min(8, K / threads))
+        #: clients per chunk on the CPU (None: at most 8, at least 4 chunks a worker)
         self.chunk = chunk
+        #: chunks run at once on the CPU, one thread each (None: the torch thread count); the calibration
+        #: also times 1 (``batched:1``), which wins when other jobs hold the machine's other cores
+        self.workers = workers
         self.tune_malloc = True
         self.ce = problem.loss_name == "cross_entropy"
         self.in_dim = self.layers[0].w[2]
@@ -250,25 +253,27 @@ class BatchedMLPExecutor:
         idx, wts = plan.idx[..., :B], plan.w[..., :B].to(dtype)
         cpu = P.device.type == "cpu"
         threads = torch.get_num_threads() if cpu else 1
-        # at most 8 clients a chunk; with several threads at least 4 chunks a thread, so that a thread slowed by
-        # another process's job leaves the others more chunks to take (the pool hands them out as threads free up)
-        size = K if not cpu else (self.chunk or max(1, min(8, math.ceil(K / (4 * threads if threads > 1 else 1)))))
+        workers = min(self.workers or threads, threads)
+        # at most 8 clients a chunk; with several workers at least 4 chunks a worker, so that a worker slowed by
+        # another process's job leaves the others more chunks to take (the pool hands them out as workers free up)
+        size = K if not cpu else (self.chunk or max(1, min(8, math.ceil(K / (4 * workers if workers > 1 else 1)))))
         bounds = [(a, min(a + size, K)) for a in range(0, K, size)]
 
         def chunk(ab):
+            if workers > 1:
+                torch.set_num_threads(1)   # this pool thread's intra-op count
             a, b = ab
             return self._sgd_chunk(P[a:b], None if Z is None else Z[a:b], Xf, ty, idx[a:b], wts[a:b],
                                    active[a:b], plan.fixed, lr, rho, wd)
 
-        if threads > 1 and len(bounds) > 1:
-            def one_thread(ab):
-                torch.set_num_threads(1)
-                return chunk(ab)
-
+        if threads > 1:   # on the CPU every chunk runs on one thread: `workers` at a time
             torch.set_num_threads(1)
             try:
-                with ThreadPoolExecutor(threads) as pool:
-                    sums = list(pool.map(one_thread, bounds))
+                if workers > 1 and len(bounds) > 1:
+                    with ThreadPoolExecutor(workers) as pool:
+                        sums = list(pool.map(chunk, bounds))
+                else:
+                    sums = [chunk(ab) for ab in bounds]
             finally:
                 torch.set_num_threads(threads)
         else:
@@ -354,14 +359,14 @@ def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, 
     return {k: math.inf if v is None else v for k, v in best.items()}
 
 
-def measure(problem, candidates: list[str], batch_size: int | None, clients: int = 16, steps: int = 2,
+def measure(problem, candidates: list[str], batch_size: int | None, clients: int = 32, steps: int = 2,
             chunk_size: int | None = None) -> dict[str, float]:
     """Seconds of ``steps`` SGD steps of ``clients`` clients (the first ones) with each candidate executor."""
     from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, Work, build_plans
     from fedsolve.core.rng import RngStreams
 
     d = problem.data
-    ids = torch.arange(min(clients, d.num_clients))
+    ids = torch.arange(min(clients, d.num_clients))   # 32: with 2 threads, chunks of 4 (8 at one thread)
     plans = build_plans({"train": Work(steps=steps, batch_size=batch_size)}, d.train_offsets, ids, RngStreams(0), 0)
     plans["train"].idx   # built outside the timing
     x0 = problem.layout.flatten(problem.model).detach().to(d.train_x.device)
@@ -369,8 +374,8 @@ def measure(problem, candidates: list[str], batch_size: int | None, clients: int
     lr = 1e-4
     fns = {}
     for name in candidates:
-        if name == "batched":
-            ex = BatchedMLPExecutor(problem)
+        if name.startswith("batched"):
+            ex = BatchedMLPExecutor(problem, workers=1 if name == "batched:1" else None)
             fns[name] = lambda ex=ex: ex.sgd(start, lr, plans["train"], d)
         else:
             ex = SequentialExecutor() if name == "sequential" else VectorizedExecutor(chunk_size)
@@ -383,6 +388,8 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
                       chunk_size: int | None = None) -> str:
     """The fastest of ``candidates`` on this machine for this model and batch size: from the cache when
     measured before, else measured now (:func:`measure`) and cached."""
+    if "batched" in candidates and torch.get_num_threads() > 1 and problem.data.train_x.device.type == "cpu":
+        candidates = [*candidates, "batched:1"]   # the chunks one after another instead of on every thread
     if len(candidates) == 1:
         return candidates[0]
     key = calibration_key(problem, batch_size)

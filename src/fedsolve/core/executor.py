@@ -567,6 +567,8 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
         cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
         bs = algorithm.work(0).get("train", Work()).batch_size
         choice = bm.calibrated_choice(problem, cands, bs, chunk_size)
+        if choice == "batched:1":   # batched, its chunks one after another (other jobs hold the other cores)
+            return bm.BatchedMLPExecutor(problem, workers=1)
         return make_executor(choice, problem, chunk_size, linear_kernel, algorithm)
     raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
                      f"'sequential', 'vectorized', 'linear', 'batched'")
