@@ -26,7 +26,7 @@ import tempfile
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates
 
 
@@ -59,7 +59,7 @@ class FedAvgM(Algorithm):
 
     def aggregate(self, server, ids, uploads, round_):
         # uploads["delta"] is [k, d]; weighted by the selected clients' sample counts
-        delta = self.weighted_mean(uploads["delta"], ids)
+        delta = weighted_mean(uploads["delta"], self.client_weights[ids])
         v = self.cfg.momentum * server["v"] + delta
         return {"w": server["w"] + self.cfg.server_lr * v, "v": v}
 

@@ -28,7 +28,7 @@ import sys
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates, Work
 
 TRAIN, SEARCH = 0, 1
@@ -72,9 +72,9 @@ class FedAvgLineSearch(Algorithm):
 
     def aggregate(self, server, ids, uploads, round_):
         if int(server["phase"]) == TRAIN:
-            d = self.weighted_mean(uploads["w"], ids) - server["w"]
+            d = weighted_mean(uploads["w"], self.client_weights[ids]) - server["w"]
             return {"w": server["w"], "d": d, "phase": torch.tensor(SEARCH)}
-        L = self.weighted_mean(uploads["loss"], ids)         # [K]: the participants' weighted loss per step size
+        L = weighted_mean(uploads["loss"], self.client_weights[ids])         # [K]: the participants' weighted loss per step size
         eta = self.cfg.step_sizes[int(torch.argmin(L))]
         return {"w": server["w"] + eta * server["d"], "d": torch.zeros_like(server["d"]),
                 "phase": torch.tensor(TRAIN)}

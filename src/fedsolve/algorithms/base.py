@@ -120,12 +120,6 @@ class Algorithm:
         """One server tensor sent to every selected client: ``[d] -> [k, d]`` (a view)."""
         return vec.unsqueeze(0).expand(ids.numel(), *vec.shape)
 
-    def weighted_mean(self, rows: Tensor, ids: Tensor) -> Tensor:
-        """Sample-size weighted mean of the selected clients' rows (FedAvg aggregation)."""
-        w = self.client_weights[ids.to(self.client_weights.device)].to(rows.device, rows.dtype)
-        w = w / w.sum()   # normalized in the rows' type: in float64 the weights sum to 1 to float64 rounding
-        return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
-
 
 def shared_mask(algo: Algorithm) -> Tensor | None:
     """Mask of the parameters ``algo`` trains when its ``cfg.shared_only`` is set (None: all of them).
@@ -186,6 +180,15 @@ def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: Rng
     rows, _, _ = make_executor(executor, problem).run(_PlainWork(problem, update), {"w": start.clone()}, {}, ids,
                                                       plans, problem.data)
     return rows["w"]
+
+
+def weighted_mean(rows: Tensor, weights: Tensor) -> Tensor:
+    """``sum_k weights_k rows_k / sum_k weights_k`` over the first dimension (FedAvg aggregation: pass
+    ``algo.client_weights[ids]``). The weights are normalized in the rows' dtype and device, so in float64
+    they sum to 1 to float64 rounding."""
+    w = weights.to(rows.device, rows.dtype)
+    w = w / w.sum()
+    return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
 
 
 def place_algorithm(algo: Algorithm, device: torch.device | str) -> Algorithm:

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.algorithms.clusters import adjusted_rand
 from fedsolve.algorithms.fedavg import FedAvg
 from fedsolve.core.executor import Work
@@ -445,7 +445,7 @@ class LGCode(FedAvg):
         return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({"local": w, "last": last}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
-        return {"w": self.weighted_mean(uploads["w"], ids), "w_start": server["w"],
+        return {"w": weighted_mean(uploads["w"], self.client_weights[ids]), "w_start": server["w"],
                 "round": torch.tensor(float(round_))}
 
     def eval_broadcast(self, server, ids):

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -61,7 +61,7 @@ class FedADMM(Algorithm):
         else:
             rows, sel = u, torch.arange(self.num_clients)
         if self.cfg.weighting == "samples":
-            z = self.weighted_mean(rows, sel)
+            z = weighted_mean(rows, self.client_weights[sel])
         else:
             z = rows.mean(0)
         return {"z": z, "u": u}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, shared_mask
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, shared_mask, weighted_mean
 from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates
 
@@ -57,7 +57,7 @@ class FedAvg(Algorithm):
                       finish=lambda w: ({}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
-        return {"w": self.weighted_mean(uploads["w"], ids)}
+        return {"w": weighted_mean(uploads["w"], self.client_weights[ids])}
 
     def eval_broadcast(self, server, ids):
         return {"w": self.expand(server["w"], ids)}

@@ -40,7 +40,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsolve.core.executor import LocalContext, Work
 from fedsolve.core.states import ClientStates, repeat_rows
@@ -162,7 +162,7 @@ class PartialAlgorithm(Algorithm):
         else:
             rows, sel = uploads["z"], ids
         new["u"] = rows.mean(0) if getattr(self.cfg, "weighting", "uniform") == "uniform" else \
-            self.weighted_mean(rows, sel)
+            weighted_mean(rows, self.client_weights[sel])
         return new
 
     def eval_broadcast(self, server, ids):

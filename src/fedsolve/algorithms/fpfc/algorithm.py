@@ -25,7 +25,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.algorithms.clusters import adjusted_rand, cluster_average, clusters_from_norms
 from fedsolve.algorithms.fpfc.pairs import PAIR_STORES, DensePairs
 from fedsolve.algorithms.fpfc.penalties import prox_scale
@@ -211,7 +211,7 @@ class FPFC(Algorithm):
             W_new = W_new.clone()
             sh = W_new[:, self.sidx]
             if self.cfg.shared_weighting == "samples":
-                avg = self.weighted_mean(sh, ids)
+                avg = weighted_mean(sh, self.client_weights[ids])
             else:
                 avg = sh.mean(0)
             W_new[:, self.sidx] = avg.unsqueeze(0)

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, weighted_mean
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
 from fedsolve.minimax import OMEGA, minimax_of, player_signs
@@ -81,7 +81,7 @@ class MinimaxAlgorithm(Algorithm):
         """The server average: 1/N over the clients of the round (the paper), or sample-size weighted."""
         if self.cfg.aggregation == "uniform":
             return rows.mean(0)
-        return self.weighted_mean(rows, ids)
+        return weighted_mean(rows, self.client_weights[ids])
 
     # ----------------------------------------------------------- the five functions (shared parts)
     def init(self, x0, rngs):
