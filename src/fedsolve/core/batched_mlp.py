@@ -36,7 +36,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +44,6 @@ from torch import Tensor, nn
 from fedsolve.core.executor import Plan, on_data_device
 from fedsolve.core.linear import keep_freed_memory
 
-Record = dict[str, Tensor]
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: None}
 _ACT_FNS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", torch.sigmoid: "sigmoid"}
