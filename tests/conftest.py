@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# `auto` picks executors by fixed rules in the tests (no per-machine timing): the same choice on every machine;
+# the calibration tests set or clear it themselves
+os.environ.setdefault("FEDSOLVE_CALIBRATE", "0")
 
 import numpy as np
 import pytest
@@ -56,5 +59,5 @@ def suite_dataset(path) -> str:
 
 def suite_param(path, real: set[str]):
     """``pytest.param`` for a suite YAML, marked ``realdata`` when its dataset is fetched."""
-    marks = [pytest.mark.realdata] if suite_dataset(path) in real else []
+    marks = [pytest.mark.realdata, pytest.mark.slow] if suite_dataset(path) in real else []
     return pytest.param(path, id=path.stem, marks=marks)

@@ -109,6 +109,7 @@ def test_pacfl_weighted_linkage_is_the_reference_codes_row_mean_merge():
     assert differ > 0   # UPGMA is a different rule: on some of these matrices it gives other clusters
 
 
+@pytest.mark.slow
 def test_pacfl_and_perfedavg_run_on_synthetic():
     data = fpfc_synthetic("S3", seed=0, size_scale=0.02, features="uniform")
     prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10))

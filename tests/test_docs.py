@@ -84,6 +84,7 @@ def test_config_reference_covers_every_algorithm_and_registry():
 
 
 # ------------------------------------------------------------------ example
+@pytest.mark.slow
 def test_example_algorithm_runs(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "examples" / "my_fedavgm.py"), str(tmp_path / "cmp")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)

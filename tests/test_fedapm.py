@@ -289,6 +289,7 @@ def _run_theory(prob, rounds, executor="vectorized", **sampling):
     return sim, np.array(errs), stat
 
 
+@pytest.mark.slow
 def test_linear_convergence_to_closed_form_optimum():
     prob = ridge_problem(m=4)
     sim, errs, stat = _run_theory(prob, 60)
@@ -300,6 +301,7 @@ def test_linear_convergence_to_closed_form_optimum():
     assert sim.clients["pi"].sum(0).abs().max() < 1e-6
 
 
+@pytest.mark.slow
 def test_stationarity_residual_decreases_to_tolerance():
     prob = ridge_problem(m=4)
     _, _, stat = _run_theory(prob, 60)
@@ -307,12 +309,14 @@ def test_stationarity_residual_decreases_to_tolerance():
     assert stat[-1] < 1e-5, stat
 
 
+@pytest.mark.slow
 def test_partial_participation_still_converges():
     prob = ridge_problem(m=4)
     _, errs, stat = _run_theory(prob, 60, clients_per_round=2)
     assert errs[-1] < 1e-3 * errs[0] and stat[-1] < stat[0]
 
 
+@pytest.mark.slow
 def test_admm_closes_consensus_gap_penalty_does_not():
     """Spec 5.4 item 6: at fixed small rho the dual removes the gap a pure penalty method keeps."""
     prob = ridge_problem(m=4)

@@ -27,7 +27,7 @@ from fedsolve.flower.launch import LocalFederation, read_history, wait_summary  
 from fedsolve.flower.replay import simulate_with_participation  # noqa: E402
 from fedsolve.flower.task import load_task  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(900)]
 
 if shutil.which("flower-superlink") is None and not (Path(__import__("sys").executable).parent /
                                                      "flower-superlink").exists():

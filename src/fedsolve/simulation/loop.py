@@ -67,9 +67,10 @@ class SimulationConfig(BaseModel):
     eval_every: int = Field(10, ge=1, description="evaluate every k rounds (and at round 0 and the end)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     work: WorkConfig = Field(default_factory=WorkConfig)
-    executor: Literal["auto", "sequential", "vectorized", "linear", "fpfc_linear"] = Field(
-        "auto", description="how clients run ('linear': batched full-batch GD for one-layer models, see "
-                            "core/linear.py; 'fpfc_linear' is its former name)")
+    executor: Literal["auto", "sequential", "vectorized", "batched", "linear", "fpfc_linear"] = Field(
+        "auto", description="how clients run ('batched': stacked-weight SGD for MLPs, core/batched_mlp.py; 'linear': "
+                            "batched full-batch GD for one-layer models, core/linear.py; 'fpfc_linear' is its former "
+                            "name; 'auto': calibrated once per machine and model, cached)")
     linear_kernel: Literal["auto", "native", "torch"] = Field(
         "auto", description="kernels of the 'linear' executor and of FPFC's dense pair update: 'native' "
                             "(compiled at first use), 'torch' (tensor operations), 'auto' = native where it applies")
