@@ -11,7 +11,7 @@ from torch import nn
 from fedsolve.algorithms.base import get_algorithm
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_mlp import BatchedMLPExecutor, batched_sgd_applies, mlp_layers
-from fedsolve.core.executor import make_executor
+from fedsolve.core.selection import make_executor
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem

@@ -19,7 +19,8 @@ from torch import nn
 from fedsolve.algorithms import get_algorithm
 from fedsolve.bilevel import BilevelOracles, BilevelSpec, bilevel_spec, project_ball, ridge_on
 from fedsolve.data.federated import FederatedData
-from fedsolve.problems import FederatedProblem, get_problem_kind
+from fedsolve.problem_kinds import get_problem_kind
+from fedsolve.problems import FederatedProblem
 from fedsolve.simulation.loop import Simulation, SimulationConfig
 
 DX, DY, LAM, MU_X = 3, 4, 0.5, 1.0

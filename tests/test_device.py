@@ -149,7 +149,7 @@ def test_cuda_run_matches_cpu(name, executor):
 def _hyper_representation(seed: int = 0) -> FederatedProblem:
     from conftest import make_data
     from fedsolve.models import build_model_fn
-    from fedsolve.problems import get_problem_kind
+    from fedsolve.problem_kinds import get_problem_kind
 
     data = make_data(m=5, d=5, classes=3, n_range=(10, 25), seed=seed)
     base = FederatedProblem(data, build_model_fn("mlp", data.input_shape, 3, hidden=(6,)))
@@ -163,7 +163,7 @@ def _saddle(seed: int = 0) -> FederatedProblem:
 
 
 def _constrained_qp(seed: int = 0) -> FederatedProblem:
-    from fedsolve.problems import get_problem_kind
+    from fedsolve.problem_kinds import get_problem_kind
 
     return get_problem_kind("constrained_qp")(make_problem("logreg", m=4, seed=seed), {"d": 8}, seed)
 

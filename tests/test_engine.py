@@ -262,7 +262,7 @@ def test_full_batch_plans_are_fixed_and_gathered_once_with_same_numbers(executor
 def test_auto_executor_keeps_large_convolutions_sequential():
     """vmap turns a convolution into a grouped one, slow for large feature maps: ``auto`` runs LeNet on 28x28
     images client by client and on 8x8 images vectorized (the crossover measured in benchmarks/round_time.py)."""
-    from fedsolve.core.executor import conv_positions, make_executor
+    from fedsolve.core.selection import conv_positions, make_executor
     from fedsolve.data.federated import FederatedData
     from fedsolve.models import build_model_fn
     from fedsolve.problems import FederatedProblem

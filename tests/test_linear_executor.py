@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedsolve.algorithms.base import get_algorithm
-from fedsolve.core.executor import linear_gd_applies
+from fedsolve.core.selection import linear_gd_applies
 from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from fedsolve.algorithms import get_algorithm
-from fedsolve.core.executor import build_plans, make_executor
+from fedsolve.core.executor import build_plans
+from fedsolve.core.selection import make_executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
 from fedsolve.minimax import saddle_problem

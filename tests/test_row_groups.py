@@ -9,7 +9,8 @@ import torch
 from fedsolve.core.executor import Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
-from fedsolve.problems import PROBLEM_KINDS, get_problem_kind, register_problem_kind
+from fedsolve.problem_kinds import get_problem_kind
+from fedsolve.problems import PROBLEM_KINDS, register_problem_kind
 
 
 def grouped_data(m: int = 4, seed: int = 0) -> FederatedData:

@@ -136,7 +136,8 @@ PROBLEM_KINDS: dict[str, ProblemBuilder] = {}
 def register_problem_kind(name: str) -> Callable[[ProblemBuilder], ProblemBuilder]:
     """Decorator: register ``builder`` as problem kind ``name`` (``problem: {kind: name}`` in a config).
 
-    Builders live in the modules of ``fedsolve.problem_kinds`` (imported when a kind is looked up)."""
+    Builders live in the modules of ``fedsolve.problem_kinds``; ``fedsolve.problem_kinds.get_problem_kind`` looks
+    one up by name."""
 
     def deco(builder: ProblemBuilder) -> ProblemBuilder:
         if name in PROBLEM_KINDS and PROBLEM_KINDS[name] is not builder:
@@ -145,12 +146,3 @@ def register_problem_kind(name: str) -> Callable[[ProblemBuilder], ProblemBuilde
         return builder
 
     return deco
-
-
-def get_problem_kind(name: str) -> ProblemBuilder:
-    from fedsolve import problem_kinds as _  # noqa: F401  (populate the registry)
-
-    try:
-        return PROBLEM_KINDS[name]
-    except KeyError:
-        raise ValueError(f"problem.kind: unknown {name!r}; allowed: {sorted(PROBLEM_KINDS)}") from None

@@ -139,7 +139,7 @@ def shared_mask(algo: Algorithm) -> Tensor | None:
 # ------------------------------------------------------------------ optional capabilities
 # An algorithm may declare more than the five functions; the engine looks for these methods:
 #   supports_linear_gd() + linear_gd(rows, msgs, ids, round_, full) -> GDStep: its local update as full-batch GD,
-#       run by the ``linear`` executor (``core.executor.linear_gd_applies``, ``core/linear.py``);
+#       run by the ``linear`` executor (``core.selection.linear_gd_applies``, ``core/linear.py``);
 #   eval_work() -> {phase: Work} + eval_adapt(params, ctx) -> params: local work every client does right before
 #       it is scored (Per-FedAvg's adaptation step), see :func:`adapt_for_eval`;
 #   extra_evals(server, clients) -> {prefix: [m, d]}: more models the engine scores at each evaluation
@@ -173,7 +173,8 @@ def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: Rng
               executor: str = "auto") -> Tensor:
     """``update(ctx, w)`` for every client of ``problem`` from the rows of ``start`` ``[m, d]``, with the
     minibatch plans of ``phases`` drawn from ``rngs`` at ``round_`` (newcomers, evaluation adaptation)."""
-    from fedsolve.core.executor import build_plans, make_executor
+    from fedsolve.core.executor import build_plans
+    from fedsolve.core.selection import make_executor
 
     ids = torch.arange(problem.num_clients)
     plans = build_plans(phases, problem.data.train_offsets, ids, rngs, round_, groups=problem.data.row_groups)

@@ -250,7 +250,7 @@ class Byzantine(Algorithm):
         return self.inner.local_update(state, msg, ctx)
 
     def supports_linear_gd(self) -> bool:   # the inner algorithm's full-batch GD form, if it declares one
-        from fedsolve.core.executor import linear_gd_applies
+        from fedsolve.core.selection import linear_gd_applies
 
         return linear_gd_applies(self.inner, self.problem, check_problem=False)
 

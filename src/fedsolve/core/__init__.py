@@ -1,8 +1,8 @@
 """Core mechanics shared by every solver: layouts, client states, RNG, executors, accounting."""
 
 from fedsolve.core.comm import CommLedger, record_bytes, row_bytes
-from fedsolve.core.executor import (LocalContext, Plan, SequentialExecutor, VectorizedExecutor, Work, build_plans,
-                                    make_executor)
+from fedsolve.core.executor import LocalContext, Plan, SequentialExecutor, VectorizedExecutor, Work, build_plans
+from fedsolve.core.selection import make_executor
 from fedsolve.core.layout import ParamLayout, patterns_for
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates, repeat_rows

@@ -17,7 +17,7 @@ running it with *minibatch* gradients by setting ``linear_gd_minibatch = True`` 
 use the ``full`` argument, and its ``local_update`` is ``local_sgd`` on that objective: FedAvg, FedProx,
 Local). Same numbers as the sequential executor to float rounding (``tests/test_batched_mlp.py``).
 
-``auto`` (``core.executor.make_executor``) chooses among the executors that apply by a calibration: a tiny
+``auto`` (``core.selection.make_executor``) chooses among the executors that apply by a calibration: a tiny
 timing of each candidate (two SGD steps of 32 clients on the actual model and batch size, best of 5,
 interleaved), measured once per machine, model signature, batch size and thread count and cached as JSON in
 ``$FEDSOLVE_CACHE_DIR`` (default ``~/.cache/fedsolve``) / ``executor_calibration.json``.
@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedsolve.core.executor import Plan, on_data_device
+from fedsolve.core.executor import Plan, linear_gd_owner_ok, on_data_device
 from fedsolve.core.linear import keep_freed_memory
 
 
@@ -117,7 +117,6 @@ def batched_sgd_applies(algorithm, problem, check_problem: bool = True) -> bool:
     ``linear_gd``, defined by the class that defines ``local_update``) with ``linear_gd_minibatch = True``, its
     only work phase is ``train`` (the flag set by the class that defines ``linear_gd``: a subclass with its own
     GD form does not inherit it), and (``check_problem``) the model is a stacked-Linear chain (:func:`mlp_layers`)."""
-    from fedsolve.core.executor import linear_gd_owner_ok
 
     if not getattr(algorithm, "linear_gd_minibatch", False) or not linear_gd_owner_ok(algorithm):
         return False

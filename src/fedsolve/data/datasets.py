@@ -264,9 +264,6 @@ DATASETS: dict[str, tuple[Callable[..., PooledData | FederatedData], str]] = {
     "housing_bodyfat": (housing_bodyfat, "FPFC H&BF: 6 Housing + 2 Body-fat stand-in devices, regression (federated)"),
 }
 
-from .domains import DOMAIN_DATASETS  # noqa: E402  (domain-adaptation pairs: FedMM)
-
-DATASETS.update(DOMAIN_DATASETS)
 
 
 def _call_loader(name: str, params: dict[str, Any], seed: int, num_clients: int | None):

@@ -108,7 +108,7 @@ class ProblemConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        from fedsolve.problems import get_problem_kind
+        from fedsolve.problem_kinds import get_problem_kind
 
         get_problem_kind(v)  # raises with the allowed kinds
         return v

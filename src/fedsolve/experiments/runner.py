@@ -123,7 +123,7 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
         hint = "" if "allowed" in msg else "; allowed: name patterns that match some of those parameters"
         raise ConfigError(f"{field}: {msg}{hint}") from None
     if cfg.problem is not None:
-        from fedsolve.problems import get_problem_kind
+        from fedsolve.problem_kinds import get_problem_kind
 
         try:
             problem = get_problem_kind(cfg.problem.kind)(problem, dict(cfg.problem.params), seed)

@@ -25,8 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsolve.algorithms.base import adapt_for_eval, place_algorithm
 from fedsolve.core.comm import CommLedger
-from fedsolve.core.executor import build_plans, make_executor
+from fedsolve.core.executor import build_plans
 from fedsolve.core.rng import RngStreams
+from fedsolve.core.selection import make_executor
 from fedsolve.core.states import ClientStates
 from fedsolve.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 from fedsolve.simulation.metrics import evaluate
