@@ -143,8 +143,8 @@ class BatchedMLPExecutor:
         self.layers = mlp_layers(problem)
         #: clients per chunk on the CPU (None: at most 8, at least 4 chunks a worker)
         self.chunk = chunk
-        #: chunks run at once on the CPU, one thread each (None: the torch thread count); the calibration
-        #: also times 1 (``batched:1``), which wins when other jobs hold the machine's other cores
+        #: chunks run at once on the CPU in a thread pool, one torch thread each (None: 1, the chunks one after
+        #: another with torch's own threads; a pool is opt-in: it stalled under load in CI)
         self.workers = workers
         self.tune_malloc = True
         self.ce = problem.loss_name == "cross_entropy"
@@ -250,7 +250,9 @@ class BatchedMLPExecutor:
         idx, wts = plan.idx[..., :B], plan.w[..., :B].to(dtype)
         cpu = P.device.type == "cpu"
         threads = torch.get_num_threads() if cpu else 1
-        workers = min(self.workers or threads, threads)
+        # one worker unless asked for more: a pool of threads that each set their own torch thread count can
+        # stall under load (seen as a run that did not answer Ctrl-C in CI), so chunks run in this thread by default
+        workers = min(self.workers or 1, threads)
         # at most 8 clients a chunk; with several workers at least 4 chunks a worker, so that a worker slowed by
         # another process's job leaves the others more chunks to take (the pool hands them out as workers free up)
         size = K if not cpu else (self.chunk or max(1, min(8, math.ceil(K / (4 * workers if workers > 1 else 1)))))
@@ -263,14 +265,11 @@ class BatchedMLPExecutor:
             return self._sgd_chunk(P[a:b], None if Z is None else Z[a:b], Xf, ty, idx[a:b], wts[a:b],
                                    active[a:b], plan.fixed, lr, rho, wd)
 
-        if threads > 1:   # on the CPU every chunk runs on one thread: `workers` at a time
+        if workers > 1 and len(bounds) > 1:   # every chunk on one thread, `workers` at a time
             torch.set_num_threads(1)
             try:
-                if workers > 1 and len(bounds) > 1:
-                    with ThreadPoolExecutor(workers) as pool:
-                        sums = list(pool.map(chunk, bounds))
-                else:
-                    sums = [chunk(ab) for ab in bounds]
+                with ThreadPoolExecutor(workers) as pool:
+                    sums = list(pool.map(chunk, bounds))
             finally:
                 torch.set_num_threads(threads)
         else:
