@@ -13,4 +13,12 @@ if [ "$FEDSOLVE_FETCH" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/n
   apt-get update -qq || echo "warning: apt-get update failed; Debian-packaged datasets may not be fetchable"
 fi
 # pytest exits 5 when it collects no test: that fails this script like any other failure.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+fi
+# The whole suite: everything but the `isolated` tests, then those in a fresh process of their own (they send
+# Ctrl-C to a child process, which inherits the signal state earlier tests in the same process may leave).
+rc=0
+.venv/bin/python -m pytest -q -p no:cacheprovider -m "not isolated" || rc=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -m isolated || rc=$((rc ? rc : $?))
+exit "$rc"

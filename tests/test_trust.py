@@ -118,7 +118,10 @@ def test_resume_rejects_a_checkpoint_of_another_run_or_a_broken_one(tmp_path, ca
 
 def _sigint_after(cmd: list[str], ready, tmp_path) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    # a user's Ctrl-C reaches a foreground process whose SIGINT is not ignored; code that ran earlier in this
+    # pytest process (in-process Flower apps set SIG_IGN) may leave SIGINT ignored, and children inherit that
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t_end = time.time() + 120
     while not ready() and time.time() < t_end and proc.poll() is None:
         time.sleep(0.1)
@@ -131,6 +134,7 @@ def _sigint_after(cmd: list[str], ready, tmp_path) -> tuple[int, str, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_ctrl_c_stops_at_once_keeps_the_checkpoint_and_says_how_to_continue(tmp_path):
     p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "model.name=mlp")
     out = tmp_path / "run"
@@ -146,6 +150,7 @@ def test_ctrl_c_stops_at_once_keeps_the_checkpoint_and_says_how_to_continue(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_ctrl_c_stops_compare_jobs_2_at_once(tmp_path):
     p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "seeds=[0,1]", "model.name=mlp")
     out = tmp_path / "cmp"
