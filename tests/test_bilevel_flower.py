@@ -52,3 +52,21 @@ def test_nested_baselines_same_numbers_on_flower(tmp_path, name, rounds):
     res, sim = simulate_with_participation(task)
     _compare(hist, res.history)
     assert int(sim.server["phase"]) == rounds
+
+
+def test_aggitd_same_numbers_on_flower(tmp_path):
+    """FBO-AggITD (reconstruction): the sub-loop position lives in the server state, tau_i in each node's state."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(EXPERIMENT)
+    rc = {"experiment": str(exp), "wait-for-nodes": 5.0, "round-timeout": 5.0, "eval-timeout": 5.0,
+          "overrides": 'algorithm.name=aggitd algorithm.params={"batch_size":16,"tau_clients":[1,3,2,1],'
+                       '"inner_lr":0.05,"outer_lr":0.1} simulation.rounds=4'}
+    task, grid, run, hist = _run(rc)
+    res, sim = simulate_with_participation(task)
+    _compare(hist, res.history)
+    assert int(sim.server["phase"]) == 4
+    from fedsolve.flower.client import STATE
+    from fedsolve.flower.records import from_array_record
+
+    for node, ctx in grid.ctx.items():
+        assert float(from_array_record(ctx.state[STATE])["tau"]) == [1, 3, 2, 1][node - 100]

@@ -202,9 +202,13 @@ class BilevelOracles:
         jx = grad(self._inner(v, bg), argnums=0)(px, py)
         return self._flat({k: gx[k] - jx[k] for k in gx}, self._xs), val
 
-    def ls_grad(self, x: Tensor, y: Tensor, v: Tensor, bg: Batch, bf: Batch) -> Tensor:
-        """grad_v R_i(x, y, v) = grad2_yy g(bg) v - grad_y f(bf) (the linear-system direction, eq. 2)."""
-        return self.hvp_yy_g(x, y, v, bg) - self.grad_y_f(x, y, bf)
+    def ls_grad(self, x: Tensor, y: Tensor, v: Tensor, bg: Batch, bf: Batch, with_value: bool = False):
+        """grad_v R_i(x, y, v) = grad2_yy g(bg) v - grad_y f(bf) (the linear-system direction, eq. 2); with
+        ``with_value``: (grad_v R_i, f_i on bf)."""
+        if not with_value:
+            return self.hvp_yy_g(x, y, v, bg) - self.grad_y_f(x, y, bf)
+        gy, val = grad_and_value(self._f, argnums=1)(self._views(x, self._xs), self._views(y, self._ys), bf)
+        return self.hvp_yy_g(x, y, v, bg) - self._flat(gy, self._ys), val
 
 
 def project_ball(v: Tensor, r: float | None) -> Tensor:

@@ -1,10 +1,12 @@
-"""Persistent per-client numbers of local steps tau_i (system heterogeneity, SimFBO Fig. 4), shared by every
-bilevel solver so that the methods of one suite and seed see the same tau_i."""
+"""Local mechanics shared by the bilevel solvers: persistent per-client numbers of local steps tau_i (system
+heterogeneity, SimFBO Fig. 4; every solver makes the same draw for a seed) and the three local directions of
+one simultaneous (y, v, x) step at one point (SimFBO eq. 3; FBO-AggITD's y and v steps)."""
 
 from __future__ import annotations
 
 import torch
 
+from fedsolve.bilevel import BilevelOracles
 from fedsolve.core.rng import RngStreams
 
 
@@ -32,3 +34,38 @@ def draw_tau(rngs: RngStreams, n: int, tau: int, tau_max: int | None, tau_client
     if tau_max is not None:
         return torch.as_tensor(rngs.numpy("simfbo_tau").integers(1, tau_max + 1, size=n), dtype=torch.float64)
     return torch.full((n,), float(tau), dtype=torch.float64)
+
+
+def batch_groups(lower: str, upper: str, independent: bool) -> dict[str, str]:
+    """The minibatch phases of one simultaneous local step and the row group each one draws from: five
+    independent minibatches (zeta for y; psi = lower + upper for v; xi = upper + lower for x: spec 2.3), or one
+    lower and one upper minibatch shared by the three directions."""
+    if independent:
+        return {"lower_y": lower, "lower_v": lower, "upper_v": upper, "upper_x": upper, "lower_x": lower}
+    return {"lower": lower, "upper": upper}
+
+
+def directions(O: BilevelOracles, ctx, k: int, x, y, v, independent: bool, with_x: bool = True):
+    """(d_y, d_v, d_x, f_i) at ONE local point (x, y, v), on step ``k``'s minibatches (SimFBO eq. 3):
+
+        d_y = grad_y g_i(x, y)
+        d_v = grad2_yy g_i(x, y) v - grad_y f_i(x, y)            (grad_v R_i: an HVP and a gradient)
+        d_x = grad_x f_i(x, y) - grad2_xy g_i(x, y) v            (barGrad f_i: a mixed JVP and a gradient)
+
+    ``with_x = False`` skips d_x (returned as None) and its oracles. Phases as in :func:`batch_groups`."""
+    if independent:
+        dy, _ = O.grad_y_g(x, y, ctx.batch("lower_y", k))
+        if not with_x:
+            dv, fval = O.ls_grad(x, y, v, ctx.batch("lower_v", k), ctx.batch("upper_v", k), with_value=True)
+            return dy, dv, None, fval
+        dv = O.ls_grad(x, y, v, ctx.batch("lower_v", k), ctx.batch("upper_v", k))
+        dx, fval = O.surrogate(x, y, v, ctx.batch("upper_x", k), ctx.batch("lower_x", k))
+        return dy, dv, dx, fval
+    bl, bu = ctx.batch("lower", k), ctx.batch("upper", k)
+    dy, _ = O.grad_y_g(x, y, bl)
+    if not with_x:
+        dv, fval = O.ls_grad(x, y, v, bl, bu, with_value=True)
+        return dy, dv, None, fval
+    jv, hv = O.second_g(x, y, v, bl)
+    fx, fy, fval = O.grad_f(x, y, bu)
+    return dy, hv - fy, fx - jv, fval

@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, register
-from fedsolve.algorithms.bilevel.local_steps import draw_tau, max_steps, validate_tau
+from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
 from fedsolve.bilevel import BilevelOracles, project_ball
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
@@ -84,11 +84,7 @@ class SimFBO(Algorithm):
         spec = self.oracles.spec
         c = self.cfg
         T = c.steps()
-        if c.independent_batches:
-            groups = {"lower_y": spec.lower_group, "lower_v": spec.lower_group, "upper_v": spec.upper_group,
-                      "upper_x": spec.upper_group, "lower_x": spec.lower_group}
-        else:
-            groups = {"lower": spec.lower_group, "upper": spec.upper_group}
+        groups = batch_groups(spec.lower_group, spec.upper_group, c.independent_batches)
         self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
         w = (torch.ones(self.num_clients, dtype=torch.float64) if c.weights == "uniform"
              else self.client_weights.to(torch.float64))
@@ -116,7 +112,7 @@ class SimFBO(Algorithm):
 
     def local_update(self, state, msg, ctx):
         """Eq. (3)-(4) for ONE client: tau_i simultaneous steps of (y, v, x), then h = q / ||a_i||_1."""
-        c, O = self.cfg, self.oracles
+        c = self.cfg
         x, y, v = msg["x"], msg["y"], msg["v"]
         tau = state["tau"]
         qx, qy, qv = torch.zeros_like(x), torch.zeros_like(y), torch.zeros_like(v)
@@ -126,21 +122,16 @@ class SimFBO(Algorithm):
         for k in range(T):
             on = (tau > k) & ctx.is_active(first, k)
             ak = c.a * on.to(x.dtype)
-            if c.independent_batches:   # zeta, psi = (lower, upper), xi = (upper, lower): five minibatches
-                dy, _ = O.grad_y_g(x, y, ctx.batch("lower_y", k))
-                dv = O.ls_grad(x, y, v, ctx.batch("lower_v", k), ctx.batch("upper_v", k))
-                dx, fval = O.surrogate(x, y, v, ctx.batch("upper_x", k), ctx.batch("lower_x", k))
-            else:                        # one lower and one upper minibatch per step
-                bl, bu = ctx.batch("lower", k), ctx.batch("upper", k)
-                dy, _ = O.grad_y_g(x, y, bl)
-                jv, hv = O.second_g(x, y, v, bl)
-                fx, fy, fval = O.grad_f(x, y, bu)
-                dv, dx = hv - fy, fx - jv          # grad_v R_i, barGrad f_i
+            dy, dv, dx, fval = self.directions(ctx, k, x, y, v)
             ctx.record_loss(fval, on)
             qy, qv, qx, a_norm = qy + ak * dy, qv + ak * dv, qx + ak * dx, a_norm + ak
             if k < T - 1:   # the last local iterate is never evaluated (spec 2.3): skip computing it
                 y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
         return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
+
+    def directions(self, ctx, k, x, y, v):
+        """(d_y, d_v, d_x, f_i) at the local point (x_k, y_k, v_k), on step k's minibatches (eq. 3)."""
+        return directions(self.oracles, ctx, k, x, y, v, self.cfg.independent_batches)
 
     def rho(self, server, ids, uploads) -> torch.Tensor:
         """rho^t = sum_j p_j ||a_j||_1 (eq. 6): the known schedule, or its unbiased estimate over C_t."""
