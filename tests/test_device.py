@@ -173,6 +173,7 @@ _GDA = {"lr": 0.1, "lr_psi": 0.1, "batch_size": None}
 FAMILY_CASES = {
     "simfbo": (_hyper_representation, {"batch_size": 4}), "shrofbo": (_hyper_representation, {"batch_size": 4}),
     "fednest": (_hyper_representation, {}), "lfednest": (_hyper_representation, {}),
+    "aggitd": (_hyper_representation, {"batch_size": 4}),
     "fedmm": (_saddle, {**_GDA, "local_steps": 5}), "fedsgda": (_saddle, _GDA),
     "fedavggda": (_saddle, {**_GDA, "local_steps": 5}), "fedproxgda": (_saddle, {**_GDA, "local_steps": 5}),
     "proxal": (_constrained_qp, {}), "cproxal": (_constrained_qp, {}), "fedavg_uncons": (_constrained_qp, {}),
