@@ -11,7 +11,9 @@ Two ways to get one:
 * :func:`saddle_problem` wraps a user objective ``objective(omega, psi, batch) -> scalar`` (``omega``/``psi``
   the flat block vectors, ``batch = (x, y, w)``); any data, any model whose parameters the two blocks cover.
 * :func:`adversarial_problem` builds adversarial domain adaptation (spec fedmm.md sec. 1.1) with the DANN,
-  CDAN or MDD loss, selected by name, on :class:`DomainAdversarialNet`.
+  CDAN or MDD loss, selected by name, on :class:`DomainAdversarialNet`, from scratch or in the "pretrained"
+  regime (:class:`Pretrain`: the label predictor first trained on the labelled source alone, then a 20x smaller
+  step on the feature extractor; spec 2.5 and 6.3).
 
 Domain data convention (``fedsolve.data.domains``): labelled source rows carry their class ``y >= 0``,
 unlabelled target rows carry ``y = -1``; the data's row groups are ``("source", "target")``.
@@ -31,8 +33,9 @@ from torch.func import functional_call
 from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem
 
-__all__ = ["OMEGA", "PSI", "Minimax", "minimax_of", "player_signs", "saddle_problem", "adversarial_problem",
-           "adversarial_loss", "DomainAdversarialNet", "ADVERSARIAL_LOSSES", "DEFAULT_NU", "DOMAIN_GROUPS"]
+__all__ = ["OMEGA", "PSI", "Minimax", "Pretrain", "DomainAdaptationProblem", "pretrain_on_source", "minimax_of", "player_signs", "saddle_problem", "adversarial_problem",
+           "adversarial_loss", "DomainAdversarialNet", "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU",
+           "DOMAIN_GROUPS"]
 
 OMEGA, PSI = "omega", "psi"
 #: row-group names of domain data (``FederatedData.group_names``)
@@ -46,16 +49,21 @@ SaddleObjective = Callable[[Tensor, Tensor, Batch], Tensor]
 ADVERSARIAL_LOSSES = ("dann", "cdan", "mdd")
 #: nu of the from-scratch MNIST runs in the authors' code (the paper is silent; spec 2.5)
 DEFAULT_NU = {"dann": 1.0, "cdan": 1.0, "mdd": 0.5}
+#: nu of the pretrained (Office-31) runs: the paper and the authors' code (spec 2.5)
+PRETRAINED_NU = {"dann": 0.25, "cdan": 0.25, "mdd": 0.1}
 
 
 @dataclass(frozen=True)
 class Minimax:
     """What a minimax solver needs besides the layout's ``omega``/``psi`` blocks.
 
-    ``loss(params, x, y, w)``: ``f_i`` on one minibatch; omega descends it, psi ascends it."""
+    ``loss(params, x, y, w)``: ``f_i`` on one minibatch; omega descends it, psi ascends it.
+    ``feature_scale``: factor on the step size of the ``features`` block where the solver has no explicit
+    ``feature_lr`` (1 from scratch; 0.05 in the pretrained regime: 0.01 x 0.05 = the paper's 0.0005)."""
 
     loss: FlatObjective
     name: str = "saddle"
+    feature_scale: float = 1.0
 
 
 def minimax_of(problem) -> Minimax:
@@ -82,9 +90,9 @@ def player_signs(layout) -> Tensor:
     return torch.where(om, 1.0, -1.0)
 
 
-def _with_blocks(problem: FederatedProblem, loss_of_layout, name: str) -> FederatedProblem:
+def _with_blocks(problem: FederatedProblem, loss_of_layout, name: str, feature_scale: float = 1.0) -> FederatedProblem:
     player_signs(problem.layout)
-    problem.extras["minimax"] = Minimax(loss_of_layout(problem.layout), name)
+    problem.extras["minimax"] = Minimax(loss_of_layout(problem.layout), name, feature_scale)
     return problem
 
 
@@ -195,13 +203,72 @@ def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> FlatObje
     return f
 
 
+@dataclass(frozen=True)
+class Pretrain:
+    """The "pretrained" regime's first stage (spec 6.3, the Office-31 stand-in): ``steps`` plain SGD steps of
+    step ``lr`` on the source cross-entropy of the label predictor omega (features + classifier), minibatches of
+    ``batch_size`` drawn from the POOLED labelled source rows of all clients. Centralized: it runs once, before
+    round 0, and is not a communication round (it is not in the ledger); psi keeps its fresh initialization."""
+
+    steps: int = 1000
+    lr: float = 0.1
+    batch_size: int = 64
+
+    def __post_init__(self):
+        for k in ("steps", "lr", "batch_size"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"pretrain.{k} must be > 0, got {getattr(self, k)}")
+
+
+def pretrain_on_source(problem: FederatedProblem, params: Tensor, spec: Pretrain, generator: torch.Generator) -> Tensor:
+    """``params`` after ``spec.steps`` SGD steps on the mean source cross-entropy, omega only (psi unchanged)."""
+    data = problem.data
+    src = torch.nonzero(data.train_y >= 0).flatten()
+    if src.numel() == 0:
+        raise ValueError("pretrain: the data has no labelled source rows")
+    x, y = data.train_x[src], data.train_y[src]
+    om = problem.layout.mask(OMEGA).to(params.dtype)
+    model = problem.model
+    w = params.detach().clone()
+
+    def ce(p: Tensor, xb: Tensor, yb: Tensor) -> Tensor:
+        logits = functional_call(model, problem.layout.unflatten(p), (xb,))
+        return F.cross_entropy(logits, yb)
+
+    grad = torch.func.grad(ce)
+    b = min(spec.batch_size, y.numel())
+    for _ in range(spec.steps):
+        idx = torch.randint(0, y.numel(), (b,), generator=generator)
+        w = w - spec.lr * om * grad(w, x[idx], y[idx])
+    return w
+
+
+@dataclass(eq=False)
+class DomainAdaptationProblem(FederatedProblem):
+    """A domain-adaptation problem; with ``pretrain`` its initial parameters are the random ones after the
+    centralized source-only stage :func:`pretrain_on_source` (every solver starts from the same point)."""
+
+    pretrain: Pretrain | None = None
+
+    def init_params(self, generator: torch.Generator) -> Tensor:
+        x0 = super().init_params(generator)
+        if self.pretrain is None:
+            return x0
+        with torch.random.fork_rng(devices=[]):
+            g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+            return pretrain_on_source(self, x0.to(self.device), self.pretrain, g).cpu()
+
+
 def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"] = "dann", nu: float | None = None,
                         features: str = "cnn", feature_dim: int = 64, hidden: Sequence[int] = (100, 100),
-                        domain_hidden: int = 100, name: str = "domain_adaptation") -> FederatedProblem:
+                        domain_hidden: int = 100, name: str = "domain_adaptation", pretrain: Pretrain | None = None,
+                        feature_scale: float | None = None) -> FederatedProblem:
     """Adversarial domain adaptation on domain data (labelled source ``y >= 0``, unlabelled target ``y = -1``).
 
     Blocks: ``omega`` = features + classifier, ``psi`` = domain head, ``features`` = the feature extractor
-    (its own learning rate in the pretrained regime). ``nu``: default :data:`DEFAULT_NU`."""
+    (its own learning rate in the pretrained regime). ``pretrain``: the pretrained regime (source-only stage,
+    :class:`Pretrain`); then ``nu`` defaults to :data:`PRETRAINED_NU` and ``feature_scale`` (the factor on the
+    features' step size, :class:`Minimax`) to 0.05, else :data:`DEFAULT_NU` and 1."""
     if data.task != "classification" or data.num_classes is None:
         raise ValueError("domain adaptation needs classification data (labelled source rows)")
     if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:
@@ -209,9 +276,12 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
                          f"{tuple(data.group_names) or None}; use a dataset from fedsolve.data.domains")
     if bool(((data.train_groups == 1) != (data.train_y < 0)).any()):
         raise ValueError("domain data: target rows (group 'target') must carry y = -1 and source rows y >= 0")
-    nu = DEFAULT_NU[loss] if nu is None else float(nu)
+    nu = (PRETRAINED_NU if pretrain is not None else DEFAULT_NU)[loss] if nu is None else float(nu)
     if nu <= 0:
         raise ValueError(f"nu must be > 0, got {nu}")
+    feature_scale = (0.05 if pretrain is not None else 1.0) if feature_scale is None else float(feature_scale)
+    if feature_scale <= 0:
+        raise ValueError(f"feature_scale must be > 0, got {feature_scale}")
     shape, k = data.input_shape, int(data.num_classes)
     hidden = tuple(int(h) for h in hidden)
 
@@ -220,6 +290,10 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
 
     model_fn()  # validate the architecture now (clear errors)
     blocks = {OMEGA: ["features.*", "classifier.*"], PSI: ["domain.*"], "features": ["features.*"]}
-    problem = FederatedProblem(data=data, model_fn=model_fn, loss="cross_entropy", blocks=blocks, name=name)
-    problem.extras["domain_adaptation"] = {"loss": loss, "nu": nu, "features": features}
-    return _with_blocks(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}")
+    problem = DomainAdaptationProblem(data=data, model_fn=model_fn, loss="cross_entropy", blocks=blocks, name=name,
+                                      pretrain=pretrain)
+    problem.extras["domain_adaptation"] = {"loss": loss, "nu": nu, "features": features,
+                                           "regime": "scratch" if pretrain is None else "pretrained",
+                                           "feature_scale": feature_scale}
+    return _with_blocks(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}",
+                        feature_scale)

@@ -30,7 +30,8 @@ class GDAConfig(AlgorithmConfig):
     lr: float = Field(0.01, gt=0, description="eta_1: step size of the min player omega")
     lr_psi: float = Field(0.01, gt=0, description="eta_2: step size of the max player psi")
     feature_lr: float | None = Field(None, gt=0, description="step size of the 'features' block (pretrained "
-                                                             "regime: 0.0005); null: eta_1")
+                                                             "regime: 0.0005); null: eta_1 times the problem's "
+                                                             "feature_scale (0.05 pretrained, else 1)")
     local_epochs: float | None = Field(None, gt=0, description="local passes (local_steps takes precedence)")
     local_steps: int | None = Field(20, ge=1, description="M: local descent-ascent steps per round")
     batch_size: int | None = Field(64, ge=1, description="minibatch per client per local step (null: full batch)")
@@ -52,14 +53,18 @@ class MinimaxAlgorithm(Algorithm):
     Config = GDAConfig
 
     def setup(self) -> None:
-        self.objective = minimax_of(self.problem).loss
+        mm = minimax_of(self.problem)
+        self.objective = mm.loss
         self.sign = player_signs(self.layout)                      # +1 omega (descent), -1 psi (ascent)
         om = self.layout.mask(OMEGA)
         lr = torch.where(om, self.cfg.lr, self.cfg.lr_psi)
-        if self.cfg.feature_lr is not None:
+        feature_lr = self.cfg.feature_lr
+        if feature_lr is None and mm.feature_scale != 1.0:        # the pretrained regime: 0.01 x 0.05 = 0.0005
+            feature_lr = self.cfg.lr * mm.feature_scale
+        if feature_lr is not None:
             if not self.layout.has_block("features"):
                 raise ValueError("feature_lr: the problem has no 'features' block")
-            lr = torch.where(self.layout.mask("features"), self.cfg.feature_lr, lr)
+            lr = torch.where(self.layout.mask("features"), feature_lr, lr)
         self.lr_vec = lr
 
     def block_vector(self, on_omega: float, on_psi: float) -> Tensor:
