@@ -34,8 +34,8 @@ from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem
 
 __all__ = ["OMEGA", "PSI", "Minimax", "Pretrain", "DomainAdaptationProblem", "pretrain_on_source", "minimax_of",
-           "player_signs", "saddle_problem", "adversarial_problem", "adversarial_loss", "DomainAdversarialNet", "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU",
-           "DOMAIN_GROUPS"]
+           "player_signs", "saddle_problem", "adversarial_problem", "adversarial_loss", "DomainAdversarialNet",
+           "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU", "DOMAIN_GROUPS"]
 
 OMEGA, PSI = "omega", "psi"
 #: row-group names of domain data (``FederatedData.group_names``)
