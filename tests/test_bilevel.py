@@ -404,3 +404,63 @@ def test_more_sampled_clients_less_noise():
         err[P] = float(np.mean(sq))
     print("mean ||grad Phi||^2 with P = 1, 4:", err)
     assert err[4] < err[1] / 2
+
+
+def _record_local_v(name: str, prob, params: dict, rounds: int):
+    """Run ``name`` (sequential executor) and record, at every local iterate k = 0..tau_i of every round and
+    sampled client, ||v_i^(t,k)|| and ||grad_y f_i(x_i^(t,k), y_i^(t,k))|| (the full upper split)."""
+    base = get_algorithm(name)
+    seen: dict[str, list[float]] = {"v": [], "fy": []}
+
+    class Recording(base):
+        def directions(self, ctx, k, x, y, v):
+            out = super().directions(ctx, k, x, y, v)
+            seen["v"].append(float(v.norm()))
+            seen["fy"].append(float(self.oracles.grad_y_f(x, y, ctx.batch("upper", k)).norm()))
+            return out
+
+        def local_update(self, state, msg, ctx):
+            keep, up = super().local_update(state, msg, ctx)
+            # the last local iterate v^(tau_i) = v^t - eta_v q_v (a = 1): never evaluated, so rebuilt here
+            seen["v"].append(float((msg["v"] - self.cfg.eta_v * up["a_norm"] * up["hv"]).norm()))
+            return keep, up
+
+    algo = Recording(params, prob)
+    sim = Simulation(prob, algo, SimulationConfig(rounds=rounds, eval_every=10**6, executor="sequential"), 0)
+    for _ in range(rounds):
+        sim.step()
+    return max(seen["v"]), max(seen["fy"])
+
+
+@pytest.mark.parametrize("name", ["simfbo", "shrofbo"])
+def test_proposition_1_local_v_stays_bounded(name):
+    """Proposition 1: with the server's v projected onto the ball of radius r = L_f/mu_g and eta_v a L_1 <= 1,
+    every LOCAL v_i^(t,k) (never projected) has ||v_i^(t,k)|| <= (1 + alpha_max/alpha_min) r = 2r (a = 1).
+
+    Known quantities of the quadratic problem: mu_g = min_i lambda_min(A_i), L_1 = max_i lambda_max(A_i)
+    (grad2_yy g_i = A_i); L_f = the largest ||grad_y f_i|| at the visited local points (measured). With exact
+    oracles the induction gives the sharper ||v_k|| <= max(r, L_f/mu_g) (||I - eta_v a A_i|| <= 1 - eta_v a mu_g),
+    checked too. Lemma 1: ||v*(x)|| <= L_f/mu_g. The measurement can fail: with eta_v L_1 = 3 (the
+    condition broken) the local recursion expands along A_i's top eigenvector and leaves the 2r bound."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    mu_g = min(np.linalg.eigvalsh(M[0]).min() for M in mats)
+    L1 = max(np.linalg.eigvalsh(M[0]).max() for M in mats)
+    r = 0.5
+    common = dict(r=r, v0=r / DY ** 0.5, tau_clients=[2, 5, 8], eta_y=0.1, eta_x=0.05, gamma_y=0.1, gamma_v=0.2, gamma_x=0.05, **FULL)
+    v_max, Lf = _record_local_v(name, prob, dict(common, eta_v=1.0 / L1), rounds=25)
+    bound = max(r, Lf / mu_g)
+    print(f"\n{name}: max ||v_i^(t,k)|| = {v_max:.4f}, r = {r}, L_f/mu_g = {Lf / mu_g:.4f} "
+          f"(mu_g = {mu_g:.3f}, L_1 = {L1:.3f}): bound max(r, L_f/mu_g) = {bound:.4f}, paper 2r-type = {2 * bound:.4f}")
+    assert v_max <= 2 * bound and v_max <= bound + 1e-12
+    assert v_max > 0.5 * bound                       # not vacuous: the local v reach the bound's scale
+    # Lemma 1 at the server's x and a few others: ||v*(x)|| <= ||grad_y F(x, y*)|| / mu_g
+    _, ystar, vstar, _ = closed_form(mats, np.full(3, 1 / 3))
+    for x in (np.zeros(DX), np.array([1.0, -2.0, 0.5]), 5 * np.ones(DX)):
+        Fy = sum(M[3] @ ystar(x) - M[4] for M in mats) / 3
+        assert np.linalg.norm(vstar(x)) <= np.linalg.norm(Fy) / mu_g + 1e-12
+    # the condition eta_v a L_1 <= 1 matters: broken, the bound is broken
+    v_bad, Lf_bad = _record_local_v(name, prob, dict(common, eta_v=3.0 / L1), rounds=2)
+    print(f"{name}, eta_v L_1 = 3: max ||v_i^(t,k)|| = {v_bad:.4f} > 2 max(r, L_f/mu_g) = "
+          f"{2 * max(r, Lf_bad / mu_g):.4f}")
+    assert v_bad > 2 * max(r, Lf_bad / mu_g)
