@@ -251,3 +251,34 @@ def test_mnist_pairs_build_from_the_cache():
     assert d.input_shape == (3, 8, 8) and int(d.train_sizes.sum()) == 400 and d.test_x.min() >= 0
     g = mnist_digits(limit=200, num_clients=4, source_clients=2)
     assert g.input_shape == (1, 8, 8) and g.num_clients == 4 and float(g.train_x.max()) <= 1.0
+
+
+@pytest.mark.realdata
+def test_three_domain_grid_builds_every_ordered_pair():
+    """The Office-31-shaped grid (spec 6.3): six ordered pairs of mnist / mnistm / digits, all RGB at one size,
+    labelled source rows, unlabelled target rows, the target's test set; a pair of one domain is refused."""
+    from fedsolve.data.fetch import cache_dir, is_cached
+
+    if not is_cached("mnist") or not (cache_dir() / "skimage_photos.npz").exists():
+        pytest.skip("MNIST or the scikit-image photos are not in the cache")
+    from itertools import permutations
+
+    from fedsolve.data.domains import DIGIT_DOMAINS, digit_domains
+
+    n_test = {"mnist": 50, "mnistm": 50, "digits": 539}   # digits: 30% of 1,797 held out (stratified)
+    n_train = {"mnist": 100, "mnistm": 100, "digits": 1797 - 539}
+    for s, t in permutations(DIGIT_DOMAINS, 2):
+        d = digit_domains(s, t, limit=100, test_limit=50, size=8)
+        src = d.train_y >= 0
+        assert d.input_shape == (3, 8, 8) and d.num_clients == 2, (s, t)
+        assert int(src.sum()) == n_train[s] and int((~src).sum()) == n_train[t], (s, t)
+        assert int(d.test_y.numel()) == n_test[t] and float(d.train_x.max()) <= 1.0, (s, t)
+        assert set(d.client_train_groups(0).tolist()) == {0} and set(d.client_train_groups(1).tolist()) == {1}
+    a, b = digit_domains("mnist", "mnistm", limit=100, test_limit=50), digit_domains("mnistm", "mnist", limit=100,
+                                                                                  test_limit=50)
+    # the same MNIST images make both domains: the MNIST-M-like rows are the blends of the MNIST rows
+    assert torch.equal(a.train_x[a.train_y < 0], b.train_x[b.train_y >= 0])
+    with pytest.raises(ValueError, match="target"):
+        digit_domains("digits", "digits")
+    with pytest.raises(ValueError, match="domain"):
+        digit_domains("mnist", "usps")

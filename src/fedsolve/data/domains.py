@@ -18,7 +18,9 @@ Client splits (:func:`domain_split`):
 Pairs: ``toy_domains`` (two moons -> rotated two moons, the classic DANN toy, for tests), ``mnist_mnistm``
 (MNIST -> "MNIST-M-like": the MNIST-M recipe ``|photo crop - digit|`` on crops of the colour photos shipped in
 scikit-image instead of BSDS500; NOT the canonical MNIST-M), ``mnist_digits`` (MNIST -> scikit-learn digits,
-another writer population and scanner, both at 8x8).
+another writer population and scanner, both at 8x8), and ``digit_domains``: any ordered pair of the three
+domains ``mnist``, ``mnistm`` (MNIST-M-like) and ``digits`` (scikit-learn digits), all RGB at one size, the
+six ordered pairs forming the Office-31-shaped grid of spec 6.3 (A/D/W -> these three).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ import torch.nn.functional as F
 
 from .federated import FederatedData
 
-__all__ = ["domain_split", "toy_domains", "mnist_mnistm", "mnist_digits", "mnistm_blend", "skimage_photos",
-           "DOMAIN_DATASETS"]
+__all__ = ["domain_split", "toy_domains", "mnist_mnistm", "mnist_digits", "digit_domains", "mnistm_blend",
+           "skimage_photos", "DIGIT_DOMAINS", "DOMAIN_DATASETS"]
 
 GROUPS = ("source", "target")
 
@@ -259,8 +261,57 @@ def mnist_digits(num_clients: int = 2, p: float | None = None, source_clients: i
                          "target": "sklearn load_digits (optdigits)", "limit": limit})
 
 
+#: the three domains of :func:`digit_domains` (the Office-31-shaped grid's stand-ins for A, D, W)
+DIGIT_DOMAINS = {"mnist": "MNIST (binarized, RGB)",
+                 "mnistm": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
+                 "digits": "scikit-learn digits (UCI optdigits, other writers and scanner; grey as RGB)"}
+
+
+def _digit_domain(name: str, limit: int | None, test_limit: int | None, size: int, test_fraction: float,
+                  seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``((x_train, y_train), (x_test, y_test))`` of one domain, ``x`` as ``[n, 3, size, size]`` in [0, 1]. The
+    MNIST-based domains use the same ``limit`` MNIST training images (as the paper's MNIST -> MNIST-M) and the
+    first ``test_limit`` test images; ``digits`` holds out ``test_fraction`` (stratified) of its 1,797 images."""
+    if name not in DIGIT_DOMAINS:
+        raise ValueError(f"domain: unknown {name!r}; allowed: {sorted(DIGIT_DOMAINS)}")
+    if name == "digits":
+        from sklearn.datasets import load_digits
+
+        from .datasets import stratified_split
+
+        d = load_digits()
+        x = np.repeat((d.images / 16.0).astype(np.float32)[:, None], 3, axis=1)
+        tr, te = stratified_split(d.target, test_fraction, np.random.default_rng(seed))
+        return (_resize(x[tr], size), d.target[tr]), (_resize(x[te], size), d.target[te])
+    x, y, xte, yte = _mnist(limit, test_limit, seed)
+    if name == "mnist":
+        src, src_test = (np.repeat((a > 0).astype(np.float32)[:, None], 3, axis=1) for a in (x, xte))
+        return (_resize(src, size), y), (_resize(src_test, size), yte)
+    rng = np.random.default_rng(42 + seed)
+    photos = skimage_photos()
+    return (_resize(mnistm_blend(x, photos, rng), size), y), (_resize(mnistm_blend(xte, photos, rng), size), yte)
+
+
+def digit_domains(source: str = "mnist", target: str = "mnistm", num_clients: int = 2, p: float | None = None,
+                  source_clients: int | None = None, classes_per_client: int | None = None,
+                  limit: int | None = 5000, test_limit: int | None = 1000, size: int = 8,
+                  test_fraction: float = 0.3, seed: int = 0) -> FederatedData:
+    """One ordered pair of the three-domain grid (:data:`DIGIT_DOMAINS`): labelled ``source`` training rows,
+    unlabelled ``target`` training rows, the ``target`` test set scored; all RGB ``size`` x ``size``."""
+    if source == target:
+        raise ValueError(f"target: must differ from source ({source!r}); allowed: {sorted(DIGIT_DOMAINS)}")
+    src, _ = _digit_domain(source, limit, test_limit, size, test_fraction, seed)
+    tgt, tgt_test = _digit_domain(target, limit, test_limit, size, test_fraction, seed)
+    return domain_split(src, tgt, tgt_test, 10, num_clients, p, source_clients, classes_per_client, seed,
+                        f"{source}_{target}",
+                        {"dataset": "digit_domains", "source": DIGIT_DOMAINS[source], "target": DIGIT_DOMAINS[target],
+                         "limit": limit, "test_limit": test_limit, "size": size})
+
+
 DOMAIN_DATASETS = {
     "toy_domains": (toy_domains, "two moons -> rotated two moons, labelled source / unlabelled target (federated)"),
     "mnist_mnistm": (mnist_mnistm, "MNIST -> MNIST-M-like (scikit-image photo crops, not BSDS500) (federated)"),
     "mnist_digits": (mnist_digits, "MNIST 8x8 -> sklearn digits, labelled source / unlabelled target (federated)"),
+    "digit_domains": (digit_domains, "any ordered pair of mnist / mnistm (MNIST-M-like) / digits (sklearn), RGB, "
+                                     "the Office-31-shaped grid (federated)"),
 }
