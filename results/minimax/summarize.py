@@ -92,6 +92,78 @@ def main(root: str) -> None:
             print(f"\n### 10 class-skewed clients, {loss.upper()}\n")
             print("\n".join(table(runs(p), None, (20, 40))))
     p_sweep(root_p)
+    grid(root_p / "grid")
+
+
+#: the paper's Office-31 tasks (Tables 1/2) and our stand-in pairs: A = mnist, D = digits, W = mnistm
+TASKS = (("A->W", "mnist_mnistm"), ("D->W", "digits_mnistm"), ("W->D", "mnistm_digits"),
+         ("A->D", "mnist_digits"), ("D->A", "digits_mnist"), ("W->A", "mnistm_mnist"))
+#: Table 1 (accuracy %) and Table 2 (rounds x100) of the paper, cells DANN / MDD / CDAN, spec fedmm.md 3.5
+PAPER_ACC = {"FedAvgGDA": {"A->W": (60.1, 73.2, 62.9), "D->W": (86.1, 93.6, 86.8), "W->D": (93.6, 97.8, 94.2),
+                           "A->D": (63.5, 72.1, 65.1), "D->A": (33.7, 47.9, 40.3), "W->A": (40.5, 51.7, 45.5)},
+             "FedSGDA": {"A->W": (60.3, 76.4, 55.3), "D->W": (84.9, 94.7, 83.4), "W->D": (93.7, 98.3, 94.0),
+                         "A->D": (65.3, 75.3, 67.7), "D->A": (36.9, 49.2, 47.1), "W->A": (40.3, 52.6, 43.3)},
+             "FedMM": {"A->W": (65.5, 79.7, 64.7), "D->W": (89.6, 95.9, 93.4), "W->D": (96.7, 98.5, 94.0),
+                       "A->D": (67.8, 78.8, 66.9), "D->A": (44.3, 60.3, 51.4), "W->A": (48.7, 55.5, 59.6)}}
+PAPER_ROUNDS = {"FedAvgGDA": {"A->W": (10, 31, 17), "D->W": (13, 27, 13), "W->D": (8, 11, 7), "A->D": (7, 22, 21),
+                              "D->A": (24, 31, 34), "W->A": (18, 18, 14)},
+                "FedSGDA": {"A->W": (59, 255, 78), "D->W": (40, 188, 49), "W->D": (29, 92, 16), "A->D": (56, 400, 13),
+                            "D->A": (48, 300, 95), "W->A": (88, 321, 85)},
+                "FedMM": {"A->W": (13, 23, 29), "D->W": (15, 18, 9), "W->D": (14, 19, 10), "A->D": (7.5, 22, 32),
+                          "D->A": (39, 19, 17), "W->A": (25, 15, 13)}}
+GRID_METHODS = ("FedAvgGDA", "FedProxGDA", "FedSGDA", "FedMM", "Centralized")
+LOSS_COL = {"dann": 0, "mdd": 1, "cdan": 2}
+
+
+def rounds_to(run: dict, frac: float = 0.95) -> int:
+    """The first evaluated round at which the run reaches ``frac`` of its own best target accuracy (Table 2's
+    "rounds for training", spec 3.4 (b))."""
+    a = acc(run)
+    best = max(v for _, v in a)
+    return next(t for t, v in a if v >= frac * best)
+
+
+def grid(root: Path) -> None:
+    """<root>/<regime>/<loss>/<source>_<target>/ (+ central/): Tables 1/2 analogues per regime and loss."""
+    if not root.exists():
+        return
+    for regime in ("scratch", "pretrained"):
+        for loss in ("dann", "cdan", "mdd"):
+            base = root / regime / loss
+            cells = {}
+            for task, pair in TASKS:
+                folder = base / pair
+                r: dict[str, list[dict]] = {}
+                if (folder / "summary.json").exists():
+                    r.update(runs(folder))
+                if (folder / "central" / "summary.json").exists():
+                    r.update(runs(folder / "central"))
+                if r:
+                    cells[task] = (pair, r)
+            if not cells:
+                continue
+            col = LOSS_COL[loss]
+            title = "from scratch" if regime == "scratch" else "pretrained (source-only stage, feature step x 0.05)"
+            for what, fn, paper, unit in (("target accuracy (%), final", lambda x: f"{100 * acc(x)[-1][1]:.1f}",
+                                           PAPER_ACC, ""),
+                                          ("rounds to 95% of the run's best accuracy", lambda x: str(rounds_to(x)),
+                                           PAPER_ROUNDS, " (x100)")):
+                print(f"\n### Grid, {loss.upper()}, {title}: {what}\n")
+                print("| task (paper) | our pair | " + " | ".join(GRID_METHODS) + " | paper: FedAvgGDA / FedSGDA / FedMM"
+                      + unit + " |")
+                print("|---|---|" + "---|" * len(GRID_METHODS) + "---|")
+                for task, (pair, r) in cells.items():
+                    ours = " | ".join(", ".join(fn(x) for x in r[m]) if m in r else "-" for m in GRID_METHODS)
+                    pap = " / ".join(f"{paper[m][task][col]:g}" for m in ("FedAvgGDA", "FedSGDA", "FedMM"))
+                    print(f"| {task} | {pair.replace('_', ' -> ')} | {ours} | {pap} |")
+                if what.startswith("target") and len(cells) > 1:
+                    avg = []
+                    for m in GRID_METHODS:
+                        vals = [acc(x)[-1][1] for _, r in cells.values() for x in r.get(m, [])]
+                        avg.append(f"{100 * sum(vals) / len(vals):.1f}" if vals else "-")
+                    pap = " / ".join(f"{sum(paper[m][t][col] for t, _ in TASKS) / 6:.1f}"
+                                     for m in ("FedAvgGDA", "FedSGDA", "FedMM"))
+                    print(f"| average | {len(cells)} pairs | " + " | ".join(avg) + f" | {pap} |")
 
 
 def p_sweep(root: Path) -> None:
