@@ -91,7 +91,8 @@ def test_init_common_model_zero_duals():
     sim = make_sim(prob, algo)
     c, s = sim.clients, sim.server
     assert torch.all(c["pi"] == 0)
-    assert torch.equal(c["u"], s["u"].expand_as(c["u"])) and torch.equal(s["z"], c["u"])  # z_i^0 = u_i^0 = u^0
+    assert torch.equal(c["u"], s["u"].expand_as(c["u"]))  # z_i^0 = u_i^0 = u^0: the server's sum is m u^0
+    torch.testing.assert_close(s["zsum"], 4 * s["u"], rtol=0, atol=1e-15)
     assert torch.equal(c["v"], c["v"][:1].expand_as(c["v"]))  # common init
     assert s["u"].numel() == P and c["v"].shape == (4, Q)  # server never holds personal parameters
 
@@ -100,15 +101,14 @@ def test_upload_z_and_uniform_all_client_mean_with_stale_cache():
     prob = ridge_problem(m=5, sizes=[8, 16, 32, 64, 16])  # unequal n_i: a weighted mean would differ
     algo = FedAPM(dict(rho=0.5, lr=0.1, batch_size=None, local_steps=3), prob)
     sim = make_sim(prob, algo, clients_per_round=2)
+    z = sim.clients["u"].clone()   # z_i^0 = u_i^0
     for t in range(4):
-        z_before = sim.server["z"].clone()
         info = sim.run_round(t)
         ids = info["ids"]
         c, s = sim.clients, sim.server
-        torch.testing.assert_close(s["z"][ids], c["u"][ids] + c["pi"][ids] / 0.5, rtol=0, atol=1e-12)
-        rest = torch.tensor([i for i in range(5) if i not in ids.tolist()])
-        assert torch.equal(s["z"][rest], z_before[rest])  # stale cache
-        torch.testing.assert_close(s["u"], s["z"].mean(0), rtol=0, atol=0)  # uniform mean over ALL m
+        z[ids] = c["u"][ids] + c["pi"][ids] / 0.5   # (13) for the participants; the others' z_i stay stale
+        torch.testing.assert_close(s["zsum"], z.sum(0), rtol=0, atol=1e-12)
+        torch.testing.assert_close(s["u"], z.mean(0), rtol=0, atol=1e-12)  # uniform mean over ALL m
     # communication: down u^t (d_u floats), up z_i (d_u floats), per selected client, nothing personal
     assert sim.ledger.per_round[-1]["up_floats"] == 2 * P and sim.ledger.per_round[-1]["down_floats"] == 2 * P
 
@@ -141,8 +141,8 @@ def test_duals_distinct_per_client():
     for i in range(4):
         for j in range(i + 1, 4):
             assert (pi[i] - pi[j]).abs().max() > 1e-6
-    # uploads carry the duals: z_i - u_i = pi_i / rho per client
-    torch.testing.assert_close(sim.server["z"] - sim.clients["u"], pi / 0.3)
+    # uploads carry the duals: the server's sum of z_i = u_i + pi_i / rho
+    torch.testing.assert_close(sim.server["zsum"], (sim.clients["u"] + pi / 0.3).sum(0))
 
 
 # --------------------------------------------------------------------------- sec. 6 items 2, 3, 5
@@ -192,7 +192,8 @@ def test_client_round_matches_algorithm1_by_hand(alpha):
         torch.testing.assert_close(new["v"][i], v, rtol=1e-6, atol=1e-9)  # float32 plan weights for n=... exact
         torch.testing.assert_close(new["u"][i], u, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(new["pi"][i], pi, rtol=1e-6, atol=1e-9)
-        torch.testing.assert_close(up["z"][i], z, rtol=1e-6, atol=1e-8)
+        # upload z_i^{t+1} - z_i^t, z_i^t = u_i^t + pi_i^t / rho from the client's own state
+        torch.testing.assert_close(up["dz"][i], z - (rows["u"][i] + rows["pi"][i] / rho), rtol=1e-6, atol=1e-8)
 
 
 def test_v_step_uses_local_or_server_shared_copy():
@@ -233,7 +234,8 @@ def test_rho_zero_requires_no_dual():
     algo = FedAPM(dict(rho=0.0, dual=False, batch_size=8), prob)
     sim = make_sim(prob, algo)
     sim.run_round(0)
-    assert torch.isfinite(sim.server["u"]).all() and torch.equal(sim.server["z"], sim.clients["u"])
+    assert torch.isfinite(sim.server["u"]).all()
+    torch.testing.assert_close(sim.server["zsum"], sim.clients["u"].sum(0), rtol=0, atol=1e-12)   # z_i = u_i
 
 
 # --------------------------------------------------------------------------- reductions (sec. 3)
@@ -357,3 +359,72 @@ def test_full_simulation_with_diagnostics():
     for k in ("model_deviation", "local_drift", "stationarity", "kkt_u", "dual_sum_norm", "test_rmse",
               "other_eval_rmse"):
         assert k in rec and math.isfinite(rec[k]), k
+
+
+# --------------------------------------------------------------------------- the server's running sum
+class _DenseZ:
+    """The former server of ``aggregate_over: all``: every client's last upload ``z_i`` in a dense ``[m, d_u]``
+    table, all m rows averaged every round (the reference the running sum must reproduce)."""
+
+    def init(self, x0, rngs):
+        server, clients = super().init(x0, rngs)
+        del server["zsum"]
+        server["z"] = server["u"].unsqueeze(0).repeat(self.num_clients, 1)
+        return server, clients
+
+    def upload(self, state, new):
+        return {"z": self.z_of(new)}
+
+    def aggregate(self, server, ids, uploads, round_):
+        from fedsolve.algorithms.base import weighted_mean
+
+        z = server["z"].clone()
+        z[ids] = uploads["z"]
+        uniform = getattr(self.cfg, "weighting", "uniform") == "uniform"
+        return {"z": z, "u": z.mean(0) if uniform else weighted_mean(z, self.client_weights)}
+
+
+def _all_client_cases():
+    from fedsolve.algorithms.personalized import FedPer, FedRep, FedSim, LGFedAvg
+
+    base = dict(lr=0.2, batch_size=4, local_epochs=1.0)
+    yield "fedapm", FedAPM, dict(base, rho=0.3)
+    yield "fedapm-samples-alpha-local", FedAPM, dict(base, rho=0.3, alpha="samples", v_shared="server",
+                                                     warm_start="local")
+    yield "fedapm-nodual", FedAPM, dict(base, rho=0.0, dual=False)
+    yield "fedapm-nodual-rho", FedAPM, dict(base, rho=0.2, dual=False)
+    for cls in (FedAlt, FedSim, FedPer, LGFedAvg, FedRep):
+        for weighting in ("uniform", "samples"):
+            yield f"{cls.name}-{weighting}", cls, dict(base, aggregate_over="all", weighting=weighting,
+                                                       **({"personal_epochs": 2.0} if cls is FedRep else {}))
+
+
+@pytest.mark.parametrize("case", list(_all_client_cases()), ids=lambda c: c[0])
+def test_running_sum_server_reproduces_the_dense_all_client_mean(case):
+    """Uploads ``z_i^{t+1} - z_i^t`` into ``S = sum_i w_i z_i`` give the dense ``[m, d_u]`` table's trajectory
+    (float64, partial participation, stale clients), for every algorithm that averages over all m clients."""
+    from conftest import make_problem
+
+    _, cls, params = case
+    prob = make_problem("mlp", m=7, seed=3, n_range=(6, 20))
+    fn = prob.model_fn
+    for k in ("train_x", "test_x"):
+        setattr(prob.data, k, getattr(prob.data, k).double())
+    prob = FederatedProblem(prob.data, lambda: fn().double(),
+                            blocks={"personal": ["out.*"]})   # the presets (FedPer, ...) pick their own
+    dense = type("Dense" + cls.__name__, (_DenseZ, cls), {})
+    algos = [cls(dict(params), prob), dense(dict(params), prob)]
+    assert algos[0].d_v > 0 and algos[0].d_u > 0
+    sims = [make_sim(prob, a, executor="vectorized", clients_per_round=3) for a in algos]
+    assert "zsum" in sims[0].server and "z" in sims[1].server
+    u0 = sims[0].server["u"].clone()
+    for t in range(6):
+        for s in sims:
+            s.run_round(t)
+        a, b = sims
+        torch.testing.assert_close(a.server["u"], b.server["u"], rtol=0, atol=1e-10)
+        for k in a.clients.keys():
+            torch.testing.assert_close(a.clients[k], b.clients[k], rtol=0, atol=1e-10)
+    assert a.ledger.per_round == b.ledger.per_round   # d_u floats per participant either way
+    assert a.ledger.per_round[-1]["up_floats"] == 3 * algos[0].d_u
+    assert (a.server["u"] - u0).abs().max() > 1e-3   # the shared block moved

@@ -6,7 +6,8 @@ Model Personalization", KDD 2025. Spec: shared/specs/fedapm.md.
 Consensus form (3): ``min sum_i alpha_i f_i(v_i, u_i)  s.t.  u_i = u``; augmented Lagrangian (4):
 ``L_i = alpha_i f_i(v_i, u_i) + <pi_i, u_i - u> + (rho/2)||u_i - u||^2``. One round t:
 
-    server  (8)  u^t = (1/m) sum_{i=1..m} z_i^t           (ALL m clients, cached z_i, uniform weights)
+    server  (8)  u^t = (1/m) sum_{i=1..m} z_i^t           (ALL m clients, latest z_i, uniform weights;
+                 kept as the running sum S = sum_i z_i, S += z_i^{t+1} - z_i^t per participant)
     client i in S^t, in this order:
             (9)  v_i^{t+1} ~ argmin_v alpha_i f_i(v, u_i^t) + (sigma_i/2)||v - v_i^t||^2   (eq. 15 form)
             (10) xi_i^{t+1} = mu_i xi_i^t
@@ -14,7 +15,7 @@ Consensus form (3): ``min sum_i alpha_i f_i(v_i, u_i)  s.t.  u_i = u``; augmente
                  local SGD, gradient  alpha_i grad_u f_i + pi_i^t + rho (u - u^t)  at every step;
                  'xi_controlled': full-batch GD until ||that gradient||^2 <= xi_i^{t+1}
             (12) pi_i^{t+1} = pi_i^t + rho (u_i^{t+1} - u^t)
-            (13) z_i^{t+1} = u_i^{t+1} + pi_i^{t+1} / rho       (uploaded; v_i and pi_i never leave)
+            (13) z_i^{t+1} = u_i^{t+1} + pi_i^{t+1} / rho       (z_i^{t+1} - z_i^t uploaded; v_i, pi_i never leave)
     client i not in S^t: (xi, v, u, pi, z)_i unchanged (eq. 14; the engine only touches selected rows).
 
 ``f_i`` includes the code's L2 term ``(weight_decay/2)||theta||^2`` (weight_decay = 0.01, which
@@ -113,14 +114,14 @@ class FedAPM(PartialAlgorithm):
         u_new = self.u_step(ctx, v_new, u_t if c.warm_start == "server" else u_i,
                             extra=(lambda p: pi_full + rho * (p - ut_full)) if (c.dual or rho > 0) else None,
                             until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None)
-        # (12) dual ascent with u^t, (13) upload
-        if c.dual:
-            pi_new = pi + rho * (u_new - u_t)
-            z = u_new + pi_new / rho
-        else:
-            pi_new, z = pi, u_new
+        # (12) dual ascent with u^t; (13) upload z_i^{t+1} - z_i^t (the server keeps sum_i z_i)
+        pi_new = pi + rho * (u_new - u_t) if c.dual else pi
         rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi, "drift": self.drift(u_new, u_t)}
-        return rows, {"z": z}
+        return rows, self.upload(state, rows)
+
+    def z_of(self, state):
+        """(13) ``z_i = u_i + pi_i / rho`` (``u_i`` with ``dual: false``)."""
+        return state["u"] + state["pi"] / self.cfg.rho if self.cfg.dual else state["u"]
 
     # ------------------------------------------------------------------ diagnostics
     def diagnostics(self, server, clients):

@@ -139,13 +139,38 @@ class PartialAlgorithm(Algorithm):
                               until=until)
         return self.split(full)[1]
 
+    # ------------------------------------------------------------------ uploads and the running sum
+    @property
+    def over_all(self) -> bool:
+        """The server averages all m clients' latest uploads (``aggregate_over: all``; FedAPM always)."""
+        return getattr(self.cfg, "aggregate_over", "all") == "all"
+
+    def z_of(self, state: dict[str, Tensor]) -> Tensor:
+        """``z_i``: what client i uploads, recomputed from its own state (here its shared block ``u_i``)."""
+        return state["u"]
+
+    def upload(self, state: dict[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The message of a participant with state ``state`` before the round and ``new`` after it: ``z_i^{t+1}``
+        (mean over the selected), or ``z_i^{t+1} - z_i^t`` when the server averages all m clients (it keeps
+        their running sum, so a round costs O(participants); d_u floats either way)."""
+        z = self.z_of(new)
+        return {"dz": z - self.z_of(state)} if self.over_all else {"z": z}
+
+    def _all_weights(self, ids: Tensor | None, like: Tensor) -> Tensor:
+        """Server weights of the clients ``ids`` (None: all m) in ``like``'s dtype and device."""
+        if getattr(self.cfg, "weighting", "uniform") == "uniform":
+            n = self.num_clients if ids is None else ids.numel()
+            return torch.ones(n, dtype=like.dtype, device=like.device)
+        w = self.client_weights if ids is None else self.client_weights[ids]
+        return w.to(like.device, like.dtype)
+
     # ------------------------------------------------------------------ the five functions
     def init(self, x0, rngs):
         v0, u0 = self.split(x0)
         m = self.num_clients
         server = {"u": u0.clone()}
-        if getattr(self.cfg, "aggregate_over", "all") == "all":
-            server["z"] = repeat_rows(u0, m)
+        if self.over_all:   # S = sum_i w_i z_i over all m clients, with z_i^0 = u^0
+            server["zsum"] = self._all_weights(None, u0).sum() * u0
         return server, ClientStates(m, {"v": repeat_rows(v0, m), "u": repeat_rows(u0, m),
                                         "drift": torch.zeros(m, dtype=x0.dtype)})
 
@@ -153,16 +178,17 @@ class PartialAlgorithm(Algorithm):
         return {"u": self.expand(server["u"], ids)}
 
     def aggregate(self, server, ids, uploads, round_):
+        """``u^{t+1} = sum_i w_i z_i / sum_i w_i`` over all m clients' latest ``z_i`` (stale for the others),
+        kept as the running sum ``S`` updated by the participants' differences; or over this round's uploads."""
         new = dict(server)
-        if "z" in server:  # all m clients' latest uploads (stale for non-participants)
-            z = server["z"].clone()
-            z[ids] = uploads["z"]
-            new["z"] = z
-            rows, sel = z, torch.arange(self.num_clients)
+        if self.over_all:
+            dz = uploads["dz"]
+            new["zsum"] = server["zsum"] + (self._all_weights(ids, dz).unsqueeze(-1) * dz).sum(0)
+            new["u"] = new["zsum"] / self._all_weights(None, dz).sum()
+        elif getattr(self.cfg, "weighting", "uniform") == "uniform":
+            new["u"] = uploads["z"].mean(0)
         else:
-            rows, sel = uploads["z"], ids
-        new["u"] = rows.mean(0) if getattr(self.cfg, "weighting", "uniform") == "uniform" else \
-            weighted_mean(rows, self.client_weights[sel])
+            new["u"] = weighted_mean(uploads["z"], self.client_weights[ids])
         return new
 
     def eval_broadcast(self, server, ids):
@@ -199,7 +225,8 @@ class FedAlt(PartialAlgorithm):
         u_t = msg["u"]
         v = self.v_step(ctx, state["v"], u_t)
         u = self.u_step(ctx, v, u_t)
-        return {"v": v, "u": u, "drift": self.drift(u, u_t)}, {"z": u}
+        new = {"v": v, "u": u, "drift": self.drift(u, u_t)}
+        return new, self.upload(state, new)
 
 
 @register
@@ -216,7 +243,8 @@ class FedSim(PartialAlgorithm):
         lr = c.lr if c.personal_lr is None else torch.where(self.pmask, c.personal_lr, c.lr)
         full = self.local_sgd(ctx, self.join(state["v"], u_t), "train", lr=lr, scale=self.alpha(ctx))
         v, u = self.split(full)
-        return {"v": v, "u": u, "drift": self.drift(u, u_t)}, {"z": u}
+        new = {"v": v, "u": u, "drift": self.drift(u, u_t)}
+        return new, self.upload(state, new)
 
 
 class _OutputConfig(BaselineConfig):
