@@ -441,20 +441,22 @@ class VectorizedExecutor(Executor):
         f = vmap(one, in_dims=(0, 0, 0, 0, 0, 0, 0, 0), randomness="error")
         K = ids.numel()
         groups = self.buckets(plans, K)
+        whole = len(groups) == 1 and torch.equal(groups[0], torch.arange(K))
         outs = []
         for g in groups:
+            take = (lambda v: v) if whole else (lambda v, g=g: v[g])   # one bucket of every client: no row copies
             idxs, ws, acts = [], [], []
             for p in phases:
                 pl = plans[p]
                 a = pl.active[g]
                 S = max(int(a.sum(-1).max()), 1)
                 B = max(int((pl.w[g] > 0).sum(-1).max()), 1)
-                idxs.append(pl.idx[g][:, :S, :B])
-                ws.append(pl.w[g][:, :S, :B])
+                idxs.append(take(pl.idx)[:, :S, :B])
+                ws.append(take(pl.w)[:, :S, :B])
                 acts.append(a[:, :S])
-            outs.append(f({k: v[g] for k, v in rows.items()}, {k: v[g] for k, v in msgs.items()}, idxs, ws, acts,
-                          n[g], wt[g], ids[g]))
-        if len(outs) == 1 and torch.equal(groups[0], torch.arange(K)):
+            outs.append(f({k: take(v) for k, v in rows.items()}, {k: take(v) for k, v in msgs.items()}, idxs, ws,
+                          acts, take(n), take(wt), take(ids)))
+        if whole:
             return outs[0]
         inv = torch.empty(K, dtype=torch.long)
         inv[torch.cat(groups)] = torch.arange(K)
