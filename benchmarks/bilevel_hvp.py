@@ -3,10 +3,14 @@
 Workload: the MNIST hyper-representation problem of SimFBO Sec. 5 (MLP 784-200-10, x = hidden layer, y = output
 layer, lower-level ridge 0.1) on MNIST-shaped random data, 100 clients x 600 rows (300 lower / 300 upper, the
 i.i.d. split), 10 sampled clients, batch 64, independent minibatches (5 oracle calls per local step: grad_y g,
-grad2_yy g v, grad_y f, grad_x f, grad2_xy g v). Both executors run the SAME algorithm object on the same plans
-in the same process; the timed unit is one round's local work (``executor.run``), median over repetitions.
+grad2_yy g v, grad_y f, grad_x f, grad2_xy g v). The timed unit is one round's local work (``executor.run``),
+median over repetitions; the four variants run interleaved in the same process on the same plans:
 
-Prints ``ratio simfbo_local vectorized_vs_sequential <sequential time / vectorized time>``.
+    executor sequential | vectorized  x  oracles autograd (torch.func double backward) | mlp (closed forms)
+
+Prints ``ratio bilevel_hvp vectorized_vs_sequential oracles=<o> <t_seq / t_vec>`` for each oracle kind (the same
+algorithm on both sides) and ``ratio bilevel_hvp vectorized_mlp_vs_sequential_autograd`` (the fastest path
+against the previous per-client one), plus the largest upload difference between all variants.
 Usage: python benchmarks/bilevel_hvp.py [--reps 5] [--tau 1] [--clients 10] [--threads 1] [--device cpu|cuda]
 """
 
@@ -26,7 +30,8 @@ from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, build
 from fedsolve.core.rng import RngStreams  # noqa: E402
 from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
-from fedsolve.problems import FederatedProblem, get_problem_kind  # noqa: E402
+from fedsolve.problem_kinds import get_problem_kind  # noqa: E402
+from fedsolve.problems import FederatedProblem  # noqa: E402
 
 
 def make_problem(clients: int = 100, n: int = 600, seed: int = 0) -> FederatedProblem:
@@ -50,9 +55,12 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     prob = make_problem().to(dev)
-    algo = get_algorithm("simfbo")({"batch_size": 64, "tau": a.tau}, prob)
+    algos = {o: get_algorithm("simfbo")({"batch_size": 64, "tau": a.tau, "oracles": o}, prob)
+             for o in ("autograd", "mlp")}
     if dev.type != "cpu":
-        algo.to(dev)
+        for algo in algos.values():
+            algo.to(dev)
+    algo = algos["autograd"]
     rngs = RngStreams(0)
     with torch.device(dev):
         server, clients = algo.init(prob.init_params(rngs.torch("init")).to(dev), rngs)
@@ -61,24 +69,31 @@ def main() -> None:
         rows = clients.gather(ids)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     plans = build_plans(algo.work(0), prob.data.train_offsets, ids, rngs, 0, groups=prob.data.row_groups)
-    times: dict[str, list[float]] = {"sequential": [], "vectorized": []}
+    variants = [(ex, o) for o in algos for ex in ("sequential", "vectorized")]
+    execs = {"sequential": SequentialExecutor(), "vectorized": VectorizedExecutor()}
+    times: dict[tuple, list[float]] = {v: [] for v in variants}
     outs = {}
     with torch.enable_grad():
         for rep in range(a.reps + 1):
-            for name, ex in (("sequential", SequentialExecutor()), ("vectorized", VectorizedExecutor())):
+            for ex, o in variants:
                 sync()
                 t = time.perf_counter()
-                outs[name] = ex.run(algo, rows, msgs, ids, plans, prob.data, 0)
+                outs[ex, o] = execs[ex].run(algos[o], rows, msgs, ids, plans, prob.data, 0)
                 sync()
                 if rep:  # rep 0 warms up
-                    times[name].append(time.perf_counter() - t)
-    diff = max(float((outs["sequential"][1][k] - outs["vectorized"][1][k]).abs().max()) for k in outs["vectorized"][1])
-    seq, vec = statistics.median(times["sequential"]), statistics.median(times["vectorized"])
-    print(f"# {a.device}: {a.clients} clients, tau = {a.tau}, batch 64, {a.threads} CPU thread(s); "
-          f"max |upload difference| = {diff:.2e}")
-    print(f"time simfbo_local sequential {seq:.4f} s")
-    print(f"time simfbo_local vectorized {vec:.4f} s")
-    print(f"ratio simfbo_local vectorized_vs_sequential {seq / vec:.2f}")
+                    times[ex, o].append(time.perf_counter() - t)
+    ref = outs["sequential", "autograd"][1]
+    diff = max(float((outs[v][1][k] - ref[k]).abs().max()) for v in variants for k in ref)
+    med = {v: statistics.median(t) for v, t in times.items()}
+    print(f"# {a.device}: {a.clients} clients, tau = {a.tau}, batch 64, {a.threads} CPU thread(s), {a.reps} reps; "
+          f"max |upload difference| between the variants = {diff:.2e}")
+    for (ex, o), t in med.items():
+        print(f"time bilevel_hvp {ex} oracles={o} {t:.4f} s")
+    for o in algos:
+        print(f"ratio bilevel_hvp vectorized_vs_sequential oracles={o} "
+              f"{med['sequential', o] / med['vectorized', o]:.2f}")
+    print(f"ratio bilevel_hvp vectorized_mlp_vs_sequential_autograd "
+          f"{med['sequential', 'autograd'] / med['vectorized', 'mlp']:.2f}")
 
 
 if __name__ == "__main__":

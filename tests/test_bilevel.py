@@ -303,10 +303,13 @@ def test_sequential_and_vectorized_agree(name):
     prob = get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
     out = {}
     for ex in ("sequential", "vectorized"):
-        sim = run(prob, name, 3, executor=ex, clients=3, batch_size=4, tau_clients=[1, 3, 2, 2, 1], r=5.0)
-        out[ex] = sim.server
+        for orc in ("autograd", "mlp"):   # torch.func double backward, the MLP head's closed forms
+            sim = run(prob, name, 3, executor=ex, clients=3, batch_size=4, tau_clients=[1, 3, 2, 2, 1], r=5.0,
+                      oracles=orc)
+            out[ex, orc] = sim.server
     for k in ("x", "y", "v"):
-        assert torch.allclose(out["sequential"][k], out["vectorized"][k], atol=1e-10), k
+        for key in out:
+            assert torch.allclose(out["sequential", "autograd"][k], out[key][k], atol=1e-10), (k, key)
 
 
 def test_bad_input_is_named():
@@ -464,3 +467,67 @@ def test_proposition_1_local_v_stays_bounded(name):
     print(f"{name}, eta_v L_1 = 3: max ||v_i^(t,k)|| = {v_bad:.4f} > 2 max(r, L_f/mu_g) = "
           f"{2 * max(r, Lf_bad / mu_g):.4f}")
     assert v_bad > 2 * max(r, Lf_bad / mu_g)
+
+
+def _mlp_hyper_problem(model_fn, dtype=torch.float64):
+    from tests.conftest import make_data
+
+    data = make_data(m=3, d=5, classes=3)
+    if dtype == torch.float64:
+        data = to64(data)
+    base = FederatedProblem(data, lambda: model_fn().to(dtype))
+    return get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
+
+
+@pytest.mark.parametrize("arch", ["relu_mlp", "tanh_sigmoid_chain", "float32"])
+def test_mlp_closed_form_oracles_equal_torch_func(arch):
+    """MLPHeadOracles (closed forms, no autograd) = BilevelOracles (torch.func double backward): every oracle,
+    one client and under vmap with per-client (x, y, v); 1e-12 in float64, 1e-6 in float32."""
+    from torch.func import vmap
+    from fedsolve.bilevel import MLPHeadOracles, make_oracles
+    from fedsolve.models import build_model_fn
+
+    if arch == "tanh_sigmoid_chain":
+        fn = lambda: nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(), nn.Linear(5, 3))  # noqa: E731
+    else:
+        fn = build_model_fn("mlp", (5,), 3, hidden=(7,))
+    dt = torch.float32 if arch == "float32" else torch.float64
+    tol = 1e-6 if dt == torch.float32 else 1e-12
+    prob = _mlp_hyper_problem(fn, dt)
+    G, M = BilevelOracles(prob), make_oracles(prob)
+    assert isinstance(M, MLPHeadOracles) and type(make_oracles(prob, "autograd")) is BilevelOracles
+    g = torch.Generator().manual_seed(3)
+    x, y = G.split(prob.init_params(g))
+    X, t = prob.data.client_train(0)
+    b1 = (X[:7], t[:7], torch.rand(7, generator=g, dtype=dt))
+    b2 = (X[7:12], t[7:12], torch.rand(5, generator=g, dtype=dt))
+    v = torch.randn(G.dy, generator=g, dtype=dt)
+
+    def close(a, c):
+        a, c = (z if isinstance(z, tuple) else (z,) for z in (a, c))
+        return all(torch.allclose(p, q, atol=tol, rtol=0) for p, q in zip(a, c))
+
+    for name in ("grad_y_g", "grad_f", "grad_y_f", "f", "g"):
+        assert close(getattr(G, name)(x, y, b1), getattr(M, name)(x, y, b1)), name
+    for name in ("second_g", "g_derivatives", "hvp_yy_g", "jvp_xy_g"):
+        assert close(getattr(G, name)(x, y, v, b1), getattr(M, name)(x, y, v, b1)), name
+    assert close(G.surrogate(x, y, v, b1, b2), M.surrogate(x, y, v, b1, b2))
+    assert close(G.ls_grad(x, y, v, b1, b2, with_value=True), M.ls_grad(x, y, v, b1, b2, with_value=True))
+    K = 3
+    xs = x + 0.1 * torch.randn(K, G.dx, generator=g, dtype=dt)
+    ys, vs = y + 0.1 * torch.randn(K, G.dy, generator=g, dtype=dt), torch.randn(K, G.dy, generator=g, dtype=dt)
+    st = lambda b: tuple(torch.stack([c] * K) for c in b)  # noqa: E731
+    assert close(vmap(G.surrogate)(xs, ys, vs, st(b1), st(b2)), vmap(M.surrogate)(xs, ys, vs, st(b1), st(b2)))
+    assert close(vmap(G.g_derivatives)(xs, ys, vs, st(b1)), vmap(M.g_derivatives)(xs, ys, vs, st(b1)))
+    assert close(vmap(G.ls_grad)(xs, ys, vs, st(b1), st(b2)), vmap(M.ls_grad)(xs, ys, vs, st(b1), st(b2)))
+
+
+def test_mlp_oracles_refuse_other_problems():
+    from fedsolve.bilevel import make_oracles
+
+    prob = quad_problem()                       # squared error, not an MLP head
+    assert type(make_oracles(prob)) is BilevelOracles
+    with pytest.raises(ValueError, match="oracles: 'mlp'"):
+        make_oracles(prob, "mlp")
+    with pytest.raises(ValueError, match="oracles"):
+        make_oracles(prob, "fast")

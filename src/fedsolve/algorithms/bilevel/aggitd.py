@@ -33,12 +33,14 @@ persistent per-client draw (``tau_max``/``tau_clients``: the draw SimFBO makes f
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
-from fedsolve.bilevel import BilevelOracles
+from fedsolve.bilevel import make_oracles
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
 
@@ -57,6 +59,9 @@ class AggITDConfig(BaseModel):
                                 "drawn once, uniformly from {1..tau_max} (seeded; SimFBO's draw)")
     tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i, one per client (>= 1)")
     batch_size: int | None = Field(64, ge=1, description="minibatch size of every oracle (null: full split)")
+    oracles: Literal["auto", "autograd", "mlp"] = Field("auto", description="derivative oracles: torch.func double "
+                                                     "backward (autograd), the MLP head's closed forms (mlp), or "
+                                                     "mlp where it applies (auto); same numbers to rounding")
     independent_batches: bool = Field(True, description="independent minibatches per oracle (as SimFBO); "
                                       "false: one lower and one upper batch per step")
 
@@ -77,7 +82,7 @@ class AggITD(Algorithm):
     Config = AggITDConfig
 
     def setup(self):
-        self.oracles = BilevelOracles(self.problem)
+        self.oracles = make_oracles(self.problem, self.cfg.oracles)
         spec, c = self.oracles.spec, self.cfg
         T = max_steps(c.tau, c.tau_max, c.tau_clients)
         groups = batch_groups(spec.lower_group, spec.upper_group, c.independent_batches)

@@ -62,10 +62,10 @@ def directions(O: BilevelOracles, ctx, k: int, x, y, v, independent: bool, with_
         dx, fval = O.surrogate(x, y, v, ctx.batch("upper_x", k), ctx.batch("lower_x", k))
         return dy, dv, dx, fval
     bl, bu = ctx.batch("lower", k), ctx.batch("upper", k)
-    dy, _ = O.grad_y_g(x, y, bl)
     if not with_x:
+        dy, _ = O.grad_y_g(x, y, bl)
         dv, fval = O.ls_grad(x, y, v, bl, bu, with_value=True)
         return dy, dv, None, fval
-    jv, hv = O.second_g(x, y, v, bl)
+    dy, jv, hv = O.g_derivatives(x, y, v, bl)
     fx, fy, fval = O.grad_f(x, y, bu)
     return dy, hv - fy, fx - jv, fval

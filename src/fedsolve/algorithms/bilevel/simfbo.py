@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
-from fedsolve.bilevel import BilevelOracles, project_ball
+from fedsolve.bilevel import make_oracles, project_ball
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
 
@@ -60,6 +60,9 @@ class SimFBOConfig(BaseModel):
     weights: Literal["uniform", "data"] = Field("uniform", description="objective weights p_i: 1/n (paper) or "
                                                 "the clients' data shares")
     normalized: bool = Field(False, description="ShroFBO: upload-normalised directions h, server step rho^t")
+    oracles: Literal["auto", "autograd", "mlp"] = Field("auto", description="derivative oracles: torch.func double "
+                                                     "backward (autograd), the MLP head's closed forms (mlp), or "
+                                                     "mlp where it applies (auto); same numbers to rounding")
     rho: Literal["known", "estimate"] = Field("known", description="ShroFBO's rho^t: from the known tau "
                                               "schedule of all n clients, or estimated from the sampled ones")
 
@@ -80,7 +83,7 @@ class SimFBO(Algorithm):
     Config = SimFBOConfig
 
     def setup(self):
-        self.oracles = BilevelOracles(self.problem)
+        self.oracles = make_oracles(self.problem, self.cfg.oracles)
         spec = self.oracles.spec
         c = self.cfg
         T = c.steps()
@@ -115,8 +118,6 @@ class SimFBO(Algorithm):
         c = self.cfg
         x, y, v = msg["x"], msg["y"], msg["v"]
         tau = state["tau"]
-        qx, qy, qv = torch.zeros_like(x), torch.zeros_like(y), torch.zeros_like(v)
-        a_norm = torch.zeros((), dtype=x.dtype)   # ||a_i||_1 over the steps actually taken
         first = next(iter(self._work))
         T = c.steps()
         for k in range(T):
@@ -124,7 +125,10 @@ class SimFBO(Algorithm):
             ak = c.a * on.to(x.dtype)
             dy, dv, dx, fval = self.directions(ctx, k, x, y, v)
             ctx.record_loss(fval, on)
-            qy, qv, qx, a_norm = qy + ak * dy, qv + ak * dv, qx + ak * dx, a_norm + ak
+            if k == 0:   # a_norm: ||a_i||_1 over the steps actually taken
+                qy, qv, qx, a_norm = ak * dy, ak * dv, ak * dx, ak
+            else:
+                qy, qv, qx, a_norm = qy + ak * dy, qv + ak * dv, qx + ak * dx, a_norm + ak
             if k < T - 1:   # the last local iterate is never evaluated (spec 2.3): skip computing it
                 y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
         return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
