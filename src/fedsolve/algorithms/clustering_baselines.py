@@ -54,7 +54,7 @@ from fedsolve.core.states import ClientStates, repeat_rows
 def _clustering_diag(labels: np.ndarray, problem) -> dict[str, float]:
     out = {"num_clusters": float(len(np.unique(labels)))}
     if problem.data.clusters is not None:
-        out["ari"] = adjusted_rand(labels, problem.data.clusters.numpy())
+        out["ari"] = adjusted_rand(labels, problem.data.clusters.cpu().numpy())
     return out
 
 
@@ -138,7 +138,7 @@ class IFCA(Algorithm):
         return (state["assign"].unsqueeze(1) * msg["models"]).sum(0)
 
     def labels(self, clients) -> np.ndarray:
-        return clients["assign"].argmax(1).numpy()
+        return clients["assign"].argmax(1).cpu().numpy()
 
     def diagnostics(self, server, clients):
         return _clustering_diag(self.labels(clients), self.problem)
@@ -160,10 +160,10 @@ class _ClusterModels(Algorithm):
         return msg["w"]
 
     def diagnostics(self, server, clients):
-        return _clustering_diag(server["cluster"].numpy(), self.problem)
+        return _clustering_diag(server["cluster"].cpu().numpy(), self.problem)
 
     def finalize(self, server, clients):
-        lab = server["cluster"].numpy()
+        lab = server["cluster"].cpu().numpy()
         return {"clusters": lab.tolist(), **_clustering_diag(lab, self.problem)}
 
 
@@ -216,7 +216,7 @@ class CFL(_ClusterModels):
         tree = {k: [server[k]] for k in ("tree_w", "tree_ids", "tree_dir")}
         dW[ids] = uploads["dw"]
         seen[ids] = True
-        n = self.problem.data.train_sizes.to(W.dtype)
+        n = self.problem.data.train_sizes.to(W.device, W.dtype)
         next_id = int(cl.max()) + 1
         for c in torch.unique(cl[ids]).tolist():
             part = ids[cl[ids] == c]
@@ -233,7 +233,7 @@ class CFL(_ClusterModels):
                 if known.numel() < 2:
                     continue
                 U = torch.nn.functional.normalize(dW[known].double(), dim=1)
-                dist = (1 - U @ U.T).clamp_min(0).numpy()
+                dist = (1 - U @ U.T).clamp_min(0).cpu().numpy()
                 lab = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(dist).labels_
                 second = known[torch.as_tensor(lab == 1)]
                 if 0 < second.numel() < members.numel():
@@ -264,8 +264,8 @@ def pacfl_bases(data, n_basis: int, per_class: bool) -> list[np.ndarray]:
     out = []
     for i in range(data.num_clients):
         x, y = data.client_train(i)
-        X = x.reshape(x.shape[0], -1).double().numpy()
-        groups = [X[(y == c).numpy()] for c in torch.unique(y).tolist()] if per_class and data.task == \
+        X = x.reshape(x.shape[0], -1).double().cpu().numpy()
+        groups = [X[(y == c).cpu().numpy()] for c in torch.unique(y).tolist()] if per_class and data.task == \
             "classification" else [X]
         us = []
         for G in groups:
@@ -327,7 +327,7 @@ class PACFL(_ClusterModels):
 
     def aggregate(self, server, ids, uploads, round_):
         W, cl = server["W"].clone(), server["cluster"]
-        n = self.problem.data.train_sizes.to(W.dtype)
+        n = self.problem.data.train_sizes.to(W.device, W.dtype)
         for c in torch.unique(cl[ids]).tolist():
             sel = cl[ids] == c
             part = ids[sel]
