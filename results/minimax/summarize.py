@@ -174,8 +174,10 @@ def grid(root: Path) -> None:
             print("|---|---|---|" + "---|" * len(GRID_METHODS) + "---|")
             for task, (pair, r) in cells.items():
                 start = acc(next(iter(r.values()))[0])[0][1]
-                bar = start + 0.9 * (max(acc(x)[-1][1] for m in FEDERATED for x in r.get(m, [])) - start)
-                ours = " | ".join(", ".join(rounds_to(x, bar) for x in r[m]) if m in r else "-" for m in GRID_METHODS)
+                gain = max(acc(x)[-1][1] for m in FEDERATED for x in r.get(m, [])) - start
+                bar = start + 0.9 * gain
+                ours = " | ".join("no gain" if gain < 0.005 else ", ".join(rounds_to(x, bar) for x in r[m])
+                                  if m in r else "-" for m in GRID_METHODS)
                 pap = " / ".join(f"{PAPER_ROUNDS[m][task][col]:g}" for m in ("FedAvgGDA", "FedSGDA", "FedMM"))
                 print(f"| {task} | {pair.replace('_', ' -> ')} | {100 * bar:.1f} | {ours} | {pap} |")
 
