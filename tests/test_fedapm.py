@@ -97,6 +97,18 @@ def test_init_common_model_zero_duals():
     assert s["u"].numel() == P and c["v"].shape == (4, Q)  # server never holds personal parameters
 
 
+def test_init_stores_one_default_row_per_state_not_m_rows():
+    """Nothing ``[m, d]`` at init: every client state is one default row until a client writes its own."""
+    prob = ridge_problem(m=6)
+    algo = FedAPM(dict(rho=0.5, batch_size=8), prob)
+    sim = make_sim(prob, algo, clients_per_round=2)
+    assert set(sim.clients.keys()) == {"v", "u", "pi", "xi", "drift"}
+    assert all(sim.clients.touched(k).numel() == 0 for k in sim.clients.keys())
+    ids = sim.run_round(0)["ids"]
+    assert all(sorted(sim.clients.touched(k).tolist()) == sorted(ids.tolist()) for k in sim.clients.keys())
+    torch.testing.assert_close(sim.clients["xi"], torch.where(torch.isin(torch.arange(6), ids), 0.9, 1.0).double())
+
+
 def test_upload_z_and_uniform_all_client_mean_with_stale_cache():
     prob = ridge_problem(m=5, sizes=[8, 16, 32, 64, 16])  # unequal n_i: a weighted mean would differ
     algo = FedAPM(dict(rho=0.5, lr=0.1, batch_size=None, local_steps=3), prob)

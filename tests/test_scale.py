@@ -102,6 +102,43 @@ def test_over_the_budget_rows_spill_to_a_memory_mapped_file(tmp_path):
     assert not [f for f in tmp_path.iterdir() if f.suffix == ".rows"]   # spill files go with their states
 
 
+def _mapped_rss_kb(path) -> int | None:
+    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps; None where there is none)."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    total, inside = 0, False
+    for line in lines:
+        if line[:1].isalnum() and "-" in line.split()[0]:   # a mapping's header line
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_spill_files_grow_in_place_and_their_pages_leave_the_process(tmp_path):
+    """A spilled column grows inside its one file (no copy to a new file), and after every gather / scatter its
+    pages are dropped from the process: the rows in the file are not this process's resident memory."""
+    m, d = 64, 4096   # 16 kB rows (float32)
+    cs = ClientStates(m, {"a": torch.zeros(m, d)}, budget_bytes=1, spill_dir=tmp_path)
+    ref = {"a": torch.zeros(m, d)}
+    _drive(cs, ref, rounds=1, k=3)
+    files = [f for f in tmp_path.iterdir() if f.suffix == ".rows"]
+    assert len(files) == 1 and cs.disk_bytes() > 0
+    cap0 = cs.disk_bytes()
+    _drive(cs, ref, rounds=10, k=9, seed=2)   # more clients: the column grows
+    assert cs.disk_bytes() > cap0
+    assert [f for f in tmp_path.iterdir() if f.suffix == ".rows"] == files   # the same file, grown
+    assert files[0].stat().st_size == cs.disk_bytes()
+    rss = _mapped_rss_kb(files[0])
+    if rss is None:
+        pytest.skip("no /proc/self/smaps on this system")
+    assert rss == 0, rss
+    cs.gather(torch.arange(m))
+    assert _mapped_rss_kb(files[0]) == 0
+
+
 def test_set_budget_moves_stored_rows_now(tmp_path):
     m, d = 100, 30
     cs = ClientStates(m, {"a": torch.zeros(m, d)})

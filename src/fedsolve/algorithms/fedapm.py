@@ -93,9 +93,8 @@ class FedAPM(PartialAlgorithm):
 
     def init(self, x0, rngs):
         server, clients = super().init(x0, rngs)  # u^0 = mean_i z_i^0 with z_i^0 = u_i^0 = u^0, pi_i^0 = 0
-        m = self.num_clients
-        clients["pi"] = torch.zeros(m, self.d_u, dtype=x0.dtype)
-        clients["xi"] = torch.full((m,), self.cfg.xi0, dtype=x0.dtype)
+        clients.set_default("pi", x0.new_zeros(self.d_u))   # one default row each: nothing [m, d] until used
+        clients.set_default("xi", x0.new_full((), self.cfg.xi0))
         return server, clients
 
     def local_update(self, state, msg, ctx):

@@ -43,7 +43,7 @@ from torch import Tensor
 from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsolve.core.executor import LocalContext, Work
-from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.core.states import ClientStates
 from fedsolve.personalization import personal_mask
 
 Personalization = Literal["problem", "input", "output", "split_input", "split-input"]
@@ -171,8 +171,7 @@ class PartialAlgorithm(Algorithm):
         server = {"u": u0.clone()}
         if self.over_all:   # S = sum_i w_i z_i over all m clients, with z_i^0 = u^0
             server["zsum"] = self._all_weights(None, u0).sum() * u0
-        return server, ClientStates(m, {"v": repeat_rows(v0, m), "u": repeat_rows(u0, m),
-                                        "drift": torch.zeros(m, dtype=x0.dtype)})
+        return server, ClientStates(m, defaults={"v": v0, "u": u0, "drift": x0.new_zeros(())})
 
     def broadcast(self, server, ids, round_):
         return {"u": self.expand(server["u"], ids)}
@@ -298,7 +297,7 @@ class Ditto(FedAvg):
 
     def init(self, x0, rngs):
         server, _ = super().init(x0, rngs)
-        return server, ClientStates(self.num_clients, {"v": repeat_rows(x0, self.num_clients)})
+        return server, ClientStates(self.num_clients, defaults={"v": x0})
 
     def work(self, round_: int = 0):
         c = self.cfg
@@ -333,7 +332,7 @@ class PFedMe(FedAvg):
 
     def init(self, x0, rngs):
         server, _ = super().init(x0, rngs)
-        return server, ClientStates(self.num_clients, {"theta": repeat_rows(x0, self.num_clients)})
+        return server, ClientStates(self.num_clients, defaults={"theta": x0})
 
     def local_update(self, state, msg, ctx):
         c = self.cfg

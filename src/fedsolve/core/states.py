@@ -16,27 +16,57 @@ Reads return the same numbers in every layout: the layout is a storage detail.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 import weakref
 from typing import Iterator, Mapping
 
-import numpy as np
 import torch
 from torch import Tensor
 
+_COPY_BYTES = 64 * 2**20   # rows copied into a spill file per piece (its pages are released after each)
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+
+def _close_unlink(fd: int, path: str) -> None:
+    for f, a in ((os.close, fd), (os.unlink, path)):
+        try:
+            f(a)
+        except OSError:
+            pass
+
+
+class _Spill:
+    """The memory-mapped file of one column's stored rows. It grows in place (no copy), and :meth:`release`
+    drops its pages from the process (written pages stay in the kernel's page cache until written back), so
+    the rows in the file do not count as this process's resident memory. The file goes with its last user."""
+
+    def __init__(self, folder: str):
+        fd, self.path = tempfile.mkstemp(dir=folder, suffix=".rows")
+        self.fd = fd
+        self.map: mmap.mmap | None = None
+        self._finalizer = weakref.finalize(self, _close_unlink, fd, self.path)
+
+    def rows(self, capacity: int, row: Tensor) -> Tensor:
+        """``[capacity, *row.shape]`` rows of ``row``'s dtype backed by the file (grown to fit; rows already
+        written keep their values)."""
+        if row.numel() == 0:
+            return row.new_empty((capacity, *row.shape))
+        nbytes = capacity * row.numel() * row.element_size()
+        if os.fstat(self.fd).st_size < nbytes:
+            os.ftruncate(self.fd, nbytes)
+        self.map = mmap.mmap(self.fd, nbytes)
+        return torch.frombuffer(self.map, dtype=row.dtype, count=capacity * row.numel()).view(capacity, *row.shape)
+
+    def release(self) -> None:
+        if self.map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self.map.madvise(mmap.MADV_DONTNEED)
 
 
 class _Column:
     """One named state: a default row, the stored rows of the touched clients and each client's slot."""
 
-    __slots__ = ("default", "slot", "rows", "n", "identity", "path", "_finalizer", "__weakref__")
+    __slots__ = ("default", "slot", "rows", "n", "identity", "spill")
 
     def __init__(self, default: Tensor, m: int):
         self.default = default                                   # [*shape]: untouched clients' row
@@ -44,8 +74,16 @@ class _Column:
         self.rows = default.new_empty((0, *default.shape))       # [capacity, *shape]
         self.n = 0                                               # rows in use
         self.identity = False   # a dense column: row i is client i's for every client (no slot lookup needed)
-        self.path: str | None = None                             # the memory-mapped file, once spilled
-        self._finalizer = None
+        self.spill: _Spill | None = None                         # the memory-mapped file, once spilled
+
+    @property
+    def path(self) -> str | None:
+        return None if self.spill is None else self.spill.path
+
+    def release(self) -> None:
+        """Drop the spill file's pages from this process (after a read or write of its rows)."""
+        if self.spill is not None:
+            self.spill.release()
 
     @classmethod
     def dense(cls, value: Tensor) -> "_Column":
@@ -107,7 +145,7 @@ class ClientStates:
             self.spill_dir = str(spill_dir)
         if budget_bytes is not None:
             for col in self._cols.values():
-                if col.path is None and col.rows.shape[0] and self.memory_bytes() > budget_bytes:
+                if col.spill is None and col.rows.shape[0] and self.memory_bytes() > budget_bytes:
                     self._resize(col, col.rows.shape[0], spill=True)
 
     # ---------------------------------------------------------------- dict-like
@@ -156,10 +194,12 @@ class ClientStates:
         s = col.slot[ids.cpu()]
         known = s >= 0
         if bool(known.all()):
-            return col.rows.index_select(0, s.to(col.rows.device)).to(col.device)
-        out = col.default.unsqueeze(0).repeat(s.numel(), *([1] * col.default.dim()))
-        if bool(known.any()):
-            out[known.to(col.device)] = col.rows.index_select(0, s[known].to(col.rows.device)).to(col.device)
+            out = col.rows.index_select(0, s.to(col.rows.device)).to(col.device)
+        else:
+            out = col.default.unsqueeze(0).repeat(s.numel(), *([1] * col.default.dim()))
+            if bool(known.any()):
+                out[known.to(col.device)] = col.rows.index_select(0, s[known].to(col.rows.device)).to(col.device)
+        col.release()
         return out
 
     def row(self, i: int) -> dict[str, Tensor]:
@@ -186,36 +226,39 @@ class ClientStates:
                 col.slot[ids_c[new]] = s[new]
                 col.n += n_new
             col.rows.index_copy_(0, s.to(col.rows.device), v.to(col.rows.device, col.rows.dtype))
+            col.release()
 
     def _resize(self, col: _Column, capacity: int, spill: bool = False) -> None:
         """Give ``col`` room for ``capacity`` stored rows: in memory, or in a memory-mapped file when the
-        budget would be exceeded (or ``spill``)."""
+        budget would be exceeded (or ``spill``); a column already in its file grows there in place."""
+        if col.spill is not None:
+            col.rows = col.spill.rows(capacity, col.default)
+            return
         new_bytes = capacity * col.row_bytes()
         over = self.budget_bytes is not None and \
-            self.memory_bytes() - (0 if col.path else col.rows.shape[0] * col.row_bytes()) + new_bytes > \
-            self.budget_bytes
-        old_finalizer = col._finalizer
-        if (spill or over or col.path is not None) and col.default.dtype != torch.bfloat16:
+            self.memory_bytes() - col.rows.shape[0] * col.row_bytes() + new_bytes > self.budget_bytes
+        if spill or over:
             d = self.spill_dir or tempfile.mkdtemp(prefix="fedsolve-states-")
             self.spill_dir = d
             os.makedirs(d, exist_ok=True)
-            fd, path = tempfile.mkstemp(dir=d, suffix=".rows")
-            os.close(fd)
-            np_dtype = torch.empty(0, dtype=col.default.dtype, device="cpu").numpy().dtype
-            mm = np.memmap(path, dtype=np_dtype, mode="w+", shape=(capacity, *col.default.shape))
-            rows = torch.from_numpy(mm)
-            if col.n:
-                rows[:col.n] = col.rows[:col.n].cpu()
-            col.rows, col.path = rows, path
-            col._finalizer = weakref.finalize(col, _unlink, path)
+            sp = _Spill(d)
+            rows = sp.rows(capacity, col.default)
+            col.spill = sp
+            self._copy_rows(col, rows, col.rows, col.n)
+            col.rows = rows
         else:
             rows = col.default.new_empty((capacity, *col.default.shape))
-            if col.n:
-                rows[:col.n] = col.rows[:col.n]
+            rows[:col.n] = col.rows[:col.n]
             col.rows = rows
-            col._finalizer = None
-        if old_finalizer is not None:
-            old_finalizer()
+
+    @staticmethod
+    def _copy_rows(col: _Column, dst: Tensor, src: Tensor, n: int) -> None:
+        """``dst[:n] = src[:n]`` in pieces, releasing ``col``'s spill pages after each piece."""
+        step = max(1, _COPY_BYTES // max(col.row_bytes(), 1))
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            dst[a:b].copy_(src[a:b].to(dst.device))
+            col.release()
 
     # ---------------------------------------------------------------- copies and sizes
     def clone(self) -> "ClientStates":
@@ -227,8 +270,9 @@ class ClientStates:
             c = _Column(col.default.clone(), self.num_clients)
             c.slot = col.slot.clone()
             out._cols[k] = c
-            out._resize(c, max(col.n, 1), spill=col.path is not None)
-            c.rows[:col.n] = col.rows[:col.n]
+            out._resize(c, max(col.n, 1), spill=col.spill is not None)
+            self._copy_rows(c, c.rows, col.rows, col.n)
+            col.release()
             c.n = col.n
         return out
 
@@ -241,8 +285,8 @@ class ClientStates:
                 out._cols[k] = _Column.dense(col.rows.to(device))
                 continue
             c = _Column(col.default.to(device), self.num_clients)
-            c.slot, c.n, c.path, c._finalizer = col.slot.clone(), col.n, col.path, col._finalizer
-            c.rows = col.rows if col.path is not None else col.rows.to(device)
+            c.slot, c.n, c.spill = col.slot.clone(), col.n, col.spill
+            c.rows = col.rows if col.spill is not None else col.rows.to(device)
             out._cols[k] = c
         return out
 
