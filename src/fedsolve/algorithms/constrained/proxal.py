@@ -198,14 +198,19 @@ class ProxAL(Algorithm):
                   "converged": torch.zeros((), dtype=torch.long), "floats_up": z.clone(), "floats_down": z.clone(),
                   "client_res": z.clone(), "dmu_ref": torch.tensor(1e300, dtype=torch.float64),
                   "stall": torch.zeros((), dtype=torch.long), "solve_misses": torch.zeros((), dtype=torch.long)}
+        if self.solver_kind == "quadratic":   # (beta, rho) of the clients' factors (none yet)
+            server["hkey"] = torch.full((2,), float("nan"), dtype=torch.float64)
         rows = {"mu": torch.full((n, self.spec.m_client), c.mu0, dtype=torch.float64)}
         for key in ("wk", "u", "lam", "ut"):
             rows[key] = torch.zeros(n, d, dtype=torch.float64)
-        if self.solver_kind == "quadratic":
-            rows["eigvec"] = torch.zeros(n, d, d, dtype=torch.float64)   # H_P + rho I = V diag(e) V^T
+        if self.solver_kind == "quadratic":   # Eq. 19's constant Hessian H_P + rho I = V diag(e) V^T, once per run
+            rows["eigvec"] = torch.zeros(n, d, d, dtype=torch.float64)
             rows["eigval"] = torch.ones(n, d, dtype=torch.float64)
             rows["g0"] = torch.zeros(n, d, dtype=torch.float64)
         return server, ClientStates(n, rows)
+
+    def _hkey(self) -> Tensor:
+        return torch.tensor([self.cfg.beta, self.cfg.rho], dtype=torch.float64)
 
     def _eps(self, t: int) -> float:
         return max(self.cfg.q ** t, self.cfg.eps_floor)
@@ -218,10 +223,17 @@ class ProxAL(Algorithm):
         phase = int(server["phase"])
         if phase == DONE:
             return {"idle": self.expand(torch.zeros((), dtype=torch.float64), ids)}
+        # quadratic: the clients (re)decompose Eq. 19's Hessian in the first round and after a change of beta or rho
+        factor = "hkey" in server and not torch.equal(server["hkey"], self._hkey())
         if phase == ADMM:
             eps = torch.tensor(self._eps(int(server["t"])), dtype=torch.float64)
-            return {"w": self.expand(server["z"], ids), "eps": self.expand(eps, ids)}
-        msg = {"w_outer": self.expand(server["w"], ids)}
+            msg = {"w": self.expand(server["z"], ids), "eps": self.expand(eps, ids)}
+        else:
+            msg = {"w_outer": self.expand(server["w"], ids)}
+        if factor:
+            msg["factor"] = self.expand(torch.ones((), dtype=torch.float64), ids)
+        if phase == ADMM:
+            return msg
         if self.cfg.admm_start == "w0":
             msg["w_start"] = self.expand(server["w0"], ids)
         if phase == OUTER_FIRST:
@@ -235,13 +247,15 @@ class ProxAL(Algorithm):
         if "idle" in msg:  # Eq. 11 has passed: nothing left to do
             return {}, {"ack": msg["idle"] * 0}
         c, rho = self.cfg, self.cfg.rho
-        new = {}  # only the rows that change (the eigendecomposition is written once)
+        new = {}  # only the rows that change (the eigendecomposition is written once per run)
+        rows = party_rows(ctx) if "factor" in msg or "w_outer" in msg else None
+        if "factor" in msg:  # quadratic: Eq. 19's Hessian does not depend on mu_i, w^k or t: decompose it once
+            P = self._P(rows, state["mu"], state["wk"])
+            new["eigval"], new["eigvec"] = sp.quadratic_eigh(lambda u: P(u) + 0.5 * rho * u.pow(2).sum(),
+                                                             state["wk"])
+            if "w" in msg:  # beta changed inside an inner loop: grad P(0) changes with it
+                new["g0"] = grad(P)(torch.zeros_like(state["wk"]))
         if "w_outer" in msg:
-            rows = party_rows(ctx)
-            if self.solver_kind == "quadratic" and ctx.round == 0:  # Eq. 19's Hessian is constant: decompose once
-                P = self._P(rows, state["mu"], state["wk"])
-                new["eigval"], new["eigvec"] = sp.quadratic_eigh(lambda u: P(u) + 0.5 * rho * u.pow(2).sum(),
-                                                                 msg["w_outer"])
             # Alg. 1 lines 6-8 (multipliers at w^k), then Alg. 2 line 1 for outer iteration k
             w = msg["w_outer"]
             mu = state["mu"]
@@ -263,10 +277,10 @@ class ProxAL(Algorithm):
         w, eps = msg["w"], msg["eps"]
         lam, u_old, ut_old = state["lam"], state["u"], state["ut"]
         if self.solver_kind == "quadratic":  # exact: (H_P + rho I) u = rho w - grad P(0) - lambda
-            rhs = rho * w - state["g0"] - lam
-            # both products through the eigenbasis: V is read twice per round (it is memory-bound at large d)
-            u, Hw = sp.eigh_solve_and_apply(state["eigvec"], state["eigval"], rhs, w)
-            gP = Hw - rho * w + state["g0"]
+            cur = {k: new.get(k, state[k]) for k in ("eigvec", "eigval", "g0")}
+            # (H_P + rho I)^{-1} rhs and (H_P + rho I) w in one pass over V each way (memory-bound at large d)
+            u, Hw = sp.eigh_solve_and_apply(cur["eigvec"], cur["eigval"], rho * w - cur["g0"] - lam, w)
+            gP = Hw - rho * w + cur["g0"]
             res = torch.zeros((), dtype=w.dtype)   # an exact solve: nothing to verify beyond rounding
         else:
             rows = party_rows(ctx)
@@ -296,6 +310,8 @@ class ProxAL(Algorithm):
         phase = int(server["phase"])
         if phase == DONE:
             return s
+        if "hkey" in server:   # every client decomposed with the current (beta, rho) in this round
+            s["hkey"] = self._hkey()
         k_clients, d = ids.numel(), server["w"].numel()
         up = sum(int(v[0].numel()) for v in uploads.values())
         down = d + (d if c.admm_start == "w0" and phase != ADMM else 0) + (1 if phase != OUTER else 0)

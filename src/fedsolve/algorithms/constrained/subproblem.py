@@ -5,8 +5,9 @@
   spec 3.2). For the small d of the paper's problems one Hessian per step is cheap, and the
   squared-positive-part penalty is C^1 with a piecewise-constant Hessian, so line search keeps it safe
   where gradients are only locally Lipschitz (spec 7.11).
-* :func:`quadratic_factor` + :func:`quadratic_step` -- quadratic subproblems (App. E.2): the Hessian is
-  constant, so it is factorised once (Cholesky) and every solve is exact: one Newton step.
+* :func:`quadratic_hessian`, :func:`quadratic_factor`, :func:`quadratic_eigh` -- quadratic subproblems (App. E.2):
+  the Hessian is constant, so it is built and decomposed once (Cholesky on the server, eigendecomposition on
+  the clients, whose rounds need both ``H^{-1} r`` and ``H w``) and every solve is exact.
 * :func:`scipy_lbfgsb` -- the reference: SciPy's L-BFGS-B on one party at a time (``gtol = tol``, then the
   inf-norm gradient test is verified; not vmappable).
 * :func:`prox_gradient` -- the server's subproblem when ``h`` is not zero and ``c_0`` exists: proximal
@@ -74,22 +75,32 @@ def newton(fun: Fun, u0: Tensor, tol: Tensor | float, max_iter: int = 20, ls_ste
     return u, _inf(g), steps
 
 
+def quadratic_hessian(fun: Fun, u: Tensor) -> Tensor:
+    """The constant Hessian of a quadratic ``fun``, column by column: ``H e_j = grad fun(e_j) - grad fun(0)``
+    (first-order gradients at d points in one vmapped call: about 4x cheaper than reverse-over-reverse)."""
+    g = grad(fun)
+    eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
+    H = torch.func.vmap(g)(eye) - g(torch.zeros_like(u))
+    return 0.5 * (H + H.mT)   # exactly symmetric (rows and columns agree up to rounding)
+
+
 def quadratic_factor(fun: Fun, u: Tensor) -> Tensor:
     """Cholesky factor ``L`` of the (constant) Hessian of a strongly convex quadratic ``fun``."""
-    return torch.linalg.cholesky(jacrev(grad(fun))(u))
+    return torch.linalg.cholesky(quadratic_hessian(fun, u))
 
 
 def quadratic_eigh(fun: Fun, u: Tensor) -> tuple[Tensor, Tensor]:
     """Eigendecomposition ``(e, V)`` of the (constant, positive definite) Hessian of a quadratic ``fun``."""
-    e, V = torch.linalg.eigh(jacrev(grad(fun))(u))
+    e, V = torch.linalg.eigh(quadratic_hessian(fun, u))
     return e, V
 
 
 def eigh_solve_and_apply(V: Tensor, e: Tensor, rhs: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-    """``(H^{-1} rhs, H w)`` for ``H = V diag(e) V^T``, reading ``V`` twice (one matmul each way)."""
-    a = torch.stack([rhs, w]) @ V                       # [2, d]: V^T rhs, V^T w
-    out = V @ torch.stack([a[0] / e, a[1] * e], -1)     # [d, 2]
-    return out[..., 0], out[..., 1]
+    """``(H^{-1} rhs, H w)`` for ``H = V diag(e) V^T``: two passes over ``V``, both products as row vectors
+    (``[2, d] @ [d, d]``, the memory-bound floor for a dense ``H``: one pass in, one pass out)."""
+    a = torch.stack([rhs, w]) @ V                              # rows: (V^T rhs)^T, (V^T w)^T
+    out = torch.stack([a[0] / e, a[1] * e]) @ V.mT             # rows: (H^{-1} rhs)^T, (H w)^T
+    return out[0], out[1]
 
 
 def quadratic_step(fun: Fun, u: Tensor, L: Tensor, extra_grad: Tensor | None = None) -> tuple[Tensor, Tensor]:
