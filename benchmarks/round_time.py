@@ -3,9 +3,11 @@
 References, written here in plain PyTorch:
   (b) ``plain``:   PFLlib / FL-bench style: per client a deep copy of the model, a DataLoader,
                    a torch.optim.SGD optimizer, then state_dict averaging;
-  (c) ``fastest``: the fastest sequential loop we could write: one reused module, pre-sliced
-                   per-client tensors, precomputed minibatch indices, in-place SGD with no optimizer
-                   object, flat-vector weighted accumulation.
+  (c) ``fastest``: the fastest sequential loop we could write, the faster of two: one reused module,
+                   pre-sliced per-client tensors, precomputed minibatch indices, autograd and in-place SGD with
+                   no optimizer object, flat-vector weighted accumulation; and, for the Linear chains (logreg,
+                   mlp), ``benchmarks/peers/handwritten.py``: hand-written forward/backward passes into
+                   preallocated buffers, no autograd (the line says which one won).
 
 Workloads (all clients take part every round):
   logreg: multinomial logistic regression, 60 features, 10 classes, 200 clients x 100 samples,
@@ -31,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -43,6 +46,9 @@ from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
 from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from handwritten import HandwrittenChain  # noqa: E402
 
 #: the clock of every timing: wall time (default) or, with --clock cpu, this process's CPU time, which a busy
 #: machine disturbs far less (with one thread it is the wall time of an idle machine; with more it sums them)
@@ -173,6 +179,41 @@ def time_fastest(w: dict, data: FederatedData, rounds: int) -> float:
     return statistics.median(times[1:])
 
 
+def time_handwritten(w: dict, data: FederatedData, rounds: int) -> float | None:
+    """(c) for the Linear chains: ``HandwrittenChain`` (no autograd), the same minibatch draws as
+    :func:`time_fastest`; None for other models."""
+    if w["model"] not in ("logreg", "mlp"):
+        return None
+    model = build_model_fn(w["model"], data.input_shape, w["classes"], **MODEL_KW.get(w["model"], {}))()
+    params = list(model.parameters())
+    glob = torch.cat([p.detach().reshape(-1) for p in params]).clone()
+    shards = [(x.reshape(x.shape[0], -1).contiguous(), y.contiguous())
+              for x, y in (data.client_train(i) for i in range(data.num_clients))]
+    net = HandwrittenChain([tuple(p.shape) for p in params], w["batch"] or max(len(y) for _, y in shards))
+    g = torch.Generator().manual_seed(0)
+    tot = sum(len(y) for _, y in shards)
+    times = []
+    for _ in range(rounds + 1):
+        t0 = CLOCK()
+        acc = torch.zeros_like(glob)
+        for x, y in shards:
+            net.P.copy_(glob)
+            n = len(y)
+            bs = w["batch"] or n
+            per_epoch = -(-n // bs)
+            for s in range(local_steps(w, n)):
+                ix = None
+                if bs < n:
+                    if s % per_epoch == 0:
+                        perm = torch.randperm(n, generator=g)
+                    ix = perm[(s % per_epoch) * bs:(s % per_epoch + 1) * bs]
+                net.step(x, y, ix, w["lr"])
+            acc.add_(net.P, alpha=n / tot)
+        glob = acc
+        times.append(CLOCK() - t0)
+    return statistics.median(times[1:])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
@@ -202,19 +243,23 @@ def main(argv=None) -> int:
         w = WORKLOADS[name]
         data = make_data(w)
         exs = args.executor.split(",")
-        fss, pl, fa = [(float("inf"), "")] * len(exs), float("inf"), float("inf")
+        fss, pl, fa, fh = [(float("inf"), "")] * len(exs), float("inf"), float("inf"), float("inf")
         for _ in range(args.repeats):   # interleaved: a load that changes over the run hits every method alike
             fss = [min(old, time_fedsolve(w, data, args.rounds, e)) for old, e in zip(fss, exs)]
             os.environ["FEDSOLVE_NATIVE"] = "0"   # the references are plain PyTorch: no compiled kernel in the model
             torch.set_num_threads(ref_threads)
             pl = None if args.skip_plain else min(pl, time_plain(w, data, args.rounds))
             fa = min(fa, time_fastest(w, data, args.rounds))
+            hw = time_handwritten(w, data, args.rounds)
+            fh = fh if hw is None else min(fh, hw)
             torch.set_num_threads(args.threads)
             os.environ.pop("FEDSOLVE_NATIVE")
+        fast_kind = "handwritten" if fh < fa else "autograd"
+        fa = min(fa, fh)
         for j, (fs, ex) in enumerate(fss):
             tag = name if j == 0 else f"{name}:{exs[j]}"
             pls = "" if pl is None else f"  plain {pl * 1000:.1f} ms"
-            print(f"{tag}: fedsolve[{ex}] {fs * 1000:.1f} ms{pls}  fastest {fa * 1000:.1f} ms")
+            print(f"{tag}: fedsolve[{ex}] {fs * 1000:.1f} ms{pls}  fastest {fa * 1000:.1f} ms ({fast_kind})")
             if pl is not None:
                 print(f"ratio {tag} plain {pl / fs:.2f}")
             print(f"ratio {tag} fastest {fa / fs:.2f}")

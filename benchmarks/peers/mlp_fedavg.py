@@ -11,9 +11,10 @@ Contenders:
              of ``--threads``;
   plain      a PFLlib-style loop: client objects holding a deep copy of the model, a torch.optim.SGD and a
              DataLoader, a server that deep-copies and averages the uploaded models (1 torch thread);
-  fastest    the fastest sequential loop we could write: one preallocated flat parameter vector and gradient
-             buffer, hand-written forward/backward passes (``addmm``/``mm`` into preallocated outputs, no
-             autograd, no DataLoader, no optimizer object), one fused update per step; at each of ``--threads``;
+  fastest    the fastest sequential loop we could write (``handwritten.py``): one preallocated flat parameter
+             vector and gradient buffer, hand-written forward/backward passes (``addmm``/``mm`` into preallocated
+             outputs, no autograd, no DataLoader, no optimizer object), one fused update per step; at each of
+             ``--threads``;
   flower     Flower's simulation engine (Ray), best of two resource settings (1 CPU per ClientApp: two at once;
              2 CPUs per ClientApp: one at a time with two threads);
   pfl        Apple's pfl-research simulator (FederatedAveraging, SimulatedBackend), best of 1 and 2 threads.
@@ -41,7 +42,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import platform
 import statistics
@@ -60,6 +60,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Exchange  # noqa: E402
+from handwritten import HandwrittenChain  # noqa: E402
 
 from fedsolve.algorithms import get_algorithm  # noqa: E402
 from fedsolve.core.executor import build_plans  # noqa: E402
@@ -74,6 +75,7 @@ ROOT = HERE.parents[1]
 PEERS_PY = HERE / ".venv" / "bin" / "python"
 HIDDEN = [200, 200]
 LR, BATCH, SEED = 0.05, 50, 0
+LOSS_TOL = 1e-4   # same data, weights and minibatches: the round losses differ by float rounding only
 
 
 def flop_per_sample(d_in: int = 784, hidden=HIDDEN, classes: int = 10) -> int:
@@ -209,58 +211,24 @@ def run_plain(ex: Exchange, threads: int = 1) -> dict:
 
 # ------------------------------------------------------------------ (c) fastest sequential loop
 def run_fastest(ex: Exchange, threads: int) -> dict:
-    """One client after another; hand-written passes into preallocated buffers (see the module docstring)."""
+    """One client after another with ``handwritten.HandwrittenChain`` (preallocated, no autograd)."""
     torch.set_num_threads(threads)
-    shapes = [tuple(w.shape) for w in ex.w0]
-    sizes = [w.numel() for w in ex.w0]
     glob = torch.cat([w.reshape(-1) for w in ex.w0])
-    P, G = torch.empty_like(glob), torch.empty_like(glob)
-    Ws = [v.view(s) for v, s in zip(P.split(sizes), shapes)]
-    Gs = [v.view(s) for v, s in zip(G.split(sizes), shapes)]
-    n_lin = len(Ws) // 2
-    B, lr = ex.batch, ex.lr
+    net = HandwrittenChain([tuple(w.shape) for w in ex.w0], ex.batch)
     xs = [ex.client(i) for i in range(ex.m)]
     tot = sum(len(y) for _, y in xs)
-    xb = torch.empty(B, ex.x.shape[1])
-    acts = [torch.empty(B, Ws[2 * k].shape[0]) for k in range(n_lin)]
-    errs = [torch.empty(B, Ws[2 * k].shape[0]) for k in range(n_lin)]
     times, losses, steps = [], [], []
     for r in range(ex.perms.shape[0]):
         t0 = time.perf_counter()
         acc = torch.zeros_like(glob)
         lsum, st = torch.zeros((), dtype=torch.float64), 0
         for i, (x, y) in enumerate(xs):
-            P.copy_(glob)
+            net.P.copy_(glob)
             order = torch.from_numpy(ex.order(r, i).astype(np.int64))
-            for b0 in range(0, len(y), B):
-                ix = order[b0:b0 + B]
-                b = len(ix)
-                xin = torch.index_select(x, 0, ix, out=xb[:b])
-                yb = y[ix]
-                h = xin
-                for k in range(n_lin):                       # forward
-                    torch.addmm(Ws[2 * k + 1], h, Ws[2 * k].t(), out=acts[k][:b])
-                    h = acts[k][:b]
-                    if k < n_lin - 1:
-                        h.relu_()
-                lp = torch.log_softmax(h, 1)
-                lsum += -lp.gather(1, yb[:, None]).mean()
-                e = errs[-1][:b]
-                torch.exp(lp, out=e)
-                e[torch.arange(b), yb] -= 1.0
-                e.div_(b)
-                for k in range(n_lin - 1, -1, -1):           # backward
-                    inp = acts[k - 1][:b] if k else xin
-                    torch.mm(e.t(), inp, out=Gs[2 * k])
-                    torch.sum(e, 0, out=Gs[2 * k + 1])
-                    if k:
-                        prev = errs[k - 1][:b]
-                        torch.mm(e, Ws[2 * k], out=prev)
-                        prev.mul_(inp > 0)
-                        e = prev
-                P.add_(G, alpha=-lr)
+            for b0 in range(0, len(y), ex.batch):
+                lsum += net.step(x, y, order[b0:b0 + ex.batch], ex.lr)
                 st += 1
-            acc.add_(P, alpha=len(y) / tot)
+            acc.add_(net.P, alpha=len(y) / tot)
         glob = acc
         times.append(time.perf_counter() - t0)
         losses.append(float(lsum) / st)
@@ -401,7 +369,9 @@ def main(argv=None) -> int:
                     "config": res.get("config", ""), "version": res.get("version")}
         print(f"{k:<22} {s:8.3f} {gflop / s:8.1f} {res['steps'][0]:6d} {dl:10.2e} {dw:9.2e}  {res.get('config', '')}")
         if res["steps"] != ref["steps"]:
-            print(f"  !! {k} did {res['steps']} SGD steps per round, fedsolve {ref['steps']}")
+            print(f"  CHECK FAILED: {k} did {res['steps']} SGD steps per round, fedsolve {ref['steps']}")
+        if not dl < LOSS_TOL:
+            print(f"  CHECK FAILED: {k}'s round losses differ from fedsolve's by {dl:.2e} (tolerance {LOSS_TOL})")
     peak_name, peak = max(rates.items(), key=lambda kv: kv[1])
     print("\nmatrix-multiply rates (GFLOP/s, best of 5):")
     for k, v in rates.items():
