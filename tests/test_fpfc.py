@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
+import fedsolve.algorithms.fpfc.pairs as pairs_module
 from fedsolve.algorithms.fpfc import FPFC, FPFCL1, paper_cost, prox, prox_scale, scad, smoothed_scad
 from fedsolve.analysis.fpfc_oracle import augmented_lagrangian, oracle_models
 from fedsolve.core.linear import LinearGDExecutor
@@ -139,6 +140,36 @@ def test_sparse_equals_dense_layout():
     algo, sim, _ = run(prob, dict(lam=0.6, pair_layout="sparse"), rounds=1, fast=True)
     m, k = 100, 30
     assert sim.server["pair_key"].numel() == k * (m - k) + k * (k - 1) // 2
+
+
+def test_sparse_pair_update_in_pieces_equals_one_piece(monkeypatch):
+    """The sparse store updates the touched pairs in pieces of ``CHUNK_FLOATS``: the same pairs, scales and
+    row sums as one piece (float64: only the order of the sums into R differs), and a piece never holds more
+    than its share of the round's pairs."""
+    from fedsolve.algorithms.fpfc.pairs import SparsePairs
+
+    m, df = 40, 6
+    algo = FPFC(dict(lam=0.3, dtype="float64"), s1_small())
+    prox_fn = algo.prox_fn
+    outs, widest = {}, {}
+    for piece in (2**30, 7 * df):   # one piece; 7 pairs a piece
+        monkeypatch.setattr(SparsePairs, "CHUNK_FLOATS", piece)
+        seen = []
+        real_step = pairs_module.pair_step
+        monkeypatch.setattr(pairs_module, "pair_step", lambda *a: (seen.append(a[0].shape[0]), real_step(*a))[1])
+        st = {**SparsePairs.init(m, df, torch.float64), "R": torch.zeros(m, df, dtype=torch.float64)}
+        gg = torch.Generator().manual_seed(1)
+        for r in range(4):
+            W = torch.randn(m, df, generator=gg, dtype=torch.float64)
+            ids = torch.randperm(m, generator=gg)[:9]
+            SparsePairs.update(st, W, ids, prox_fn)
+        outs[piece], widest[piece] = st, max(seen)
+        monkeypatch.setattr(pairs_module, "pair_step", real_step)
+    a, b = outs[2**30], outs[7 * df]
+    assert torch.equal(a["pair_key"], b["pair_key"]) and widest[7 * df] == 7 and widest[2**30] > 300
+    for k in ("delta", "scale", "R"):
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-12)
+    assert (a["scale"] != 0).any()
 
 
 def test_row_sums_match_recomputation_and_antisymmetry():

@@ -150,19 +150,28 @@ class SparsePairs:
             st["scale"] = torch.cat([st["scale"], st["scale"].new_zeros(n_new)])
         return slot
 
+    #: touched pairs updated per piece, in floats of delta (64 MB in float32): the pair work's memory is one
+    #: piece, whatever the number of pairs a round touches (up to m(m-1)/2 when every device takes part)
+    CHUNK_FLOATS = 2**24
+
     @staticmethod
     def update(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn, kernel: str = "auto") -> None:
-        """In place, tensor operations only (``kernel`` is accepted for the common interface)."""
+        """In place, tensor operations only (``kernel`` is accepted for the common interface), the touched
+        pairs in pieces of ``CHUNK_FLOATS`` (each pair is touched once per update, so the pieces are
+        independent; only the order of the sums into ``R`` changes)."""
         m = Wf.shape[0]
         p, q = _touched_pairs(ids, m)
         slot = SparsePairs.slots(st, p * m + q)
-        D_old, S_old = st["delta"][slot], st["scale"][slot]
-        D_new, S_new = pair_step(Wf[p], Wf[q], D_old, S_old, prox_fn)
-        E = (2 * S_new - 1).unsqueeze(-1) * D_new - (2 * S_old - 1).unsqueeze(-1) * D_old
-        st["R"].index_add_(0, p, E)
-        st["R"].index_add_(0, q, E.neg())
-        st["delta"][slot] = D_new
-        st["scale"][slot] = S_new
+        step = max(1, SparsePairs.CHUNK_FLOATS // max(1, Wf.shape[1]))
+        for a in range(0, p.numel(), step):
+            pp, qq, ss = p[a:a + step], q[a:a + step], slot[a:a + step]
+            D_old, S_old = st["delta"][ss], st["scale"][ss]
+            D_new, S_new = pair_step(Wf[pp], Wf[qq], D_old, S_old, prox_fn)
+            E = (2 * S_new - 1).unsqueeze(-1) * D_new - (2 * S_old - 1).unsqueeze(-1) * D_old
+            st["R"].index_add_(0, pp, E)
+            st["R"].index_add_(0, qq, E.neg())
+            st["delta"][ss] = D_new
+            st["scale"][ss] = S_new
 
     @staticmethod
     def norms(st: dict[str, Tensor], m: int) -> Tensor:
