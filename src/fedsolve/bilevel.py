@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad, grad_and_value
 
+from fedsolve.core.batched_mlp import mlp_layers
 from fedsolve.problems import FederatedProblem
 
 #: ``reg(params) -> scalar``: a regulariser of the model's parameters (``{name: tensor}``, both blocks)
@@ -251,8 +252,6 @@ class MLPHeadOracles(BilevelOracles):
     @staticmethod
     def why_not(problem: FederatedProblem, spec: BilevelSpec) -> str | None:
         """Why the closed forms do not apply to this problem (None: they do)."""
-        from fedsolve.core.batched_mlp import mlp_layers
-
         try:
             layers = mlp_layers(problem)
         except ValueError as e:
@@ -273,8 +272,6 @@ class MLPHeadOracles(BilevelOracles):
 
     def __init__(self, problem: FederatedProblem, spec: BilevelSpec | None = None):
         super().__init__(problem, spec)
-        from fedsolve.core.batched_mlp import mlp_layers
-
         why = self.why_not(problem, self.spec)
         if why is not None:
             raise ValueError(f"oracles: 'mlp' needs an MLP hyper-representation problem; {why}")
