@@ -227,3 +227,47 @@ def test_checkpoints_store_the_touched_rows_and_resume_exactly(tmp_path):
 
     with pytest.raises(ResumeError, match="client state 'c_i'"):
         sim(4, tmp_path / "b").run(resume=True)
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fedapm"])
+@pytest.mark.parametrize("saved_mb,resumed_mb", [(None, None), (0.001, 0.001), (0.001, None)])
+def test_checkpoint_writes_the_stored_rows_and_resume_restores_them_sparse(name, saved_mb, resumed_mb, tmp_path):
+    """A checkpoint written with lazy rows, in memory or spilled to a memory-mapped file, holds exactly the stored
+    rows (its tensors' storage is those rows, not the column's capacity); a resumed run restores them as stored
+    rows (not [m, ...]), in spill files when over its budget, and gives the uninterrupted run's numbers."""
+    m = 200
+    problem = make_problem("mlp", m=m, n_range=(8, 12))
+    if name == "fedapm":
+        from fedsolve.problems import FederatedProblem
+
+        problem = FederatedProblem(problem.data, problem.model_fn, blocks={"personal": ["out.*"]})
+    params = {"lr": 0.1, "batch_size": 4, **({"log_stationarity": False} if name == "fedapm" else {})}
+
+    def sim(rounds, out=None, mb=None):
+        algo = get_algorithm(name)(dict(params), problem)
+        cfg = SimulationConfig(rounds=rounds, eval_every=2, executor="vectorized", metrics=[], device="cpu",
+                               sampling={"clients_per_round": 5}, state_memory_mb=mb)
+        return Simulation(problem, algo, cfg, seed=0, out_dir=out)
+
+    full = sim(4, mb=saved_mb).run()
+    first = sim(2, tmp_path / "a", mb=saved_mb)
+    first.run()
+    assert (first.clients.disk_bytes() > 0) == (saved_mb is not None)
+    ck = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    stored = 0
+    for key, col in ck["clients"]["columns"].items():
+        rows = col["rows"]
+        assert rows.shape[0] == int((col["slot"] >= 0).sum()) <= 10, key   # 2 rounds x 5 clients, not 200 rows
+        assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size(), key
+        stored += rows.shape[0]
+    assert stored > 0
+    resumed_sim = sim(4, tmp_path / "a", mb=resumed_mb)
+    resumed = resumed_sim.run(resume=True)
+    assert json.dumps(full.history) == json.dumps(resumed.history)
+    for k in full.server:
+        assert torch.equal(full.server[k], resumed.server[k]), k
+    for k in full.clients.keys():
+        assert torch.equal(full.clients[k], resumed.clients[k]), k
+        assert torch.equal(full.clients.touched(k), resumed.clients.touched(k)), k   # sparse, not m rows
+        assert resumed.clients.touched(k).numel() <= 20
+    assert (resumed.clients.disk_bytes() > 0) == (resumed_mb is not None)

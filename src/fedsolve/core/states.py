@@ -58,6 +58,10 @@ class _Spill:
         self.map = mmap.mmap(self.fd, nbytes)
         return torch.frombuffer(self.map, dtype=row.dtype, count=capacity * row.numel()).view(capacity, *row.shape)
 
+    def head(self, n: int, row: Tensor) -> Tensor:
+        """The first ``n`` rows as a tensor whose storage is those rows only (what a checkpoint writes)."""
+        return torch.frombuffer(self.map, dtype=row.dtype, count=n * row.numel()).view(n, *row.shape)
+
     def release(self) -> None:
         if self.map is not None and hasattr(mmap, "MADV_DONTNEED"):
             self.map.madvise(mmap.MADV_DONTNEED)
@@ -311,28 +315,43 @@ class ClientStates:
         """What a checkpoint stores: per column its default row, the clients' slots and the stored rows only (a
         dense column as is), so saving costs the touched clients' rows, not ``[m, ...]``."""
         cols = {k: {"dense": col.rows} if col.identity else
-                {"default": col.default, "slot": col.slot, "rows": col.rows[:col.n]}
+                {"default": col.default, "slot": col.slot, "rows": self._stored(col)}
                 for k, col in self._cols.items()}
         return {"format": self.COMPACT, "num_clients": self.num_clients, "columns": cols}
 
+    @staticmethod
+    def _stored(col: _Column) -> Tensor:
+        """The ``n`` stored rows as a tensor whose storage holds them only (a slice of the ``capacity`` rows
+        would write the whole storage): the rows themselves when full, a view of the spill file's head, or
+        an in-memory copy."""
+        if col.rows.shape[0] == col.n:
+            return col.rows
+        if col.spill is not None and col.n and col.row_bytes():
+            return col.spill.head(col.n, col.default)
+        return col.rows[:col.n].clone()
+
     @classmethod
-    def load(cls, d: Mapping | None, num_clients: int) -> "ClientStates":
-        """States from a checkpoint's entry: :meth:`compact_state_dict` or (older checkpoints) :meth:`state_dict`."""
+    def load(cls, d: Mapping | None, num_clients: int, *, budget_bytes: int | None = None,
+             spill_dir: str | os.PathLike | None = None) -> "ClientStates":
+        """States from a checkpoint's entry: :meth:`compact_state_dict` (the stored rows come back as stored
+        rows, into spill files when over ``budget_bytes``) or (older checkpoints) :meth:`state_dict`."""
         if not d:
-            return cls(num_clients)
+            return cls(num_clients, budget_bytes=budget_bytes, spill_dir=spill_dir)
         if d.get("format") != cls.COMPACT:
-            return cls.from_state_dict(d)
-        out = cls(int(d["num_clients"]))
+            out = cls.from_state_dict(d)
+            out.set_budget(budget_bytes, spill_dir)
+            return out
+        out = cls(int(d["num_clients"]), budget_bytes=budget_bytes, spill_dir=spill_dir)
         for k, c in d["columns"].items():
             if "dense" in c:
                 out._cols[k] = _Column.dense(c["dense"])
                 continue
-            col = _Column(c["default"], out.num_clients)
+            col = _Column(c["default"].clone(), out.num_clients)
             col.slot = c["slot"].to("cpu", torch.long).clone()
             n = int(c["rows"].shape[0])
             out._cols[k] = col
             out._resize(col, max(n, 1))
-            col.rows[:n] = c["rows"].to(col.rows.device)
+            out._copy_rows(col, col.rows, c["rows"], n)
             col.n = n
         return out
 

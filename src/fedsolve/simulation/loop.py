@@ -225,11 +225,18 @@ class Simulation:
         self._state_budget()
         self.use_executor(cfg.executor)
 
+    def _budget_and_folder(self) -> tuple[int | None, Path | None]:
+        """``cfg.state_memory_mb`` in bytes and the spill files' folder (beside the checkpoint, else None: a temp
+        folder)."""
+        if self.cfg.state_memory_mb is None:
+            return None, None
+        return int(self.cfg.state_memory_mb * 2**20), None if self.out_dir is None else self.out_dir / "client_states"
+
     def _state_budget(self) -> None:
         """``cfg.state_memory_mb`` on the client states (spill files beside the checkpoint, else in a temp folder)."""
-        if self.cfg.state_memory_mb is not None:
-            where = None if self.out_dir is None else self.out_dir / "client_states"
-            self.clients.set_budget(int(self.cfg.state_memory_mb * 2**20), where)
+        budget, where = self._budget_and_folder()
+        if budget is not None:
+            self.clients.set_budget(budget, where)
 
     def on_device(self) -> contextlib.AbstractContextManager:
         """A context in which new tensors are created on the run's device (``torch.device``; a no-op on the
@@ -259,7 +266,9 @@ class Simulation:
         if path is None or not path.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {path}")
         try:
-            ck = torch.load(path, weights_only=False, map_location=self.device)   # a GPU run resumes anywhere
+            # a GPU run resumes anywhere; on the CPU the file is mapped, not read into memory (the stored rows go
+            # from it to their place, a spill file over the memory budget)
+            ck = torch.load(path, weights_only=False, map_location=self.device, mmap=self.device.type == "cpu")
             if not isinstance(ck, dict) or not {"round", "seed", "algorithm", "server", "clients"} <= set(ck):
                 raise ValueError("not a fedsolve checkpoint")
         except Exception as e:   # truncated, garbage or foreign: torch raises many types
@@ -268,8 +277,9 @@ class Simulation:
         self._check_checkpoint(ck, path)
         self.start_round = ck["round"]
         self.server = ck["server"]
-        self.clients = ClientStates.load(ck["clients"], self.problem.num_clients)   # the stored rows only
-        self._state_budget()
+        budget, where = self._budget_and_folder()
+        self.clients = ClientStates.load(ck["clients"], self.problem.num_clients, budget_bytes=budget,
+                                         spill_dir=where)   # the stored rows only, over the budget in spill files
         self.ledger = CommLedger.from_state_dict(ck["ledger"])
         self.history = ck["history"]
         self.round_times = ck["round_times"]
@@ -292,8 +302,12 @@ class Simulation:
                                 ("client state", ClientStates.shapes(self.clients),
                                  ClientStates.shapes(ck["clients"]))):
             for k in sorted(set(new) & set(old)):
-                if not isinstance(old[k], torch.Tensor) or tuple(old[k].shape) != tuple(new[k].shape) \
-                        or old[k].dtype != new[k].dtype:
+                if not isinstance(new[k], torch.Tensor):
+                    continue
+                # a server pool that starts empty and grows (FPFC's sparse pairs) may have any leading size
+                lead = 1 if where == "server" and new[k].dim() and new[k].shape[0] == 0 else 0
+                if not isinstance(old[k], torch.Tensor) or tuple(old[k].shape)[lead:] != tuple(new[k].shape)[lead:] \
+                        or old[k].dim() != new[k].dim() or old[k].dtype != new[k].dtype:
                     got = (tuple(old[k].shape), old[k].dtype) if isinstance(old[k], torch.Tensor) else type(old[k])
                     diff.append(f"{where} {k!r} {got} (this run: {(tuple(new[k].shape), new[k].dtype)})")
         if diff:

@@ -146,8 +146,10 @@ class SparsePairs:
         if n_new:
             slot[new] = torch.arange(P, P + n_new)
             st["pair_key"] = torch.cat([pool, keys[new]])
-            st["delta"] = torch.cat([st["delta"], st["delta"].new_zeros(n_new, st["delta"].shape[1])])
-            st["scale"] = torch.cat([st["scale"], st["scale"].new_zeros(n_new)])
+            for k in ("delta", "scale"):   # one new tensor (not zeros then a concatenation: half the peak)
+                grown = st[k].new_zeros((P + n_new, *st[k].shape[1:]))
+                grown[:P] = st[k]
+                st[k] = grown
         return slot
 
     #: touched pairs updated per piece, in floats of delta (64 MB in float32): the pair work's memory is one
