@@ -116,7 +116,7 @@ def test_resume_rejects_a_checkpoint_of_another_run_or_a_broken_one(tmp_path, ca
         assert "unreadable" in err and "--overwrite" in err and "Traceback" not in err, err
 
 
-def _sigint_after(cmd: list[str], ready, tmp_path) -> tuple[int, str, float]:
+def _sigint_after(cmd: list[str], ready, tmp_path, sig=signal.SIGINT) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # a user's Ctrl-C reaches a foreground process whose SIGINT is not ignored; code that ran earlier in this
     # pytest process (in-process Flower apps set SIG_IGN) may leave SIGINT ignored, and children inherit that
@@ -128,7 +128,7 @@ def _sigint_after(cmd: list[str], ready, tmp_path) -> tuple[int, str, float]:
     assert proc.poll() is None, proc.communicate()
     time.sleep(0.5)
     t0 = time.perf_counter()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     return proc.returncode, err, time.perf_counter() - t0
 
@@ -161,6 +161,36 @@ def test_ctrl_c_stops_compare_jobs_2_at_once(tmp_path):
     assert "continue with --resume" in err and dt < 2.5, (dt, err)
     stamps = {f: f.stat().st_mtime_ns for f in metrics()}
     time.sleep(1.5)                                      # the workers are gone: nothing is written any more
+    assert {f: f.stat().st_mtime_ns for f in metrics()} == stamps
+
+
+@pytest.mark.slow
+@pytest.mark.isolated
+def test_sigterm_stops_compare_jobs_2_like_ctrl_c(tmp_path):
+    p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "seeds=[0,1]", "model.name=mlp")
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "fedsolve.cli", "compare", p, "--jobs", "2", "--out", str(out), "--quiet"]
+    metrics = lambda: list(out.glob("*/seed*/metrics.jsonl"))
+    rc, err, dt = _sigint_after(cmd, lambda: len(metrics()) >= 2, tmp_path, sig=signal.SIGTERM)
+    assert rc == 130 and "Traceback" not in err and "continue with --resume" in err and dt < 2.5, (rc, dt, err)
+    stamps = {f: f.stat().st_mtime_ns for f in metrics()}
+    time.sleep(1.5)
+    assert {f: f.stat().st_mtime_ns for f in metrics()} == stamps
+
+
+@pytest.mark.slow
+@pytest.mark.isolated
+def test_workers_of_a_killed_compare_stop_by_themselves(tmp_path):
+    """SIGKILL leaves the parent no chance to stop its workers: they notice the parent is gone and end."""
+    p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "seeds=[0,1]", "model.name=mlp")
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "fedsolve.cli", "compare", p, "--jobs", "2", "--out", str(out), "--quiet"]
+    metrics = lambda: list(out.glob("*/seed*/metrics.jsonl"))
+    rc, _, _ = _sigint_after(cmd, lambda: len(metrics()) >= 2, tmp_path, sig=signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    time.sleep(2.0)                                      # the watch polls every 0.5 s
+    stamps = {f: f.stat().st_mtime_ns for f in metrics()}
+    time.sleep(2.0)
     assert {f: f.stat().st_mtime_ns for f in metrics()} == stamps
 
 

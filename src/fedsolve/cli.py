@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -245,6 +246,8 @@ def _import_plugin(mod: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch loads (see the module docstring)
     args = build_parser().parse_args(argv)
+    if argv is None:   # the fedsolve program: a SIGTERM (kill, a batch system's stop) ends it as Ctrl-C does
+        signal.signal(signal.SIGTERM, _sigterm)
     from fedsolve.experiments.config import ConfigError
     from fedsolve.simulation.loop import DivergenceError, ResumeError, RunInterrupted
 
@@ -272,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted("interrupted; finished runs and the last checkpoints are kept; continue with --resume",
                             fast=argv is None)
+
+
+def _sigterm(signum, frame) -> None:
+    """SIGTERM as Ctrl-C: the running round stops, worker processes are stopped, the last checkpoint stays."""
+    raise KeyboardInterrupt
 
 
 def _interrupted(message: str, fast: bool) -> int:

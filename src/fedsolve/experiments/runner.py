@@ -580,10 +580,20 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
 
 def _ignore_sigint() -> None:
     """Worker initializer: Ctrl-C is the parent's to handle (it stops the workers), so no worker prints a
-    traceback of its own."""
+    traceback of its own; and a worker whose parent is gone (killed with SIGKILL, so it could not stop its
+    workers) ends within a second instead of computing on for nobody (its last checkpoint stays)."""
     import signal
+    import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fedsolve-parent-watch", daemon=True).start()
 
 
 def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bool, finished,
