@@ -76,12 +76,9 @@ def newton(fun: Fun, u0: Tensor, tol: Tensor | float, max_iter: int = 20, ls_ste
 
 
 def quadratic_hessian(fun: Fun, u: Tensor) -> Tensor:
-    """The constant Hessian of a quadratic ``fun``, column by column: ``H e_j = grad fun(e_j) - grad fun(0)``
-    (first-order gradients at d points in one vmapped call: about 4x cheaper than reverse-over-reverse)."""
-    g = grad(fun)
-    eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
-    H = torch.func.vmap(g)(eye) - g(torch.zeros_like(u))
-    return 0.5 * (H + H.mT)   # exactly symmetric (rows and columns agree up to rounding)
+    """The (constant) Hessian of a quadratic ``fun`` (reverse-over-reverse; building it column by column from
+    first-order gradients measured the same CPU time at d = 500)."""
+    return jacrev(grad(fun))(u)
 
 
 def quadratic_factor(fun: Fun, u: Tensor) -> Tensor:
