@@ -14,6 +14,10 @@ over 1,000 clients at 100%: the same 1,000 participants; the issue's target is <
 JSON and draws the plot (``--out-dir``).
 
 Usage: python benchmarks/scale_clients.py [--out-dir results/scale] [--sizes 10,100,1000,10000] [--rounds 3]
+       [--full [--samples N]] [--budget-mb MB] [--chunk-size K]
+
+``--fpfc M,K``: FPFC alone with M devices, K a round (sparse pair store, an MLP 784-200-10 whose last layer is
+fused), its round times, stored pairs and peak memory as ``scale_fpfc_<M>.json``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ SMALL = dict(in_dim=64, hidden=(32,), classes=10, n=20, batch=10, epochs=1, lr=0
 FULL = dict(in_dim=784, hidden=(200, 200), classes=10, n=600, batch=50, epochs=1, lr=0.05)
 
 
-def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, budget_mb: float | None) -> dict:
+def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, budget_mb: float | None,
+        chunk: int = 1024) -> dict:
     """One configuration, in this process: its figures as a dict."""
     import torch
 
@@ -61,7 +66,7 @@ def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, bu
         params.update(log_stationarity=False, log_other_eval=False)
     alg = get_algorithm(algo)(params, problem)
     cfg = SimulationConfig(rounds=rounds + 1, executor="vectorized", sampling={"clients_per_round": per_round},
-                           metrics=[], device=device, state_memory_mb=budget_mb, chunk_size=1024)
+                           metrics=[], device=device, state_memory_mb=budget_mb, chunk_size=chunk)
     sim = Simulation(problem, alg, cfg, seed=0)
     sync = torch.cuda.synchronize if sim.device.type == "cuda" else (lambda: None)
     times = []
@@ -87,11 +92,57 @@ def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, bu
     }
 
 
+def fpfc_one(m: int, per_round: int, rounds: int, n: int, chunk: int, fused: str) -> dict:
+    """FPFC with ``m`` devices on MNIST-shaped data (an MLP 784-200-10; ``fused``: ``out`` fuses its last layer,
+    d_f = 2,010, the rest averaged; ``all`` fuses the whole model), sparse pair store: figures as a dict."""
+    import torch
+
+    from fedsolve.algorithms import get_algorithm
+    from fedsolve.data.federated import FederatedData
+    from fedsolve.models import build_model_fn
+    from fedsolve.problems import FederatedProblem
+    from fedsolve.simulation import Simulation, SimulationConfig
+
+    torch.set_num_threads(int(os.environ.get("SCALE_THREADS", "1")))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m * n, 784, generator=g)
+    y = (x @ torch.randn(784, 10, generator=g)).argmax(1)
+    data = FederatedData(x, y, torch.arange(0, m * n + 1, n), x[:m], y[:m], torch.arange(0, m + 1), num_classes=10,
+                         name="scale")
+    blocks = {"fused": ["out.*"]} if fused == "out" else {}
+    problem = FederatedProblem(data, build_model_fn("mlp", (784,), 10, hidden=(200,)), blocks=blocks)
+    alg = get_algorithm("fpfc")({"lr": 0.05, "local_epochs": 1.0, "batch_size": 50, "pair_layout": "sparse"},
+                                problem)
+    cfg = SimulationConfig(rounds=rounds, executor="vectorized", sampling={"clients_per_round": per_round},
+                           metrics=[], device="cpu", chunk_size=chunk)
+    sim = Simulation(problem, alg, cfg, seed=0)
+    times, pairs = [], []
+    for t in range(rounds):
+        t0 = time.perf_counter()
+        sim.run_round(t)
+        times.append(time.perf_counter() - t0)
+        pairs.append(int(sim.server["pair_key"].numel()))
+    t0 = time.perf_counter()
+    labels = alg.cluster_labels(sim.server)
+    readout_s = time.perf_counter() - t0
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    pool = sum(sim.server[k].numel() * sim.server[k].element_size() for k in ("pair_key", "delta", "scale"))
+    return {"algorithm": "fpfc", "clients": m, "per_round": per_round, "dim": problem.layout.dim, "d_f": alg.df,
+            "round_s": times, "pairs_stored": pairs, "all_pairs": m * (m - 1) // 2, "pair_store_mb": pool / 2**20,
+            "peak_rss_mb": peak_rss, "clusters": int(labels.max() + 1), "readout_s": readout_s,
+            "server_mb": sum(v.numel() * v.element_size() for v in sim.server.values()
+                             if isinstance(v, torch.Tensor)) / 2**20}
+
+
 def run_child(algo: str, m: int, per_round: int, args) -> dict:
     cmd = [sys.executable, __file__, "--one", f"{algo},{m},{per_round}", "--rounds", str(args.rounds),
            "--device", args.device] + (["--full"] if args.full else []) + \
-        (["--budget-mb", str(args.budget_mb)] if args.budget_mb else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        (["--budget-mb", str(args.budget_mb)] if args.budget_mb else []) + \
+        (["--samples", str(args.samples)] if args.samples else []) + ["--chunk-size", str(args.chunk_size)]
+    env = dict(os.environ)
+    if args.malloc_mmap:   # blocks over 1 MB from mmap, back to the system when freed (glibc): a round's freed
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))   # buffers leave the process; slower (page faults)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{algo} m={m}: {out.stderr.strip()[-600:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -139,17 +190,35 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--full", action="store_true", help="the MNIST MLP workload (see the module docstring)")
     ap.add_argument("--budget-mb", type=float, default=None, help="simulation.state_memory_mb of every run")
+    ap.add_argument("--chunk-size", type=int, default=1024, help="simulation.chunk_size: clients per vectorized "
+                                                                    "call (bounds the round's working memory)")
+    ap.add_argument("--malloc-mmap", action="store_true",
+                    help="MALLOC_MMAP_THRESHOLD_=1048576 in every run (lower peak memory, slower rounds)")
+    ap.add_argument("--samples", type=int, default=None, help="samples per client (default: the workload's)")
+    ap.add_argument("--fpfc", default=None, metavar="M,K",
+                    help="FPFC alone: M devices, K per round (sparse pairs; see fpfc_one), --rounds rounds")
+    ap.add_argument("--fpfc-fused", default="out", choices=("out", "all"))
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    w = FULL if args.full else SMALL
+    w = dict(FULL if args.full else SMALL)
+    if args.samples:
+        w["n"] = args.samples
+    if args.fpfc:
+        m, k = (int(v) for v in args.fpfc.split(","))
+        r = fpfc_one(m, k, args.rounds, args.samples or 20, args.chunk_size, args.fpfc_fused)
+        print(json.dumps(r))
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"scale_fpfc_{m}.json").write_text(json.dumps(r, indent=2))
+        return 0
     if args.one:
         algo, m, k = args.one.split(",")
-        print(json.dumps(one(algo, int(m), int(k), args.rounds, w, args.device, args.budget_mb)))
+        print(json.dumps(one(algo, int(m), int(k), args.rounds, w, args.device, args.budget_mb, args.chunk_size)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     algos = args.algorithms.split(",")
-    size_note = "MNIST MLP 784-200-200-10, 600 samples/client" if args.full else \
-        "reduced: MLP 64-32-10 (2,410 parameters), 20 samples/client, 1 epoch of batch 10"
+    size_note = f"MNIST MLP 784-200-200-10, {w['n']} samples/client, 1 epoch of batch {w['batch']}" if args.full \
+        else f"reduced: MLP 64-32-10 (2,410 parameters), {w['n']} samples/client, 1 epoch of batch {w['batch']}"
     print(f"{size_note}; 10% participation; median of {args.rounds} rounds after 1 warm-up; device {args.device}",
           flush=True)
     rows = []
