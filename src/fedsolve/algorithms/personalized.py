@@ -169,8 +169,8 @@ class PartialAlgorithm(Algorithm):
         v0, u0 = self.split(x0)
         m = self.num_clients
         server = {"u": u0.clone()}
-        if self.over_all:   # S = sum_i w_i z_i over all m clients, with z_i^0 = u^0
-            server["zsum"] = self._all_weights(None, u0).sum() * u0
+        if self.over_all:   # S = sum_i w_i z_i over all m clients, with z_i^0 = u^0 (float64: no drift over rounds)
+            server["zsum"] = self._all_weights(None, u0).double().sum() * u0.double()
         return server, ClientStates(m, defaults={"v": v0, "u": u0, "drift": x0.new_zeros(())})
 
     def broadcast(self, server, ids, round_):
@@ -182,8 +182,8 @@ class PartialAlgorithm(Algorithm):
         new = dict(server)
         if self.over_all:
             dz = uploads["dz"]
-            new["zsum"] = server["zsum"] + (self._all_weights(ids, dz).unsqueeze(-1) * dz).sum(0)
-            new["u"] = new["zsum"] / self._all_weights(None, dz).sum()
+            new["zsum"] = server["zsum"] + (self._all_weights(ids, dz) @ dz).double()   # this round's sum_i w_i dz_i
+            new["u"] = (new["zsum"] / self._all_weights(None, new["zsum"]).sum()).to(dz.dtype)
         elif getattr(self.cfg, "weighting", "uniform") == "uniform":
             new["u"] = uploads["z"].mean(0)
         else:
