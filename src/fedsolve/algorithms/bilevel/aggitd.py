@@ -38,7 +38,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.algorithms.base import register
+from fedsolve.algorithms.bilevel.common import BilevelAlgorithm
 from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
 from fedsolve.bilevel import make_oracles
 from fedsolve.core.executor import Work
@@ -72,7 +73,7 @@ class AggITDConfig(BaseModel):
 
 
 @register
-class AggITD(Algorithm):
+class AggITD(BilevelAlgorithm):
     """FBO-AggITD, a reconstruction (see the module docstring): y-SGD and the forward ITD product v in one
     sub-loop of ``inner_rounds`` communication rounds, then a server step of x."""
 
@@ -141,12 +142,3 @@ class AggITD(Algorithm):
         if "hx" in uploads:     # the sub-loop is over: x steps, the ITD product restarts from 0
             out.update(x=server["x"] - self.cfg.outer_lr * uploads["hx"].mean(0), v=torch.zeros_like(v))
         return out
-
-    def eval_broadcast(self, server, ids):
-        return {k: self.expand(server[k], ids) for k in ("x", "y")}
-
-    def eval_model(self, state, msg):
-        return self.oracles.join(msg["x"], msg["y"])
-
-    def diagnostics(self, server, clients):
-        return {"v_norm": float(server["v"].norm())}

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.algorithms.base import register
+from fedsolve.algorithms.bilevel.common import BilevelAlgorithm
 from fedsolve.algorithms.bilevel.local_steps import draw_tau, max_steps, validate_tau
 from fedsolve.bilevel import BilevelOracles
 from fedsolve.core.executor import Work
@@ -61,7 +62,7 @@ class FedNestConfig(BaseModel):
         return self.tau_max is not None or self.tau_clients is not None
 
 
-class _Nested(Algorithm):
+class _Nested(BilevelAlgorithm):
     """Shared mechanics of FedNest and LFedNest: the round schedule and the client computations."""
 
     Config = FedNestConfig
@@ -143,12 +144,6 @@ class _Nested(Algorithm):
         y = next(msg[k] for k in ("y", "y_anchor", "y_p0", "y_inner", "y_outer") if k in msg)
         with torch.no_grad():
             ctx.record_loss(self.oracles.f(msg["x"], y, ctx.batch("upper_full", 0)), torch.ones((), dtype=torch.bool))
-
-    def eval_broadcast(self, server, ids):
-        return {k: self.expand(server[k], ids) for k in ("x", "y")}
-
-    def eval_model(self, state, msg):
-        return self.oracles.join(msg["x"], msg["y"])
 
     def _advance(self, server, **changes):
         return {**server, **changes, "phase": server["phase"] + 1}

@@ -29,7 +29,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsolve.algorithms.base import Algorithm, register
+from fedsolve.algorithms.base import register
+from fedsolve.algorithms.bilevel.common import BilevelAlgorithm
 from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
 from fedsolve.bilevel import make_oracles, project_ball
 from fedsolve.core.executor import Work
@@ -77,7 +78,7 @@ class SimFBOConfig(BaseModel):
 
 
 @register
-class SimFBO(Algorithm):
+class SimFBO(BilevelAlgorithm):
     name = "simfbo"
     description = "SimFBO: simultaneous y, v, x local updates, one round per iteration (Yang, Xiao, Ji 2023)"
     Config = SimFBOConfig
@@ -162,16 +163,6 @@ class SimFBO(Algorithm):
                 "x": server["x"] - c.gamma_x * step(uploads["hx"]),
                 "y": server["y"] - c.gamma_y * step(uploads["hy"]),
                 "v": project_ball(server["v"] - c.gamma_v * step(uploads["hv"]), c.r)}
-
-    # ------------------------------------------------------------ evaluation
-    def eval_broadcast(self, server, ids):
-        return {k: self.expand(server[k], ids) for k in ("x", "y")}
-
-    def eval_model(self, state, msg):
-        return self.oracles.join(msg["x"], msg["y"])
-
-    def diagnostics(self, server, clients):
-        return {"v_norm": float(server["v"].norm())}
 
 
 class ShroFBOConfig(SimFBOConfig):
