@@ -116,6 +116,23 @@ def test_resume_rejects_a_checkpoint_of_another_run_or_a_broken_one(tmp_path, ca
         assert "unreadable" in err and "--overwrite" in err and "Traceback" not in err, err
 
 
+def test_resume_from_a_checkpoint_whose_state_has_other_names_is_refused(tmp_path, capsys):
+    """A checkpoint written by another version of the algorithm (its server state under other names) is refused
+    with the names, not run into a KeyError at the first round."""
+    p = _cfg(tmp_path, "simulation.rounds=2")
+    out = tmp_path / "run"
+    assert main(["run", p, "--algorithm", "FedAvg", "--out", str(out), "--quiet"]) == 0
+    ck = torch.load(out / "checkpoint.pt", weights_only=False)
+    ck["server"] = {f"{k}_old": v for k, v in ck["server"].items()}
+    torch.save(ck, out / "checkpoint.pt")
+    (out / "summary.json").unlink()
+    capsys.readouterr()
+    assert main(["run", p, "--algorithm", "FedAvg", "--out", str(out), "--quiet", "--resume",
+                 "--set", "simulation.rounds=3"]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and "another version" in err and "_old" in err and "Traceback" not in err, err
+
+
 def _sigint_after(cmd: list[str], ready, tmp_path, sig=signal.SIGINT) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # a user's Ctrl-C reaches a foreground process whose SIGINT is not ignored; code that ran earlier in this

@@ -301,6 +301,10 @@ class Simulation:
         for where, new, old in (("server", self.server, ck["server"]),
                                 ("client state", ClientStates.shapes(self.clients),
                                  ClientStates.shapes(ck["clients"]))):
+            missing = sorted(set(new) - set(old))
+            if missing:   # e.g. a checkpoint of an older version of the algorithm, whose state had other names
+                diff.append(f"{where} {', '.join(map(repr, missing))} missing (the checkpoint has "
+                            f"{', '.join(map(repr, sorted(old))) or 'nothing'}: written by another version?)")
             for k in sorted(set(new) & set(old)):
                 if not isinstance(new[k], torch.Tensor):
                     continue
