@@ -77,9 +77,25 @@ def test_fedadmm_keeps_distinct_duals_and_invariance():
             assert torch.equal(lam[i], before["lam"][i]) and torch.equal(sim.clients["w"][i], before["w"][i])
     sel_rows = lam[list(sel)]
     assert torch.cdist(sel_rows, sel_rows)[~torch.eye(len(sel), dtype=torch.bool)].min() > 0
-    # server: z = mean over all m of cached u_i (stale for non-selected)
-    u = sim.server["u"]
+    # server: z = mean over all m of the latest u_i = w_i + lam_i / rho (stale for non-selected), which the server
+    # keeps as a running sum, not as an [m, d] table
+    u = sim.clients["w"] + sim.clients["lam"] / 0.5
     torch.testing.assert_close(sim.server["z"], u.mean(0))
+    assert set(sim.server) == {"z", "usum"} and sim.server["usum"].shape == sim.server["z"].shape
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_fedadmm_running_sum_is_the_mean_of_every_clients_latest_upload(weighting):
+    """After several partial rounds z = sum_i w_i u_i / sum_i w_i over ALL m clients' latest u_i = w_i + lam_i/rho
+    (the running sum is float64; the states float32)."""
+    problem = make_problem("logreg", m=8)
+    algo = get_algorithm("fedadmm")({"lr": 0.1, "batch_size": 4, "rho": 0.5, "weighting": weighting}, problem)
+    sim = Simulation(problem, algo, SimulationConfig(rounds=5, eval_every=5, sampling={"clients_per_round": 3}),
+                     seed=2)
+    sim.run()
+    u = (sim.clients["w"] + sim.clients["lam"] / 0.5).double()
+    w = torch.ones(8, dtype=torch.float64) if weighting == "uniform" else algo.client_weights.double()
+    torch.testing.assert_close(sim.server["z"].double(), (w @ u) / w.sum(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])

@@ -192,6 +192,15 @@ def weighted_mean(rows: Tensor, weights: Tensor) -> Tensor:
     return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
 
 
+def stale_mean_step(zsum: Tensor, dz: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
+    """One round of a server mean over ALL m clients' latest uploads ``z_i`` (stale for the clients not selected),
+    kept as the float64 running sum ``S = sum_i w_i z_i``: the participants (weights ``w_ids``) send
+    ``dz_i = z_i^{t+1} - z_i^t``, and ``S' = S + sum w_i dz_i``. Returns ``(S', S' / total)`` with ``total =
+    sum_i w_i`` over all m: O(participants) per round, no ``[m, d]`` table (inexact ADMM servers)."""
+    s = zsum + (weights.to(dz.device, dz.dtype) @ dz).double()
+    return s, (s / total).to(dz.dtype)
+
+
 def place_algorithm(algo: Algorithm, device: torch.device | str) -> Algorithm:
     """Put ``algo``'s own tensors on ``device`` (the engine calls it once when a run is placed on a GPU, after
     ``problem.to(device)``): the client weights, and what :meth:`Algorithm.setup` derives (run again under the

@@ -7,7 +7,8 @@ Consensus form  min sum_i f_i(w_i)  s.t.  w_i = z.  Client i (selected) solves i
     upload  u_i = w_i^{t+1} + lam_i^{t+1} / rho
 
 and the server sets z^{t+1} = mean_i u_i over ALL m clients, using the cached (stale) u_i of
-clients that were not selected. The dual lam_i is client state keyed by client id, never
+clients that were not selected: it keeps their float64 running sum, and a participant uploads
+u_i^{t+1} - u_i^t (formed from its own w_i, lam_i), so a round costs O(participants), not O(m). The dual lam_i is client state keyed by client id, never
 shared between clients (the FL-bench pitfall in specs/prior-art.md).
 """
 
@@ -18,8 +19,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
-from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, stale_mean_step, weighted_mean
+from fedsolve.core.states import ClientStates
 
 
 class FedADMMConfig(AlgorithmConfig):
@@ -38,10 +39,17 @@ class FedADMM(Algorithm):
     Config = FedADMMConfig
 
     def init(self, x0, rngs):
-        m = self.num_clients
-        server = {"z": x0.clone(), "u": repeat_rows(x0, m)}
-        clients = ClientStates(m, {"w": repeat_rows(x0, m), "lam": torch.zeros(m, x0.numel(), dtype=x0.dtype)})
+        server = {"z": x0.clone()}
+        if self.cfg.aggregate_over == "all":   # S = sum_i w_i u_i over all m clients, u_i^0 = z^0
+            server["usum"] = self._weights(None, x0).double().sum() * x0.double()
+        clients = ClientStates(self.num_clients, defaults={"w": x0, "lam": torch.zeros_like(x0)})
         return server, clients
+
+    def _weights(self, ids, like):
+        """Server weights of the clients ``ids`` (None: all m) in ``like``'s dtype and device."""
+        if self.cfg.weighting == "uniform":
+            return torch.ones(self.num_clients if ids is None else ids.numel(), dtype=like.dtype, device=like.device)
+        return (self.client_weights if ids is None else self.client_weights[ids]).to(like.device, like.dtype)
 
     def broadcast(self, server, ids, round_):
         return {"z": self.expand(server["z"], ids)}
@@ -51,20 +59,17 @@ class FedADMM(Algorithm):
         start = z if self.cfg.warm_start == "server" else state["w"]
         w = self.local_sgd(ctx, start, extra=lambda p: lam + rho * (p - z))
         lam_new = lam + rho * (w - z)
-        return {"w": w, "lam": lam_new}, {"u": w + lam_new / rho}
+        u = w + lam_new / rho
+        if self.cfg.aggregate_over == "all":   # the server keeps the sum: send the change of this client's u_i
+            return {"w": w, "lam": lam_new}, {"du": u - (state["w"] + lam / rho)}
+        return {"w": w, "lam": lam_new}, {"u": u}
 
     def aggregate(self, server, ids, uploads, round_):
-        u = server["u"].clone()
-        u[ids] = uploads["u"]
-        if self.cfg.aggregate_over == "selected":
-            rows, sel = uploads["u"], ids
-        else:
-            rows, sel = u, torch.arange(self.num_clients)
-        if self.cfg.weighting == "samples":
-            z = weighted_mean(rows, self.client_weights[sel])
-        else:
-            z = rows.mean(0)
-        return {"z": z, "u": u}
+        if self.cfg.aggregate_over == "all":
+            du = uploads["du"]
+            usum, z = stale_mean_step(server["usum"], du, self._weights(ids, du), self._weights(None, server["usum"]).sum())
+            return {"z": z, "usum": usum}
+        return {"z": weighted_mean(uploads["u"], self._weights(ids, uploads["u"]))}
 
     def eval_broadcast(self, server, ids):
         return {"z": self.expand(server["z"], ids)}

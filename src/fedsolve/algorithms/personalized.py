@@ -40,7 +40,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, stale_mean_step, weighted_mean
 from fedsolve.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsolve.core.executor import LocalContext, Work
 from fedsolve.core.states import ClientStates
@@ -182,8 +182,8 @@ class PartialAlgorithm(Algorithm):
         new = dict(server)
         if self.over_all:
             dz = uploads["dz"]
-            new["zsum"] = server["zsum"] + (self._all_weights(ids, dz) @ dz).double()   # this round's sum_i w_i dz_i
-            new["u"] = (new["zsum"] / self._all_weights(None, new["zsum"]).sum()).to(dz.dtype)
+            new["zsum"], new["u"] = stale_mean_step(server["zsum"], dz, self._all_weights(ids, dz),
+                                                    self._all_weights(None, server["zsum"]).sum())
         elif getattr(self.cfg, "weighting", "uniform") == "uniform":
             new["u"] = uploads["z"].mean(0)
         else:
