@@ -87,7 +87,8 @@ def main(root: str) -> None:
         p = root_p / extra
         if p.exists() and any(p.glob("*/seed*/summary.json")):
             print(f"\n### {title}\n")
-            print("\n".join(table(runs(p), target if "dann" in extra or "source" in extra else None, (100, 200))))
+            mnistm = extra.startswith("mnistm") and ("dann" in extra or "source" in extra)
+            print("\n".join(table(runs(p), target if mnistm else None, (100, 200) if "mnistm" in extra else (50, 100))))
     for loss in ("dann", "cdan", "mdd"):
         p = root_p / f"skew10_{loss}"
         if p.exists() and (p / "summary.json").exists():
