@@ -166,49 +166,40 @@ def test_ctrl_c_stops_at_once_keeps_the_checkpoint_and_says_how_to_continue(tmp_
     assert f"last checkpoint: round {ck['round']}" in err
 
 
-@pytest.mark.slow
-@pytest.mark.isolated
-def test_ctrl_c_stops_compare_jobs_2_at_once(tmp_path):
+def _endless_compare(tmp_path):
+    """A two-worker compare that would run for hours, and a function listing its runs' metrics files."""
     p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "seeds=[0,1]", "model.name=mlp")
     out = tmp_path / "cmp"
     cmd = [sys.executable, "-m", "fedsolve.cli", "compare", p, "--jobs", "2", "--out", str(out), "--quiet"]
-    metrics = lambda: list(out.glob("*/seed*/metrics.jsonl"))
-    rc, err, dt = _sigint_after(cmd, lambda: len(metrics()) >= 2, tmp_path)
+    return cmd, lambda: list(out.glob("*/seed*/metrics.jsonl"))
+
+
+def _nothing_written_any_more(metrics, wait: float = 1.5) -> bool:
+    stamps = {f: f.stat().st_mtime_ns for f in metrics()}
+    time.sleep(wait)
+    return {f: f.stat().st_mtime_ns for f in metrics()} == stamps
+
+
+@pytest.mark.slow
+@pytest.mark.isolated
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_compare_jobs_2_at_once(tmp_path, sig):
+    cmd, metrics = _endless_compare(tmp_path)
+    rc, err, dt = _sigint_after(cmd, lambda: len(metrics()) >= 2, tmp_path, sig=sig)
     assert rc == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "continue with --resume" in err and dt < 2.5, (dt, err)
-    stamps = {f: f.stat().st_mtime_ns for f in metrics()}
-    time.sleep(1.5)                                      # the workers are gone: nothing is written any more
-    assert {f: f.stat().st_mtime_ns for f in metrics()} == stamps
-
-
-@pytest.mark.slow
-@pytest.mark.isolated
-def test_sigterm_stops_compare_jobs_2_like_ctrl_c(tmp_path):
-    p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "seeds=[0,1]", "model.name=mlp")
-    out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "fedsolve.cli", "compare", p, "--jobs", "2", "--out", str(out), "--quiet"]
-    metrics = lambda: list(out.glob("*/seed*/metrics.jsonl"))
-    rc, err, dt = _sigint_after(cmd, lambda: len(metrics()) >= 2, tmp_path, sig=signal.SIGTERM)
-    assert rc == 130 and "Traceback" not in err and "continue with --resume" in err and dt < 2.5, (rc, dt, err)
-    stamps = {f: f.stat().st_mtime_ns for f in metrics()}
-    time.sleep(1.5)
-    assert {f: f.stat().st_mtime_ns for f in metrics()} == stamps
+    assert _nothing_written_any_more(metrics)           # the workers are gone
 
 
 @pytest.mark.slow
 @pytest.mark.isolated
 def test_workers_of_a_killed_compare_stop_by_themselves(tmp_path):
     """SIGKILL leaves the parent no chance to stop its workers: they notice the parent is gone and end."""
-    p = _cfg(tmp_path, "simulation.rounds=100000", "simulation.eval_every=50", "seeds=[0,1]", "model.name=mlp")
-    out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "fedsolve.cli", "compare", p, "--jobs", "2", "--out", str(out), "--quiet"]
-    metrics = lambda: list(out.glob("*/seed*/metrics.jsonl"))
+    cmd, metrics = _endless_compare(tmp_path)
     rc, _, _ = _sigint_after(cmd, lambda: len(metrics()) >= 2, tmp_path, sig=signal.SIGKILL)
     assert rc == -signal.SIGKILL
     time.sleep(2.0)                                      # the watch polls every 0.5 s
-    stamps = {f: f.stat().st_mtime_ns for f in metrics()}
-    time.sleep(2.0)
-    assert {f: f.stat().st_mtime_ns for f in metrics()} == stamps
+    assert _nothing_written_any_more(metrics, wait=2.0)
 
 
 # ------------------------------------------------------------------ errors, not tracebacks
