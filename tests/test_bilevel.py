@@ -11,6 +11,8 @@ stationary point solves (mu_x I + B^T A^-1 C A^-1 B) x = B^T A^-1 (e - C A^-1 c)
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -310,6 +312,25 @@ def test_sequential_and_vectorized_agree(name):
     for k in ("x", "y", "v"):
         for key in out:
             assert torch.allclose(out["sequential", "autograd"][k], out[key][k], atol=1e-10), (k, key)
+
+
+def test_cnn_hyper_representation_head_is_the_last_fc_and_executors_agree():
+    """The CNN panel's model (7-layer LeNet-5, `lenet` with fc_hidden2): y = the head fc2 only, x = every other layer
+    (conv1, conv2, fc1, fc_mid); SimFBO's HVPs through the convolutions agree between executors."""
+    from tests.conftest import make_data
+    from fedsolve.models import build_model_fn
+
+    data = to64(make_data(m=4, d=16, classes=3, n_range=(10, 20)))
+    data = dataclasses.replace(data, train_x=data.train_x.reshape(-1, 1, 4, 4), test_x=data.test_x.reshape(-1, 1, 4, 4))
+    fn = build_model_fn("lenet", (1, 4, 4), 3, fc_hidden=8, fc_hidden2=5)
+    base = FederatedProblem(data, lambda: fn().double())
+    prob = get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
+    spec = bilevel_spec(prob)
+    assert int(prob.layout.mask(spec.y_block).sum()) == 5 * 3 + 3
+    assert not bool(prob.layout.mask(spec.x_block)[-(5 * 3 + 3):].any())
+    out = {ex: run(prob, "simfbo", 2, executor=ex, clients=2, batch_size=4).server for ex in ("sequential", "vectorized")}
+    for k in ("x", "y", "v"):
+        assert torch.allclose(out["sequential"][k], out["vectorized"][k], atol=1e-10), k
 
 
 def test_bad_input_is_named():

@@ -56,16 +56,25 @@ class LeNet(nn.Module):
 
     GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc2.*"], "last": ["fc2.*"]}
 
-    def __init__(self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120):
+    def __init__(self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120,
+                 fc_hidden2: int = 0):
+        """``fc_hidden2`` > 0 adds a second hidden fc layer (``fc_mid``): conv-pool-conv-pool-fc-fc-fc, the 7-layer
+        LeNet-5 of the SimFBO paper's CNN run (fc 120 -> 84 -> out)."""
         super().__init__()
+        if fc_hidden2 and not fc_hidden:
+            raise ValueError("model.params.fc_hidden2: needs fc_hidden > 0 (the first hidden fc layer)")
         c, h, w = in_shape
         self.conv1 = nn.Conv2d(c, 6, 5, padding=2)
         self.conv2 = nn.Conv2d(6, 16, 5, padding=2 if h < 16 else 0)
         with torch.no_grad():
             n = self._features(torch.zeros(1, c, h, w)).shape[1]
+        self.fc_mid = None
         if fc_hidden:
             self.fc1 = nn.Linear(n, fc_hidden)
-            self.fc2 = nn.Linear(fc_hidden, out_dim)
+            if fc_hidden2:
+                self.fc_mid = nn.Linear(fc_hidden, fc_hidden2)
+                self.GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc_mid.*", "fc2.*"], "last": ["fc2.*"]}
+            self.fc2 = nn.Linear(fc_hidden2 or fc_hidden, out_dim)
         else:
             self.fc1 = None
             self.fc2 = nn.Linear(n, out_dim)
@@ -80,6 +89,8 @@ class LeNet(nn.Module):
         z = self._features(x)
         if self.fc1 is not None:
             z = torch.relu(self.fc1(z))
+        if self.fc_mid is not None:
+            z = torch.relu(self.fc_mid(z))
         return self.fc2(z)
 
 
