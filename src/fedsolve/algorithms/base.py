@@ -192,6 +192,16 @@ def weighted_mean(rows: Tensor, weights: Tensor) -> Tensor:
     return (w.unsqueeze(-1) * rows.reshape(rows.shape[0], -1)).sum(0).reshape(rows.shape[1:])
 
 
+def aggregation_weights(algo: Algorithm, ids: Tensor | None, like: Tensor, weighting: str = "uniform") -> Tensor:
+    """Server weights of the clients ``ids`` (None: all m): ones (``weighting: uniform``) or their sample shares
+    ``algo.client_weights`` (any other value), in ``like``'s dtype and device."""
+    if weighting == "uniform":
+        n = algo.num_clients if ids is None else ids.numel()
+        return torch.ones(n, dtype=like.dtype, device=like.device)
+    w = algo.client_weights if ids is None else algo.client_weights[ids]
+    return w.to(like.device, like.dtype)
+
+
 def stale_mean_step(zsum: Tensor, dz: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
     """One round of a server mean over ALL m clients' latest uploads ``z_i`` (stale for the clients not selected),
     kept as the float64 running sum ``S = sum_i w_i z_i``: the participants (weights ``w_ids``) send

@@ -8,8 +8,9 @@ Consensus form  min sum_i f_i(w_i)  s.t.  w_i = z.  Client i (selected) solves i
 
 and the server sets z^{t+1} = mean_i u_i over ALL m clients, using the cached (stale) u_i of
 clients that were not selected: it keeps their float64 running sum, and a participant uploads
-u_i^{t+1} - u_i^t (formed from its own w_i, lam_i), so a round costs O(participants), not O(m). The dual lam_i is client state keyed by client id, never
-shared between clients (the FL-bench pitfall in specs/prior-art.md).
+u_i^{t+1} - u_i^t (formed from its own w_i, lam_i), so a round costs O(participants), not O(m).
+The dual lam_i is client state keyed by client id, never shared between clients (the FL-bench
+pitfall in specs/prior-art.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, stale_mean_step, weighted_mean
+from fedsolve.algorithms.base import (Algorithm, AlgorithmConfig, aggregation_weights, register, stale_mean_step,
+                                     weighted_mean)
 from fedsolve.core.states import ClientStates
 
 
@@ -46,10 +48,7 @@ class FedADMM(Algorithm):
         return server, clients
 
     def _weights(self, ids, like):
-        """Server weights of the clients ``ids`` (None: all m) in ``like``'s dtype and device."""
-        if self.cfg.weighting == "uniform":
-            return torch.ones(self.num_clients if ids is None else ids.numel(), dtype=like.dtype, device=like.device)
-        return (self.client_weights if ids is None else self.client_weights[ids]).to(like.device, like.dtype)
+        return aggregation_weights(self, ids, like, self.cfg.weighting)
 
     def broadcast(self, server, ids, round_):
         return {"z": self.expand(server["z"], ids)}
@@ -67,7 +66,8 @@ class FedADMM(Algorithm):
     def aggregate(self, server, ids, uploads, round_):
         if self.cfg.aggregate_over == "all":
             du = uploads["du"]
-            usum, z = stale_mean_step(server["usum"], du, self._weights(ids, du), self._weights(None, server["usum"]).sum())
+            total = self._weights(None, server["usum"]).sum()
+            usum, z = stale_mean_step(server["usum"], du, self._weights(ids, du), total)
             return {"z": z, "usum": usum}
         return {"z": weighted_mean(uploads["u"], self._weights(ids, uploads["u"]))}
 

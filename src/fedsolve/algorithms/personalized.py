@@ -40,7 +40,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedsolve.algorithms.base import Algorithm, AlgorithmConfig, register, stale_mean_step, weighted_mean
+from fedsolve.algorithms.base import (Algorithm, AlgorithmConfig, aggregation_weights, register, stale_mean_step,
+                                     weighted_mean)
 from fedsolve.algorithms.fedavg import FedAvg, FedAvgConfig
 from fedsolve.core.executor import LocalContext, Work
 from fedsolve.core.states import ClientStates
@@ -157,12 +158,7 @@ class PartialAlgorithm(Algorithm):
         return {"dz": z - self.z_of(state)} if self.over_all else {"z": z}
 
     def _all_weights(self, ids: Tensor | None, like: Tensor) -> Tensor:
-        """Server weights of the clients ``ids`` (None: all m) in ``like``'s dtype and device."""
-        if getattr(self.cfg, "weighting", "uniform") == "uniform":
-            n = self.num_clients if ids is None else ids.numel()
-            return torch.ones(n, dtype=like.dtype, device=like.device)
-        w = self.client_weights if ids is None else self.client_weights[ids]
-        return w.to(like.device, like.dtype)
+        return aggregation_weights(self, ids, like, getattr(self.cfg, "weighting", "uniform"))
 
     # ------------------------------------------------------------------ the five functions
     def init(self, x0, rngs):
