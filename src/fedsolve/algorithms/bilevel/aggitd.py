@@ -33,43 +33,25 @@ persistent per-client draw (``tau_max``/``tau_clients``: the draw SimFBO makes f
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
 from fedsolve.algorithms.base import register
 from fedsolve.algorithms.bilevel.common import BilevelAlgorithm
-from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
+from fedsolve.algorithms.bilevel.local_steps import LocalStepsConfig, batch_groups, directions, draw_tau
 from fedsolve.bilevel import make_oracles
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
 
 
-class AggITDConfig(BaseModel):
+class AggITDConfig(LocalStepsConfig):
     """Defaults: the paper's only printed MNIST step sizes (SimFBO A.2, heterogeneous MNIST: inner 0.005,
     outer 0.04); N, tau and the batch are this reconstruction's choices (not given in the SimFBO paper)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     inner_lr: float = Field(0.005, gt=0, description="beta: step of the local y-SGD and of the ITD product v")
     outer_lr: float = Field(0.04, gt=0, description="alpha: server step of x")
     inner_rounds: int = Field(2, ge=1, description="N: communication rounds of the sub-loop per outer iteration")
     tau: int = Field(5, ge=1, description="local steps per round (when tau_max and tau_clients are unset)")
-    tau_max: int | None = Field(None, ge=1, description="system heterogeneity: each client's persistent tau_i "
-                                "drawn once, uniformly from {1..tau_max} (seeded; SimFBO's draw)")
-    tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i, one per client (>= 1)")
-    batch_size: int | None = Field(64, ge=1, description="minibatch size of every oracle (null: full split)")
-    oracles: Literal["auto", "autograd", "mlp"] = Field("auto", description="derivative oracles: torch.func double "
-                                                     "backward (autograd), the MLP head's closed forms (mlp), or "
-                                                     "mlp where it applies (auto); same numbers to rounding")
-    independent_batches: bool = Field(True, description="independent minibatches per oracle (as SimFBO); "
-                                      "false: one lower and one upper batch per step")
-
-    @model_validator(mode="after")
-    def _tau(self):
-        validate_tau(self.tau_max, self.tau_clients)
-        return self
 
 
 @register
@@ -85,7 +67,7 @@ class AggITD(BilevelAlgorithm):
     def setup(self):
         self.oracles = make_oracles(self.problem, self.cfg.oracles)
         spec, c = self.oracles.spec, self.cfg
-        T = max_steps(c.tau, c.tau_max, c.tau_clients)
+        T = c.steps()
         groups = batch_groups(spec.lower_group, spec.upper_group, c.independent_batches)
         self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
         if c.tau_clients is not None and len(c.tau_clients) != self.num_clients:

@@ -4,7 +4,10 @@ one simultaneous (y, v, x) step at one point (SimFBO eq. 3; FBO-AggITD's y and v
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.bilevel import BilevelOracles
 from fedsolve.core.rng import RngStreams
@@ -34,6 +37,33 @@ def draw_tau(rngs: RngStreams, n: int, tau: int, tau_max: int | None, tau_client
     if tau_max is not None:
         return torch.as_tensor(rngs.numpy("simfbo_tau").integers(1, tau_max + 1, size=n), dtype=torch.float64)
     return torch.full((n,), float(tau), dtype=torch.float64)
+
+
+class LocalStepsConfig(BaseModel):
+    """The options of the local (y, v) steps that SimFBO, ShroFBO and FBO-AggITD share: persistent per-client
+    tau_i, minibatches, and which derivative oracles compute them."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    tau: int = Field(1, ge=1, description="local steps of every client (when tau_max and tau_clients are unset)")
+    tau_max: int | None = Field(None, ge=1, description="system heterogeneity: each client's persistent tau_i "
+                                "drawn once, uniformly from {1..tau_max} (seeded)")
+    tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i, one per client (>= 1)")
+    batch_size: int | None = Field(64, ge=1, description="minibatch size of every oracle (null: full split)")
+    independent_batches: bool = Field(True, description="independent minibatches per oracle (zeta, psi, xi: 5 "
+                                      "per step); false: one lower and one upper batch per step")
+    oracles: Literal["auto", "autograd", "mlp"] = Field("auto", description="derivative oracles: torch.func double "
+                                                     "backward (autograd), the MLP head's closed forms (mlp), or "
+                                                     "mlp where it applies (auto); same numbers to rounding")
+
+    @model_validator(mode="after")
+    def _tau(self):
+        validate_tau(self.tau_max, self.tau_clients)
+        return self
+
+    def steps(self) -> int:
+        """The largest tau_i (the number of planned local steps)."""
+        return max_steps(self.tau, self.tau_max, self.tau_clients)
 
 
 def batch_groups(lower: str, upper: str, independent: bool) -> dict[str, str]:

@@ -27,20 +27,18 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
 from fedsolve.algorithms.base import register
 from fedsolve.algorithms.bilevel.common import BilevelAlgorithm
-from fedsolve.algorithms.bilevel.local_steps import batch_groups, directions, draw_tau, max_steps, validate_tau
+from fedsolve.algorithms.bilevel.local_steps import LocalStepsConfig, batch_groups, directions, draw_tau
 from fedsolve.bilevel import make_oracles, project_ball
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
 
 
-class SimFBOConfig(BaseModel):
+class SimFBOConfig(LocalStepsConfig):
     """Defaults: the paper's MNIST-MLP setting (A.2: eta = gamma = [0.2, 0.1, 0.05] for [y, v, x], tau = 1)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     eta_y: float = Field(0.2, ge=0, description="client step size of y")
     eta_v: float = Field(0.1, ge=0, description="client step size of v")
@@ -48,33 +46,14 @@ class SimFBOConfig(BaseModel):
     gamma_y: float = Field(0.2, gt=0, description="server step size of y")
     gamma_v: float = Field(0.1, gt=0, description="server step size of v")
     gamma_x: float = Field(0.05, gt=0, description="server step size of x")
-    tau: int = Field(1, ge=1, description="local steps of every client (when tau_max and tau_clients are unset)")
-    tau_max: int | None = Field(None, ge=1, description="system heterogeneity: each client's persistent tau_i "
-                                "drawn once, uniformly from {1..tau_max} (seeded)")
-    tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i, one per client (>= 1)")
     a: float = Field(1.0, gt=0, description="local coefficients a_i^(t,k) (constant; the paper uses 1)")
-    batch_size: int | None = Field(64, ge=1, description="minibatch size of every oracle (null: full split)")
-    independent_batches: bool = Field(True, description="independent minibatches per oracle (zeta, psi, xi: 5 "
-                                      "per step); false: one lower and one upper batch per step")
     r: float | None = Field(None, gt=0, description="radius of the server's projection of v (null: none)")
     v0: float = Field(0.0, description="initial value of every entry of v (spec: v^(0) = 0)")
     weights: Literal["uniform", "data"] = Field("uniform", description="objective weights p_i: 1/n (paper) or "
                                                 "the clients' data shares")
     normalized: bool = Field(False, description="ShroFBO: upload-normalised directions h, server step rho^t")
-    oracles: Literal["auto", "autograd", "mlp"] = Field("auto", description="derivative oracles: torch.func double "
-                                                     "backward (autograd), the MLP head's closed forms (mlp), or "
-                                                     "mlp where it applies (auto); same numbers to rounding")
     rho: Literal["known", "estimate"] = Field("known", description="ShroFBO's rho^t: from the known tau "
                                               "schedule of all n clients, or estimated from the sampled ones")
-
-    @model_validator(mode="after")
-    def _tau(self):
-        validate_tau(self.tau_max, self.tau_clients)
-        return self
-
-    def steps(self) -> int:
-        """The largest tau_i (the number of planned local steps)."""
-        return max_steps(self.tau, self.tau_max, self.tau_clients)
 
 
 @register
