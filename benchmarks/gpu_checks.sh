@@ -44,6 +44,7 @@ else
 fi
 grep -h "^ratio\|^clients_per_s\|^round_s" runs/gpu_bench/*.txt runs/gpu_bench/*.log
 echo "[$(el) s] phase B"
+export OMP_NUM_THREADS=1   # many processes share the host cores; their work is on the GPU
 
 MM=(--set data.params.size=28 --set problem.params.features=cnn --set simulation.device=$DEV "${MMDATA[@]}" --quiet)
 pids=()
