@@ -1,5 +1,6 @@
 """The "pretrained" regime of adversarial domain adaptation (FedMM spec 2.5, 6.3): a centralized source-only stage
-before round 0, then a 20x smaller step on the feature extractor. Tiny two-moons data only."""
+before round 0, then a 20x smaller step on the feature extractor; and the authors' code's scaling of psi's gradient
+(psi_gradient: authors_code, 1 / (nu + 0.01) pretrained). Tiny two-moons data only."""
 
 from __future__ import annotations
 
@@ -94,3 +95,75 @@ def test_regime_errors_name_the_field():
         _regime_problem("pretrained", pretrain={"steps": 0})
     with pytest.raises(ValueError, match="feature_scale"):
         _regime_problem("pretrained", feature_scale=-1)
+
+
+# ---------------------------------------------------------------- the authors' scaling of psi's gradient
+def _grad_f(problem):
+    d = problem.data
+    n = d.train_y.numel()
+    w = torch.full((n,), 1.0 / n)
+    return torch.func.grad(lambda p: minimax_of(problem).loss(p, d.train_x, d.train_y, w))
+
+
+def test_authors_code_divides_psis_gradient_by_nu_plus_001_pretrained_and_by_nu_from_scratch():
+    """One full-batch FedSGDA step: psi moves by lr_psi * grad_psi f * c with c = 1 in the paper (default),
+    1 / (nu + 0.01) = 1 / 0.26 pretrained and 1 / nu = 2 from scratch (nu = 0.5) with psi_gradient: authors_code;
+    omega's step is unchanged (features x 0.05 pretrained)."""
+    cases = (("pretrained", {}, 1.0), ("pretrained", {"psi_gradient": "authors_code"}, 1 / 0.26),
+             ("scratch", {"nu": 0.5}, 1.0), ("scratch", {"nu": 0.5, "psi_gradient": "authors_code"}, 2.0))
+    for regime, extra, c in cases:
+        pr = _regime_problem(regime, **extra)
+        step, g = _one_full_batch_step(pr)
+        feat, psi = pr.layout.mask("features"), pr.layout.mask("psi")
+        clf = ~feat & ~psi
+        assert g[psi].abs().max() > 1e-3
+        torch.testing.assert_close(step[psi], 2 * LR * c * g[psi], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(step[clf], -LR * g[clf], rtol=1e-4, atol=1e-7)
+        f_lr = 0.05 * LR if regime == "pretrained" else LR
+        torch.testing.assert_close(step[feat], -f_lr * g[feat], rtol=1e-4, atol=1e-7)
+        assert pr.extras["domain_adaptation"]["psi_scale"] == pytest.approx(c, rel=1e-12)
+        print(f"{regime} {extra}: psi step / (lr_psi grad_psi f) = "
+              f"{float(step[psi].norm() / (2 * LR * g[psi].norm())):.4f} (expected {c:.4f})")
+
+
+def test_authors_code_scales_only_the_gradient_in_fedmm_not_its_penalty_or_duals():
+    """FedMM, one client, M = 2 full-batch steps, 2 rounds, against a hand-written loop of Algorithm 3 in which only
+    psi's gradient of f_i is divided by nu + 0.01 (the authors' finetune mode): the penalty mu_2 (psi - psi_0^t)
+    and the dual beta enter unscaled, as in their optimizer."""
+    pr = _regime_problem("pretrained", psi_gradient="authors_code")
+    lr, lr_psi, mu1, mu2, eta3, rounds, m_steps = LR, 2 * LR, 0.7, 3.0, 0.5, 2, 2
+    algo = make("fedmm", pr, lr=lr, lr_psi=lr_psi, local_steps=m_steps, mu1=mu1, mu2=mu2, eta3=eta3)
+    w_start = pr.init_params(torch.Generator().manual_seed(3))
+    server, _, _ = run_rounds(algo, rounds, "sequential", x0=w_start)
+
+    feat, psi = pr.layout.mask("features"), pr.layout.mask("psi")
+    step = torch.where(psi, lr_psi, torch.where(feat, 0.05 * lr, lr))
+    sign = torch.where(psi, -1.0 / (0.25 + 0.01), 1.0)
+    mu = torch.where(psi, mu2, mu1)
+    grad = _grad_f(pr)
+    w0, dual = w_start.clone(), torch.zeros_like(w_start)
+    for t in range(rounds):
+        w = w0.clone()
+        for _ in range(m_steps):
+            w = w - step * (sign * grad(w) + mu * (w - w0) + dual)
+        dual = dual + mu * (w - w0)
+        w0 = w + eta3 ** t * dual / mu
+    moved = (w0 - w_start)[psi].abs().max()
+    assert moved > 1e-2
+    torch.testing.assert_close(server["w"], w0, rtol=1e-4, atol=1e-6)
+    # the same loop with the scale also on the penalty and dual (a different algorithm) is far from it
+    w0b, dual = w_start.clone(), torch.zeros_like(w_start)
+    for t in range(rounds):
+        w = w0b.clone()
+        for _ in range(m_steps):
+            w = w - step * (sign.abs() * (torch.where(psi, -1.0, 1.0) * grad(w) + mu * (w - w0b) + dual))
+        dual = dual + mu * (w - w0b)
+        w0b = w + eta3 ** t * dual / mu
+    gap = float((server["w"] - w0b)[psi].abs().max())
+    print(f"psi moved {float(moved):.3e}; scaled-penalty variant differs by {gap:.3e}")
+    assert gap > 1e-3
+
+
+def test_psi_gradient_error_names_the_field():
+    with pytest.raises(ValueError, match="psi_gradient"):
+        _regime_problem("pretrained", psi_gradient="code")

@@ -13,7 +13,8 @@ Two ways to get one:
 * :func:`adversarial_problem` builds adversarial domain adaptation (spec fedmm.md sec. 1.1) with the DANN,
   CDAN or MDD loss, selected by name, on :class:`DomainAdversarialNet`, from scratch or in the "pretrained"
   regime (:class:`Pretrain`: the label predictor first trained on the labelled source alone, then a 20x smaller
-  step on the feature extractor; spec 2.5 and 6.3).
+  step on the feature extractor; spec 2.5 and 6.3). ``psi_gradient="authors_code"`` scales psi's gradient of
+  ``f_i`` as the authors' code does (:func:`psi_gradient_scale`); the default ``"paper"`` leaves it as in eq. 12.
 
 Domain data convention (``fedsolve.data.domains``): labelled source rows carry their class ``y >= 0``,
 unlabelled target rows carry ``y = -1``; the data's row groups are ``("source", "target")``.
@@ -35,7 +36,8 @@ from fedsolve.problems import FederatedProblem
 
 __all__ = ["OMEGA", "PSI", "Minimax", "Pretrain", "DomainAdaptationProblem", "pretrain_on_source", "minimax_of",
            "player_signs", "saddle_problem", "adversarial_problem", "adversarial_loss", "DomainAdversarialNet",
-           "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU", "DOMAIN_GROUPS"]
+           "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU", "DOMAIN_GROUPS", "PSI_GRADIENTS",
+           "psi_gradient_scale"]
 
 OMEGA, PSI = "omega", "psi"
 #: row-group names of domain data (``FederatedData.group_names``)
@@ -51,6 +53,8 @@ ADVERSARIAL_LOSSES = ("dann", "cdan", "mdd")
 DEFAULT_NU = {"dann": 1.0, "cdan": 1.0, "mdd": 0.5}
 #: nu of the pretrained (Office-31) runs: the paper and the authors' code (spec 2.5)
 PRETRAINED_NU = {"dann": 0.25, "cdan": 0.25, "mdd": 0.1}
+#: how psi's gradient of f_i enters its step: as in the paper (eq. 12), or scaled as in the authors' code
+PSI_GRADIENTS = ("paper", "authors_code")
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,14 @@ class Minimax:
 
     ``loss(params, x, y, w)``: ``f_i`` on one minibatch; omega descends it, psi ascends it.
     ``feature_scale``: factor on the step size of the ``features`` block where the solver has no explicit
-    ``feature_lr`` (1 from scratch; 0.05 in the pretrained regime: 0.01 x 0.05 = the paper's 0.0005)."""
+    ``feature_lr`` (1 from scratch; 0.05 in the pretrained regime: 0.01 x 0.05 = the paper's 0.0005).
+    ``psi_scale``: factor on psi's GRADIENT of ``f_i`` only (not on a solver's penalty or dual terms):
+    1 in the paper; :func:`psi_gradient_scale` for the authors' code."""
 
     loss: FlatObjective
     name: str = "saddle"
     feature_scale: float = 1.0
+    psi_scale: float = 1.0
 
 
 def minimax_of(problem) -> Minimax:
@@ -90,9 +97,25 @@ def player_signs(layout) -> Tensor:
     return torch.where(om, 1.0, -1.0)
 
 
-def _with_blocks(problem: FederatedProblem, loss_of_layout, name: str, feature_scale: float = 1.0) -> FederatedProblem:
+def psi_gradient_scale(psi_gradient: str, nu: float, pretrained: bool) -> float:
+    """The factor on psi's gradient of ``f_i = L_cls - nu L_dom`` (spec 2.5, "discriminator gradient scaling").
+
+    ``"paper"``: 1, psi ascends ``f_i`` with step eta_2 (eq. 12), i.e. descends ``nu L_dom``.
+    ``"authors_code"``: the authors' TF code divides the domain head's gradient by ``nu + 0.01`` in its
+    pretrained ("finetune") mode and by ``nu`` from scratch ("stratch_train"), so psi descends ``L_dom`` times
+    ``nu / (nu + 0.01)`` (pretrained) or the unscaled ``L_dom`` (from scratch); the penalty and dual terms of its
+    FedMM optimizer are added after that scaling, unscaled."""
+    if psi_gradient not in PSI_GRADIENTS:
+        raise ValueError(f"psi_gradient: unknown {psi_gradient!r}; allowed: {list(PSI_GRADIENTS)}")
+    if psi_gradient == "paper":
+        return 1.0
+    return 1.0 / (nu + 0.01) if pretrained else 1.0 / nu
+
+
+def _with_blocks(problem: FederatedProblem, loss_of_layout, name: str, feature_scale: float = 1.0,
+                 psi_scale: float = 1.0) -> FederatedProblem:
     player_signs(problem.layout)
-    problem.extras["minimax"] = Minimax(loss_of_layout(problem.layout), name, feature_scale)
+    problem.extras["minimax"] = Minimax(loss_of_layout(problem.layout), name, feature_scale, psi_scale)
     return problem
 
 
@@ -262,13 +285,15 @@ class DomainAdaptationProblem(FederatedProblem):
 def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"] = "dann", nu: float | None = None,
                         features: str = "cnn", feature_dim: int = 64, hidden: Sequence[int] = (100, 100),
                         domain_hidden: int = 100, name: str = "domain_adaptation", pretrain: Pretrain | None = None,
-                        feature_scale: float | None = None) -> FederatedProblem:
+                        feature_scale: float | None = None,
+                        psi_gradient: Literal["paper", "authors_code"] = "paper") -> FederatedProblem:
     """Adversarial domain adaptation on domain data (labelled source ``y >= 0``, unlabelled target ``y = -1``).
 
     Blocks: ``omega`` = features + classifier, ``psi`` = domain head, ``features`` = the feature extractor
     (its own learning rate in the pretrained regime). ``pretrain``: the pretrained regime (source-only stage,
     :class:`Pretrain`); then ``nu`` defaults to :data:`PRETRAINED_NU` and ``feature_scale`` (the factor on the
-    features' step size, :class:`Minimax`) to 0.05, else :data:`DEFAULT_NU` and 1."""
+    features' step size, :class:`Minimax`) to 0.05, else :data:`DEFAULT_NU` and 1. ``psi_gradient``: the
+    factor on psi's gradient of ``f_i``, :func:`psi_gradient_scale` ("paper": 1)."""
     if data.task != "classification" or data.num_classes is None:
         raise ValueError("domain adaptation needs classification data (labelled source rows)")
     if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:
@@ -282,6 +307,7 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
     feature_scale = (0.05 if pretrain is not None else 1.0) if feature_scale is None else float(feature_scale)
     if feature_scale <= 0:
         raise ValueError(f"feature_scale must be > 0, got {feature_scale}")
+    psi_scale = psi_gradient_scale(psi_gradient, nu, pretrain is not None)
     shape, k = data.input_shape, int(data.num_classes)
     hidden = tuple(int(h) for h in hidden)
 
@@ -294,6 +320,7 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
                                       pretrain=pretrain)
     problem.extras["domain_adaptation"] = {"loss": loss, "nu": nu, "features": features,
                                            "regime": "scratch" if pretrain is None else "pretrained",
-                                           "feature_scale": feature_scale}
+                                           "feature_scale": feature_scale, "psi_gradient": psi_gradient,
+                                           "psi_scale": psi_scale}
     return _with_blocks(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}",
-                        feature_scale)
+                        feature_scale, psi_scale)

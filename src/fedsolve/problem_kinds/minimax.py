@@ -10,6 +10,9 @@ target rows, row groups ``("source", "target")``); this kind replaces the config
 (centralized, before round 0, not a communication round; ``pretrain``: steps, lr, batch_size), then the solvers
 step the feature extractor 20x slower (``feature_scale`` 0.05: 0.01 -> 0.0005, unless an algorithm sets
 ``feature_lr``); nu defaults to the paper's pretrained values (0.25 DANN/CDAN, 0.1 MDD).
+
+``psi_gradient: authors_code`` divides psi's gradient of f_i by nu + 0.01 (pretrained) or nu (from scratch), as
+the authors' code does; the default ``paper`` leaves it as in the paper's eq. 12 (spec 2.5).
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ class DomainAdaptationParams(BaseModel):
                                      "source-only stage (ignored from scratch)")
     feature_scale: float | None = Field(None, gt=0, description="factor on the features' step size (default: "
                                         "0.05 pretrained, 1 from scratch)")
+    psi_gradient: Literal["paper", "authors_code"] = Field(
+        "paper", description="psi's gradient of f_i in its step: 'paper' as in eq. 12 (ascent on f_i, step eta_2); "
+                             "'authors_code' divided by nu + 0.01 (pretrained) or by nu (from scratch) as in the "
+                             "authors' code; the penalty and dual terms are not scaled")
 
 
 @register_problem_kind("domain_adaptation")
@@ -56,4 +63,5 @@ def domain_adaptation(problem, params, seed):
         raise ValueError(f"domain_adaptation: {errs}") from None
     pretrain = Pretrain(**p.pretrain.model_dump()) if p.regime == "pretrained" else None
     return adversarial_problem(problem.data, p.loss, p.nu, p.features, p.feature_dim, p.hidden, p.domain_hidden,
-                               name=problem.name, pretrain=pretrain, feature_scale=p.feature_scale)
+                               name=problem.name, pretrain=pretrain, feature_scale=p.feature_scale,
+                               psi_gradient=p.psi_gradient)

@@ -55,8 +55,9 @@ class MinimaxAlgorithm(Algorithm):
     def setup(self) -> None:
         mm = minimax_of(self.problem)
         self.objective = mm.loss
-        self.sign = player_signs(self.layout)                      # +1 omega (descent), -1 psi (ascent)
         om = self.layout.mask(OMEGA)
+        self.sign = player_signs(self.layout).double()             # +1 omega (descent), -1 psi (ascent)
+        self.sign[~om] *= mm.psi_scale                              # psi's gradient factor (1 in the paper)
         lr = torch.where(om, self.cfg.lr, self.cfg.lr_psi)
         feature_lr = self.cfg.feature_lr
         if feature_lr is None and mm.feature_scale != 1.0:        # the pretrained regime: 0.01 x 0.05 = 0.0005
@@ -77,7 +78,7 @@ class MinimaxAlgorithm(Algorithm):
 
     def descent_ascent(self, ctx, start: Tensor, extra=None) -> Tensor:
         """The local loop: ``theta <- theta - eta * [sign * grad f_i(theta) + extra(theta)]`` over the planned
-        steps (simultaneous GDA on one fresh minibatch per step)."""
+        steps (simultaneous GDA on one fresh minibatch per step; ``sign`` = +1 on omega, ``-psi_scale`` on psi)."""
         like = dict(dtype=start.dtype, device=start.device)
         return ctx.sgd(start, self.lr_vec.to(**like), "train", extra=extra, scale=self.sign.to(**like),
                        loss=self.objective)
