@@ -1,0 +1,118 @@
+"""What the family benchmarks (``families.py``) share: the round schedule every contender follows, the timed run
+of a fedsolve ``Simulation``, and the agreement check.
+
+A family module (``family_<name>.py``) builds a :class:`Family`: its workload, a fedsolve contender that runs the
+algorithm through the engine, and references written in plain torch that take the same data, the same initial
+state and the same :class:`Schedule` (clients of every round and their minibatches, read from fedsolve's random
+streams, as ``mlp_fedavg.py`` does) and must end in the same state. Every contender returns a :class:`Result`:
+the seconds of each round and the state to compare.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from fedsolve.core.executor import build_plans
+from fedsolve.simulation import Simulation
+from fedsolve.simulation.sampling import sample_clients
+
+
+@dataclass
+class Result:
+    """One contender's run: seconds of every round (round 0 is the warm-up) and its final state."""
+
+    round_s: list[float]
+    state: dict[str, Tensor]
+    config: str = ""
+
+
+@dataclass
+class Family:
+    """One family's workload and its contenders (name -> function running it once from scratch).
+
+    ``unit``: ``round`` (median seconds of the rounds after the first) or ``run`` (seconds of all rounds: a
+    run to a stopping test). ``tol``: the largest accepted ``max |a - b| / max(1, max |a|)`` over the state
+    tensors, fedsolve's state ``a`` against a reference's ``b``."""
+
+    name: str
+    workload: str
+    contenders: dict[str, Callable[[], Result]]
+    tol: float
+    unit: str = "round"
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    """Round ``t``'s participants (sorted client ids) and, per work phase, each participant's minibatches
+    (global row indices of the pooled training tensors, one tensor per local step, padding removed)."""
+
+    ids: list[int]
+    batches: dict[str, list[list[Tensor]]]
+
+
+Schedule = list[Round]
+
+
+def schedule(sim: Simulation, rounds: int) -> Schedule:
+    """The clients and minibatches of rounds ``0..rounds-1`` of ``sim`` (drawn from its random streams exactly as
+    ``Simulation.run_round`` draws them; the streams are keyed, so nothing of ``sim`` changes)."""
+    data, m = sim.problem.data, sim.problem.num_clients
+    out = []
+    for t in range(rounds):
+        ids = sample_clients(sim.cfg.sampling, m, data.weights, sim.rngs.numpy("sampling", t))
+        plans = build_plans(sim.algo.work(t), data.train_offsets, ids, sim.rngs, t, None, data.row_groups)
+        batches = {}
+        for phase, plan in plans.items():
+            per = []
+            for k in range(ids.numel()):
+                row = plan.row(k)
+                steps = int(row.active.sum())
+                per.append([row.idx[s][:max(row.length(s), 1)].clone() for s in range(steps)])
+            batches[phase] = per
+        out.append(Round(ids.tolist(), batches))
+    return out
+
+
+def run_simulation(make: Callable[[], Simulation], rounds: int, executor: str,
+                   state: Callable[[Simulation], dict[str, Tensor]]) -> Result:
+    """``rounds`` rounds of a fresh simulation (``make()``, built before the clock starts) with ``executor``; each
+    round timed by itself (it draws its clients and minibatches and aggregates inside the round)."""
+    sim = make()
+    sim.use_executor(executor)
+    times = []
+    with torch.enable_grad():
+        for t in range(rounds):
+            t0 = time.perf_counter()
+            sim.run_round(t)
+            times.append(time.perf_counter() - t0)
+    chosen = getattr(sim.executor, "name", executor)
+    return Result(times, {k: v.detach().clone() for k, v in state(sim).items()},
+                  f"executor {executor} ({chosen}), {torch.get_num_threads()} thread(s)")
+
+
+def rel_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """``max |a - b| / max(1, max |a|)`` over the tensors of ``a`` (inf when ``b`` lacks one or a shape
+    differs, or when anything is not finite)."""
+    worst = 0.0
+    for k, x in a.items():
+        y = b.get(k)
+        if y is None or tuple(y.shape) != tuple(x.shape):
+            return float("inf")
+        x, y = x.double(), y.double()
+        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+            return float("inf")
+        scale = max(1.0, float(x.abs().max())) if x.numel() else 1.0
+        worst = max(worst, float((x - y).abs().max()) / scale if x.numel() else 0.0)
+    return worst
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

@@ -1,0 +1,211 @@
+"""FedMM (Algorithm 3, ``src/fedsolve/algorithms/minimax/fedmm.py``) on the DANN 2-client workload: fedsolve against
+a plain and a fastest client-by-client loop (``families.py``).
+
+Workload: the reduced size of ``experiments/minimax/mnistm_dann_2clients.yaml`` on synthetic data of its shape:
+2 clients at p = 1 (client 0 holds 5,000 labelled source images, client 1 5,000 unlabelled target images),
+3 x 8 x 8 inputs, DANN with MLP features (192 -> 64), classifier 64-100-100-10, discriminator 64-100-2, nu = 1;
+M = 20 local descent-ascent steps of batch 64, eta_1 = eta_2 = 0.01, mu_1 = mu_2 = 1, eta_3 = 0.9995002. One
+round, client i (minimizer form, sign s = +1 on omega, -1 on psi):
+
+    theta <- theta - eta [s grad f_i(theta) + mu (theta - theta_0^t) + dual_i]   (eqs. 11-12, simultaneous)
+    dual_i += mu (theta_i - theta_0^t)                                              (eqs. 13-14)
+    upload theta_i + eta_3^t dual_i / mu;  server: mean of the uploads              (eqs. 15-16)
+
+plain: a PFLlib-style client (its own model, ``torch.optim.SGD`` with the two players' step sizes as parameter
+groups, ``backward()`` of f_i, the discriminator's gradient negated, the penalty and dual added to ``.grad``).
+fastest: one reused module, ``torch.autograd.grad`` into the parameter tensors, one fused update per parameter
+tensor with the round's constants folded in (``p (1 - eta mu) - eta s g + eta (mu p_0 - dual)``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from family_common import Family, Result, run_simulation, schedule
+
+from fedsolve.algorithms import get_algorithm
+from fedsolve.data.federated import FederatedData
+from fedsolve.minimax import adversarial_problem
+from fedsolve.simulation import Simulation, SimulationConfig
+
+SHAPE, FEAT, HIDDEN, DOM = (3, 8, 8), 64, (100, 100), 100
+CFG = dict(lr=0.01, lr_psi=0.01, batch_size=64, local_steps=20, mu1=1.0, mu2=1.0, eta3=0.9995002)
+NU = 1.0
+
+
+def domain_data(n: int, seed: int) -> FederatedData:
+    """Client 0: ``n`` labelled source rows (classes of a random linear map); client 1: ``n`` unlabelled target
+    rows (``y = -1``), shifted inputs; row groups ``source``/``target``."""
+    g = torch.Generator().manual_seed(seed)
+    xs = torch.rand(n, *SHAPE, generator=g)
+    ys = (xs.reshape(n, -1) @ torch.randn(xs[0].numel(), 10, generator=g)).argmax(1)
+    xt = (torch.rand(n, *SHAPE, generator=g) + 0.3 * torch.rand(1, *SHAPE, generator=g)).clamp(0, 1)
+    x = torch.cat([xs, xt])
+    y = torch.cat([ys, torch.full((n,), -1)])
+    off = torch.tensor([0, n, 2 * n])
+    toff = torch.tensor([0, 0, 50])
+    return FederatedData(x, y, off, xt[:50], ys[:50], toff, num_classes=10, name="dann-synthetic",
+                         train_groups=torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long)]),
+                         group_names=("source", "target"))
+
+
+class DANN(nn.Module):
+    """The DANN network written here in plain torch (the same parameter names and order as fedsolve's)."""
+
+    def __init__(self):
+        super().__init__()
+        d_in = SHAPE[0] * SHAPE[1] * SHAPE[2]
+        self.features = nn.Sequential(nn.Flatten(), nn.Linear(d_in, FEAT), nn.ReLU())
+        self.classifier = nn.Sequential(nn.Linear(FEAT, HIDDEN[0]), nn.ReLU(), nn.Linear(HIDDEN[0], HIDDEN[1]),
+                                        nn.ReLU(), nn.Linear(HIDDEN[1], 10))
+        self.domain = nn.Sequential(nn.Linear(FEAT, DOM), nn.ReLU(), nn.Linear(DOM, 2))
+
+    def forward(self, x):
+        z = self.features(x)
+        return self.classifier(z), self.domain(z)
+
+
+def dann_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """f_i on one minibatch: mean of CE on source rows - nu * domain cross-entropy (source 0, target 1)."""
+    logits, d = model(x)
+    src = y >= 0
+    ce = F.cross_entropy(logits, y.clamp_min(0), reduction="none") * src
+    logq = torch.log_softmax(d, -1)
+    dom = torch.where(src, -logq[:, 0], -logq[:, 1])
+    return (ce - NU * dom).mean()
+
+
+def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
+    n, rounds = (500, 3) if smoke else (5000, 5)
+    data = domain_data(n, seed)
+    problem = adversarial_problem(data, "dann", NU, features="mlp", feature_dim=FEAT, hidden=HIDDEN,
+                                  domain_hidden=DOM)
+    cfg = dict(CFG, local_steps=5 if smoke else CFG["local_steps"])
+
+    def make() -> Simulation:
+        algo = get_algorithm("fedmm")(cfg, problem)
+        return Simulation(problem, algo, SimulationConfig(rounds=rounds, executor="sequential", metrics=[]),
+                          seed=seed)
+
+    sim0 = make()
+    w0 = sim0.server["w"].clone()
+    sched = schedule(sim0, rounds)
+    n_omega = sum(1 for name, _ in problem.model.named_parameters() if not name.startswith("domain."))
+    lr = {who: cfg["lr"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+
+    def state(sim):
+        return {"w": sim.server["w"], "dual": sim.clients["dual"]}
+
+    fam = Family("fedmm", f"DANN, 2 clients at p = 1 ({n} source + {n} target synthetic 3x8x8 images), MLP features "
+                 f"{FEAT}, classifier {'-'.join(map(str, HIDDEN))}, M = {cfg['local_steps']} steps of batch 64, "
+                 f"{rounds} rounds", {}, tol=1e-4)
+    fam.contenders["fedsolve[auto]"] = lambda: run_simulation(make, rounds, "auto", state)
+    fam.contenders["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state)
+    fam.contenders["plain"] = lambda: plain(w0, data, sched, n_omega, cfg, lr["plain"])
+    fam.contenders["fastest"] = lambda: fastest(w0, data, sched, n_omega, cfg, lr["fastest"])
+    return fam
+
+
+def _model(w0: Tensor) -> nn.Module:
+    model = DANN()
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(w0.clone(), model.parameters())   # (views of its argument)
+    return model
+
+
+def _flat(ts) -> Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in ts])
+
+
+# ------------------------------------------------------------------ (a) plain PFLlib-style loop
+class PlainClient:
+    def __init__(self, model: nn.Module, n_omega: int, cfg: dict, lr: float):
+        self.model = copy.deepcopy(model)
+        params = list(self.model.parameters())
+        self.omega, self.psi = params[:n_omega], params[n_omega:]
+        self.dual = [torch.zeros_like(p) for p in params]
+        self.cfg, self.lr = cfg, lr
+
+    def train(self, glob: nn.Module, x, y, batches, t: int) -> list[Tensor]:
+        c = self.cfg
+        self.model.load_state_dict(glob.state_dict())
+        w0 = [p.detach().clone() for p in self.model.parameters()]
+        mu = [c["mu1"]] * len(self.omega) + [c["mu2"]] * len(self.psi)
+        opt = torch.optim.SGD([{"params": self.omega, "lr": self.lr}, {"params": self.psi, "lr": c["lr_psi"]}])
+        for ix in batches:
+            loss = dann_loss(self.model, x[ix], y[ix])
+            opt.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in self.psi:                      # the max player ascends f_i
+                    p.grad.neg_()
+                for p, p0, lam, m in zip(self.model.parameters(), w0, self.dual, mu):
+                    p.grad += m * (p - p0) + lam
+            opt.step()
+        ps = [p.detach() for p in self.model.parameters()]
+        self.dual = [lam + m * (p - p0) for lam, m, p, p0 in zip(self.dual, mu, ps, w0)]
+        return [p + (c["eta3"] ** t) * lam / m for p, lam, m in zip(ps, self.dual, mu)]
+
+
+def plain(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
+    glob = _model(w0)
+    clients = [PlainClient(glob, n_omega, cfg, lr) for _ in range(data.num_clients)]
+    x, y = data.train_x, data.train_y
+    times = []
+    for t, rnd in enumerate(sched):
+        t0 = time.perf_counter()
+        ups = [clients[i].train(glob, x, y, rnd.batches["train"][k], t) for k, i in enumerate(rnd.ids)]
+        with torch.no_grad():
+            for j, p in enumerate(glob.parameters()):
+                p.copy_(sum(u[j] for u in ups) / len(ups))
+        times.append(time.perf_counter() - t0)
+    return Result(times, {"w": _flat(glob.parameters()),
+                          "dual": torch.stack([_flat(c.dual) for c in clients])}, "1 thread(s)")
+
+
+# ------------------------------------------------------------------ (b) fastest sequential loop
+def fastest(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
+    c = cfg
+    model = _model(w0)
+    params = list(model.parameters())
+    om, ps = params[:n_omega], params[n_omega:]
+    mu_om, mu_ps, lr_om, lr_ps = c["mu1"], c["mu2"], lr, c["lr_psi"]
+    sizes = [p.numel() for p in params]
+    mu_vec = torch.cat([torch.full((s,), c["mu1"] if j < n_omega else c["mu2"]) for j, s in enumerate(sizes)])
+    lr_vec = torch.cat([torch.full((s,), lr_om if j < n_omega else lr_ps) for j, s in enumerate(sizes)])
+    glob = w0.clone()
+    dual = torch.zeros(data.num_clients, glob.numel())
+    x, y = data.train_x.reshape(data.train_x.shape[0], -1), data.train_y
+    flat = torch.empty_like(glob)
+    views = [v.view_as(p) for v, p in zip(flat.split(sizes), params)]
+    times = []
+    for t, rnd in enumerate(sched):
+        t0 = time.perf_counter()
+        acc = torch.zeros_like(glob)
+        for k, i in enumerate(rnd.ids):
+            with torch.no_grad():
+                flat.copy_(glob)
+                for p, v in zip(params, views):
+                    p.copy_(v)
+                const = lr_vec * (mu_vec * glob - dual[i])      # eta (mu theta_0 - dual_i), fixed in the loop
+                cv = [v.view_as(p) for v, p in zip(const.split(sizes), params)]
+            for ix in rnd.batches["train"][k]:
+                grads = torch.autograd.grad(dann_loss(model, x[ix], y[ix]), params)
+                with torch.no_grad():
+                    torch._foreach_mul_(om, 1 - lr_om * mu_om)
+                    torch._foreach_add_(om, grads[:n_omega], alpha=-lr_om)
+                    torch._foreach_mul_(ps, 1 - lr_ps * mu_ps)
+                    torch._foreach_add_(ps, grads[n_omega:], alpha=lr_ps)
+                    torch._foreach_add_(params, cv)
+            with torch.no_grad():
+                w = torch.cat([p.reshape(-1) for p in params])
+                dual[i] += mu_vec * (w - glob)
+                acc += w + (c["eta3"] ** t) * dual[i] / mu_vec
+        glob = acc / len(rnd.ids)
+        times.append(time.perf_counter() - t0)
+    return Result(times, {"w": glob, "dual": dual}, f"{torch.get_num_threads()} thread(s)")
