@@ -80,20 +80,39 @@ def schedule(sim: Simulation, rounds: int) -> Schedule:
 
 
 def run_simulation(make: Callable[[], Simulation], rounds: int, executor: str,
-                   state: Callable[[Simulation], dict[str, Tensor]]) -> Result:
+                   state: Callable[[Simulation], dict[str, Tensor]],
+                   trace: Callable[[Simulation], Tensor] | None = None) -> Result:
     """``rounds`` rounds of a fresh simulation (``make()``, built before the clock starts) with ``executor``; each
-    round timed by itself (it draws its clients and minibatches and aggregates inside the round)."""
+    round timed by itself (it draws its clients and minibatches and aggregates inside the round). ``trace(sim)``,
+    read after every round outside the clock, is stacked into the state as ``trace`` (a whole trajectory to
+    compare, where the final state alone would not tell runs apart, e.g. a run that converges to one optimum)."""
     sim = make()
     sim.use_executor(executor)
-    times = []
+    times, path = [], []
     with torch.enable_grad():
         for t in range(rounds):
             t0 = time.perf_counter()
             sim.run_round(t)
             times.append(time.perf_counter() - t0)
+            if trace is not None:
+                path.append(trace(sim).detach().clone())
     chosen = getattr(sim.executor, "name", executor)
-    return Result(times, {k: v.detach().clone() for k, v in state(sim).items()},
-                  f"executor {executor} ({chosen}), {torch.get_num_threads()} thread(s)")
+    out = {k: v.detach().clone() for k, v in state(sim).items()}
+    if trace is not None:
+        out["trace"] = torch.stack(path)
+    return Result(times, out, f"executor {executor} ({chosen}), {torch.get_num_threads()} thread(s)")
+
+
+def fedsolve_contenders(make: Callable[[], Simulation], rounds: int,
+                        state: Callable[[Simulation], dict[str, Tensor]],
+                        trace: Callable[[Simulation], Tensor] | None = None) -> dict[str, Callable[[], Result]]:
+    """fedsolve with the ``auto`` executor and, where ``auto`` picks another one, with ``vectorized`` too."""
+    out = {"fedsolve[auto]": lambda: run_simulation(make, rounds, "auto", state, trace)}
+    probe = make()
+    probe.use_executor("auto")
+    if probe.executor.name != "vectorized":
+        out["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state, trace)
+    return out
 
 
 def rel_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
@@ -110,9 +129,3 @@ def rel_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
         scale = max(1.0, float(x.abs().max())) if x.numel() else 1.0
         worst = max(worst, float((x - y).abs().max()) / scale if x.numel() else 0.0)
     return worst
-
-
-def timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, run_simulation, schedule
+from family_common import Family, Result, fedsolve_contenders, schedule
 from handwritten import HandwrittenChain
 from round_time import make_data
 
@@ -70,8 +70,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("fedapm", f"MLP 784-{'-'.join(map(str, HIDDEN))}-10 (output layer personal), {m} clients x {n} "
                  f"synthetic MNIST-shaped images, {int(FRACTION * 100)}% participation, 3+3 epochs of batch 50, "
                  f"{rounds} rounds", {}, tol=2e-5)
-    fam.contenders["fedsolve[auto]"] = lambda: run_simulation(make, rounds, "auto", state)
-    fam.contenders["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state)
+    fam.contenders.update(fedsolve_contenders(make, rounds, state))
     fam.contenders["plain"] = lambda: plain(problem, full0, d_v, x, y, sched, m, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(shapes, full0, d_v, x, y, data.train_offsets, sched, m, lr["fastest"])
     return fam

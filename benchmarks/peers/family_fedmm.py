@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, run_simulation, schedule
+from family_common import Family, Result, fedsolve_contenders, schedule
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.data.federated import FederatedData
@@ -104,8 +104,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("fedmm", f"DANN, 2 clients at p = 1 ({n} source + {n} target synthetic 3x8x8 images), MLP features "
                  f"{FEAT}, classifier {'-'.join(map(str, HIDDEN))}, M = {cfg['local_steps']} steps of batch 64, "
                  f"{rounds} rounds", {}, tol=1e-4)
-    fam.contenders["fedsolve[auto]"] = lambda: run_simulation(make, rounds, "auto", state)
-    fam.contenders["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state)
+    fam.contenders.update(fedsolve_contenders(make, rounds, state))
     fam.contenders["plain"] = lambda: plain(w0, data, sched, n_omega, cfg, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(w0, data, sched, n_omega, cfg, lr["fastest"])
     return fam

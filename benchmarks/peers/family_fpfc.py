@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, run_simulation, schedule
+from family_common import Family, Result, fedsolve_contenders, schedule
 from round_time import WORKLOADS, make_data
 
 from fedsolve.algorithms import get_algorithm
@@ -95,8 +95,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("fpfc", f"LeNet (conv-pool-conv-pool-fc2, fc2 fused), {w['clients']} clients of 151-369 synthetic "
                  f"MNIST-shaped images, {int(FRACTION * 100)}% a round, 2 epochs of batch 100, SCAD lambda 0.4, "
                  f"{rounds} rounds", {}, tol=1e-5)
-    fam.contenders["fedsolve[auto]"] = lambda: run_simulation(make, rounds, "auto", state)
-    fam.contenders["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state)
+    fam.contenders.update(fedsolve_contenders(make, rounds, state))
     fam.contenders["plain"] = lambda: plain(W0, data, sched, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(W0, data, sched, lr["fastest"])
     return fam

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bilevel_hvp import make_problem
-from family_common import Family, Result, run_simulation, schedule
+from family_common import Family, Result, fedsolve_contenders, schedule
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.simulation import Simulation, SimulationConfig
@@ -59,8 +59,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("simfbo", f"hyper-representation, MLP 784-200-10 (x: hidden layer, y: head), {m} clients x {n} "
                  f"synthetic MNIST-shaped rows (lower/upper halves), {per} clients a round, tau = 1, batch {BATCH}, "
                  f"{rounds} rounds", {}, tol=1e-6)
-    fam.contenders["fedsolve[auto]"] = lambda: run_simulation(make, rounds, "auto", state)
-    fam.contenders["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state)
+    fam.contenders.update(fedsolve_contenders(make, rounds, state))
     fam.contenders["plain"] = lambda: plain(problem.model_fn(), start, xs, data.train_y, sched, gx["plain"])
     fam.contenders["fastest"] = lambda: fastest(start, xs, data.train_y, sched, gx["fastest"])
     return fam

@@ -1,0 +1,41 @@
+"""benchmarks/peers/families.py at its smoke sizes: for every family one reference agrees with fedsolve (its ratio
+is printed) and the other, run with a step size changed by 1%, is caught by the agreement check (no ratio, exit
+status 1). A benchmark run, not a timing: the figures themselves are never checked."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "peers" / "families.py"
+
+#: family -> the reference whose step size is perturbed (the other one must agree)
+CASES = {"fedapm": "fastest", "fpfc": "plain", "constrained": "fastest", "simfbo": "plain", "fedmm": "fastest"}
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_family_agreement_check_passes_and_fails(family):
+    bad = CASES[family]
+    good = "plain" if bad == "fastest" else "fastest"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--repeats", "1", "--families", family,
+                        "--perturb", f"{family}:{bad}"], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out                                   # a failed check sets the exit status
+    assert re.search(rf"^ratio {family} {good} \d+\.\d+$", out, re.M), out
+    assert f"CHECK FAILED: {bad} ends" in out, out
+    assert not re.search(rf"^ratio {family}(:\w+)? {bad} ", out, re.M), out
+    assert "fedsolve's executors disagree" not in out, out
+
+
+def test_perturb_names_a_family_and_a_reference():
+    p = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--perturb", "fedapm:fedsolve"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and "--perturb" in p.stderr
