@@ -115,14 +115,6 @@ def test_layers_detected():
         ((6, 25), True, "tanh"), ((5, 6), True, "sigmoid"), ((4, 5), False, None)]
 
 
-def test_refused_for_a_cnn_with_a_clear_message():
-    prob = FederatedProblem(data(shape=(1, 8, 8)), build_model_fn("lenet", (1, 8, 8), 4))
-    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
-    assert not batched_sgd_applies(algo, prob)
-    with pytest.raises(ValueError, match=r"'batched' needs a model made of nn.Linear layers.*LeNet"):
-        make_executor("batched", prob, algorithm=algo)
-
-
 def test_refused_for_an_algorithm_without_the_declaration():
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("scaffold")({"lr": 0.1}, prob)
@@ -174,7 +166,7 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
     # several threads: also the chunks one after another ('batched:1'), a key of its own
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     ex = make_executor("auto", prob, algorithm=algo)
-    (key2, entry2), = [(k, v) for k, v in json.loads(path.read_text()).items() if k.endswith("threads 2")]
+    (key2, entry2), = [(k, v) for k, v in json.loads(path.read_text()).items() if "threads 2|" in k]
     assert len(calls) == 3 and set(entry2["seconds"]) == {"batched", "batched:1", "vectorized", "sequential"}
     best = min(entry2["seconds"], key=entry2["seconds"].get)
     assert ex.name == best.split(":")[0] and (getattr(ex, "workers", None) == 1) == (best == "batched:1")

@@ -1,25 +1,33 @@
-"""Batched minibatch SGD for stacked MLPs: the ``batched`` executor, and ``auto``'s per-machine calibration.
+"""Batched minibatch SGD for stacked clients: the ``batched`` executor, and ``auto``'s per-machine calibration.
 
-A model that is a chain of ``nn.Linear`` layers with elementwise activations between them (ReLU, tanh,
-sigmoid; e.g. ``mlp`` and ``logreg`` of ``fedsolve.models``) is trained for all K selected clients at once:
+The selected clients are trained k at a time (a *chunk*) in lockstep, their flat parameter rows one contiguous
+``[k, d]`` block ``P`` (the model's own flat layout, so nothing is converted), by a per-step *kernel*:
 
-* the clients' flat parameter rows are one contiguous ``[K, d]`` buffer ``P``; layer ``l``'s weight is the
-  view ``[K, out, in]`` of its slice (the model's own flat layout, so nothing is converted), its gradient the
-  same view of a ``[K, d]`` buffer ``G``;
-* each step gathers every client's minibatch at once from the plans (``[K, B, in]``), runs the forward pass
-  as ``baddbmm`` per layer and the backward pass by hand (``bmm`` for the weight gradients and the
-  back-propagated errors, a sum over the batch for the biases; no autograd, no vmap), then one fused update
-  ``P -= lr * (G + wd P + rho (P - anchor))`` over the stacked rows (inactive steps leave a row unchanged).
+* a chain of ``nn.Linear`` layers with elementwise activations between them (ReLU, tanh, sigmoid; e.g. ``mlp``
+  and ``logreg`` of ``fedsolve.models``): :class:`StackedMLP`, layer ``l``'s weight the view ``[k, out, in]`` of
+  its slice; the forward pass is ``baddbmm`` per layer, the backward pass by hand (``bmm`` for the weight
+  gradients and the back-propagated errors; no autograd, no vmap); a plain SGD step is fused into the backward
+  products (``W += -lr dz^T h``, each layer's weights updated right after its error has gone through them);
+* convolutions with activations and 2x2 max pooling, then ``nn.Linear`` layers (``lenet``):
+  ``core.batched_conv.StackedCNN``, the chunk's convolutions one grouped convolution (channel-stacked clients).
+
+Each chunk's minibatches are gathered a block of steps at a time into a buffer laid out step by step (a step
+reads one contiguous slab instead of gathering its rows), each step trimmed to the chunk's longest batch at
+that step; clients are grouped into chunks by their number of steps (unequal work does not idle a chunk), and
+the update ``P -= lr * (G + wd P + rho (P - anchor))`` runs over the stacked rows (inactive steps leave a row
+unchanged) where it is not fused into the kernel.
 
 The update it runs is the algorithm's declared GD form (:meth:`Algorithm.linear_gd` -> ``GDStep``: start,
 lr, proximal anchor and rho, finish), the declaration the ``linear`` executor uses; the algorithm opts in to
 running it with *minibatch* gradients by setting ``linear_gd_minibatch = True`` (its ``linear_gd`` does not
 use the ``full`` argument, and its ``local_update`` is ``local_sgd`` on that objective: FedAvg, FedProx,
-Local). Same numbers as the sequential executor to float rounding (``tests/test_batched_mlp.py``).
+Local). Same numbers as the sequential executor to float rounding (``tests/test_batched_mlp.py``,
+``tests/test_batched_conv.py``).
 
 ``auto`` (``core.selection.make_executor``) chooses among the executors that apply by a calibration: a tiny
 timing of each candidate (two SGD steps of 32 clients on the actual model and batch size, best of 5,
-interleaved), measured once per machine, model signature, batch size and thread count and cached as JSON in
+interleaved), measured once per machine, model signature, batch size, thread count and version of the
+kernels (:data:`CALIBRATION_VERSION`) and cached as JSON in
 ``$FEDSOLVE_CACHE_DIR`` (default ``~/.cache/fedsolve``) / ``executor_calibration.json``.
 ``FEDSOLVE_CALIBRATE=0`` turns the measurement off (``auto`` then takes ``batched`` where it applies, else
 the fixed rules of ``make_executor``); an explicit ``simulation.executor`` always forces one executor.
@@ -41,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.executor import Plan, linear_gd_owner_ok, on_data_device
 from fedsolve.core.linear import keep_freed_memory
 
@@ -116,7 +125,8 @@ def batched_sgd_applies(algorithm, problem, check_problem: bool = True) -> bool:
     """The ``batched`` executor can run ``algorithm``: it declares its GD form (``supports_linear_gd()`` and
     ``linear_gd``, defined by the class that defines ``local_update``) with ``linear_gd_minibatch = True``, its
     only work phase is ``train`` (the flag set by the class that defines ``linear_gd``: a subclass with its own
-    GD form does not inherit it), and (``check_problem``) the model is a stacked-Linear chain (:func:`mlp_layers`)."""
+    GD form does not inherit it), and (``check_problem``) the model is one the executor stacks
+    (:func:`stacked_kernel`: a chain of nn.Linear layers, or a small CNN such as LeNet)."""
 
     if not getattr(algorithm, "linear_gd_minibatch", False) or not linear_gd_owner_ok(algorithm):
         return False
@@ -128,33 +138,36 @@ def batched_sgd_applies(algorithm, problem, check_problem: bool = True) -> bool:
     if not check_problem:
         return True
     try:
-        mlp_layers(problem)
+        stacked_kernel(problem)
     except ValueError:
         return False
     return True
 
 
-class BatchedMLPExecutor:
-    """The ``batched`` executor (module docstring); same ``run`` interface as ``core.executor``."""
+class StackedMLP:
+    """One SGD step of the k clients of a chunk on a stacked-Linear chain (module docstring): the forward pass as
+    ``baddbmm`` per layer, the backward pass by hand. ``X`` ``[k, B, in]`` (client-major), ``Y`` ``[k, B, ...]``."""
 
-    name = "batched"
+    batch_major = False
+    #: with ``lr`` given, :meth:`loss_grad` applies the plain step ``P -= lr G`` itself (fused into the backward
+    #: products: ``W += -lr dz^T h`` by ``baddbmm_``, no gradient buffer is written or read)
+    fuses_update = True
 
-    def __init__(self, problem, chunk: int | None = None, workers: int | None = None):
-        self.layers = mlp_layers(problem)
-        #: clients per chunk on the CPU (None: at most 8, at least 4 chunks a worker)
-        self.chunk = chunk
-        #: chunks run at once on the CPU in a thread pool, one torch thread each (None: 1, the chunks one after
-        #: another with torch's own threads; a pool is opt-in: it stalled under load in CI)
-        self.workers = workers
-        self.tune_malloc = True
+    def __init__(self, problem, layers: list[_Layer]):
+        self.layers = layers
         self.ce = problem.loss_name == "cross_entropy"
-        self.in_dim = self.layers[0].w[2]
 
-    # ---------------------------------------------------------------- one step on a chunk of clients
-    def _loss_grad(self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, zs: list[Tensor],
-                   dhs: list[Tensor]) -> Tensor:
-        """Weighted mean loss ``[k]`` at ``P`` ``[k, d]`` on ``X`` ``[k, B, in]``; its gradient into ``G``.
-        ``zs``/``dhs``: the activation / back-propagated error buffers (``[k, B, out]`` / ``[k, B, in]`` per layer)."""
+    def buffers(self, k: int, B: int, like: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """Activation ``[k, B, out]`` and back-propagated error ``[k, B, in]`` buffers of every layer."""
+        return ([like.new_empty(k, B, ly.w[1]) for ly in self.layers],
+                [like.new_empty(k, B, ly.w[2]) for ly in self.layers[1:]])
+
+    def loss_grad(self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, bufs,
+                  lr: float | None = None) -> Tensor:
+        """Weighted mean loss ``[k]`` at ``P`` ``[k, d]`` on ``X`` ``[k, B, in]``; its gradient into ``G``, or
+        with ``lr`` the step ``P -= lr * gradient`` applied in place (each layer's weights after its error has
+        been propagated through them)."""
+        zs, dhs = bufs
         K = P.shape[0]
         Ws, hs = [], [X]
         for ly, z in zip(self.layers, zs):
@@ -174,9 +187,12 @@ class BatchedMLPExecutor:
             hs.append(z)
         z = hs.pop()
         if self.ce:
-            lse = torch.logsumexp(z, -1, keepdim=True)
-            loss = ((lse.squeeze(-1) - z.gather(-1, Y.unsqueeze(-1)).squeeze(-1)) * w).sum(1)
-            dz = z.sub_(lse).exp_()   # softmax
+            zy = z.gather(-1, Y.unsqueeze(-1)).squeeze(-1)
+            m = z.amax(-1, keepdim=True)
+            dz = z.sub_(m).exp_()
+            se = dz.sum(-1, keepdim=True)
+            loss = ((se.log().add_(m)).squeeze(-1).sub_(zy) * w).sum(1)   # logsumexp - z_y
+            dz.div_(se)   # softmax
             dz.scatter_add_(-1, Y.unsqueeze(-1), torch.full_like(dz[..., :1], -1.0))
         else:
             dz = z.sub_(Y.reshape(z.shape).to(z.dtype))
@@ -185,10 +201,8 @@ class BatchedMLPExecutor:
         for l in range(len(self.layers) - 1, -1, -1):
             ly, h = self.layers[l], hs[l]
             s, o, i = ly.w
-            torch.bmm(dz.transpose(1, 2), h, out=G[:, s:s + o * i].view(K, o, i))
-            if ly.b is not None:
-                torch.sum(dz, 1, out=G[:, ly.b:ly.b + o])
-            if l > 0:
+            dh = None
+            if l > 0:   # the error of the layer below, through this layer's weights before they move
                 dh = torch.bmm(dz, Ws[l], out=dhs[l - 1])
                 act = self.layers[l - 1].act
                 if act == "relu":   # relu's own backward, in place (h is the post-activation output)
@@ -197,44 +211,139 @@ class BatchedMLPExecutor:
                     dh.mul_(1 - h * h)
                 elif act == "sigmoid":
                     dh.mul_(h * (1 - h))
-                dz = dh
+            if lr is None:
+                torch.bmm(dz.transpose(1, 2), h, out=G[:, s:s + o * i].view(K, o, i))
+                if ly.b is not None:
+                    torch.sum(dz, 1, out=G[:, ly.b:ly.b + o])
+            else:
+                Ws[l].baddbmm_(dz.transpose(1, 2), h, alpha=-lr)
+                if ly.b is not None:
+                    P[:, ly.b:ly.b + o].sub_(dz.sum(1), alpha=lr)
+            dz = dh
         return loss
 
+
+def stacked_kernel(problem):
+    """The per-step kernel of the ``batched`` executor for ``problem.model``: :class:`StackedMLP` for a chain of
+    ``nn.Linear`` layers, ``core.batched_conv.StackedCNN`` for convolutions followed by one; raises
+    ``ValueError`` saying why neither applies."""
+    if problem.loss_name not in ("cross_entropy", "squared_error"):
+        raise ValueError(f"executor: 'batched' supports loss cross_entropy or squared_error, got "
+                         f"{problem.loss_name!r}")
+    if not any(isinstance(m, nn.modules.conv._ConvNd) for m in problem.model.modules()):
+        return StackedMLP(problem, mlp_layers(problem))
+    try:
+        return StackedCNN(problem, cnn_ops(problem))
+    except ValueError as e:
+        raise ValueError(f"executor: 'batched' needs a model made of nn.Linear layers and elementwise activations, "
+                         f"or a small CNN (convolutions with elementwise activations and 2x2 max pooling, then "
+                         f"nn.Linear layers, e.g. 'lenet'); {e}; use 'auto', 'vectorized' or 'sequential'") from None
+
+
+class BatchedMLPExecutor:
+    """The ``batched`` executor (module docstring): stacked MLPs (:class:`StackedMLP`) and small CNNs
+    (``core.batched_conv.StackedCNN``); same ``run`` interface as ``core.executor``."""
+
+    name = "batched"
+
+    def __init__(self, problem, chunk: int | None = None, workers: int | None = None):
+        self.kernel = stacked_kernel(problem)
+        #: clients per chunk on the CPU (None: :attr:`default_chunk`, fewer to give every worker 4 chunks)
+        self.chunk = chunk
+        #: chunks run at once on the CPU in a thread pool, one torch thread each (None: 1, the chunks one after
+        #: another with torch's own threads; a pool is opt-in: it stalled under load in CI)
+        self.workers = workers
+        self.tune_malloc = True
+        self.ce = problem.loss_name == "cross_entropy"
+        #: the minibatches of a chunk are gathered for this many bytes of steps at once (at least one step) into
+        #: a buffer laid out step by step, so that a step reads one contiguous slab instead of gathering
+        self.gather_bytes = 16 << 20
+        #: clients per chunk on the CPU when ``chunk`` is None: 8 for MLPs (the weights of a chunk stay in
+        #: cache), 16 for CNNs (few weights; one grouped convolution for more clients saves more calls)
+        self.default_chunk = 8 if isinstance(self.kernel, StackedMLP) else 16
+
+    @property
+    def layers(self) -> list[_Layer]:
+        return self.kernel.layers
+
+    # ---------------------------------------------------------------- the steps of a chunk of clients
     def _sgd_chunk(self, P: Tensor, Z: Tensor | None, Xf: Tensor, ty: Tensor, idx: Tensor, wts: Tensor,
                    active: Tensor, fixed: bool, lr: float, rho: float, wd: float) -> Tensor:
-        """All steps of the clients of one chunk, in place on their rows ``P`` ``[k, d]``; their summed loss."""
+        """All steps of the clients of one chunk, in place on their rows ``P`` ``[k, d]``; their summed loss.
+
+        The chunk's minibatches are gathered a block of steps at a time (:attr:`gather_bytes`) into a buffer
+        ``[steps, k, B, row]`` (or ``[steps, B, k, row]`` for a ``batch_major`` kernel), one ``index_select``
+        per block; each step is trimmed to the longest batch of the chunk at that step (the rest is weight-0
+        padding). Plain SGD steps where every client of the chunk is active are fused into the kernel's
+        backward pass where it can (``fuses_update``); otherwise ``P -= lr (G + wd P + rho (P - anchor))``
+        over the stacked rows, inactive clients unchanged."""
+        kern = self.kernel
         K, (S, B) = P.shape[0], idx.shape[1:]
         G = torch.empty_like(P)
-        zs = [P.new_empty(K, B, ly.w[1]) for ly in self.layers]
-        dhs = [P.new_empty(K, B, ly.w[2]) for ly in self.layers[1:]]
-        xb = P.new_empty(K * B, Xf.shape[1])
+        lens = (wts > 0).sum(-1).amax(0).clamp_min(1).tolist()   # per step: the chunk's longest batch
+        live_all = active.all(0).tolist()
+        fuse = kern.fuses_update and wd == 0 and Z is None
         loss_sum = P.new_zeros(K)
-        yb = None
+        bufs: dict[int, object] = {}
+        row = Xf.shape[1] * Xf.element_size()
+        block = 1 if fixed else max(1, min(S, self.gather_bytes // max(1, K * B * row)))
+        order = (1, 2, 0) if kern.batch_major else (1, 0, 2)   # [steps, B, k] or [steps, k, B]
+        xbuf = ybuf = None
         for s in range(S):
-            if yb is None or not fixed:
-                ix = idx[:, s].reshape(-1)
-                torch.index_select(Xf, 0, ix, out=xb)
-                yb = ty.index_select(0, ix).view(K, B, *ty.shape[1:])
-            loss = self._loss_grad(P, G, xb.view(K, B, -1), yb, wts[:, s], zs, dhs)
+            if s % block == 0 and (xbuf is None or not fixed):
+                ix = idx[:, s:s + block]
+                xbuf = Xf.index_select(0, ix.permute(*order).reshape(-1)).view(ix.shape[1], -1, Xf.shape[1])
+                ybuf = ty.index_select(0, ix.transpose(0, 1).reshape(-1)).view(ix.shape[1], K, B, *ty.shape[1:])
+            j = 0 if fixed else s % block
+            b = lens[s]
+            if kern.batch_major:
+                X = xbuf[j].view(B, K * Xf.shape[1])[:b]
+            else:
+                X = xbuf[j].view(K, B, Xf.shape[1])[:, :b]
+            if b not in bufs:
+                bufs[b] = kern.buffers(K, b, P)
+            fused = fuse and live_all[s]
+            loss = kern.loss_grad(P, G, X, ybuf[j][:, :b], wts[:, s, :b], bufs[b], lr if fused else None)
+            live = active[:, s]
+            loss_sum += loss * live
+            if fused:
+                continue
             if wd > 0:
                 G.add_(P, alpha=wd)
             if Z is not None:
                 G.add_(P - Z, alpha=rho)
-            live = active[:, s]
-            loss_sum += loss * live
-            if bool(live.all()):   # the fused update of the chunk's stacked flat rows
+            if live_all[s]:   # the update of the chunk's stacked flat rows
                 P.add_(G, alpha=-lr)
             else:
                 P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-lr)
         return loss_sum
 
+    def chunks(self, active: Tensor, size: int) -> list[Tensor]:
+        """Positions of the clients of each chunk: clients sorted by their number of active steps (largest
+        first), at most ``size`` a chunk, a new chunk where the step count falls below 0.85 of the chunk's
+        first (lockstep clients of unequal work would idle through the longest one's steps)."""
+        steps = active.sum(1)
+        if bool((steps == steps[0]).all()):
+            return [torch.arange(a, min(a + size, len(steps))) for a in range(0, len(steps), size)]
+        order = torch.argsort(steps, descending=True, stable=True)
+        out, cur, first = [], [], 0
+        for pos, n in zip(order.tolist(), steps[order].tolist()):
+            if cur and (len(cur) >= size or n < 0.85 * first):
+                out.append(torch.tensor(cur))
+                cur = []
+            if not cur:
+                first = n
+            cur.append(pos)
+        out.append(torch.tensor(cur))
+        return out
+
     def sgd(self, start: Tensor, lr: float, plan: Plan, data, anchor: Tensor | None = None, rho: float = 0.0,
             wd: float = 0.0) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
 
-        On the CPU the clients run in chunks of ``chunk`` (default: at most 8, at least 4 chunks a thread): a
-        chunk's weights stay in cache for all its steps, and the chunks spread over the torch thread count (one
-        intra-op thread each, the count restored afterwards); on a GPU all clients are one chunk."""
+        On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default
+        :attr:`default_chunk`, at least 4 chunks a worker): a chunk's weights stay in cache for all its steps;
+        on a GPU all clients are one chunk."""
         dtype = data.train_x.dtype if data.train_x.dtype == torch.float64 else torch.float32
         P = start.to(dtype).clone(memory_format=torch.contiguous_format)
         K = P.shape[0]
@@ -253,28 +362,39 @@ class BatchedMLPExecutor:
         # one worker unless asked for more: a pool of threads that each set their own torch thread count can
         # stall under load (seen as a run that did not answer Ctrl-C in CI), so chunks run in this thread by default
         workers = min(self.workers or 1, threads)
-        # at most 8 clients a chunk; with several workers at least 4 chunks a worker, so that a worker slowed by
-        # another process's job leaves the others more chunks to take (the pool hands them out as workers free up)
-        size = K if not cpu else (self.chunk or max(1, min(8, math.ceil(K / (4 * workers if workers > 1 else 1)))))
-        bounds = [(a, min(a + size, K)) for a in range(0, K, size)]
+        # with several workers at least 4 chunks a worker, so that a worker slowed by another process's job leaves
+        # the others more chunks to take (the pool hands them out as workers free up)
+        size = K if not cpu else (self.chunk or max(1, min(self.default_chunk,
+                                                            math.ceil(K / (4 * workers if workers > 1 else 1)))))
+        groups = self.chunks(active, size) if cpu else [torch.arange(K)]
+        contiguous = all(int(g[0]) + len(g) - 1 == int(g[-1]) for g in groups) and bool(
+            (torch.cat(groups) == torch.arange(K)).all())
 
-        def chunk(ab):
+        def rows(t: Tensor, g: Tensor) -> Tensor:   # a chunk's rows: a view when the chunks are in order
+            return t[int(g[0]):int(g[0]) + len(g)] if contiguous else t[g]
+
+        def chunk(g):
             if workers > 1:
                 torch.set_num_threads(1)   # this pool thread's intra-op count
-            a, b = ab
-            return self._sgd_chunk(P[a:b], None if Z is None else Z[a:b], Xf, ty, idx[a:b], wts[a:b],
-                                   active[a:b], plan.fixed, lr, rho, wd)
+            Pc = rows(P, g)
+            loss = self._sgd_chunk(Pc, None if Z is None else rows(Z, g), Xf, ty, rows(idx, g), rows(wts, g),
+                                   rows(active, g), plan.fixed, lr, rho, wd)
+            if not contiguous:
+                P[g] = Pc
+            return loss
 
-        if workers > 1 and len(bounds) > 1:   # every chunk on one thread, `workers` at a time
+        if workers > 1 and len(groups) > 1:   # every chunk on one thread, `workers` at a time
             torch.set_num_threads(1)
             try:
                 with ThreadPoolExecutor(workers) as pool:
-                    sums = list(pool.map(chunk, bounds))
+                    sums = list(pool.map(chunk, groups))
             finally:
                 torch.set_num_threads(threads)
         else:
-            sums = [chunk(ab) for ab in bounds]
-        return P, torch.cat(sums) / steps.clamp_min(1)
+            sums = [chunk(g) for g in groups]
+        loss = P.new_empty(K)
+        loss[torch.cat(groups)] = torch.cat(sums)
+        return P, loss / steps.clamp_min(1)
 
     # ---------------------------------------------------------------- one round
     @on_data_device
@@ -303,6 +423,11 @@ class _PlainSGD:
         return {"w": ctx.sgd(state["w"], self.lr)}, {}
 
 
+#: part of every calibration key: a new version of the batched kernels is measured again, not read from an old
+#: entry (2: contiguous per-block minibatch buffers, fused SGD steps, stacked CNNs)
+CALIBRATION_VERSION = 2
+
+
 def calibration_path() -> Path:
     base = os.environ.get("FEDSOLVE_CACHE_DIR")
     return (Path(base) if base else Path.home() / ".cache" / "fedsolve") / "executor_calibration.json"
@@ -323,13 +448,15 @@ def _machine() -> str:
 
 
 def calibration_key(problem, batch_size: int | None) -> str:
-    """Machine + model signature + batch size + threads (+ the data's device and float type)."""
+    """Machine + model signature + batch size + threads + :data:`CALIBRATION_VERSION` (+ the data's device and
+    float type)."""
     d = problem.data
     dev = d.train_x.device
     devname = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     model = ",".join(f"{e.name}:{'x'.join(map(str, e.shape))}" for e in problem.layout.entries)
     return (f"{_machine()}|{devname}|{type(problem.model).__name__}[{model}]|{problem.loss_name}|"
-            f"in{tuple(d.input_shape)}|{d.train_x.dtype}|batch {batch_size}|threads {torch.get_num_threads()}")
+            f"in{tuple(d.input_shape)}|{d.train_x.dtype}|batch {batch_size}|threads {torch.get_num_threads()}|"
+            f"v{CALIBRATION_VERSION}")
 
 
 def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, float]:

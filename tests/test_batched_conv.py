@@ -1,0 +1,145 @@
+"""The ``batched`` executor on small CNNs (core/batched_conv.py: channel-stacked grouped convolutions) against the
+sequential executor: the same numbers, float64 to 1e-10 and float32 to float rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedsolve.algorithms.base import get_algorithm
+from fedsolve.core.batched_conv import StackedCNN, cnn_ops
+from fedsolve.core.batched_mlp import BatchedMLPExecutor, _PlainSGD, batched_sgd_applies
+from fedsolve.core.executor import SequentialExecutor, Work, build_plans
+from fedsolve.core.rng import RngStreams
+from fedsolve.core.selection import make_executor
+from fedsolve.data.federated import FederatedData
+from fedsolve.models import build_model_fn
+from fedsolve.problems import FederatedProblem
+from fedsolve.simulation import Simulation, SimulationConfig
+
+SIZES = [37, 50, 23, 61, 12, 29]   # unequal clients; with batch 10 most epochs end in a short batch
+
+
+def data(shape=(1, 8, 8), classes=4, sizes=SIZES, dtype=torch.float32, seed=0, regression=False):
+    g = torch.Generator().manual_seed(seed)
+    N = sum(sizes)
+    x = torch.randn(N, *shape, generator=g, dtype=dtype)
+    y = torch.randn(N, 3, generator=g, dtype=dtype) if regression else torch.randint(0, classes, (N,), generator=g)
+    off = torch.cumsum(torch.tensor([0] + list(sizes)), 0)
+    m = len(sizes)
+    return FederatedData(x, y, off, x[:2 * m], y[:2 * m], torch.arange(0, 2 * m + 1, 2),
+                         num_classes=None if regression else classes, name="tiny")
+
+
+class SmallCNN(nn.Module):   # two channels in, no pooling after the second conv, a stride, tanh, nn.Flatten
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 3, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 4, 3, stride=2, bias=False)
+        self.flat = nn.Flatten()
+        self.fc = nn.Linear(4 * 2 * 2, 5)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.c1(x)), 2)
+        x = torch.tanh(self.c2(x))
+        return self.out(torch.sigmoid(self.fc(self.flat(x))))
+
+
+MODELS = {   # name -> (input shape, model factory builder, loss)
+    "lenet": ((1, 8, 8), lambda s, c: build_model_fn("lenet", s, c, fc_hidden=0), "cross_entropy"),
+    "lenet_fc": ((1, 12, 12), lambda s, c: build_model_fn("lenet", s, c, fc_hidden=6, fc_hidden2=5), "cross_entropy"),
+    "lenet_rgb": ((3, 16, 16), lambda s, c: build_model_fn("lenet", s, c, fc_hidden=0), "cross_entropy"),
+    "small_sq": ((2, 12, 12), lambda s, c: SmallCNN, "squared_error"),
+}
+
+
+def problem(model, dtype=torch.float32):
+    shape, fn, loss = MODELS[model]
+    d = data(shape, dtype=dtype, regression=loss == "squared_error")
+    return FederatedProblem(d, fn(shape, 3 if loss == "squared_error" else 4), loss=loss)
+
+
+@pytest.mark.parametrize("chunk", [None, 2, 4])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_float64_same_as_sequential(model, chunk):
+    """One round of minibatch SGD, every client from its own start, unequal sizes and unequal step counts
+    (the chunks group clients by work, short batches are padded): final weights and losses to 1e-10."""
+    prob = problem(model, torch.float64)
+    assert isinstance(BatchedMLPExecutor(prob).kernel, StackedCNN)
+    d = prob.data
+    ids = torch.tensor([4, 0, 3, 1, 5, 2])
+    scale = torch.tensor([1.0, 0.5, 1.0, 2.0, 1.0, 0.7])   # unequal local work
+    plans = build_plans({"train": Work(epochs=2, batch_size=10)}, d.train_offsets, ids, RngStreams(3), 0,
+                        scale=scale)
+    g = torch.Generator().manual_seed(1)
+    x0 = prob.layout.flatten(prob.model).detach().double()
+    start = x0 + 0.05 * torch.randn(len(ids), x0.numel(), generator=g, dtype=torch.float64)
+    lr = 0.2
+    ref, _, ref_loss = SequentialExecutor().run(_PlainSGD(prob, lr), {"w": start}, {}, ids, plans, d)
+    out, loss = BatchedMLPExecutor(prob, chunk=chunk).sgd(start, lr, plans["train"], d)
+    assert out.dtype == torch.float64
+    assert (ref["w"] - start).abs().max() > 1e-2   # training moved the weights
+    torch.testing.assert_close(out, ref["w"], rtol=0, atol=1e-10)
+    torch.testing.assert_close(loss.double(), ref_loss.double(), rtol=1e-6, atol=1e-7)
+
+
+CASES = {
+    "fedavg": dict(lr=0.1, batch_size=10, local_epochs=2),
+    "fedprox": dict(lr=0.1, batch_size=10, local_epochs=1.5, mu=0.3, weight_decay=0.01),
+    "local": dict(lr=0.1, batch_size=10, local_steps=4, weight_decay=0.02),
+}
+
+
+def _run(prob, case, executor, rounds=3):
+    algo = get_algorithm(case)(CASES[case], prob)
+    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[],
+                           sampling={"fraction": 0.7}, work={"variable": "uniform"})
+    sim = Simulation(prob, algo, cfg, seed=2)
+    sim.use_executor(executor)
+    losses = [sim.run_round(t)["train_loss"] for t in range(rounds)]
+    state = {k: v.clone() for k, v in sim.server.items() if v.is_floating_point()}
+    state.update({f"client.{k}": v.clone() for k, v in sim.clients.items()})
+    return sim, losses, state
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("model", ["lenet", "small_sq"])
+def test_rounds_match_sequential(model, case):
+    """Whole rounds through the engine (sampling, variable work, aggregation), float32."""
+    prob = problem(model)
+    sim_b, loss_b, st_b = _run(prob, case, "batched")
+    _, loss_s, st_s = _run(prob, case, "sequential")
+    assert sim_b.executor.name == "batched" and isinstance(sim_b.executor.kernel, StackedCNN)
+    assert loss_b == pytest.approx(loss_s, rel=1e-5, abs=1e-6)
+    assert st_b.keys() == st_s.keys() and st_b
+    for k in st_s:
+        torch.testing.assert_close(st_b[k], st_s[k], rtol=1e-5, atol=1e-6)
+
+
+def test_lenet_ops_traced():
+    prob = problem("lenet")
+    assert [o.kind for o in cnn_ops(prob)] == ["conv", "act", "pool", "conv", "act", "pool", "flatten", "linear"]
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    assert batched_sgd_applies(algo, prob)
+
+
+class AvgPoolCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(1, 2, 3)
+        self.pool = nn.AvgPool2d(2)
+        self.fc = nn.Linear(2 * 3 * 3, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(torch.relu(self.c(x))).flatten(1))
+
+
+def test_refused_for_other_cnns_with_a_clear_message():
+    prob = FederatedProblem(data(), AvgPoolCNN)
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    assert not batched_sgd_applies(algo, prob)
+    with pytest.raises(ValueError, match=r"'batched' needs .* or a small CNN .*'lenet'\); AvgPoolCNN: "
+                                         r"unsupported operation call_module 'pool'"):
+        make_executor("batched", prob, algorithm=algo)
