@@ -25,7 +25,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.algorithms import get_algorithm
+from fedsolve.algorithms.base import place_algorithm  # noqa: E402
 from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, build_plans  # noqa: E402
 from fedsolve.core.rng import RngStreams  # noqa: E402
 from fedsolve.data.federated import FederatedData  # noqa: E402
@@ -59,7 +60,7 @@ def main() -> None:
              for o in ("autograd", "mlp")}
     if dev.type != "cpu":
         for algo in algos.values():
-            algo.to(dev)
+            place_algorithm(algo, dev)
     algo = algos["autograd"]
     rngs = RngStreams(0)
     with torch.device(dev):
