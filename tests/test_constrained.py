@@ -102,7 +102,7 @@ def _qp_reference(inst, w0, beta, s_bar, rho, q, eps1, eps2, inner_stop="paper",
 
 @pytest.mark.parametrize("inner_stop", ["paper", "code"])
 def test_quadratic_fast_path_has_the_reference_iterates(inner_stop):
-    """The exact batched path (Eq. 19's Hessian decomposed once, two passes over the eigenbasis per round) gives
+    """The exact batched path (Eq. 19's Hessian factored once, H^{-1} and H packed in one array) gives
     the iterates of a plain one-solve-per-round implementation to 1e-10, with the same round counts (Eq. 23 with
     q^t, and without it, where the clients' eps~_i decide)."""
     prob = qp_problem(8, 2, 1, seed=4)
@@ -125,19 +125,52 @@ def test_quadratic_fast_path_has_the_reference_iterates(inner_stop):
 
 
 def test_quadratic_factor_follows_a_change_of_rho():
-    """The clients decompose Eq. 19's Hessian H_P + rho I once; after rho changes they decompose it again (its
-    eigenvalues move by exactly the change of rho), and not in any other round."""
+    """The clients factor Eq. 19's Hessian H = H_P + rho I once (packed: H^{-1} on and above the diagonal, H
+    below); after rho changes they factor it again (H's diagonal moves by exactly the change of rho, its
+    off-diagonal stays, the upper triangle is the new inverse), and not in any other round."""
     prob = qp_problem(5, 2, 1, seed=0)
     sim = Simulation(prob, get_algorithm("proxal")({**QP, "solver": "quadratic"}, prob),
                      SimulationConfig(rounds=50, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
     for t in range(5):
         sim.run_round(t)
-    e1, V1 = sim.clients["eigval"].clone(), sim.clients["eigvec"].clone()
+    T1, fix1 = sim.clients["pair"].clone(), sim.clients["pair_fix"].clone()
+    H1 = torch.tril(T1, -1) + torch.tril(T1, -1).mT + torch.diag_embed(T1.diagonal(dim1=1, dim2=2) + fix1)
+    torch.testing.assert_close(torch.triu(T1), torch.triu(torch.linalg.inv(H1)), rtol=0, atol=1e-12)
+    spec, beta, sigma = sim.algo.spec, QP["beta"], sim.algo.sigma
+    for i in range(2):   # H = the Hessian of P_{i,k} + rho/2 ||u||^2 (Eq. 19), at any mu_i and w^k
+        mu, wk = torch.randn(1, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+        phi = lambda u: client_P(spec, u, client_rows(prob.data, i), mu, wk, beta, sigma) + 0.5 * u.pow(2).sum()  # noqa: E731
+        torch.testing.assert_close(H1[i], torch.func.hessian(phi)(wk), rtol=0, atol=1e-12)
     sim.run_round(5)
-    assert torch.equal(sim.clients["eigvec"], V1)
+    assert torch.equal(sim.clients["pair"], T1)
     sim.set_hparams(rho=3.0)
     sim.run_round(6)
-    torch.testing.assert_close(sim.clients["eigval"], e1 + 2.0, rtol=0, atol=1e-12)
+    T2, fix2 = sim.clients["pair"], sim.clients["pair_fix"]
+    H2 = torch.tril(T2, -1) + torch.tril(T2, -1).mT + torch.diag_embed(T2.diagonal(dim1=1, dim2=2) + fix2)
+    torch.testing.assert_close(H2, H1 + 2.0 * torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.triu(T2), torch.triu(torch.linalg.inv(H2)), rtol=0, atol=1e-12)
+
+
+def test_sym_pair_products_and_vmap():
+    """sym_pair_mv gives (H^{-1} x, H y) from the one packed array: BLAS on CPU float64, the torch form
+    otherwise (as on a GPU), and under vmap (the engine's vectorized executor), with shared or batched inputs."""
+    from fedsolve.algorithms.constrained import subproblem as sp
+
+    g = torch.Generator().manual_seed(0)
+    B, d = 3, 9
+    A = torch.randn(B, d, d, generator=g, dtype=torch.float64)
+    H = A @ A.mT + d * torch.eye(d, dtype=torch.float64)
+    x, y = torch.randn(2, B, d, generator=g, dtype=torch.float64)
+    want = torch.linalg.solve(H, x), (H @ y.unsqueeze(-1)).squeeze(-1)
+    T, fix = sp.sym_pair(H)
+    got = {"blas": sp.sym_pair_mv(T, fix, x, y), "vmap": torch.func.vmap(sp.sym_pair_mv)(T, fix, x, y),
+           "torch": (sp._upper_mv(T, x), sp._lower_mv(T, fix, y)),
+           "one": tuple(torch.stack(v) for v in zip(*(sp.sym_pair_mv(T[b], fix[b], x[b], y[b]) for b in range(B))))}
+    for name, (a, b) in got.items():
+        torch.testing.assert_close(a, want[0], rtol=0, atol=1e-13, msg=name)
+        torch.testing.assert_close(b, want[1], rtol=0, atol=1e-12, msg=name)
+    shared = torch.func.vmap(sp.sym_pair_mv, in_dims=(0, 0, None, 0))(T, fix, x[0], y)
+    torch.testing.assert_close(shared[0], torch.linalg.solve(H, x[0].expand(B, d)), rtol=0, atol=1e-13)
 
 
 def test_lemma4_bounded_outer_iterates():

@@ -12,6 +12,12 @@ the default. A round's gather / scatter costs O(selected clients x row size), wh
 Over a memory budget (``budget_bytes``) the stored rows of a growing column move to a memory-mapped file
 (``spill_dir``, a temporary folder by default), so the states of many clients need not fit in memory.
 Reads return the same numbers in every layout: the layout is a storage detail.
+
+A *read-only* column (``readonly=`` / :meth:`ClientStates.set_readonly`: constant per-client data such as a
+factored Hessian, written once and then only read) is not copied by :meth:`ClientStates.gather` when the
+selected clients' rows sit in order in its store (every client, in id order, in the common case): the
+gather returns a view of the stored rows, so a round does not copy them. ``local_update`` must not
+modify such rows in place (it may still return new ones, which :meth:`ClientStates.scatter` writes).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import mmap
 import os
 import tempfile
 import weakref
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -70,7 +76,7 @@ class _Spill:
 class _Column:
     """One named state: a default row, the stored rows of the touched clients and each client's slot."""
 
-    __slots__ = ("default", "slot", "rows", "n", "identity", "spill")
+    __slots__ = ("default", "slot", "rows", "n", "identity", "spill", "readonly")
 
     def __init__(self, default: Tensor, m: int):
         self.default = default                                   # [*shape]: untouched clients' row
@@ -79,6 +85,7 @@ class _Column:
         self.n = 0                                               # rows in use
         self.identity = False   # a dense column: row i is client i's for every client (no slot lookup needed)
         self.spill: _Spill | None = None                         # the memory-mapped file, once spilled
+        self.readonly = False   # gathered as a view of the store where possible (module docstring)
 
     @property
     def path(self) -> str | None:
@@ -122,11 +129,12 @@ class ClientStates:
         budget_bytes: in-memory bytes of stored rows above which a growing column moves to a memory-mapped file
             (None: never).
         spill_dir: the folder of those files (default: a new temporary folder).
+        readonly: names of read-only columns (gathered without a copy where possible; module docstring).
     """
 
     def __init__(self, num_clients: int, tensors: Mapping[str, Tensor] | None = None, *,
                  defaults: Mapping[str, Tensor] | None = None, budget_bytes: int | None = None,
-                 spill_dir: str | os.PathLike | None = None):
+                 spill_dir: str | os.PathLike | None = None, readonly: Iterable[str] = ()):
         self.num_clients = int(num_clients)
         self._cols: dict[str, _Column] = {}
         self.budget_bytes = budget_bytes
@@ -135,11 +143,29 @@ class ClientStates:
             self[k] = v
         for k, row in (defaults or {}).items():
             self.set_default(k, row)
+        self.set_readonly(readonly)
 
     # ---------------------------------------------------------------- configuration
     def set_default(self, key: str, row: Tensor) -> None:
-        """Column ``key`` with every client's row equal to ``row`` (nothing stored per client yet)."""
-        self._cols[key] = _Column(row.detach().clone(), self.num_clients)
+        """Column ``key`` with every client's row equal to ``row`` (nothing stored per client yet; a read-only
+        column stays read-only)."""
+        self._put(key, _Column(row.detach().clone(), self.num_clients))
+
+    def _put(self, key: str, col: _Column) -> None:
+        old = self._cols.get(key)
+        col.readonly = old is not None and old.readonly
+        self._cols[key] = col
+
+    def set_readonly(self, keys: Iterable[str]) -> None:
+        """Mark columns ``keys`` read-only (gathered as views of their stored rows where possible)."""
+        for k in keys:
+            if k not in self._cols:
+                raise KeyError(f"readonly: unknown client state {k!r}; known: {sorted(self._cols)}")
+            self._cols[k].readonly = True
+
+    def readonly(self) -> tuple[str, ...]:
+        """Names of the read-only columns."""
+        return tuple(k for k, col in self._cols.items() if col.readonly)
 
     def set_budget(self, budget_bytes: int | None, spill_dir: str | os.PathLike | None = None) -> None:
         """The memory budget for stored rows (None: unlimited) and the folder of the spill files; columns
@@ -159,7 +185,7 @@ class ClientStates:
         if value.shape[0] and (value.stride(0) == 0 or torch.equal(value, value[:1].expand_as(value))):
             self.set_default(key, value[0])   # every row equal: one row until clients write their own
         else:
-            self._cols[key] = _Column.dense(value)
+            self._put(key, _Column.dense(value))
 
     def __getitem__(self, key: str) -> Tensor:
         """All m rows of ``key`` ``[m, ...]``: the live tensor of a dense column, else a materialized copy
@@ -188,11 +214,26 @@ class ClientStates:
 
     # ---------------------------------------------------------------- rows
     def gather(self, ids: Tensor) -> dict[str, Tensor]:
-        """Rows of the selected clients: ``{name: [k, ...]}`` (copies; the default row for a client not yet
-        written)."""
+        """Rows of the selected clients: ``{name: [k, ...]}`` (copies, except views of a read-only column's
+        stored rows when they sit in order; the default row for a client not yet written)."""
         return {k: self._gather(col, ids) for k, col in self._cols.items()}
 
+    @staticmethod
+    def _view(col: _Column, ids: Tensor) -> Tensor | None:
+        """A read-only column's rows of ``ids`` as a view of its store, when they are stored there in order at
+        consecutive positions (else None: a copy is needed)."""
+        if not col.readonly or col.spill is not None or ids.numel() == 0:
+            return None
+        s = ids.cpu() if col.identity else col.slot[ids.cpu()]
+        first = int(s[0])
+        if first < 0 or not torch.equal(s, torch.arange(first, first + s.numel())):
+            return None
+        return col.rows[first:first + s.numel()]
+
     def _gather(self, col: _Column, ids: Tensor) -> Tensor:
+        view = self._view(col, ids)
+        if view is not None:
+            return view
         if col.identity:
             return col.rows.index_select(0, ids.to(col.rows.device)).to(col.device)
         s = col.slot[ids.cpu()]
@@ -278,6 +319,7 @@ class ClientStates:
             self._copy_rows(c, c.rows, col.rows, col.n)
             col.release()
             c.n = col.n
+        out.set_readonly(self.readonly())
         return out
 
     def to(self, device: torch.device | str) -> "ClientStates":
@@ -292,6 +334,7 @@ class ClientStates:
             c.slot, c.n, c.spill = col.slot.clone(), col.n, col.spill
             c.rows = col.rows if col.spill is not None else col.rows.to(device)
             out._cols[k] = c
+        out.set_readonly(self.readonly())
         return out
 
     def touched(self, key: str) -> Tensor:
@@ -317,7 +360,10 @@ class ClientStates:
         cols = {k: {"dense": col.rows} if col.identity else
                 {"default": col.default, "slot": col.slot, "rows": self._stored(col)}
                 for k, col in self._cols.items()}
-        return {"format": self.COMPACT, "num_clients": self.num_clients, "columns": cols}
+        out = {"format": self.COMPACT, "num_clients": self.num_clients, "columns": cols}
+        if self.readonly():
+            out["readonly"] = list(self.readonly())
+        return out
 
     @staticmethod
     def _stored(col: _Column) -> Tensor:
@@ -353,6 +399,7 @@ class ClientStates:
             out._resize(col, max(n, 1))
             out._copy_rows(col, col.rows, c["rows"], n)
             col.n = n
+        out.set_readonly(d.get("readonly", ()))
         return out
 
     @classmethod

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
-from torch.func import grad
+from torch.func import grad, jacrev
 
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.constrained import subproblem as sp
@@ -117,7 +117,7 @@ class ServerSide:
         self.sigma = 1.0 / ((n + 1) * cfg.beta)
         self.quadratic, self.solver = quadratic, solver
         self.eq0 = party.constraint.eq_mask if party.constraint is not None else torch.zeros(0, dtype=torch.bool)
-        self._factor: Tensor | None = None   # caches of the quadratic case (functions of server data only)
+        self._pair: tuple[Tensor, Tensor] | None = None   # caches of the quadratic case (server data only)
         self._g0: tuple | None = None
 
     def solve(self, ut: Tensor, mu0: Tensor, wk: Tensor, start: Tensor, tol: float) -> tuple[Tensor, float]:
@@ -134,17 +134,18 @@ class ServerSide:
         if not prox.is_zero:
             w, res = sp.prox_gradient(smooth, prox, start, tol, L0=S)
             return w, res
-        if self.quadratic:  # grad phi_0(v) = (H_0 + S' I) v + grad P_0(0) - rho sum_i u~_i: factor once, g per k
-            if self._factor is None:
-                self._factor = sp.quadratic_factor(smooth, start)
-            key = (mu0.clone(), wk.clone())
-            if self._g0 is None or not all(torch.equal(a, b) for a, b in zip(key, self._g0[0])):
-                self._g0 = (key, grad(lambda v: server_P(self.party, v, mu0, wk, self.cfg.beta, sig))(
-                    torch.zeros_like(wk)))
+        if self.quadratic:  # grad phi_0(v) = H v + grad P_0(0) - rho sum_i u~_i: (H^{-1}, H) once, g per k
+            if self._pair is None:
+                self._pair = sp.sym_pair(sp.quadratic_hessian(smooth, start))
+            if self._g0 is None or not all(torch.equal(a, b) for a, b in zip((mu0, wk), self._g0[0])):
+                self._g0 = ((mu0.clone(), wk.clone()), grad(
+                    lambda v: server_P(self.party, v, mu0, wk, self.cfg.beta, sig))(torch.zeros_like(wk)))
             rhs = rho * ut.sum(0) - self._g0[1]
-            L = self._factor
-            w = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
-            return w, float((L @ (L.mT @ w) - rhs).abs().max())
+            w, _ = sp.sym_pair_apply(*self._pair, rhs, None)
+            if self.cfg.inner_stop != "measured":   # exact: the residual is rounding, read only by that Eq. 23
+                return w, 0.0
+            _, Hw = sp.sym_pair_apply(*self._pair, None, w)
+            return w, float((Hw - rhs).abs().max())
         if self.solver == "scipy":
             w, res, _ = sp.scipy_lbfgsb(smooth, start, tol)
         else:
@@ -203,11 +204,15 @@ class ProxAL(Algorithm):
         rows = {"mu": torch.full((n, self.spec.m_client), c.mu0, dtype=torch.float64)}
         for key in ("wk", "u", "lam", "ut"):
             rows[key] = torch.zeros(n, d, dtype=torch.float64)
-        if self.solver_kind == "quadratic":   # Eq. 19's constant Hessian H_P + rho I = V diag(e) V^T, once per run
-            rows["eigvec"] = torch.zeros(n, d, d, dtype=torch.float64)
-            rows["eigval"] = torch.ones(n, d, dtype=torch.float64)
+        constant = {}
+        if self.solver_kind == "quadratic":   # the client's quadratic model (_quadratic_model), built in round 0
             rows["g0"] = torch.zeros(n, d, dtype=torch.float64)
-        return server, ClientStates(n, rows)
+            m, f64 = self.spec.m_client, torch.float64
+            constant = {"pair": torch.zeros(d, d, dtype=f64), "pair_fix": torch.zeros(d, dtype=f64),
+                        "gf0": torch.zeros(d, dtype=f64), "J": torch.zeros(m, d, dtype=f64),
+                        "c0": torch.zeros(m, dtype=f64)}
+        # written once per run and read every round: gathered without a copy (read-only)
+        return server, ClientStates(n, rows, defaults=constant, readonly=constant)
 
     def _hkey(self) -> Tensor:
         return torch.tensor([self.cfg.beta, self.cfg.rho], dtype=torch.float64)
@@ -243,44 +248,71 @@ class ProxAL(Algorithm):
     def _P(self, rows, mu, wk):
         return lambda u: client_P(self.spec, u, rows, mu, wk, self.cfg.beta, self.sigma)
 
+    def _quadratic_model(self, rows, at: Tensor) -> dict[str, Tensor]:
+        """A quadratic client (App. E.2) in closed form, from one pass over its data Z_i: quadratic f_i with
+        ``grad f_i(u) = gf0 + grad^2 f_i u`` and affine equality constraints ``c_i(u) = c0 + J u``, so
+
+            grad P_{i,k}(u) = H_P u + g0_k,   g0_k = gf0 + J^T (mu_i^k + beta c0) - sigma w^k      (Eq. 14)
+            H = H_P + rho I = grad^2 f_i + beta J^T J + (sigma + rho) I                              (Eq. 19)
+
+        whatever mu_i and w^k. Returns ``gf0``, ``J``, ``c0`` and ``H`` packed with its inverse (``pair``,
+        ``pair_fix``: :func:`~fedsolve.algorithms.constrained.subproblem.sym_pair`)."""
+        d = at.shape[-1]
+        f = lambda u: self.spec.objective(u, *rows)  # noqa: E731
+        zero = torch.zeros_like(at)
+        H = sp.quadratic_hessian(f, at) + (self.sigma + self.cfg.rho) * torch.eye(d, dtype=at.dtype, device=at.device)
+        J = at.new_zeros(0, d)
+        if self.spec.client_constraint is not None:
+            J = jacrev(lambda u: self.spec.c_client(u, *rows))(at)
+            H = H + self.cfg.beta * (J.mT @ J)
+        out = {"gf0": grad(f)(zero), "J": J, "c0": self.spec.c_client(zero, *rows)}
+        out["pair"], out["pair_fix"] = sp.sym_pair(H)
+        return out
+
+    def _g0(self, model: dict[str, Tensor], mu: Tensor, wk: Tensor) -> Tensor:
+        """``grad P_{i,k}(0) = gf0 + J^T (mu_i^k + beta c0) - sigma w^k`` of a quadratic client."""
+        return model["gf0"] + model["J"].mT @ (mu + self.cfg.beta * model["c0"]) - self.sigma * wk
+
     def local_update(self, state, msg, ctx):
         if "idle" in msg:  # Eq. 11 has passed: nothing left to do
             return {}, {"ack": msg["idle"] * 0}
         c, rho = self.cfg, self.cfg.rho
-        new = {}  # only the rows that change (the eigendecomposition is written once per run)
-        rows = party_rows(ctx) if "factor" in msg or "w_outer" in msg else None
-        if "factor" in msg:  # quadratic: Eq. 19's Hessian does not depend on mu_i, w^k or t: decompose it once
-            P = self._P(rows, state["mu"], state["wk"])
-            new["eigval"], new["eigvec"] = sp.quadratic_eigh(lambda u: P(u) + 0.5 * rho * u.pow(2).sum(),
-                                                             state["wk"])
+        new = {}  # only the rows that change (a quadratic client's model is written once per run)
+        quadratic = self.solver_kind == "quadratic"
+        if "factor" in msg:  # quadratic: Eq. 19's Hessian does not depend on mu_i, w^k or t: build it once
+            new.update(self._quadratic_model(party_rows(ctx), state["wk"]))
             if "w" in msg:  # beta changed inside an inner loop: grad P(0) changes with it
-                new["g0"] = grad(P)(torch.zeros_like(state["wk"]))
+                new["g0"] = self._g0(new, state["mu"], state["wk"])
+        model = {k: new.get(k, state[k]) for k in ("pair", "pair_fix", "gf0", "J", "c0")} if quadratic else None
         if "w_outer" in msg:
             # Alg. 1 lines 6-8 (multipliers at w^k), then Alg. 2 line 1 for outer iteration k
             w = msg["w_outer"]
             mu = state["mu"]
+            rows = None if quadratic else party_rows(ctx)
             if "first" in msg or mu.numel() == 0:
                 mu_new, dmu = mu, torch.zeros((), dtype=torch.float64)
             else:
-                mu_new = shifted(mu, self.spec.c_client(w, *rows), self.eq, c.beta)
+                cw = model["c0"] + model["J"] @ w if quadratic else self.spec.c_client(w, *rows)
+                mu_new = shifted(mu, cw, self.eq, c.beta)
                 dmu = (mu_new - mu).abs().amax()
             start = msg.get("w_start", w)
-            P = self._P(rows, mu_new, w)
-            g0 = grad(P)(start)
-            lam = -g0
+            if quadratic:  # grad P_{i,k}(start) = H start - rho start + g0_k (one half-read of the pair)
+                new["g0"] = self._g0(model, mu_new, w)
+                _, Hs = sp.sym_pair_mv(model["pair"], model["pair_fix"], None, start)
+                lam = -(Hs - rho * start + new["g0"])
+            else:
+                lam = -grad(self._P(rows, mu_new, w))(start)
             ut = start + lam / rho
             new.update(mu=mu_new, wk=w, u=start, lam=lam, ut=ut)
-            if self.solver_kind == "quadratic":  # grad P_{i,k} is affine: keep its value at 0 for this k
-                new["g0"] = grad(P)(torch.zeros_like(w))
             return new, {"ut": ut, "dmu": dmu}
         # Alg. 2 lines 7-8 (Eqs. 19-22)
         w, eps = msg["w"], msg["eps"]
         lam, u_old, ut_old = state["lam"], state["u"], state["ut"]
-        if self.solver_kind == "quadratic":  # exact: (H_P + rho I) u = rho w - grad P(0) - lambda
-            cur = {k: new.get(k, state[k]) for k in ("eigvec", "eigval", "g0")}
-            # (H_P + rho I)^{-1} rhs and (H_P + rho I) w in one pass over V each way (memory-bound at large d)
-            u, Hw = sp.eigh_solve_and_apply(cur["eigvec"], cur["eigval"], rho * w - cur["g0"] - lam, w)
-            gP = Hw - rho * w + cur["g0"]
+        if quadratic:  # exact: (H_P + rho I) u = rho w - grad P(0) - lambda
+            g0 = new.get("g0", state["g0"])
+            # (H_P + rho I)^{-1} rhs and (H_P + rho I) w from one read of the packed pair (memory-bound at large d)
+            u, Hw = sp.sym_pair_mv(model["pair"], model["pair_fix"], rho * w - g0 - lam, w)
+            gP = Hw - rho * w + g0
             res = torch.zeros((), dtype=w.dtype)   # an exact solve: nothing to verify beyond rounding
         else:
             rows = party_rows(ctx)

@@ -5,9 +5,13 @@
   spec 3.2). For the small d of the paper's problems one Hessian per step is cheap, and the
   squared-positive-part penalty is C^1 with a piecewise-constant Hessian, so line search keeps it safe
   where gradients are only locally Lipschitz (spec 7.11).
-* :func:`quadratic_hessian`, :func:`quadratic_factor`, :func:`quadratic_eigh` -- quadratic subproblems (App. E.2):
-  the Hessian is constant, so it is built and decomposed once (Cholesky on the server, eigendecomposition on
-  the clients, whose rounds need both ``H^{-1} r`` and ``H w``) and every solve is exact.
+* :func:`quadratic_hessian`, :func:`quadratic_factor`, :func:`sym_pair` -- quadratic subproblems (App. E.2):
+  the Hessian ``H`` is constant, so it is built and factored once and every solve is exact. A round of
+  Eqs. 19 + 22 needs ``H^{-1} r`` and ``H w``: :func:`sym_pair` packs ``H^{-1}`` (upper triangle) and ``H``
+  (strict lower triangle) into ONE ``[d, d]`` array, and :func:`sym_pair_mv` gets both products from one
+  read of it (two symmetric matrix-vector products, BLAS ``dsymv``, each reading its own triangle). At
+  large d a round is memory-bound: this reads ``d^2`` numbers per client instead of the ``2 d^2`` of two
+  passes over an eigenbasis (or of ``H^{-1}`` and ``H`` stored apart).
 * :func:`scipy_lbfgsb` -- the reference: SciPy's L-BFGS-B on one party at a time (``gtol = tol``, then the
   inf-norm gradient test is verified; not vmappable).
 * :func:`prox_gradient` -- the server's subproblem when ``h`` is not zero and ``c_0`` exists: proximal
@@ -86,18 +90,80 @@ def quadratic_factor(fun: Fun, u: Tensor) -> Tensor:
     return torch.linalg.cholesky(quadratic_hessian(fun, u))
 
 
-def quadratic_eigh(fun: Fun, u: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigendecomposition ``(e, V)`` of the (constant, positive definite) Hessian of a quadratic ``fun``."""
-    e, V = torch.linalg.eigh(quadratic_hessian(fun, u))
-    return e, V
+def sym_pair(H: Tensor) -> tuple[Tensor, Tensor]:
+    """Pack a symmetric positive definite ``H`` (``[..., d, d]``) for :func:`sym_pair_mv`: ``T`` holds
+    ``H^{-1}`` (Cholesky inverse) on and above the diagonal and ``H`` below it; ``fix = diag(H) -
+    diag(H^{-1})``. Returns ``(T, fix)``."""
+    Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
+    T = torch.triu(Hinv) + torch.tril(H, -1)
+    return T, H.diagonal(dim1=-2, dim2=-1) - Hinv.diagonal(dim1=-2, dim2=-1)
 
 
-def eigh_solve_and_apply(V: Tensor, e: Tensor, rhs: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-    """``(H^{-1} rhs, H w)`` for ``H = V diag(e) V^T``: two passes over ``V``, both products as row vectors
-    (``[2, d] @ [d, d]``, the memory-bound floor for a dense ``H``: one pass in, one pass out)."""
-    a = torch.stack([rhs, w]) @ V                              # rows: (V^T rhs)^T, (V^T w)^T
-    out = torch.stack([a[0] / e, a[1] * e]) @ V.mT             # rows: (H^{-1} rhs)^T, (H w)^T
-    return out[0], out[1]
+def _upper_mv(T: Tensor, x: Tensor) -> Tensor:
+    """``S x`` for the symmetric ``S`` whose upper triangle (with the diagonal) is ``T``'s (any device)."""
+    U = torch.triu(T)
+    return (U @ x.unsqueeze(-1) + torch.triu(T, 1).mT @ x.unsqueeze(-1)).squeeze(-1)
+
+
+def _lower_mv(T: Tensor, fix: Tensor, y: Tensor) -> Tensor:
+    """``S y`` for the symmetric ``S`` whose strict lower triangle is ``T``'s and diagonal ``diag(T) + fix``."""
+    L = torch.tril(T, -1)
+    diag = T.diagonal(dim1=-2, dim2=-1) + fix
+    return (L @ y.unsqueeze(-1) + L.mT @ y.unsqueeze(-1)).squeeze(-1) + diag * y
+
+
+def _sym_pair_blas(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, ...]:
+    """:func:`sym_pair_apply` on CPU float64 rows ``[B, d, d]``: SciPy's ``dsymv`` on each triangle (row-major
+    ``T`` is passed as the column-major ``T^T``, so its upper triangle is the BLAS lower one)."""
+    from scipy.linalg.blas import dsymv
+
+    Tn = T.numpy()
+    ox = None if x is None else np.empty(x.shape)
+    oy = None if y is None else (fix * y).numpy()
+    for b in range(Tn.shape[0]):
+        if x is not None:
+            ox[b] = dsymv(1.0, Tn[b].T, x[b].numpy(), lower=1)
+        if y is not None:
+            oy[b] = dsymv(1.0, Tn[b].T, y[b].numpy(), beta=1.0, y=oy[b], lower=0)
+    return (None if ox is None else torch.from_numpy(ox)), (None if oy is None else torch.from_numpy(oy))
+
+
+def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, ...]:
+    """``(H^{-1} x, H y)`` from :func:`sym_pair`'s ``(T, fix)`` (``[..., d, d]``, ``[..., d]``); ``x`` or ``y``
+    may be None (that product is skipped). Not vmappable: :func:`sym_pair_mv` is."""
+    d = T.shape[-1]
+    if T.device.type == "cpu" and T.dtype == torch.float64:
+        flat = lambda v: None if v is None else v.reshape(-1, d).contiguous()  # noqa: E731
+        ox, oy = _sym_pair_blas(T.reshape(-1, d, d).contiguous(), flat(fix), flat(x), flat(y))
+        shape = T.shape[:-1]
+        return (None if ox is None else ox.reshape(shape)), (None if oy is None else oy.reshape(shape))
+    return (None if x is None else _upper_mv(T, x)), (None if y is None else _lower_mv(T, fix, y))
+
+
+class _SymPairMV(torch.autograd.Function):
+    """:func:`sym_pair_apply` as a function ``vmap`` can batch: under ``vmap`` it receives the stacked
+    clients' rows and runs once on all of them (no per-client copies)."""
+
+    @staticmethod
+    def forward(T, fix, x, y):
+        return sym_pair_apply(T, fix, x, y)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def vmap(info, in_dims, T, fix, x, y):
+        front = [a if a is None else a.movedim(dim, 0) if dim is not None else a.expand(info.batch_size, *a.shape)
+                 for a, dim in zip((T, fix, x, y), in_dims)]
+        out = sym_pair_apply(*front)   # no gradient flows through: the plain products
+        return out, tuple(None if o is None else 0 for o in out)
+
+
+def sym_pair_mv(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, ...]:
+    """``(H^{-1} x, H y)`` for :func:`sym_pair`'s ``(T, fix)`` in one read of ``T`` (vmappable); ``x`` or ``y``
+    may be None (that product is skipped, its triangle not read)."""
+    return _SymPairMV.apply(T, fix, x, y)
 
 
 def quadratic_step(fun: Fun, u: Tensor, L: Tensor, extra_grad: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,52 @@
+"""ClientStates read-only columns: gathered as views of the store (no per-round copy), same numbers as copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsolve.core.states import ClientStates
+
+
+def _states(m=5):
+    s = ClientStates(m, {"x": torch.arange(m * 3, dtype=torch.float64).view(m, 3)},
+                     defaults={"K": torch.zeros(4, 4), "v": torch.zeros(2)}, readonly=("x", "K"))
+    s.scatter(torch.arange(m), {"K": torch.randn(m, 4, 4), "v": torch.randn(m, 2)})
+    return s
+
+
+def test_readonly_gather_is_a_view_in_order_and_a_copy_otherwise():
+    s = _states()
+    ids = torch.arange(5)
+    rows = s.gather(ids)
+    for k in ("x", "K"):   # dense column and stored rows: views of the store
+        assert rows[k].untyped_storage().data_ptr() == s._cols[k].rows.untyped_storage().data_ptr(), k
+        assert torch.equal(rows[k], s[k])
+    assert rows["v"].untyped_storage().data_ptr() != s._cols["v"].rows.untyped_storage().data_ptr()  # not read-only
+    sub = s.gather(torch.tensor([1, 2, 3]))          # consecutive: still a view
+    assert sub["K"].untyped_storage().data_ptr() == s._cols["K"].rows.untyped_storage().data_ptr()
+    perm = torch.tensor([3, 0, 2])                   # out of order: a copy, the same numbers
+    got = s.gather(perm)
+    assert got["K"].untyped_storage().data_ptr() != s._cols["K"].rows.untyped_storage().data_ptr()
+    assert torch.equal(got["K"], s["K"][perm]) and torch.equal(got["x"], s["x"][perm])
+
+
+def test_readonly_survives_writes_copies_and_checkpoints():
+    s = _states()
+    new = torch.randn(2, 4, 4)
+    s.scatter(torch.tensor([1, 3]), {"K": new})       # still writable through scatter
+    assert torch.equal(s["K"][torch.tensor([1, 3])], new)
+    s.set_default("x", torch.ones(3))                 # replacing a column keeps the flag
+    assert set(s.readonly()) == {"x", "K"}
+    for other in (s.clone(), s.to("cpu"), ClientStates.load(s.compact_state_dict(), 5)):
+        assert set(other.readonly()) == {"x", "K"}
+        assert all(torch.equal(other[k], s[k]) for k in s.keys())
+    with pytest.raises(KeyError, match="nope"):
+        s.set_readonly(["nope"])
+
+
+def test_unwritten_clients_read_the_default_row():
+    s = ClientStates(4, defaults={"K": torch.full((2,), 7.0)}, readonly=("K",))
+    s.scatter(torch.tensor([0, 1]), {"K": torch.zeros(2, 2)})
+    got = s.gather(torch.arange(4))                   # clients 2, 3 not stored yet: a copy with the default
+    assert torch.equal(got["K"], torch.tensor([[0.0, 0.0], [0.0, 0.0], [7.0, 7.0], [7.0, 7.0]]))
