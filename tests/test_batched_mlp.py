@@ -11,6 +11,8 @@ from torch import nn
 from fedsolve.algorithms.base import get_algorithm
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_mlp import BatchedMLPExecutor, batched_sgd_applies, mlp_layers
+from fedsolve.core.executor import Work, build_plans
+from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import build_model_fn
@@ -91,7 +93,6 @@ def test_chunks_and_threads_give_the_same_numbers():
     algo = get_algorithm("fedprox")(CASES["fedprox"], prob)
     cfg = SimulationConfig(rounds=1, executor="sequential", metrics=[])
     sim = Simulation(prob, algo, cfg, seed=0)
-    from fedsolve.core.executor import Work, build_plans
 
     ids = torch.arange(prob.num_clients)
     plan = build_plans({"train": Work(epochs=2, batch_size=10)}, prob.data.train_offsets, ids, sim.rngs, 0)["train"]
@@ -150,15 +151,28 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
     assert len(calls) == 1 and path.exists()
     cache = json.loads(path.read_text())
     (key, entry), = cache.items()
-    assert set(entry["seconds"]) == {"batched", "vectorized", "sequential"}
-    assert first.name == min(entry["seconds"], key=entry["seconds"].get)
+    chunked = {"batched@2", "batched@4", "batched@5"}   # 5 clients: chunks of 2, 4 and all
+    assert set(entry["seconds"]) == chunked | {"vectorized", "sequential"}
+    assert first.name == min(entry["seconds"], key=entry["seconds"].get).split("@")[0]
     assert f"threads {torch.get_num_threads()}" in key and "batch 10" in key
     again = make_executor("auto", prob, algorithm=algo)
     assert len(calls) == 1 and again.name == first.name   # read from the cache, not measured again
     # a forced choice in the cache is obeyed (the cache is what decides)
-    entry["seconds"] = {"batched": 3.0, "vectorized": 1.0, "sequential": 2.0}
+    entry["seconds"] = {"batched@2": 3.0, "batched@4": 3.5, "batched@5": 4.0, "vectorized": 1.0, "sequential": 2.0}
     path.write_text(json.dumps({key: entry}))
     assert make_executor("auto", prob, algorithm=algo).name == "vectorized"
+    # ... and so is its fastest chunk size: the batched executor runs chunks of that many clients
+    entry["seconds"] = {"batched@2": 3.0, "batched@4": 0.5, "batched@5": 4.0, "vectorized": 1.0, "sequential": 2.0}
+    path.write_text(json.dumps({key: entry}))
+    ex = make_executor("auto", prob, algorithm=algo)
+    assert ex.name == "batched" and bm.calibrated_chunk(prob, 10, None) == 4
+    sizes = []
+    chunks = ex.chunks
+    monkeypatch.setattr(ex, "chunks", lambda active, size: sizes.append(size) or chunks(active, size))
+    ids = torch.arange(prob.num_clients)
+    plan = build_plans({"train": Work(epochs=1, batch_size=10)}, prob.data.train_offsets, ids, RngStreams(0), 0)
+    ex.sgd(prob.layout.flatten(prob.model).detach().repeat(len(ids), 1), 0.1, plan["train"], prob.data)
+    assert sizes == [4]
     # another batch size is another workload: measured once more
     algo2 = get_algorithm("fedavg")({**CASES["fedavg"], "batch_size": 7}, prob)
     make_executor("auto", prob, algorithm=algo2)
@@ -167,9 +181,11 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     ex = make_executor("auto", prob, algorithm=algo)
     (key2, entry2), = [(k, v) for k, v in json.loads(path.read_text()).items() if "threads 2|" in k]
-    assert len(calls) == 3 and set(entry2["seconds"]) == {"batched", "batched:1", "vectorized", "sequential"}
+    assert len(calls) == 3 and set(entry2["seconds"]) == chunked | {c.replace("batched", "batched:1") for c in
+                                                                    chunked} | {"vectorized", "sequential"}
     best = min(entry2["seconds"], key=entry2["seconds"].get)
-    assert ex.name == best.split(":")[0] and (getattr(ex, "workers", None) == 1) == (best == "batched:1")
+    assert ex.name == best.split(":")[0].split("@")[0]
+    assert (getattr(ex, "workers", None) == 1) == best.startswith("batched:1")
     monkeypatch.undo()
     torch.set_num_threads(threads)   # the executor restored the patched count
 

@@ -248,8 +248,11 @@ class BatchedMLPExecutor:
 
     def __init__(self, problem, chunk: int | None = None, workers: int | None = None):
         self.kernel = stacked_kernel(problem)
-        #: clients per chunk on the CPU (None: :attr:`default_chunk`, fewer to give every worker 4 chunks)
+        self.problem = problem
+        #: clients per chunk on the CPU (None: the calibration's fastest (:func:`calibrated_chunk`) where this
+        #: machine measured it, else :attr:`default_chunk`, fewer to give every worker 4 chunks)
         self.chunk = chunk
+        self._calibrated: dict[int | None, int | None] = {}
         #: chunks run at once on the CPU in a thread pool, one torch thread each (None: 1, the chunks one after
         #: another with torch's own threads; a pool is opt-in: it stalled under load in CI)
         self.workers = workers
@@ -341,9 +344,9 @@ class BatchedMLPExecutor:
             wd: float = 0.0) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
 
-        On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default
-        :attr:`default_chunk`, at least 4 chunks a worker): a chunk's weights stay in cache for all its steps;
-        on a GPU all clients are one chunk."""
+        On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default: the
+        calibration's, else :attr:`default_chunk` and at least 4 chunks a worker): a chunk's weights stay in
+        cache for all its steps; on a GPU all clients are one chunk."""
         dtype = data.train_x.dtype if data.train_x.dtype == torch.float64 else torch.float32
         P = start.to(dtype).clone(memory_format=torch.contiguous_format)
         K = P.shape[0]
@@ -364,8 +367,14 @@ class BatchedMLPExecutor:
         workers = min(self.workers or 1, threads)
         # with several workers at least 4 chunks a worker, so that a worker slowed by another process's job leaves
         # the others more chunks to take (the pool hands them out as workers free up)
-        size = K if not cpu else (self.chunk or max(1, min(self.default_chunk,
-                                                            math.ceil(K / (4 * workers if workers > 1 else 1)))))
+        chunk = self.chunk
+        if cpu and chunk is None:   # the calibration's fastest chunk size for this batch size, looked up once
+            bs = None if plan.fixed else B
+            if bs not in self._calibrated:
+                self._calibrated[bs] = calibrated_chunk(self.problem, bs, self.workers)
+            chunk = self._calibrated[bs]
+        size = K if not cpu else (chunk or max(1, min(self.default_chunk,
+                                                      math.ceil(K / (4 * workers if workers > 1 else 1)))))
         groups = self.chunks(active, size) if cpu else [torch.arange(K)]
         contiguous = all(int(g[0]) + len(g) - 1 == int(g[-1]) for g in groups) and bool(
             (torch.cat(groups) == torch.arange(K)).all())
@@ -482,9 +491,20 @@ def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, 
     return {k: math.inf if v is None else v for k, v in best.items()}
 
 
+#: clients per chunk the calibration times for the ``batched`` executor on a CPU (``batched@<chunk>``)
+CHUNK_CANDIDATES = (2, 4, 8, 16)
+
+
+def _batched_variant(name: str) -> tuple[int | None, int | None]:
+    """``(workers, chunk)`` of a calibration name ``batched[:1][@chunk]``."""
+    base, _, chunk = name.partition("@")
+    return (1 if base == "batched:1" else None), (int(chunk) if chunk else None)
+
+
 def measure(problem, candidates: list[str], batch_size: int | None, clients: int = 32, steps: int = 2,
             chunk_size: int | None = None) -> dict[str, float]:
-    """Seconds of ``steps`` SGD steps of ``clients`` clients (the first ones) with each candidate executor."""
+    """Seconds of ``steps`` SGD steps of ``clients`` clients (the first ones) with each candidate executor
+    (``batched[:1][@chunk]``: the batched executor with one worker / that many clients a chunk)."""
     from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, Work, build_plans
     from fedsolve.core.rng import RngStreams
 
@@ -498,7 +518,8 @@ def measure(problem, candidates: list[str], batch_size: int | None, clients: int
     fns = {}
     for name in candidates:
         if name.startswith("batched"):
-            ex = BatchedMLPExecutor(problem, workers=1 if name == "batched:1" else None)
+            workers, chunk = _batched_variant(name)
+            ex = BatchedMLPExecutor(problem, chunk=chunk, workers=workers)
             fns[name] = lambda ex=ex: ex.sgd(start, lr, plans["train"], d)
         else:
             ex = SequentialExecutor() if name == "sequential" else VectorizedExecutor(chunk_size)
@@ -507,30 +528,37 @@ def measure(problem, candidates: list[str], batch_size: int | None, clients: int
         return _best_times(fns, d.train_x.device)
 
 
+def _load_cache() -> dict:
+    try:
+        return json.loads(calibration_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
                       chunk_size: int | None = None) -> str:
     """The fastest of ``candidates`` on this machine for this model and batch size: from the cache when
-    measured before, else measured now (:func:`measure`) and cached."""
-    if "batched" in candidates and torch.get_num_threads() > 1 and problem.data.train_x.device.type == "cpu":
-        candidates = [*candidates, "batched:1"]   # the chunks one after another instead of on every thread
+    measured before, else measured now (:func:`measure`) and cached. On a CPU ``batched`` is timed at every
+    chunk size of :data:`CHUNK_CANDIDATES` (up to the clients timed), and also with its chunks one after another
+    (``batched:1``) when there are several threads; the answer is ``batched`` or ``batched:1``, and the executor
+    reads its chunk size from the same entry (:func:`calibrated_chunk`)."""
+    cpu = problem.data.train_x.device.type == "cpu"
+    if "batched" in candidates and cpu:
+        variants = ["batched"] + (["batched:1"] if torch.get_num_threads() > 1 else [])
+        n = min(32, problem.data.num_clients)
+        chunks = [c for c in CHUNK_CANDIDATES if c < n] + ([n] if n <= max(CHUNK_CANDIDATES) else [])
+        candidates = [c for c in candidates if c != "batched"] + [f"{v}@{c}" for v in variants for c in chunks]
     if len(candidates) == 1:
-        return candidates[0]
+        return candidates[0].split("@")[0]
     key = calibration_key(problem, batch_size)
     path = calibration_path()
-
-    def load() -> dict:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    entry = load().get(key)
+    entry = _load_cache().get(key)
     if entry and all(c in entry.get("seconds", {}) for c in candidates):
-        return min(candidates, key=lambda c: entry["seconds"][c])
+        return min(candidates, key=lambda c: entry["seconds"][c]).split("@")[0]
     secs = measure(problem, candidates, batch_size, chunk_size=chunk_size)
     if entry:
         secs = {**entry.get("seconds", {}), **secs}
-    cache = load()   # merged again: another process may have written meanwhile
+    cache = _load_cache()   # merged again: another process may have written meanwhile
     cache[key] = {"seconds": secs, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -539,4 +567,15 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
         os.replace(tmp, path)
     except OSError:
         pass   # an unwritable cache only costs a new measurement next time
-    return min(candidates, key=lambda c: secs[c])
+    return min(candidates, key=lambda c: secs[c]).split("@")[0]
+
+
+def calibrated_chunk(problem, batch_size: int | None, workers: int | None) -> int | None:
+    """The fastest chunk size of the ``batched`` executor (``workers=1``: its ``batched:1`` form) in this
+    machine's calibration for this model and batch size, or None when not measured (or the calibration is off)."""
+    if not calibration_enabled():
+        return None
+    secs = _load_cache().get(calibration_key(problem, batch_size), {}).get("seconds", {})
+    base = "batched:1" if workers == 1 and torch.get_num_threads() > 1 else "batched"
+    timed = {c: t for c, t in secs.items() if c.startswith(base + "@")}
+    return int(min(timed, key=timed.get).split("@")[1]) if timed else None
