@@ -314,6 +314,28 @@ def test_sequential_and_vectorized_agree(name):
             assert torch.allclose(out["sequential", "autograd"][k], out[key][k], atol=1e-10), (k, key)
 
 
+@pytest.mark.parametrize("name", ["simfbo", "shrofbo", "fednest", "lfednest", "aggitd"])
+def test_train_accuracy_is_the_global_model_on_the_full_training_set(name):
+    """spec 3.8 (Fig. 2's training accuracy): every evaluation record holds the accuracy of the global (x, y) on all
+    training rows, both splits pooled; equal to the engine's per-client train-split scores weighted by size."""
+    from tests.conftest import make_data
+    from fedsolve.models import build_model_fn
+    from fedsolve.simulation.metrics import evaluate
+
+    data = to64(make_data(m=4, d=5, classes=3, n_range=(10, 25)))
+    base = FederatedProblem(data, lambda: build_model_fn("mlp", data.input_shape, 3, hidden=(6,))().double())
+    prob = get_problem_kind("hyper_representation")(base, {"lam": 0.1}, 0)
+    sim = run(prob, name, 2, clients=2)
+    rec = sim.evaluate(2, None)
+    server = sim.state()[0]
+    params = sim.algo.oracles.join(server["x"], server["y"]).expand(prob.num_clients, -1)
+    _, per = evaluate(prob, params, False, (), split="train")
+    sizes = prob.data.train_offsets.diff().double()
+    want = float(sum(p["accuracy"] * n for p, n in zip(per, sizes)) / sizes.sum())
+    assert rec["train_accuracy"] == pytest.approx(want, abs=1e-6)   # the engine scores in float32
+    assert 0 < rec["train_accuracy"] < 1 and prob.model.training   # the module's mode is restored
+
+
 def test_cnn_hyper_representation_head_is_the_last_fc_and_executors_agree():
     """The CNN panel's model (7-layer LeNet-5, `lenet` with fc_hidden2): y = the head fc2 only, x = every other layer
     (conv1, conv2, fc1, fc_mid); SimFBO's HVPs through the convolutions agree between executors."""

@@ -18,7 +18,8 @@ ever formed), so they run one client at a time or under ``vmap`` (the vectorized
   with respect to (x, y) (the mixed Jacobian-vector and the Hessian-vector product);
 * ``hvp_yy_g`` and ``jvp_xy_g``: the two halves;
 * ``surrogate`` (barGrad f_i = grad_x f - grad2_xy g v) and ``ls_grad`` (grad_v R_i = grad2_yy g v - grad_y f),
-  SimFBO's x- and v-directions.
+  SimFBO's x- and v-directions;
+* ``outputs(x, y, inputs)``: the model's predictions (evaluation).
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ class BilevelOracles:
 
     def _g(self, px, py, b):
         return self._loss(self.spec.lower_reg, px, py, b)
+
+    def outputs(self, x: Tensor, y: Tensor, inp: Tensor) -> Tensor:
+        """The model's outputs for the inputs ``inp`` with parameters (x, y) (no loss, no derivative)."""
+        return functional_call(self.problem.model, {**self._views(x, self._xs), **self._views(y, self._ys)}, (inp,))
 
     def f(self, x: Tensor, y: Tensor, b: Batch) -> Tensor:
         """Upper loss f_i(x, y) on a minibatch of the upper split."""
