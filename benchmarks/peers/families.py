@@ -17,13 +17,14 @@ max |a|)`` over the state tensors, the family's tolerance) and a ratio is printe
 Times: each contender runs the family's rounds from scratch, contenders interleaved, ``--repeats`` times; a run's
 figure is the median of its rounds after the first (the first is the warm-up) or, for a run to a stopping test
 (the constrained solver), the seconds of all its rounds; the reported figure is the median over the repeats.
-Prints ``ratio <family> plain <x>`` and ``ratio <family> fastest <x>`` with x = the reference's seconds / fedsolve's
-with the ``auto`` executor (x > 1: fedsolve is faster), ``ratio <family>:<executor> <reference> <x>`` the same
-against another fedsolve executor timed in the run (e.g. ``vectorized``), and the load average at the start and
-the end. The exit status is 1 when any check failed.
+Prints ``ratio <family> plain <x>`` and ``ratio <family> fastest <x>`` with x = the reference's seconds /
+fedsolve's with the first of ``--executors`` (default ``auto``; x > 1: fedsolve is faster),
+``ratio <family>:<executor> <reference> <x>`` the same against another fedsolve executor timed in the run (e.g.
+``vectorized``), and the load average at the start and the end. The exit status is 1 when any check failed.
 
 Usage: python benchmarks/peers/families.py [--families fedapm,fpfc,constrained,simfbo,fedmm] [--repeats 3]
-       [--smoke] [--threads 1] [--json results/perf/families.json] [--perturb fedapm:plain]
+       [--smoke] [--threads 1] [--executors auto,vectorized] [--json results/perf/families.json]
+       [--perturb fedapm:plain]
 (``--perturb <family>:<contender>`` changes that reference's step size by 1%: its check must then fail; the
 test of this benchmark uses it.)
 """
@@ -67,7 +68,7 @@ def run_family(fam: Family, repeats: int) -> dict:
             res = fn()
             per[name].append(figure(fam, res.round_s))
             last[name] = res
-    ours = next(iter(fam.contenders))   # the first contender: fedsolve with the auto executor
+    ours = next(iter(fam.contenders))   # the first contender: fedsolve with the first of --executors
     out = {"workload": fam.workload, "unit": fam.unit, "tolerance": fam.tol, "notes": fam.notes, "contenders": {}}
     for name, res in last.items():
         diff = 0.0 if name == ours else rel_diff(last[ours].state, res.state)
@@ -83,6 +84,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; the test runs it), not the figures")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--executors", default="auto,vectorized",
+                    help="fedsolve executors to time (the first gives the headline ratios; one that is auto's pick "
+                         "is left out)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--perturb", default="", help="comma-separated family:contender whose step size is changed "
                                                   "by 1% (its agreement check must fail)")
@@ -108,7 +112,7 @@ def main(argv=None) -> int:
     failed = False
     for name in names:
         mod = importlib.import_module(f"family_{name}")
-        fam: Family = mod.build(a.smoke, perturb.get(name, set()))
+        fam: Family = mod.build(a.smoke, perturb.get(name, set()), tuple(a.executors.split(",")))
         res = run_family(fam, a.repeats)
         report["families"][name] = res
         print(f"\n[{name}] {fam.workload}; {'median round after the first' if fam.unit == 'round' else 'whole run'}"
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
         ours = cs[ours_name]["seconds"]
         for k, c in res["contenders"].items():
             per = ", ".join(f"{v:.4f}" for v in c["per_repeat"])
-            print(f"  {k:<16} {c['seconds']:9.4f} s  rel diff {c['rel_diff']:.1e}  [{per}]  {c['config']}")
+            print(f"  {k:<22} {c['seconds']:9.4f} s  rel diff {c['rel_diff']:.1e}  [{per}]  {c['config']}")
         if not all(c["agrees"] for k, c in cs.items() if k.startswith("fedsolve")):
             failed = True
             print("  CHECK FAILED: fedsolve's executors disagree: no ratio")

@@ -105,13 +105,18 @@ def run_simulation(make: Callable[[], Simulation], rounds: int, executor: str,
 
 def fedsolve_contenders(make: Callable[[], Simulation], rounds: int,
                         state: Callable[[Simulation], dict[str, Tensor]],
-                        trace: Callable[[Simulation], Tensor] | None = None) -> dict[str, Callable[[], Result]]:
-    """fedsolve with the ``auto`` executor and, where ``auto`` picks another one, with ``vectorized`` too."""
-    out = {"fedsolve[auto]": lambda: run_simulation(make, rounds, "auto", state, trace)}
+                        trace: Callable[[Simulation], Tensor] | None = None,
+                        executors: tuple[str, ...] = ("auto", "vectorized")) -> dict[str, Callable[[], Result]]:
+    """fedsolve with each of ``executors`` (the first is the headline figure), leaving out an executor that is the
+    one ``auto`` picks (it would time the same thing twice)."""
     probe = make()
     probe.use_executor("auto")
-    if probe.executor.name != "vectorized":
-        out["fedsolve[vectorized]"] = lambda: run_simulation(make, rounds, "vectorized", state, trace)
+    picked = probe.executor.name
+    out = {}
+    for j, e in enumerate(executors):
+        if j and (e == picked and "auto" in executors or f"fedsolve[{e}]" in out):
+            continue
+        out[f"fedsolve[{e}]"] = lambda e=e: run_simulation(make, rounds, e, state, trace)
     return out
 
 

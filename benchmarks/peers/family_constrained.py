@@ -11,7 +11,8 @@ beta d_i) - sigma w^k:
     outer round (w^k): mu_i += beta c_i(w^k) (not in the first), lambda_i = -(H_i w^k + g_i), u~_i = w^k + lambda_i/rho;
                        the server checks Eq. 11, tau_k = s_bar/(k+1)^2, then solves Eq. 18 for z
     ADMM round (z):    u_i = (H_i + rho I)^{-1} (rho z - g_i - lambda_i)                       (Eq. 19, exact)
-                       eps~_i = ||H_i z + g_i - rho (z - u~_i)||_inf;  lambda_i += rho (u_i - z);  u~_i = u_i + lambda_i/rho
+                       eps~_i = ||H_i z + g_i - rho (z - u~_i)||_inf;  lambda_i += rho (u_i - z)
+                       u~_i = u_i + lambda_i/rho
                        server: if q^t + sum_i eps~_i <= tau_k: w^{k+1} = z, mu_0 += beta c_0(z), next outer round;
                        else z = (beta C_0^T C_0 + (sigma + n rho) I)^{-1} (rho sum_i u~_i - g_0)   (Eq. 18)
 
@@ -41,7 +42,8 @@ PAPER = {"beta": 10.0, "s_bar": 0.1, "rho": 1.0, "q": 0.9, "eps1": 1e-3, "eps2":
 CAP = 5000
 
 
-def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
+          ) -> Family:
     d, n, m = (20, 2, 1) if smoke else (100, 5, 1)
     params = dict(PAPER, max_outer=3) if smoke else PAPER    # smoke: stop after 3 outer iterations (~100 rounds)
     problem = qp_problem(d, n, m, seed=10)
@@ -66,8 +68,10 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
 
     beta = {who: PAPER["beta"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
     fam = Family("constrained", f"Prox-AL FL on the Table-4 QP (d, n, m~) = ({d}, {n}, {m}), paper parameters, "
-                 f"exact solves, from w^0 to Eq. 11 or {params['max_outer']} outer iterations ({rounds} rounds)", {}, tol=1e-9, unit="run")
-    fam.contenders.update(fedsolve_contenders(make, rounds, state, trace=lambda sim: sim.server["z"]))
+                 f"exact solves, from w^0 to Eq. 11 or {params['max_outer']} outer iterations ({rounds} rounds)", {},
+                 tol=1e-9, unit="run")
+    fam.contenders.update(fedsolve_contenders(make, rounds, state, trace=lambda sim: sim.server["z"],
+                                              executors=executors))
     fam.contenders["plain"] = lambda: run(inst, w0, PlainParty, beta["plain"], params)
     fam.contenders["fastest"] = lambda: run(inst, w0, FactoredParty, beta["fastest"], params)
     return fam
@@ -179,6 +183,7 @@ def run(inst: dict[str, Tensor], w0: Tensor, party, beta: float, p: dict) -> Res
                 z = server.solve(rho * sum(u for u, _ in ups) - (C0.T @ (mu0 + beta * d0) - sigma * w))
         times.append(time.perf_counter() - t0)
         path.append(z.clone())
-    return Result(times, {"trace": torch.stack(path), "w": w, "mu0": mu0, "k": torch.tensor(float(k), dtype=torch.float64),
+    return Result(times, {"trace": torch.stack(path), "w": w, "mu0": mu0,
+                          "k": torch.tensor(float(k), dtype=torch.float64),
                           "converged": torch.tensor(float(converged), dtype=torch.float64),
                           "rounds": torch.tensor(float(len(times)))}, "1 thread(s)")

@@ -41,7 +41,8 @@ CFG = dict(lr=0.5, rho=0.01, sigma=0.01, alpha="uniform", weight_decay=0.01, loc
 FRACTION = 0.3
 
 
-def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
+          ) -> Family:
     m, n, rounds = (6, 60, 3) if smoke else (20, 100, 4)
     data = make_data({"clients": m, "n": n, "in_shape": (1, 28, 28), "classes": 10}, seed)
     problem = FederatedProblem(data, build_model_fn("mlp", (1, 28, 28), 10, hidden=HIDDEN))
@@ -70,7 +71,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("fedapm", f"MLP 784-{'-'.join(map(str, HIDDEN))}-10 (output layer personal), {m} clients x {n} "
                  f"synthetic MNIST-shaped images, {int(FRACTION * 100)}% participation, 3+3 epochs of batch 50, "
                  f"{rounds} rounds", {}, tol=2e-5)
-    fam.contenders.update(fedsolve_contenders(make, rounds, state))
+    fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
     fam.contenders["plain"] = lambda: plain(problem, full0, d_v, x, y, sched, m, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(shapes, full0, d_v, x, y, data.train_offsets, sched, m, lr["fastest"])
     return fam

@@ -80,7 +80,8 @@ def dann_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return (ce - NU * dom).mean()
 
 
-def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
+          ) -> Family:
     n, rounds = (500, 3) if smoke else (5000, 5)
     data = domain_data(n, seed)
     problem = adversarial_problem(data, "dann", NU, features="mlp", feature_dim=FEAT, hidden=HIDDEN,
@@ -104,7 +105,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("fedmm", f"DANN, 2 clients at p = 1 ({n} source + {n} target synthetic 3x8x8 images), MLP features "
                  f"{FEAT}, classifier {'-'.join(map(str, HIDDEN))}, M = {cfg['local_steps']} steps of batch 64, "
                  f"{rounds} rounds", {}, tol=1e-4)
-    fam.contenders.update(fedsolve_contenders(make, rounds, state))
+    fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
     fam.contenders["plain"] = lambda: plain(w0, data, sched, n_omega, cfg, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(w0, data, sched, n_omega, cfg, lr["fastest"])
     return fam

@@ -16,8 +16,8 @@ The scalar SCAD prox s(r) is fedsolve's ``prox_scale`` (the penalty's definition
 imports it the same way); the rest of both references is plain torch. plain: a PFLlib-style client (its model
 copy, ``torch.optim.SGD``, the proximal term added to the loss, ``backward()``), the server a Python loop over the
 pairs (as ``fpfc_s1.py``'s reference, the authors' scripts' organisation). fastest: one reused module,
-channels-last (NHWC) tensors (torch's CPU max-pooling runs about twice as fast on them; measured), ``torch.autograd.grad``
-into the parameter tensors, fused in-place updates, the pair update as tensor operations
+channels-last (NHWC) tensors (torch's CPU max-pooling runs about twice as fast on them; measured),
+``torch.autograd.grad`` into the parameter tensors, fused in-place updates, the pair update as tensor operations
 over all touched pairs at once on a dense ``[m, m, d_f]`` store.
 """
 
@@ -67,7 +67,8 @@ def lr_at(t: int, lr: float) -> float:
     return lr * CFG["lr_decay"] ** (t // CFG["lr_decay_every"])
 
 
-def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
+          ) -> Family:
     w = dict(WORKLOADS["lenet"])
     if smoke:
         w.update(clients=6, sizes=w["sizes"][:6])
@@ -95,7 +96,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("fpfc", f"LeNet (conv-pool-conv-pool-fc2, fc2 fused), {w['clients']} clients of 151-369 synthetic "
                  f"MNIST-shaped images, {int(FRACTION * 100)}% a round, 2 epochs of batch 100, SCAD lambda 0.4, "
                  f"{rounds} rounds", {}, tol=1e-5)
-    fam.contenders.update(fedsolve_contenders(make, rounds, state))
+    fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
     fam.contenders["plain"] = lambda: plain(W0, data, sched, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(W0, data, sched, lr["fastest"])
     return fam

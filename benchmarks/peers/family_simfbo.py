@@ -36,7 +36,8 @@ STEPS = dict(eta_y=0.2, eta_v=0.1, eta_x=0.05, gamma_y=0.2, gamma_v=0.1, gamma_x
 PHASES = ("lower_y", "lower_v", "upper_v", "upper_x", "lower_x")
 
 
-def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
+          ) -> Family:
     m, n, per, rounds = (10, 100, 4, 3) if smoke else (100, 600, PER_ROUND, 6)
     problem = make_problem(clients=m, n=n, seed=seed)
     cfg = {"batch_size": BATCH, "tau": 1, **STEPS}
@@ -59,7 +60,7 @@ def build(smoke: bool, perturb: set[str], seed: int = 0) -> Family:
     fam = Family("simfbo", f"hyper-representation, MLP 784-200-10 (x: hidden layer, y: head), {m} clients x {n} "
                  f"synthetic MNIST-shaped rows (lower/upper halves), {per} clients a round, tau = 1, batch {BATCH}, "
                  f"{rounds} rounds", {}, tol=1e-6)
-    fam.contenders.update(fedsolve_contenders(make, rounds, state))
+    fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
     fam.contenders["plain"] = lambda: plain(problem.model_fn(), start, xs, data.train_y, sched, gx["plain"])
     fam.contenders["fastest"] = lambda: fastest(start, xs, data.train_y, sched, gx["fastest"])
     return fam
