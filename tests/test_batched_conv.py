@@ -143,3 +143,27 @@ def test_refused_for_other_cnns_with_a_clear_message():
     with pytest.raises(ValueError, match=r"'batched' needs .* or a small CNN .*'lenet'\); AvgPoolCNN: "
                                          r"unsupported operation call_module 'pool'"):
         make_executor("batched", prob, algorithm=algo)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("model", ["lenet", "lenet_fc", "small_sq", "mlp"])
+def test_cuda_same_as_sequential(model, dtype):
+    """On a GPU (one chunk of every client, NCHW grouped convolutions; the MLP's fused steps): the sequential
+    executor's numbers."""
+    prob = (FederatedProblem(data(dtype=dtype), build_model_fn("mlp", (1, 8, 8), 4, hidden=(7, 6)))
+            if model == "mlp" else problem(model, dtype)).to("cuda")
+    d = prob.data
+    ids = torch.tensor([4, 0, 3, 1, 5, 2])
+    plans = build_plans({"train": Work(epochs=2, batch_size=10)}, d.train_offsets, ids, RngStreams(3), 0,
+                        scale=torch.tensor([1.0, 0.5, 1.0, 2.0, 1.0, 0.7]))
+    x0 = prob.layout.flatten(prob.model).detach().to(dtype)
+    start = x0 + 0.05 * torch.randn(len(ids), x0.numel(), generator=torch.Generator().manual_seed(1),
+                                    dtype=dtype).to("cuda")
+    seq = SequentialExecutor()
+    with torch.backends.cudnn.flags(deterministic=True):
+        ref, _, _ = seq.run(_PlainSGD(prob, 0.2), {"w": start}, {}, ids, plans, d)
+        out, _ = BatchedMLPExecutor(prob).sgd(start, 0.2, plans["train"], d)
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out, ref["w"], rtol=0 if dtype == torch.float64 else 1e-4, atol=tol)

@@ -350,6 +350,8 @@ class BatchedMLPExecutor:
         dtype = data.train_x.dtype if data.train_x.dtype == torch.float64 else torch.float32
         P = start.to(dtype).clone(memory_format=torch.contiguous_format)
         K = P.shape[0]
+        if plan.active.device != P.device:   # a plan drawn on the CPU, called directly (e.g. the calibration)
+            plan = plan.to(P.device)
         active = plan.active
         S = active.shape[1] if K else 0
         steps = active.sum(1).to(dtype)
