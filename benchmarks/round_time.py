@@ -20,9 +20,10 @@ Workloads (all clients take part every round):
 Prints ``ratio <workload> <reference> <value>`` with value = reference time / fedsolve time. The references run
 with ``FEDSOLVE_NATIVE=0`` (LeNet's pooling is then ``torch.max_pool2d``, not the compiled kernel).
 Usage: python benchmarks/round_time.py [--rounds 5] [--workloads logreg,mlp] [--executor auto,batched,vectorized]
-       [--threads 1] [--skip-plain] [--repeats 3] [--clock wall|cpu]
+       [--threads 1] [--skip-plain] [--repeats 3] [--clock wall|cpu] [--profile]
 (auto runs logreg, full-batch GD on one nn.Linear, through the batched `linear` executor, and picks the
-fastest of batched / vectorized / sequential elsewhere by its cached per-machine calibration)
+fastest of batched / vectorized / sequential elsewhere, and batched's chunk size, by its cached per-machine
+calibration; batched runs the MLP with stacked ``bmm`` passes and LeNet as channel-stacked grouped convolutions)
 """
 
 from __future__ import annotations
@@ -83,14 +84,32 @@ def local_steps(w: dict, n: int) -> int:
 
 
 # ------------------------------------------------------------------ (a) fedsolve
-def time_fedsolve(w: dict, data: FederatedData, rounds: int, executor: str) -> tuple[float, str]:
+def fedsolve_sim(w: dict, data: FederatedData, rounds: int, executor: str) -> Simulation:
+    """FedAvg on workload ``w`` with ``executor`` (any name make_executor knows, ``batched`` included)."""
     model_kw = MODEL_KW.get(w["model"], {})
     problem = FederatedProblem(data, build_model_fn(w["model"], data.input_shape, w["classes"], **model_kw))
     params = {"lr": w["lr"], "batch_size": w["batch"]}
     params.update({"local_steps": w["steps"]} if w.get("steps") else {"local_epochs": w["epochs"]})
     algo = get_algorithm("fedavg")(params, problem)
     sim = Simulation(problem, algo, SimulationConfig(rounds=rounds + 1, executor="sequential"), seed=0)
-    sim.use_executor(executor)   # any name make_executor knows (``batched`` included)
+    sim.use_executor(executor)
+    return sim
+
+
+def profile_fedsolve(w: dict, data: FederatedData, executor: str, rows: int = 14) -> None:
+    """Print where one fedsolve round's time goes (``torch.profiler``, self CPU time, after a warm-up round)."""
+    from torch.profiler import profile
+
+    sim = fedsolve_sim(w, data, 2, executor)
+    sim.run_round(0)
+    with profile() as prof:
+        sim.run_round(1)
+    print(f"profile of one round, fedsolve[{sim.executor.name}]:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def time_fedsolve(w: dict, data: FederatedData, rounds: int, executor: str) -> tuple[float, str]:
+    sim = fedsolve_sim(w, data, rounds, executor)
     times = []
     for t in range(rounds + 1):
         t0 = CLOCK()
@@ -231,6 +250,8 @@ def main(argv=None) -> int:
                          "threads against the loops at their best count, 1 on the 2-core machine")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or this process's CPU time (robust on a loaded machine; use with --threads 1)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the torch.profiler table of one round of the first --executor per workload")
     args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -263,6 +284,8 @@ def main(argv=None) -> int:
             if pl is not None:
                 print(f"ratio {tag} plain {pl / fs:.2f}")
             print(f"ratio {tag} fastest {fa / fs:.2f}")
+        if args.profile:
+            profile_fedsolve(w, data, exs[0])
         sys.stdout.flush()
     return 0
 
