@@ -97,6 +97,10 @@ def main(argv=None) -> int:
         ap.error(f"--families: unknown {bad}; allowed: {list(FAMILIES)}")
     if a.repeats < 1:
         ap.error("--repeats: must be >= 1")
+    executors = tuple(e for e in a.executors.split(",") if e)
+    allowed = ("auto", "sequential", "vectorized", "batched", "linear")
+    if not executors or any(e not in allowed for e in executors):
+        ap.error(f"--executors: expected names from {list(allowed)}, got {a.executors!r}")
     perturb: dict[str, set[str]] = {}
     for item in filter(None, a.perturb.split(",")):
         fam, _, who = item.partition(":")
@@ -112,7 +116,7 @@ def main(argv=None) -> int:
     failed = False
     for name in names:
         mod = importlib.import_module(f"family_{name}")
-        fam: Family = mod.build(a.smoke, perturb.get(name, set()), tuple(a.executors.split(",")))
+        fam: Family = mod.build(a.smoke, perturb.get(name, set()), executors)
         res = run_family(fam, a.repeats)
         report["families"][name] = res
         print(f"\n[{name}] {fam.workload}; {'median round after the first' if fam.unit == 'round' else 'whole run'}"

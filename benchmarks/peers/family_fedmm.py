@@ -13,8 +13,9 @@ round, client i (minimizer form, sign s = +1 on omega, -1 on psi):
 
 plain: a PFLlib-style client (its own model, ``torch.optim.SGD`` with the two players' step sizes as parameter
 groups, ``backward()`` of f_i, the discriminator's gradient negated, the penalty and dual added to ``.grad``).
-fastest: one reused module, ``torch.autograd.grad`` into the parameter tensors, one fused update per parameter
-tensor with the round's constants folded in (``p (1 - eta mu) - eta s g + eta (mu p_0 - dual)``).
+fastest: the network's forward and backward passes written out on one flat parameter vector (no autograd,
+:class:`HandwrittenDANN`), and per step two fused updates (omega, psi) with the round's constants folded in
+(``p (1 - eta mu) - eta s g + eta (mu p_0 - dual)``).
 """
 
 from __future__ import annotations
@@ -169,43 +170,78 @@ def plain(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
 
 
 # ------------------------------------------------------------------ (b) fastest sequential loop
+class HandwrittenDANN:
+    """The DANN saddle loss's gradient on one flat parameter vector, forward and backward written out (no
+    autograd): ``P`` holds (features, classifier, domain) in fedsolve's order, ``G`` gets d f_i / d P."""
+
+    def __init__(self, shapes: list[tuple[int, ...]]):
+        sizes = [int(torch.Size(s).numel()) for s in shapes]
+        self.P, self.G = torch.empty(sum(sizes)), torch.empty(sum(sizes))
+        self.W = [v.view(s) for v, s in zip(self.P.split(sizes), shapes)]
+        self.dW = [v.view(s) for v, s in zip(self.G.split(sizes), shapes)]
+
+    def grad(self, x: Tensor, y: Tensor) -> None:
+        Wf, bf, W1, b1, W2, b2, W3, b3, D1, e1, D2, e2 = self.W
+        gWf, gbf, gW1, gb1, gW2, gb2, gW3, gb3, gD1, ge1, gD2, ge2 = self.dW
+        B = len(y)
+        src = y >= 0
+        z = torch.addmm(bf, x, Wf.t()).relu_()
+        h1 = torch.addmm(b1, z, W1.t()).relu_()
+        h2 = torch.addmm(b2, h1, W2.t()).relu_()
+        g1 = torch.addmm(e1, z, D1.t()).relu_()
+        # classifier: (softmax - onehot) on source rows; domain: nu (onehot(t) - softmax) with t = 0 source, 1 target
+        dl = torch.softmax(torch.addmm(b3, h2, W3.t()), 1)
+        dl[torch.arange(B), y.clamp_min(0)] -= 1.0
+        dl.mul_((src.to(dl.dtype) / B).unsqueeze(1))
+        dd = torch.softmax(torch.addmm(e2, g1, D2.t()), 1).neg_()
+        dd[torch.arange(B), (~src).long()] += 1.0
+        dd.mul_(NU / B)
+        torch.mm(dl.t(), h2, out=gW3)
+        torch.sum(dl, 0, out=gb3)
+        dh = torch.mm(dl, W3).mul_(h2 > 0)
+        torch.mm(dh.t(), h1, out=gW2)
+        torch.sum(dh, 0, out=gb2)
+        dh = torch.mm(dh, W2).mul_(h1 > 0)
+        torch.mm(dh.t(), z, out=gW1)
+        torch.sum(dh, 0, out=gb1)
+        torch.mm(dd.t(), g1, out=gD2)
+        torch.sum(dd, 0, out=ge2)
+        dg = torch.mm(dd, D2).mul_(g1 > 0)
+        torch.mm(dg.t(), z, out=gD1)
+        torch.sum(dg, 0, out=ge1)
+        dz = torch.addmm(torch.mm(dh, W1), dg, D1).mul_(z > 0)
+        torch.mm(dz.t(), x, out=gWf)
+        torch.sum(dz, 0, out=gbf)
+
+
 def fastest(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
+    """Client by client on :class:`HandwrittenDANN`: per step one gradient and two fused updates (omega, psi)."""
     c = cfg
-    model = _model(w0)
-    params = list(model.parameters())
-    om, ps = params[:n_omega], params[n_omega:]
-    mu_om, mu_ps, lr_om, lr_ps = c["mu1"], c["mu2"], lr, c["lr_psi"]
-    sizes = [p.numel() for p in params]
-    mu_vec = torch.cat([torch.full((s,), c["mu1"] if j < n_omega else c["mu2"]) for j, s in enumerate(sizes)])
-    lr_vec = torch.cat([torch.full((s,), lr_om if j < n_omega else lr_ps) for j, s in enumerate(sizes)])
+    shapes = [tuple(p.shape) for p in DANN().parameters()]
+    net = HandwrittenDANN(shapes)
+    d_om = sum(int(torch.Size(s).numel()) for s in shapes[:n_omega])
+    lr_om, lr_ps = lr, c["lr_psi"]
+    mu_vec = torch.cat([torch.full((d_om,), c["mu1"]), torch.full((w0.numel() - d_om,), c["mu2"])])
+    lr_vec = torch.cat([torch.full((d_om,), lr_om), torch.full((w0.numel() - d_om,), lr_ps)])
     glob = w0.clone()
     dual = torch.zeros(data.num_clients, glob.numel())
     x, y = data.train_x.reshape(data.train_x.shape[0], -1), data.train_y
-    flat = torch.empty_like(glob)
-    views = [v.view_as(p) for v, p in zip(flat.split(sizes), params)]
+    P, G = net.P, net.G
+    Po, Pp, Go, Gp = P[:d_om], P[d_om:], G[:d_om], G[d_om:]
     times = []
     for t, rnd in enumerate(sched):
         t0 = time.perf_counter()
         acc = torch.zeros_like(glob)
         for k, i in enumerate(rnd.ids):
-            with torch.no_grad():
-                flat.copy_(glob)
-                for p, v in zip(params, views):
-                    p.copy_(v)
-                const = lr_vec * (mu_vec * glob - dual[i])      # eta (mu theta_0 - dual_i), fixed in the loop
-                cv = [v.view_as(p) for v, p in zip(const.split(sizes), params)]
+            P.copy_(glob)
+            const = lr_vec * (mu_vec * glob - dual[i])         # eta (mu theta_0 - dual_i), fixed in the loop
+            co, cp = const[:d_om], const[d_om:]
             for ix in rnd.batches["train"][k]:
-                grads = torch.autograd.grad(dann_loss(model, x[ix], y[ix]), params)
-                with torch.no_grad():
-                    torch._foreach_mul_(om, 1 - lr_om * mu_om)
-                    torch._foreach_add_(om, grads[:n_omega], alpha=-lr_om)
-                    torch._foreach_mul_(ps, 1 - lr_ps * mu_ps)
-                    torch._foreach_add_(ps, grads[n_omega:], alpha=lr_ps)
-                    torch._foreach_add_(params, cv)
-            with torch.no_grad():
-                w = torch.cat([p.reshape(-1) for p in params])
-                dual[i] += mu_vec * (w - glob)
-                acc += w + (c["eta3"] ** t) * dual[i] / mu_vec
+                net.grad(x[ix], y[ix])
+                Po.mul_(1 - lr_om * c["mu1"]).add_(Go, alpha=-lr_om).add_(co)     # omega descends f_i
+                Pp.mul_(1 - lr_ps * c["mu2"]).add_(Gp, alpha=lr_ps).add_(cp)      # psi ascends it
+            dual[i] += mu_vec * (P - glob)
+            acc += P + (c["eta3"] ** t) * dual[i] / mu_vec
         glob = acc / len(rnd.ids)
         times.append(time.perf_counter() - t0)
     return Result(times, {"w": glob, "dual": dual}, f"{torch.get_num_threads()} thread(s)")
