@@ -226,7 +226,7 @@ class ClientStates:
             return None
         s = ids.cpu() if col.identity else col.slot[ids.cpu()]
         first = int(s[0])
-        if first < 0 or not torch.equal(s, torch.arange(first, first + s.numel())):
+        if first < 0 or not torch.equal(s, torch.arange(first, first + s.numel(), device="cpu")):
             return None
         return col.rows[first:first + s.numel()]
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
-from torch.func import grad, jacrev
+from torch.func import grad
 
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.constrained import subproblem as sp
@@ -260,10 +260,10 @@ class ProxAL(Algorithm):
         d = at.shape[-1]
         f = lambda u: self.spec.objective(u, *rows)  # noqa: E731
         zero = torch.zeros_like(at)
-        H = sp.quadratic_hessian(f, at) + (self.sigma + self.cfg.rho) * torch.eye(d, dtype=at.dtype, device=at.device)
+        H = sp.quadratic_hessian(lambda u: f(u) + 0.5 * (self.sigma + self.cfg.rho) * u.pow(2).sum(), at)
         J = at.new_zeros(0, d)
         if self.spec.client_constraint is not None:
-            J = jacrev(lambda u: self.spec.c_client(u, *rows))(at)
+            J = sp.jacobian(lambda u: self.spec.c_client(u, *rows), at)
             H = H + self.cfg.beta * (J.mT @ J)
         out = {"gf0": grad(f)(zero), "J": J, "c0": self.spec.c_client(zero, *rows)}
         out["pair"], out["pair_fix"] = sp.sym_pair(H)
