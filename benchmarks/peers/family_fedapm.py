@@ -72,7 +72,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
                  f"synthetic MNIST-shaped images, {int(FRACTION * 100)}% participation, 3+3 epochs of batch 50, "
                  f"{rounds} rounds", {}, tol=2e-5)
     fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
-    fam.contenders["plain"] = lambda: plain(problem, full0, d_v, x, y, sched, m, lr["plain"])
+    fam.contenders["plain"] = lambda: plain(problem, full0, x, y, sched, m, lr["plain"])
     fam.contenders["fastest"] = lambda: fastest(shapes, full0, d_v, x, y, data.train_offsets, sched, m, lr["fastest"])
     return fam
 
@@ -134,7 +134,8 @@ class PlainClient:
         return [u + pi / c["rho"] - z for u, pi, z in zip(self.u, self.pi, z_old)]
 
 
-def plain(problem, full0: Tensor, d_v: int, x, y, sched, m: int, lr: float) -> Result:
+def plain(problem, full0: Tensor, x, y, sched, m: int, lr: float) -> Result:
+    """Client objects, one after another; the server averages z_i over all m clients (running sum)."""
     model = problem.model_fn()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(full0.clone(), model.parameters())   # (views of its argument)
@@ -156,6 +157,8 @@ def plain(problem, full0: Tensor, d_v: int, x, y, sched, m: int, lr: float) -> R
 
 # ------------------------------------------------------------------ (b) fastest sequential loop
 def fastest(shapes, full0: Tensor, d_v: int, x, y, offsets, sched, m: int, lr: float) -> Result:
+    """Flat rows v_i, u_i, pi_i; the v-phase on the client's hidden features, the u-phase on the hand-written
+    chain, each step one fused update."""
     c = CFG
     alpha, wd, rho, sigma = 1.0 / m, c["weight_decay"], c["rho"], c["sigma"]
     d = full0.numel()
