@@ -120,6 +120,18 @@ def fedsolve_contenders(make: Callable[[], Simulation], rounds: int,
     return out
 
 
+def load_flat(params, vec: Tensor) -> None:
+    """Copy the flat vector ``vec`` into the tensors ``params`` in order (a copy: ``vector_to_parameters`` alone
+    would leave them views of ``vec``)."""
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(vec.clone(), params)
+
+
+def flat(tensors) -> Tensor:
+    """The tensors' values as one flat vector (detached)."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
 def rel_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     """``max |a - b| / max(1, max |a|)`` over the tensors of ``a`` (inf when ``b`` lacks one or a shape
     differs, or when anything is not finite)."""

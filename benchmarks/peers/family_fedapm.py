@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
 from handwritten import HandwrittenChain
 from round_time import make_data
 
@@ -137,8 +137,7 @@ class PlainClient:
 def plain(problem, full0: Tensor, x, y, sched, m: int, lr: float) -> Result:
     """Client objects, one after another; the server averages z_i over all m clients (running sum)."""
     model = problem.model_fn()
-    with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(full0.clone(), model.parameters())   # (views of its argument)
+    load_flat(model.parameters(), full0)
     clients = [PlainClient(model, 2) for _ in range(m)]
     u_glob = [p.detach().clone() for p in clients[0].body]
     zsum = [m * u.double() for u in u_glob]
@@ -150,8 +149,7 @@ def plain(problem, full0: Tensor, x, y, sched, m: int, lr: float) -> Result:
             zsum = [s + d.double() for s, d in zip(zsum, dz)]
         u_glob = [(s / m).float() for s in zsum]
         times.append(time.perf_counter() - t0)
-    flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
-    return Result(times, {"u": flat(u_glob), "v": torch.stack([flat(c.head) for c in clients]).detach(),
+    return Result(times, {"u": flat(u_glob), "v": torch.stack([flat(c.head) for c in clients]),
                           "pi": torch.stack([flat(c.pi) for c in clients])}, "1 thread(s)")
 
 

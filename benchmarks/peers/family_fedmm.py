@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.data.federated import FederatedData
@@ -114,13 +114,8 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
 
 def _model(w0: Tensor) -> nn.Module:
     model = DANN()
-    with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(w0.clone(), model.parameters())   # (views of its argument)
+    load_flat(model.parameters(), w0)
     return model
-
-
-def _flat(ts) -> Tensor:
-    return torch.cat([t.detach().reshape(-1) for t in ts])
 
 
 # ------------------------------------------------------------------ (a) plain PFLlib-style loop
@@ -165,8 +160,8 @@ def plain(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
             for j, p in enumerate(glob.parameters()):
                 p.copy_(sum(u[j] for u in ups) / len(ups))
         times.append(time.perf_counter() - t0)
-    return Result(times, {"w": _flat(glob.parameters()),
-                          "dual": torch.stack([_flat(c.dual) for c in clients])}, "1 thread(s)")
+    return Result(times, {"w": flat(glob.parameters()),
+                          "dual": torch.stack([flat(c.dual) for c in clients])}, "1 thread(s)")
 
 
 # ------------------------------------------------------------------ (b) fastest sequential loop

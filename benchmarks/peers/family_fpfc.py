@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
 from round_time import WORKLOADS, make_data
 
 from fedsolve.algorithms import get_algorithm
@@ -102,11 +102,6 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
     return fam
 
 
-def _load(model: nn.Module, vec: Tensor) -> None:
-    with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(vec.clone(), model.parameters())   # (views of its argument)
-
-
 # ------------------------------------------------------------------ (a) plain PFLlib-style loop
 class PlainClient:
     def __init__(self, model: nn.Module):
@@ -114,7 +109,7 @@ class PlainClient:
         self.fused = [self.model.fc2.weight, self.model.fc2.bias]
 
     def train(self, start: Tensor, zeta: Tensor, x, y, batches, lr: float) -> Tensor:
-        _load(self.model, start)
+        load_flat(self.model.parameters(), start)
         zs = [zeta[:4000].view(10, 400), zeta[4000:]]
         opt = torch.optim.SGD(self.model.parameters(), lr=lr)
         for ix in batches:
@@ -123,7 +118,7 @@ class PlainClient:
             opt.zero_grad()
             loss.backward()
             opt.step()
-        return torch.nn.utils.parameters_to_vector(self.model.parameters()).detach()
+        return flat(self.model.parameters())
 
 
 def plain(W0: Tensor, data, sched, lr: float) -> Result:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bilevel_hvp import make_problem
-from family_common import Family, Result, fedsolve_contenders, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.simulation import Simulation, SimulationConfig
@@ -81,9 +81,8 @@ class PlainClient:
         self.body, self.head = params[:2], params[2:]
 
     def load(self, x: Tensor, y: Tensor) -> None:
-        with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(x, self.body)
-            torch.nn.utils.vector_to_parameters(y, self.head)
+        load_flat(self.body, x)
+        load_flat(self.head, y)
 
     def g(self, xb, yb) -> Tensor:
         return F.cross_entropy(self.model(xb), yb) + 0.5 * LAM * sum(p.pow(2).sum() for p in self.head)
@@ -93,7 +92,6 @@ class PlainClient:
 
     def directions(self, v: list[Tensor], data, b: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         X, Y = data
-        flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
         dy = torch.autograd.grad(self.g(X[b["lower_y"]], Y[b["lower_y"]]), self.head)
         gy = torch.autograd.grad(self.g(X[b["lower_v"]], Y[b["lower_v"]]), self.head, create_graph=True)
         hv = torch.autograd.grad(sum((a * c).sum() for a, c in zip(gy, v)), self.head)
