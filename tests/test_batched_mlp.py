@@ -168,7 +168,7 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
     assert ex.name == "batched" and bm.calibrated_chunk(prob, 10, None) == 4
     sizes = []
     chunks = ex.chunks
-    monkeypatch.setattr(ex, "chunks", lambda active, size: sizes.append(size) or chunks(active, size))
+    monkeypatch.setattr(ex, "chunks", lambda active, size, n: sizes.append(size) or chunks(active, size, n))
     ids = torch.arange(prob.num_clients)
     plan = build_plans({"train": Work(epochs=1, batch_size=10)}, prob.data.train_offsets, ids, RngStreams(0), 0)
     ex.sgd(prob.layout.flatten(prob.model).detach().repeat(len(ids), 1), 0.1, plan["train"], prob.data)

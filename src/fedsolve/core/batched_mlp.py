@@ -321,14 +321,18 @@ class BatchedMLPExecutor:
                 P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-lr)
         return loss_sum
 
-    def chunks(self, active: Tensor, size: int) -> list[Tensor]:
-        """Positions of the clients of each chunk: clients sorted by their number of active steps (largest
-        first), at most ``size`` a chunk, a new chunk where the step count falls below 0.85 of the chunk's
+    def chunks(self, active: Tensor, size: int, samples: Tensor | None = None) -> list[Tensor]:
+        """Positions of the clients of each chunk: clients sorted by their number of active steps, then by their
+        number of samples (``samples`` ``[K]``; largest first: clients with similar short last batches side by
+        side), at most ``size`` a chunk, a new chunk where the step count falls below 0.85 of the chunk's
         first (lockstep clients of unequal work would idle through the longest one's steps)."""
         steps = active.sum(1)
-        if bool((steps == steps[0]).all()):
+        same = samples is None or bool((samples == samples[0]).all())
+        if bool((steps == steps[0]).all()) and same:
             return [torch.arange(a, min(a + size, len(steps))) for a in range(0, len(steps), size)]
-        order = torch.argsort(steps, descending=True, stable=True)
+        key = steps.double() * (1 + (0 if samples is None else float(samples.max()))) + (
+            0 if samples is None else samples.double())
+        order = torch.argsort(key, descending=True, stable=True)
         out, cur, first = [], [], 0
         for pos, n in zip(order.tolist(), steps[order].tolist()):
             if cur and (len(cur) >= size or n < 0.85 * first):
@@ -377,7 +381,7 @@ class BatchedMLPExecutor:
             chunk = self._calibrated[bs]
         size = K if not cpu else (chunk or max(1, min(self.default_chunk,
                                                       math.ceil(K / (4 * workers if workers > 1 else 1)))))
-        groups = self.chunks(active, size) if cpu else [torch.arange(K)]
+        groups = self.chunks(active, size, (wts > 0).sum((1, 2)).cpu()) if cpu else [torch.arange(K)]
         contiguous = all(int(g[0]) + len(g) - 1 == int(g[-1]) for g in groups) and bool(
             (torch.cat(groups) == torch.arange(K)).all())
 
