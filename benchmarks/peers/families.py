@@ -24,7 +24,7 @@ fedsolve's with the first of ``--executors`` (default ``auto``; x > 1: fedsolve 
 
 Usage: python benchmarks/peers/families.py [--families fedapm,fpfc,constrained,simfbo,fedmm] [--repeats 3]
        [--smoke] [--threads 1] [--executors auto,vectorized] [--json results/perf/families.json]
-       [--perturb fedapm:plain]
+       [--perturb fedapm:plain] [--qp 300,3,3]
 (``--perturb <family>:<contender>`` changes that reference's step size by 1%: its check must then fail; the
 test of this benchmark uses it.)
 """
@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--executors", default="auto,vectorized",
                     help="fedsolve executors to time (the first gives the headline ratios; one that is auto's pick "
                          "is left out)")
+    ap.add_argument("--qp", default=None, help="the constrained family's Table-4 instance d,n,m (default 100,5,1)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--perturb", default="", help="comma-separated family:contender whose step size is changed "
                                                   "by 1% (its agreement check must fail)")
@@ -107,6 +108,15 @@ def main(argv=None) -> int:
         if fam not in FAMILIES or who not in ("plain", "fastest"):
             ap.error(f"--perturb: expected <family>:plain or <family>:fastest, got {item!r}")
         perturb.setdefault(fam, set()).add(who)
+    options: dict[str, dict] = {}
+    if a.qp:
+        try:
+            d, n, m = (int(v) for v in a.qp.split(","))
+        except ValueError:
+            ap.error(f"--qp: expected d,n,m (three integers), got {a.qp!r}")
+        if min(d, n, m) < 1 or m >= d:
+            ap.error(f"--qp: need d, n, m >= 1 and m < d, got {a.qp!r}")
+        options["constrained"] = {"qp": (d, n, m)}
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()
     print(f"fedsolve family benchmarks vs plain and fastest loops: torch {torch.__version__}, {a.threads} thread(s), "
@@ -116,7 +126,7 @@ def main(argv=None) -> int:
     failed = False
     for name in names:
         mod = importlib.import_module(f"family_{name}")
-        fam: Family = mod.build(a.smoke, perturb.get(name, set()), executors)
+        fam: Family = mod.build(a.smoke, perturb.get(name, set()), executors, **options.get(name, {}))
         res = run_family(fam, a.repeats)
         report["families"][name] = res
         print(f"\n[{name}] {fam.workload}; {'median round after the first' if fam.unit == 'round' else 'whole run'}"

@@ -42,9 +42,10 @@ PAPER = {"beta": 10.0, "s_bar": 0.1, "rho": 1.0, "q": 0.9, "eps1": 1e-3, "eps2":
 CAP = 5000
 
 
-def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
-          ) -> Family:
-    d, n, m = (20, 2, 1) if smoke else (100, 5, 1)
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0,
+          qp: tuple[int, int, int] | None = None) -> Family:
+    """``qp``: another Table-4 instance (d, n, m~) than (100, 5, 1)."""
+    d, n, m = (20, 2, 1) if smoke else (qp or (100, 5, 1))
     params = dict(PAPER, max_outer=3) if smoke else PAPER    # smoke: stop after 3 outer iterations (~100 rounds)
     problem = qp_problem(d, n, m, seed=10)
     inst = {k: torch.as_tensor(v) for k, v in problem.extras["qp_instance"].items()}
