@@ -28,8 +28,9 @@ def test_round_accounting():
     assert run(prob, "fednest", 0, inner_ep=2, neumann=3).algo.rounds_per_iteration == 2 * 2 + 1 + 3 + 2
 
 
-def _hand_fednest(mats, x0, y0, c, local: bool, taus=None):
-    """One outer iteration, full participation, full batches (local_ep epochs = local_ep steps, or tau_i)."""
+def _hand_fednest(mats, x0, y0, c, local: bool, taus=None, outer_taus=None):
+    """One outer iteration, full participation, full batches (local_ep epochs = local_ep steps, or tau_i);
+    ``outer_taus``: each client's local x-steps (default 1)."""
     n = len(mats)
     taus = taus or [int(c.local_ep)] * n
     lr, hlr = c.lr, c.hlr
@@ -56,8 +57,14 @@ def _hand_fednest(mats, x0, y0, c, local: bool, taus=None):
         p = neumann([M[0] for M in mats], sum(C @ y1 - e for A, B, cc, C, e in mats) / n)
         hg = sum(MU_X * x0 + hlr * B.T @ p for A, B, cc, C, e in mats) / n
         hgs = [hg] * n
-    # outer_tau = 1: x_i = x0 - hlr (grad_x f_i(x0) - grad_x f_i(x0) + hg_i)
-    return sum(x0 - hlr * h for h in hgs) / n, y1
+    # x <- x - hlr (grad_x f_i(x) - grad_x f_i(x0) + hg_i), grad_x f_i(x) = mu_x x
+    xs = []
+    for h, steps in zip(hgs, outer_taus or [1] * n):
+        x = x0.copy()
+        for _ in range(steps):
+            x = x - hlr * (MU_X * (x - x0) + h)
+        xs.append(x)
+    return sum(xs) / n, y1
 
 
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
@@ -73,6 +80,27 @@ def test_one_outer_iteration_matches_hand_computation(name, taus):
     x1, y1 = _hand_fednest(mats, x0, y0, sim.algo.cfg, local=name == "lfednest", taus=taus)
     assert np.allclose(sim.server["y"].numpy(), y1, atol=1e-12)
     assert np.allclose(sim.server["x"].numpy(), x1, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["fednest", "lfednest"])
+def test_tau_outer_gives_the_x_steps_each_clients_tau(name):
+    """``tau_outer``: FedOut's local x-steps take tau_i too (A.2: every method's local work varies); without it
+    every client takes outer_tau = 1 x-step, so the two differ."""
+    prob = quad_problem()
+    mats = client_matrices(prob)
+    taus = [1, 4, 2]
+    got = {}
+    for tau_outer in (True, False):
+        sim = run(prob, name, 0, batch_size=None, lr=0.05, hlr=0.1, tau_clients=taus, tau_outer=tau_outer)
+        x0, y0 = sim.server["x"].numpy().copy(), sim.server["y"].numpy().copy()
+        for _ in range(sim.algo.rounds_per_iteration):
+            sim.step()
+        got[tau_outer] = sim.server["x"].numpy()
+    x1, _ = _hand_fednest(mats, x0, y0, sim.algo.cfg, local=name == "lfednest", taus=taus, outer_taus=taus)
+    assert np.allclose(got[True], x1, atol=1e-12)
+    assert np.linalg.norm(got[True] - got[False]) > 1e-4
+    with pytest.raises(ValueError, match="tau_outer"):
+        run(prob, name, 0, tau_outer=True)
 
 
 def test_neumann_approximates_the_inverse_hessian_vector_product():

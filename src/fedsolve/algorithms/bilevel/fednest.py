@@ -10,7 +10,7 @@ keys tell the client what to compute. FedNest, per outer iteration (10 rounds wi
     FedIHGP (1 + neumann rounds)   p0:       p = counter = mean_i grad_y f_i(x, y)            (full upper split)
                                    neumann:  counter <- counter - hlr mean_i H_i counter;  p <- p + counter
     FedOut  (2 rounds)             hypergrad: hg = mean_i (grad_x f_i - hlr grad2_xy g_i p)
-                                   outer:    outer_tau local steps
+                                   outer:    outer_tau local steps (tau_i with ``tau_outer``)
                                              x <- x - hlr (grad_x f_i(x; b) - grad_x f_i(x0; b) + hg);
                                              x = mean
 
@@ -51,10 +51,14 @@ class FedNestConfig(BaseModel):
                                 "each client's persistent tau_i ~ U{1..tau_max} steps instead of local_ep epochs "
                                 "(the same draw as SimFBO's for a seed)")
     tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i of FedInn, one per client")
+    tau_outer: bool = Field(False, description="with tau_max / tau_clients: the local x-steps (FedOut) also take "
+                            "each client's tau_i steps instead of outer_tau")
 
     @model_validator(mode="after")
     def _tau(self):
         validate_tau(self.tau_max, self.tau_clients)
+        if self.tau_outer and not self.heterogeneous:
+            raise ValueError("tau_outer: needs per-client tau_i (set tau_max or tau_clients)")
         return self
 
     @property
@@ -75,8 +79,9 @@ class _Nested(BilevelAlgorithm):
                       "lower_sgd": (Work(epochs=None, steps=max_steps(1, c.tau_max, c.tau_clients),
                                          batch_size=c.batch_size, group=spec.lower_group) if c.heterogeneous else
                                     Work(epochs=c.local_ep, batch_size=c.batch_size, group=spec.lower_group)),
-                      "upper_sgd": Work(epochs=None, steps=c.outer_tau, batch_size=c.batch_size,
-                                        group=spec.upper_group)}
+                      "upper_sgd": Work(epochs=None, steps=(max_steps(1, c.tau_max, c.tau_clients) if c.tau_outer
+                                                            else c.outer_tau),
+                                        batch_size=c.batch_size, group=spec.upper_group)}
         self.phases = self.build_schedule()
 
     def build_schedule(self) -> list[str]:
@@ -122,14 +127,17 @@ class _Nested(BilevelAlgorithm):
             y = y - lr * on.to(y.dtype) * g
         return y
 
-    def _outer_steps(self, ctx, x0, y, hg):
-        """outer_tau local x-steps x <- x - hlr (grad_x f_i(x; b) - grad_x f_i(x0; b) + hg)."""
+    def _outer_steps(self, ctx, state, x0, y, hg):
+        """outer_tau (or, with ``tau_outer``, tau_i) local x-steps x <- x - hlr (grad_x f_i(x; b) - grad_x f_i(x0; b)
+        + hg)."""
         x = x0
         for k in range(ctx.max_steps("upper_sgd")):
             b = ctx.batch("upper_sgd", k)
             gx, _, _ = self.oracles.grad_f(x, y, b)
             gx0, _, _ = self.oracles.grad_f(x0, y, b)
             on = ctx.is_active("upper_sgd", k)
+            if self.cfg.tau_outer:
+                on = on & (state["tau"] > k)
             x = x - self.cfg.hlr * on.to(x.dtype) * (gx - gx0 + hg)
         return x
 
@@ -189,7 +197,7 @@ class FedNest(_Nested):
             return {}, {"hc": O.hvp_yy_g(x, msg["y"], msg["counter"], ctx.batch("lower_full", 0))}
         if "p" in msg:
             return {}, {"hg": self._local_hypergradient(ctx, x, msg["y"], msg["p"])}
-        return {}, {"x": self._outer_steps(ctx, x, msg["y"], msg["hg_glob"])}
+        return {}, {"x": self._outer_steps(ctx, state, x, msg["y"], msg["hg_glob"])}
 
     def aggregate(self, server, ids, uploads, round_):
         ph, mean = self.phase(server), (lambda k: uploads[k].mean(0))
@@ -231,7 +239,7 @@ class LFedNest(_Nested):
             counter = counter - self.cfg.hlr * O.hvp_yy_g(x, y, counter, ctx.batch("lower_full", 0))
             p = p + counter
         hg = self._local_hypergradient(ctx, x, y, p)
-        return {}, {"x": self._outer_steps(ctx, x, y, hg)}
+        return {}, {"x": self._outer_steps(ctx, state, x, y, hg)}
 
     def aggregate(self, server, ids, uploads, round_):
         if self.phase(server) == "inner":
