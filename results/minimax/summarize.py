@@ -1,7 +1,8 @@
 """Tables of results/minimax/README.md from run folders of the experiments/minimax suites.
 
 Usage: python results/minimax/summarize.py runs/minimax
-Reads <root>/mnistm_dann_2clients, <root>/mnistm_dann_fedsgda, <root>/skew10_{dann,cdan,mdd}, <root>/p_sweep,
+Reads <root>/mnistm_dann_2clients, <root>/mnistm_dann_fedsgda, <root>/skew10_{dann,cdan,mdd},
+<root>/p_sweep_{cdan,dann,mdd}[_s<seed>]/p<p>,
 <root>/digits_dann_2clients and the grid <root>/grid/<regime>/<loss>/<source>_<target> (those present);
 prints markdown: target accuracy (final and best over rounds, mean ± std over seeds), wall time, and the rounds
 each method needs to reach FedSGDA's final accuracy (per seed, first evaluated round at or above it).
@@ -183,18 +184,53 @@ def grid(root: Path) -> None:
                 print(f"| {task} | {pair.replace('_', ' -> ')} | {100 * bar:.1f} | {ours} | {pap} |")
 
 
+#: the p sweep's read-out rounds (Fig. 2 analogue, 150 rounds)
+SWEEP_AT = (50, 100, 150)
+
+
+def sweep_runs(root: Path, loss: str) -> dict[float, dict[str, list[dict]]]:
+    """{p: {label: runs}} of <root>/p_sweep_<loss>/p<p>/ and the other seeds' <root>/p_sweep_<loss>_s<k>/p<p>/
+    (the seed folders of one p may also sit together in the first)."""
+    out: dict[float, dict[str, list[dict]]] = {}
+    for base in sorted(root.glob(f"p_sweep_{loss}")) + sorted(root.glob(f"p_sweep_{loss}_s*")):
+        for q in base.glob("p*"):
+            for label, rs in runs(q).items():
+                have = out.setdefault(float(q.name[1:]), {}).setdefault(label, [])
+                have += [r for r in rs if r["seed"] not in {x["seed"] for x in have}]
+    return dict(sorted(out.items()))
+
+
+def msv(vals: list[float]) -> str:
+    """The mean ± std over seeds, or the single value of one seed."""
+    return ms(vals) if len(vals) != 1 else f"{100 * vals[0]:.1f}"
+
+
 def p_sweep(root: Path) -> None:
-    """<root>/p_sweep/p<p>/: final target accuracy per method and p (Fig. 2 analogue)."""
-    folders = sorted((root / "p_sweep").glob("p*"), key=lambda q: float(q.name[1:]))
-    res = {q.name[1:]: runs(q) for q in folders if any(q.glob("*/seed*/summary.json"))}
-    if not res:
-        return
-    methods = sorted({m for r in res.values() for m in r})
-    print("\n### p sweep, CDAN, 2 clients (final target acc. %)\n")
-    print("| p | " + " | ".join(methods) + " |")
-    print("|---|" + "---|" * len(methods))
-    for pv, r in res.items():
-        print(f"| {pv} | " + " | ".join(ms([acc(x)[-1][1] for x in r.get(m, [])]) for m in methods) + " |")
+    """Fig. 2 analogue: target accuracy of FedAvgGDA and FedMM at rounds 50, 100 and 150 per loss and split p,
+    FedMM's lead (per seed, then mean ± std over seeds) and the best accuracy over all evaluated rounds (the paper:
+    FedAvgGDA degrades, so FedMM's lead grows, as p -> 1)."""
+    for loss in ("cdan", "dann", "mdd"):
+        res = sweep_runs(root, loss)
+        if not res:
+            continue
+        print(f"\n### p sweep, {loss.upper()}, 2 clients: target accuracy (%) at rounds {SWEEP_AT}\n")
+        print("| p | seeds | " + " | ".join(f"FedAvgGDA @{t}" for t in SWEEP_AT) + " | "
+              + " | ".join(f"FedMM @{t}" for t in SWEEP_AT) + " | " + " | ".join(f"lead @{t}" for t in SWEEP_AT)
+              + " | best FedAvgGDA | best FedMM |")
+        print("|---|---|" + "---|" * (3 * len(SWEEP_AT) + 2))
+        for pv, r in res.items():
+            avg, mm = r.get("FedAvgGDA", []), r.get("FedMM", [])
+            at = {m: [[dict(acc(x)).get(t, float("nan")) for x in rs] for t in SWEEP_AT]
+                  for m, rs in (("FedAvgGDA", avg), ("FedMM", mm))}
+            seeds = sorted({x["seed"] for x in avg} & {x["seed"] for x in mm})
+            lead = []
+            for t in SWEEP_AT:
+                a = {x["seed"]: dict(acc(x)).get(t, float("nan")) for x in avg}
+                b = {x["seed"]: dict(acc(x)).get(t, float("nan")) for x in mm}
+                lead.append(msv([b[k] - a[k] for k in seeds]))
+            print(f"| {pv:g} | {', '.join(map(str, seeds))} | " + " | ".join(msv(v) for v in at["FedAvgGDA"]) + " | "
+                  + " | ".join(msv(v) for v in at["FedMM"]) + " | " + " | ".join(lead) + " | "
+                  + " | ".join(msv([max(a for _, a in acc(x)) for x in rs]) for rs in (avg, mm)) + " |")
 
 
 if __name__ == "__main__":
