@@ -136,3 +136,29 @@ def test_sequential_and_vectorized_agree(name):
         out[ex] = sim.server
     for k in ("x", "y"):
         assert torch.allclose(out["sequential"][k], out["vectorized"][k], atol=1e-10), k
+
+
+def _participants(hold: bool, rounds: int = 20):
+    prob = quad_problem(m=8)
+    sim = run(prob, "fednest", 0, clients=3, batch_size=None, hold_sample=hold)
+    return [tuple(sim.run_round(t)["ids"].tolist()) for t in range(rounds)]
+
+
+def test_fednest_holds_one_sample_through_fedinn_and_one_through_fedout():
+    """FedNest's code samples once for FedInn (anchor + inner: rounds 0-1 of an iteration) and once for FedOut
+    (p0, 5 Neumann, hypergradient, outer: rounds 2-9); each block's clients are the engine's draw of the round
+    where the block begins, so the fresh-sample run shows the same clients at those rounds."""
+    held, fresh = _participants(True), _participants(False)
+    blocks = [(0, 2), (2, 10), (10, 12), (12, 20)]
+    for a, b in blocks:
+        assert set(held[a:b]) == {held[a]}, (a, b, held[a:b])
+        assert held[a] == fresh[a]
+    assert len({held[a] for a, _ in blocks}) > 1                 # a new draw per block
+    assert any(len(set(fresh[a:b])) > 1 for a, b in blocks)      # without hold: a new draw every round
+
+
+def test_lfednest_draws_afresh_every_round():
+    prob = quad_problem(m=8)
+    sims = [run(prob, "lfednest", 0, clients=3, batch_size=None, hold_sample=h) for h in (True, False)]
+    ids = [[tuple(s.run_round(t)["ids"].tolist()) for t in range(8)] for s in sims]
+    assert ids[0] == ids[1] and len(set(ids[0])) > 1

@@ -67,6 +67,13 @@ class Algorithm:
     def setup(self) -> None:
         """Hook for subclasses (masks, derived constants)."""
 
+    # ----------------------------------------------------------- participation
+    def sampling_round(self, server: Record, round_: int) -> int:
+        """The round whose client draw round ``round_`` goes to: ``round_`` itself (a fresh sample every
+        communication round) unless a protocol keeps one sample over several rounds (FedNest's FedInn and
+        FedOut), which returns the round where its block began. The engine and the Flower server both ask."""
+        return round_
+
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
         """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""

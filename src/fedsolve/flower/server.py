@@ -197,7 +197,7 @@ class FlowerRun:
     def run_round(self, t: int) -> dict[str, Any]:
         self.registry.refresh(wait=2.0)
         live = self.registry.live_clients()
-        sampled = sample_round(self.cfg, self.m, self.weights, self.rngs, t)
+        sampled = sample_round(self.cfg, self.m, self.weights, self.rngs, self.algo.sampling_round(self.server, t))
         scales = work_scales(self.cfg, self.m, self.rngs, t)
         ids = torch.as_tensor([i for i in sampled.tolist() if i in live], dtype=torch.long)
         info: dict[str, Any] = {"round": t, "sampled": sampled.tolist(), "sent": ids.tolist(), "participants": []}

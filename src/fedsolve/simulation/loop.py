@@ -379,8 +379,9 @@ class Simulation:
         m = self.problem.num_clients
         data = self.problem.data
         if ids is None:
+            draw = self.algo.sampling_round(self.server, t)
             ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights,
-                                                      self.rngs.numpy("sampling", t)))
+                                                      self.rngs.numpy("sampling", draw)))
         if ids.numel() == 0:   # nobody took part: the round still counts (states unchanged)
             self.round = t + 1
             return {"round": t, "clients": 0, "train_loss": float("nan"), "ids": ids}

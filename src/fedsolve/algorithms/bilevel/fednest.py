@@ -51,6 +51,10 @@ class FedNestConfig(BaseModel):
                                 "each client's persistent tau_i ~ U{1..tau_max} steps instead of local_ep epochs "
                                 "(the same draw as SimFBO's for a seed)")
     tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i of FedInn, one per client")
+    hold_sample: bool = Field(True, description="keep one client sample through FedInn (anchor + inner) and "
+                              "one through FedOut (p0 ... outer), as FedNest's code does; false: a fresh sample "
+                              "every communication round (every run before this option); LFedNest's phases "
+                              "draw afresh either way")
     tau_outer: bool = Field(False, description="with tau_max / tau_clients: the local x-steps (FedOut) also take "
                             "each client's tau_i steps instead of outer_tau")
 
@@ -110,6 +114,20 @@ class _Nested(BilevelAlgorithm):
     def phase(self, server) -> str:
         return self.phases[int(server["phase"]) % len(self.phases)]
 
+    #: phases that draw a new client sample when ``hold_sample`` is on (the rest reuse their block's draw)
+    new_sample_at: frozenset[str] = frozenset()
+
+    def sampling_round(self, server, round_):
+        """With ``hold_sample``: the round where the current sampling block began (FedNest's code samples once
+        for FedInn and once for FedOut; spec 3.7), from the phase counter, so a resumed run draws the same."""
+        if not self.cfg.hold_sample or not self.new_sample_at:
+            return round_
+        k = int(server["phase"]) % len(self.phases)
+        back = 0
+        while self.phases[k - back] not in self.new_sample_at:
+            back += 1
+        return round_ - back
+
     # ------------------------------------------------------------ client computations (one client)
     def _lower_sgd(self, ctx, state, x, y, anchor: tuple | None):
         """Local SGD on y over the lower split (tau_i steps when heterogeneous); ``anchor = (y0, global
@@ -161,6 +179,8 @@ class _Nested(BilevelAlgorithm):
 class FedNest(_Nested):
     name = "fednest"
     description = "FedNest: FedInn (SVRG) + FedIHGP (global Neumann) + FedOut, 10 rounds per iteration (Tarzanagh 2022)"
+
+    new_sample_at = frozenset({"anchor", "p0"})   # FedInn, FedOut
 
     def build_schedule(self):
         c = self.cfg
