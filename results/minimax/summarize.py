@@ -3,7 +3,8 @@
 Usage: python results/minimax/summarize.py runs/minimax
 Reads <root>/mnistm_dann_2clients, <root>/mnistm_dann_fedsgda, <root>/skew10_{dann,cdan,mdd},
 <root>/p_sweep_{cdan,dann,mdd}[_s<seed>]/p<p>,
-<root>/digits_dann_2clients and the grid <root>/grid/<regime>/<loss>/<source>_<target> (those present);
+<root>/digits_dann_2clients, the grid <root>/grid/<regime>/<loss>/<source>_<target> and
+<root>/pretrained_authors_code/<loss>/<source>_<target> (those present);
 prints markdown: target accuracy (final and best over rounds, mean ± std over seeds), wall time, and the rounds
 each method needs to reach FedSGDA's final accuracy (per seed, first evaluated round at or above it).
 """
@@ -97,6 +98,7 @@ def main(root: str) -> None:
             print("\n".join(table(runs(p), None, (20, 40))))
     p_sweep(root_p)
     grid(root_p / "grid")
+    psi_gradient_check(root_p)
 
 
 #: the paper's Office-31 tasks (Tables 1/2) and our stand-in pairs: A = mnist, D = digits, W = mnistm
@@ -182,6 +184,30 @@ def grid(root: Path) -> None:
                                   if m in r else "-" for m in GRID_METHODS)
                 pap = " / ".join(f"{PAPER_ROUNDS[m][task][col]:g}" for m in ("FedAvgGDA", "FedSGDA", "FedMM"))
                 print(f"| {task} | {pair.replace('_', ' -> ')} | {100 * bar:.1f} | {ours} | {pap} |")
+
+
+def psi_gradient_check(root: Path) -> None:
+    """<root>/pretrained_authors_code/<loss>/<pair>/ (problem.params.psi_gradient: authors_code, lr_psi 0.01) next to
+    the grid's pretrained runs with the paper's psi step (<root>/grid/pretrained/<loss>/<pair>/): final target
+    accuracy of FedMM and FedAvgGDA after the last round."""
+    base = root / "pretrained_authors_code"
+    for loss in ("dann", "cdan", "mdd"):
+        cells = [(task, pair) for task, pair in TASKS if (base / loss / pair / "summary.json").exists()]
+        if not cells:
+            continue
+        print(f"\n### Pretrained {loss.upper()}: psi step as in the paper vs the authors' code (final target acc. %)\n")
+        print("| task (paper) | our pair | round 0 | FedAvgGDA, paper | FedAvgGDA, authors' code | FedMM, paper | "
+              "FedMM, authors' code |")
+        print("|---|---|---|---|---|---|---|")
+        for task, pair in cells:
+            code = runs(base / loss / pair)
+            paper_p = root / "grid" / "pretrained" / loss / pair
+            paper = runs(paper_p) if (paper_p / "summary.json").exists() else {}
+            def cell(r: dict, m: str) -> str:
+                return f"{100 * acc(r[m][0])[-1][1]:.1f}" if m in r else "-"
+            start = acc(next(iter(code.values()))[0])[0][1]
+            print(f"| {task} | {pair.replace('_', ' -> ')} | {100 * start:.1f} | {cell(paper, 'FedAvgGDA')} | "
+                  f"{cell(code, 'FedAvgGDA')} | {cell(paper, 'FedMM')} | {cell(code, 'FedMM')} |")
 
 
 #: the p sweep's read-out rounds (Fig. 2 analogue, 150 rounds)
