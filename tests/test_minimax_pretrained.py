@@ -51,10 +51,15 @@ def _one_full_batch_step(problem, **params):
     algo = make("fedsgda", problem, lr=LR, lr_psi=2 * LR, **params)
     w0 = problem.init_params(torch.Generator().manual_seed(3))
     server, _, _ = run_rounds(algo, 1, "sequential", x0=w0)
+    return server["w"] - w0, _grad_f(problem)(w0)
+
+
+def _grad_f(problem):
+    """``params -> grad f_i(params)`` on the whole (one-client) training set, rows weighted 1/n."""
     d = problem.data
     n = d.train_y.numel()
-    g = torch.func.grad(lambda p: minimax_of(problem).loss(p, d.train_x, d.train_y, torch.full((n,), 1.0 / n)))(w0)
-    return server["w"] - w0, g
+    w = torch.full((n,), 1.0 / n)
+    return torch.func.grad(lambda p: minimax_of(problem).loss(p, d.train_x, d.train_y, w))
 
 
 def _regime_problem(regime, **extra):
@@ -98,13 +103,6 @@ def test_regime_errors_name_the_field():
 
 
 # ---------------------------------------------------------------- the authors' scaling of psi's gradient
-def _grad_f(problem):
-    d = problem.data
-    n = d.train_y.numel()
-    w = torch.full((n,), 1.0 / n)
-    return torch.func.grad(lambda p: minimax_of(problem).loss(p, d.train_x, d.train_y, w))
-
-
 def test_authors_code_divides_psis_gradient_by_nu_plus_001_pretrained_and_by_nu_from_scratch():
     """One full-batch FedSGDA step: psi moves by lr_psi * grad_psi f * c with c = 1 in the paper (default),
     1 / (nu + 0.01) = 1 / 0.26 pretrained and 1 / nu = 2 from scratch (nu = 0.5) with psi_gradient: authors_code;
