@@ -265,10 +265,6 @@ class BatchedMLPExecutor:
         #: cache), 16 for CNNs (few weights; one grouped convolution for more clients saves more calls)
         self.default_chunk = 8 if isinstance(self.kernel, StackedMLP) else 16
 
-    @property
-    def layers(self) -> list[_Layer]:
-        return self.kernel.layers
-
     # ---------------------------------------------------------------- the steps of a chunk of clients
     def _sgd_chunk(self, P: Tensor, Z: Tensor | None, Xf: Tensor, ty: Tensor, idx: Tensor, wts: Tensor,
                    active: Tensor, fixed: bool, lr: float, rho: float, wd: float) -> Tensor:
