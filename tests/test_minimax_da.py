@@ -282,3 +282,29 @@ def test_three_domain_grid_builds_every_ordered_pair():
         digit_domains("digits", "digits")
     with pytest.raises(ValueError, match="domain"):
         digit_domains("mnist", "usps")
+
+
+
+def test_authors_init_and_its_error():
+    """init: authors_code -- every weight from N(0, 0.1^2) truncated at 2 std, every bias 0.1 (the authors' code);
+    the default keeps PyTorch's initialization; an unknown value names the field and the allowed values."""
+    from fedsolve.minimax import DomainAdversarialNet
+    from tests.test_minimax_pretrained import _regime_problem
+
+    torch.manual_seed(0)
+    net = DomainAdversarialNet((3, 28, 28), 10, "dann", "cnn", init="authors_code")
+    for name, p in net.named_parameters():
+        if name.endswith("bias"):
+            assert torch.equal(p, torch.full_like(p, 0.1)), name
+        else:
+            assert float(p.abs().max()) <= 0.2 and abs(float(p.std()) - 0.088) < 0.01, name  # std of N(0, .1) cut at 2 std
+    torch.manual_seed(0)
+    plain = DomainAdversarialNet((3, 28, 28), 10, "dann", "cnn")
+    assert not torch.equal(plain.classifier[0].bias, torch.full_like(plain.classifier[0].bias, 0.1))
+    pr = _regime_problem("scratch", init="authors_code")
+    assert pr.extras["domain_adaptation"]["init"] == "authors_code"
+    x0 = pr.init_params(torch.Generator().manual_seed(0))
+    bias = pr.layout.unflatten(x0)["classifier.0.bias"]
+    assert torch.equal(bias, torch.full_like(bias, 0.1))
+    with pytest.raises(ValueError, match="init"):
+        _regime_problem("scratch", init="tf")

@@ -161,7 +161,8 @@ class DomainAdversarialNet(nn.Module):
     """
 
     def __init__(self, in_shape: Sequence[int], num_classes: int, loss: str = "dann", features: str = "cnn",
-                 feature_dim: int = 64, hidden: Sequence[int] = (100, 100), domain_hidden: int = 100):
+                 feature_dim: int = 64, hidden: Sequence[int] = (100, 100), domain_hidden: int = 100,
+                 init: str = "torch"):
         super().__init__()
         if loss not in ADVERSARIAL_LOSSES:
             raise ValueError(f"loss: unknown {loss!r}; allowed: {list(ADVERSARIAL_LOSSES)}")
@@ -186,6 +187,10 @@ class DomainAdversarialNet(nn.Module):
             self.domain = _mlp(num_classes * d, [domain_hidden], 2)
         else:
             self.domain = _mlp(d, hidden, num_classes)
+        if init == "authors_code":
+            authors_init(self)
+        elif init != "torch":
+            raise ValueError(f"init: unknown {init!r}; allowed: ['torch', 'authors_code']")
 
     def forward(self, x: Tensor, adversarial: bool = False):
         z = self.features(x)
@@ -196,6 +201,16 @@ class DomainAdversarialNet(nn.Module):
             p = torch.softmax(logits, -1)
             z = (p.unsqueeze(-1) * z.unsqueeze(-2)).flatten(-2)
         return logits, self.domain(z)
+
+
+def authors_init(model: nn.Module) -> None:
+    """The authors' code's initialization (spec fedmm.md 2.5): every weight of a linear or convolutional layer
+    from a normal of std 0.1 truncated at two standard deviations (TensorFlow's ``truncated_normal``), every
+    bias 0.1. The paper is silent; PyTorch's default (``init: torch``) is what the reported runs used."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.trunc_normal_(m.weight, std=0.1, a=-0.2, b=0.2)
+            nn.init.constant_(m.bias, 0.1)
 
 
 def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> FlatObjective:
@@ -286,14 +301,16 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
                         features: str = "cnn", feature_dim: int = 64, hidden: Sequence[int] = (100, 100),
                         domain_hidden: int = 100, name: str = "domain_adaptation", pretrain: Pretrain | None = None,
                         feature_scale: float | None = None,
-                        psi_gradient: Literal["paper", "authors_code"] = "paper") -> FederatedProblem:
+                        psi_gradient: Literal["paper", "authors_code"] = "paper",
+                        init: Literal["torch", "authors_code"] = "torch") -> FederatedProblem:
     """Adversarial domain adaptation on domain data (labelled source ``y >= 0``, unlabelled target ``y = -1``).
 
     Blocks: ``omega`` = features + classifier, ``psi`` = domain head, ``features`` = the feature extractor
     (its own learning rate in the pretrained regime). ``pretrain``: the pretrained regime (source-only stage,
     :class:`Pretrain`); then ``nu`` defaults to :data:`PRETRAINED_NU` and ``feature_scale`` (the factor on the
     features' step size, :class:`Minimax`) to 0.05, else :data:`DEFAULT_NU` and 1. ``psi_gradient``: the
-    factor on psi's gradient of ``f_i``, :func:`psi_gradient_scale` ("paper": 1)."""
+    factor on psi's gradient of ``f_i``, :func:`psi_gradient_scale` ("paper": 1). ``init``: the network's
+    initialization, PyTorch's default or the authors' code's (:func:`authors_init`)."""
     if data.task != "classification" or data.num_classes is None:
         raise ValueError("domain adaptation needs classification data (labelled source rows)")
     if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:
@@ -312,7 +329,7 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
     hidden = tuple(int(h) for h in hidden)
 
     def model_fn():
-        return DomainAdversarialNet(shape, k, loss, features, feature_dim, hidden, domain_hidden)
+        return DomainAdversarialNet(shape, k, loss, features, feature_dim, hidden, domain_hidden, init)
 
     model_fn()  # validate the architecture now (clear errors)
     blocks = {OMEGA: ["features.*", "classifier.*"], PSI: ["domain.*"], "features": ["features.*"]}
@@ -321,6 +338,6 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
     problem.extras["domain_adaptation"] = {"loss": loss, "nu": nu, "features": features,
                                            "regime": "scratch" if pretrain is None else "pretrained",
                                            "feature_scale": feature_scale, "psi_gradient": psi_gradient,
-                                           "psi_scale": psi_scale}
+                                           "psi_scale": psi_scale, "init": init}
     return _with_blocks(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}",
                         feature_scale, psi_scale)

@@ -52,6 +52,10 @@ class DomainAdaptationParams(BaseModel):
         "paper", description="psi's gradient of f_i in its step: 'paper' as in eq. 12 (ascent on f_i, step eta_2); "
                              "'authors_code' divided by nu + 0.01 (pretrained) or by nu (from scratch) as in the "
                              "authors' code; the penalty and dual terms are not scaled")
+    init: Literal["torch", "authors_code"] = Field(
+        "torch", description="initialization of every layer: 'torch' (PyTorch's default, the reported runs) or "
+                             "'authors_code' (weights from a normal of std 0.1 truncated at 2 std, biases 0.1, as "
+                             "the authors' code; the paper is silent)")
 
 
 @register_problem_kind("domain_adaptation")
@@ -64,4 +68,4 @@ def domain_adaptation(problem, params, seed):
     pretrain = Pretrain(**p.pretrain.model_dump()) if p.regime == "pretrained" else None
     return adversarial_problem(problem.data, p.loss, p.nu, p.features, p.feature_dim, p.hidden, p.domain_hidden,
                                name=problem.name, pretrain=pretrain, feature_scale=p.feature_scale,
-                               psi_gradient=p.psi_gradient)
+                               psi_gradient=p.psi_gradient, init=p.init)
