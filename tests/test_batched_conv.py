@@ -32,17 +32,18 @@ def data(shape=(1, 8, 8), classes=4, sizes=SIZES, dtype=torch.float32, seed=0, r
                          num_classes=None if regression else classes, name="tiny")
 
 
-class SmallCNN(nn.Module):   # two channels in, no pooling after the second conv, a stride, tanh, nn.Flatten
-    def __init__(self):
+class SmallCNN(nn.Module):   # two channels in, nn.MaxPool2d, no pooling after the second conv, a stride, tanh,
+    def __init__(self):      # nn.Flatten
         super().__init__()
         self.c1 = nn.Conv2d(2, 3, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
         self.c2 = nn.Conv2d(3, 4, 3, stride=2, bias=False)
         self.flat = nn.Flatten()
         self.fc = nn.Linear(4 * 2 * 2, 5)
         self.out = nn.Linear(5, 3)
 
     def forward(self, x):
-        x = torch.max_pool2d(torch.relu(self.c1(x)), 2)
+        x = self.pool(torch.relu(self.c1(x)))
         x = torch.tanh(self.c2(x))
         return self.out(torch.sigmoid(self.fc(self.flat(x))))
 
@@ -136,6 +137,11 @@ class AvgPoolCNN(nn.Module):
         return self.fc(self.pool(torch.relu(self.c(x))).flatten(1))
 
 
+class FlatDimsCNN(AvgPoolCNN):   # flattens all but the first two dims: not a per-sample flatten
+    def forward(self, x):
+        return self.fc(torch.max_pool2d(self.c(x), 2).flatten(2))
+
+
 def test_refused_for_other_cnns_with_a_clear_message():
     prob = FederatedProblem(data(), AvgPoolCNN)
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
@@ -143,6 +149,8 @@ def test_refused_for_other_cnns_with_a_clear_message():
     with pytest.raises(ValueError, match=r"'batched' needs .* or a small CNN .*'lenet'\); AvgPoolCNN: "
                                          r"unsupported operation call_module 'pool'"):
         make_executor("batched", prob, algorithm=algo)
+    with pytest.raises(ValueError, match=r"FlatDimsCNN: unsupported operation call_method 'flatten'"):
+        make_executor("batched", FederatedProblem(data(), FlatDimsCNN), algorithm=algo)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

@@ -54,6 +54,13 @@ def _pool2(node) -> bool:
         not rest.get("ceil_mode", False) and not rest.get("return_indices", False)
 
 
+def _pool2_module(mod: nn.MaxPool2d) -> bool:
+    """``mod`` is 2x2 max pooling with stride 2 and no padding, dilation, ceil mode or indices."""
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    return (pair(mod.kernel_size) == (2, 2) and pair(mod.stride) == (2, 2) and pair(mod.padding) == (0, 0)
+            and pair(mod.dilation) == (1, 1) and not mod.ceil_mode and not mod.return_indices)
+
+
 def cnn_ops(problem) -> list[_Op]:
     """The operations of ``problem.model`` when it is a stacked-CNN-able model (module docstring), traced with
     ``torch.fx``; raises ``ValueError`` saying why not otherwise."""
@@ -94,10 +101,12 @@ def cnn_ops(problem) -> list[_Op]:
         elif (mod is not None and type(mod) in _ACT_MODULES) or (node.op == "call_function"
                                                                   and node.target in _ACT_FNS):
             ops.append(_Op("act", fn=_ACT_MODULES[type(mod)] if mod is not None else _ACT_FNS[node.target]))
-        elif node.op == "call_function" and node.target in _POOLS and not flat and _pool2(node):
+        elif not flat and ((node.op == "call_function" and node.target in _POOLS and _pool2(node)) or (
+                isinstance(mod, nn.MaxPool2d) and _pool2_module(mod))):
             ops.append(_Op("pool"))
-        elif not flat and ((node.op == "call_method" and node.target == "flatten" and node.args[1:] in ((1,), ())
-                            and not node.kwargs) or isinstance(mod, nn.Flatten) and mod.start_dim == 1):
+        elif not flat and ((node.op == "call_method" and node.target == "flatten" and node.args[1:] == (1,)
+                            and not node.kwargs) or (isinstance(mod, nn.Flatten) and mod.start_dim == 1
+                                                     and mod.end_dim == -1)):
             ops.append(_Op("flatten"))
             flat = True
         else:
