@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fedsolve.algorithms.base import get_algorithm
+from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.batched_mlp import BatchedMLPExecutor, _PlainSGD, batched_sgd_applies
 from fedsolve.core.executor import SequentialExecutor, Work, build_plans
@@ -175,3 +176,23 @@ def test_cuda_same_as_sequential(model, dtype):
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     assert out.device.type == "cuda"
     torch.testing.assert_close(out, ref["w"], rtol=0 if dtype == torch.float64 else 1e-4, atol=tol)
+
+
+def test_auto_takes_the_calibrations_choice_for_lenet(tmp_path, monkeypatch):
+    """``auto`` on LeNet: batched among the calibrated candidates, its chunk size from the same cache entry."""
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    prob = problem("lenet")
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    monkeypatch.setenv("FEDSOLVE_CALIBRATE", "0")
+    assert make_executor("auto", prob, algorithm=algo).name == "batched"   # the fixed rule: batched applies
+    monkeypatch.delenv("FEDSOLVE_CALIBRATE")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    times = {"sequential": 2.0, "vectorized": 3.0, "batched@2": 1.5, "batched@4": 1.0, "batched@6": 1.2}
+    asked = []
+    monkeypatch.setattr(bm, "measure", lambda p, cands, *a, **k: asked.extend(cands) or {c: times[c] for c in cands})
+    ex = make_executor("auto", prob, algorithm=algo)
+    assert set(asked) == set(times)   # 6 clients: chunks of 2, 4 and all 6
+    assert ex.name == "batched" and bm.calibrated_chunk(prob, 10, None) == 4
+    times.update({"sequential": 0.5})   # another machine where one client at a time wins
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path / "other"))
+    assert make_executor("auto", prob, algorithm=algo).name == "sequential"
