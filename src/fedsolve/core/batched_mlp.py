@@ -367,16 +367,16 @@ class BatchedMLPExecutor:
         # one worker unless asked for more: a pool of threads that each set their own torch thread count can
         # stall under load (seen as a run that did not answer Ctrl-C in CI), so chunks run in this thread by default
         workers = min(self.workers or 1, threads)
-        # with several workers at least 4 chunks a worker, so that a worker slowed by another process's job leaves
-        # the others more chunks to take (the pool hands them out as workers free up)
-        chunk = self.chunk
-        if cpu and chunk is None:   # the calibration's fastest chunk size for this batch size, looked up once
+        size = self.chunk
+        if cpu and size is None:   # the calibration's fastest chunk size for this batch size, looked up once
             bs = None if plan.fixed else B
             if bs not in self._calibrated:
                 self._calibrated[bs] = calibrated_chunk(self.problem, bs, self.workers)
-            chunk = self._calibrated[bs]
-        size = K if not cpu else (chunk or max(1, min(self.default_chunk,
-                                                      math.ceil(K / (4 * workers if workers > 1 else 1)))))
+            size = self._calibrated[bs]
+        if cpu and size is None:
+            # with several workers at least 4 chunks a worker, so that a worker slowed by another process's job
+            # leaves the others more chunks to take (the pool hands them out as workers free up)
+            size = max(1, min(self.default_chunk, math.ceil(K / (4 * workers if workers > 1 else 1))))
         groups = self.chunks(active, size, (wts > 0).sum((1, 2)).cpu()) if cpu else [torch.arange(K)]
         contiguous = all(int(g[0]) + len(g) - 1 == int(g[-1]) for g in groups) and bool(
             (torch.cat(groups) == torch.arange(K)).all())
@@ -384,7 +384,7 @@ class BatchedMLPExecutor:
         def rows(t: Tensor, g: Tensor) -> Tensor:   # a chunk's rows: a view when the chunks are in order
             return t[int(g[0]):int(g[0]) + len(g)] if contiguous else t[g]
 
-        def chunk(g):
+        def run_chunk(g):
             if workers > 1:
                 torch.set_num_threads(1)   # this pool thread's intra-op count
             Pc = rows(P, g)
@@ -398,11 +398,11 @@ class BatchedMLPExecutor:
             torch.set_num_threads(1)
             try:
                 with ThreadPoolExecutor(workers) as pool:
-                    sums = list(pool.map(chunk, groups))
+                    sums = list(pool.map(run_chunk, groups))
             finally:
                 torch.set_num_threads(threads)
         else:
-            sums = [chunk(g) for g in groups]
+            sums = [run_chunk(g) for g in groups]
         loss = P.new_empty(K)
         loss[torch.cat(groups)] = torch.cat(sums)
         return P, loss / steps.clamp_min(1)
