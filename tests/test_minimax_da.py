@@ -308,3 +308,30 @@ def test_authors_init_and_its_error():
     assert torch.equal(bias, torch.full_like(bias, 0.1))
     with pytest.raises(ValueError, match="init"):
         _regime_problem("scratch", init="tf")
+
+
+def test_auto_calibrates_on_the_saddle_objective(moons, tmp_path, monkeypatch):
+    """``executor: auto`` times the executors on the algorithm's local objective: on domain data the model's
+    plain loss cannot run (target rows carry y = -1; under CUDA the failed index is a device-side assert that
+    ends the process), so timing it gave every candidate inf. With the objective, both candidates run and the
+    cache entry (keyed by it) holds finite times; a calibration where nothing runs is not cached."""
+    import json
+    import math
+
+    import fedsolve.core.batched_mlp as bm
+    from fedsolve.core.selection import make_executor
+
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FEDSOLVE_CALIBRATE", "1")
+    pr = adversarial_problem(moons, "dann", 1.0, **NET)
+    algo = get_algorithm("fedavggda")({"batch_size": 8, "local_steps": 2}, pr)
+    cands = ["vectorized", "sequential"]
+    plain = bm.measure(pr, cands, 8)                       # the model's loss: nothing runs on this data
+    assert all(math.isinf(plain[c]) for c in cands)
+    make_executor("auto", pr, algorithm=algo)
+    cache = json.loads((tmp_path / "executor_calibration.json").read_text())
+    (key, entry), = cache.items()
+    assert "objective" in key and all(math.isfinite(entry["seconds"][c]) for c in cands)
+    monkeypatch.setattr(bm, "measure", lambda *a, **k: {c: math.inf for c in cands})
+    assert bm.calibrated_choice(pr, cands, 16, loss=algo.local_objective()) is None
+    assert len(json.loads((tmp_path / "executor_calibration.json").read_text())) == 1

@@ -74,6 +74,11 @@ class Algorithm:
         FedOut), which returns the round where its block began. The engine and the Flower server both ask."""
         return round_
 
+    def local_objective(self):
+        """The loss ``f(params, x, y, w)`` this algorithm's local steps descend when it is not the model's loss
+        (e.g. an adversarial objective), else None: ``executor: auto`` times the executors on it."""
+        return None
+
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
         """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""

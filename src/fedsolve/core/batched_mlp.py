@@ -425,13 +425,14 @@ class BatchedMLPExecutor:
 
 # ------------------------------------------------------------------ auto: calibration per machine
 class _PlainSGD:
-    """Plain local SGD as an algorithm for the calibration of the generic executors."""
+    """Plain local SGD as an algorithm for the calibration of the generic executors, on the model's loss or on
+    ``loss`` (the algorithm's own local objective, e.g. an adversarial one)."""
 
-    def __init__(self, problem, lr: float):
-        self.problem, self.lr = problem, lr
+    def __init__(self, problem, lr: float, loss=None):
+        self.problem, self.lr, self.loss = problem, lr, loss
 
     def local_update(self, state, msg, ctx):
-        return {"w": ctx.sgd(state["w"], self.lr)}, {}
+        return {"w": ctx.sgd(state["w"], self.lr, loss=self.loss)}, {}
 
 
 #: part of every calibration key: a new version of the batched kernels is measured again, not read from an old
@@ -458,7 +459,7 @@ def _machine() -> str:
     return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}"
 
 
-def calibration_key(problem, batch_size: int | None) -> str:
+def calibration_key(problem, batch_size: int | None, loss=None) -> str:
     """Machine + model signature + batch size + threads + :data:`CALIBRATION_VERSION` (+ the data's device and
     float type)."""
     d = problem.data
@@ -467,7 +468,7 @@ def calibration_key(problem, batch_size: int | None) -> str:
     model = ",".join(f"{e.name}:{'x'.join(map(str, e.shape))}" for e in problem.layout.entries)
     return (f"{_machine()}|{devname}|{type(problem.model).__name__}[{model}]|{problem.loss_name}|"
             f"in{tuple(d.input_shape)}|{d.train_x.dtype}|batch {batch_size}|threads {torch.get_num_threads()}|"
-            f"v{CALIBRATION_VERSION}")
+            f"v{CALIBRATION_VERSION}" + ("" if loss is None else f"|objective {getattr(loss, '__qualname__', 'custom')}"))
 
 
 def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, float]:
@@ -480,7 +481,7 @@ def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, 
             fn()
             sync()
             best[name] = math.inf
-        except (RuntimeError, ValueError):   # a candidate that cannot run this model is never chosen
+        except (RuntimeError, ValueError, IndexError):   # a candidate that cannot run this model is never chosen
             best[name] = None
     for _ in range(repeats):
         for name, fn in fns.items():
@@ -504,9 +505,10 @@ def _batched_variant(name: str) -> tuple[int | None, int | None]:
 
 
 def measure(problem, candidates: list[str], batch_size: int | None, clients: int = 32, steps: int = 2,
-            chunk_size: int | None = None) -> dict[str, float]:
+            chunk_size: int | None = None, loss=None) -> dict[str, float]:
     """Seconds of ``steps`` SGD steps of ``clients`` clients (the first ones) with each candidate executor
-    (``batched[:1][@chunk]``: the batched executor with one worker / that many clients a chunk)."""
+    (``batched[:1][@chunk]``: the batched executor with one worker / that many clients a chunk), on the model's
+    loss or on ``loss`` (the algorithm's local objective)."""
     from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, Work, build_plans
     from fedsolve.core.rng import RngStreams
 
@@ -525,7 +527,7 @@ def measure(problem, candidates: list[str], batch_size: int | None, clients: int
             fns[name] = lambda ex=ex: ex.sgd(start, lr, plans["train"], d)
         else:
             ex = SequentialExecutor() if name == "sequential" else VectorizedExecutor(chunk_size)
-            fns[name] = lambda ex=ex, work=_PlainSGD(problem, lr): ex.run(work, {"w": start}, {}, ids, plans, d)
+            fns[name] = lambda ex=ex, work=_PlainSGD(problem, lr, loss): ex.run(work, {"w": start}, {}, ids, plans, d)
     with torch.enable_grad():
         return _best_times(fns, d.train_x.device)
 
@@ -538,10 +540,12 @@ def _load_cache() -> dict:
 
 
 def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
-                      chunk_size: int | None = None) -> str:
-    """The fastest of ``candidates`` on this machine for this model and batch size: from the cache when
-    measured before, else measured now (:func:`measure`) and cached. On a CPU ``batched`` is timed at every
-    chunk size of :data:`CHUNK_CANDIDATES` (up to the clients timed), and also with its chunks one after another
+                      chunk_size: int | None = None, loss=None) -> str | None:
+    """The fastest of ``candidates`` on this machine for this model and batch size (and local objective
+    ``loss``, when the algorithm's steps descend one other than the model's loss): from the cache when measured
+    before, else measured now (:func:`measure`) and cached; None when no candidate ran (nothing is cached then,
+    and the caller picks by its rule). On a CPU ``batched`` is timed at every chunk size of
+    :data:`CHUNK_CANDIDATES` (up to the clients timed), and also with its chunks one after another
     (``batched:1``) when there are several threads; the answer is ``batched`` or ``batched:1``, and the executor
     reads its chunk size from the same entry (:func:`calibrated_chunk`)."""
     cpu = problem.data.train_x.device.type == "cpu"
@@ -552,12 +556,15 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
         candidates = [c for c in candidates if c != "batched"] + [f"{v}@{c}" for v in variants for c in chunks]
     if len(candidates) == 1:
         return candidates[0].split("@")[0]
-    key = calibration_key(problem, batch_size)
+    key = calibration_key(problem, batch_size, loss)
     path = calibration_path()
     entry = _load_cache().get(key)
-    if entry and all(c in entry.get("seconds", {}) for c in candidates):
+    if entry and all(c in entry.get("seconds", {}) for c in candidates) \
+            and any(math.isfinite(entry["seconds"][c]) for c in candidates):
         return min(candidates, key=lambda c: entry["seconds"][c]).split("@")[0]
-    secs = measure(problem, candidates, batch_size, chunk_size=chunk_size)
+    secs = measure(problem, candidates, batch_size, chunk_size=chunk_size, loss=loss)
+    if not any(math.isfinite(secs[c]) for c in candidates):
+        return None
     if entry:
         secs = {**entry.get("seconds", {}), **secs}
     cache = _load_cache()   # merged again: another process may have written meanwhile

@@ -70,10 +70,12 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
                   algorithm=None) -> Executor:
     """``sequential`` | ``vectorized`` | ``linear`` | ``batched`` | ``auto``, chosen by the engine from what
     ``algorithm`` declares (:func:`linear_gd_applies`, ``core.batched_mlp.batched_sgd_applies``). ``auto``:
-    ``linear`` where it applies, else the fastest of ``batched`` (where it applies), ``vectorized`` (buffer-free
-    models) and ``sequential`` by a calibration cached per machine and model (``core/batched_mlp.py``);
-    without ``algorithm`` (no batch size to time) or with ``FEDSOLVE_CALIBRATE=0``: batched where it applies,
-    else vectorized for small buffer-free models without large convolutions, else sequential. ``fpfc_linear``
+    ``linear`` where it applies, else the fastest of ``batched`` (where it applies: stacked MLPs and small CNNs
+    such as LeNet), ``vectorized`` (buffer-free models) and ``sequential`` by a calibration cached per machine,
+    model and local objective (``core/batched_mlp.py``; timed on ``algorithm.local_objective()`` where the
+    algorithm declares one, e.g. an adversarial loss); without ``algorithm`` (no batch size to time), with
+    ``FEDSOLVE_CALIBRATE=0`` or when no candidate ran in the calibration: batched where it applies, else
+    vectorized for small buffer-free models without large convolutions, else sequential. ``fpfc_linear``
     is ``linear``'s former name; ``linear_kernel`` is the linear executor's kernel (``auto``, ``native`` or
     ``torch``)."""
     if name == "fpfc_linear":
@@ -99,17 +101,19 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
         return bm.BatchedMLPExecutor(problem)   # raises with the reason when the model is not a stacked MLP
     if name == "auto":
         batched = algorithm is not None and bm.batched_sgd_applies(algorithm, problem)
-        if algorithm is None or not bm.calibration_enabled():   # no workload to time, or FEDSOLVE_CALIBRATE=0
+        choice = None
+        if algorithm is not None and bm.calibration_enabled():
+            # the fastest that applies, measured once per machine, model and local objective (core/batched_mlp.py)
+            cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
+            bs = algorithm.work(0).get("train", Work()).batch_size
+            choice = bm.calibrated_choice(problem, cands, bs, chunk_size, loss=algorithm.local_objective())
+        if choice is None:   # no workload to time, FEDSOLVE_CALIBRATE=0, or no candidate ran in the calibration
             if batched:
                 return bm.BatchedMLPExecutor(problem)
             if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
                     and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
                 return VectorizedExecutor(chunk_size)
             return SequentialExecutor()
-        # the fastest that applies, measured once per machine and model (core/batched_mlp.py)
-        cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
-        bs = algorithm.work(0).get("train", Work()).batch_size
-        choice = bm.calibrated_choice(problem, cands, bs, chunk_size)
         if choice == "batched:1":   # batched, its chunks one after another (other jobs hold the other cores)
             return bm.BatchedMLPExecutor(problem, workers=1)
         return make_executor(choice, problem, chunk_size, linear_kernel, algorithm)

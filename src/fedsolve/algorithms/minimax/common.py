@@ -76,6 +76,10 @@ class MinimaxAlgorithm(Algorithm):
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
+    def local_objective(self):
+        """The saddle objective f_i (the local steps' loss; ``auto`` calibrates on it)."""
+        return self.objective
+
     def descent_ascent(self, ctx, start: Tensor, extra=None) -> Tensor:
         """The local loop: ``theta <- theta - eta * [sign * grad f_i(theta) + extra(theta)]`` over the planned
         steps (simultaneous GDA on one fresh minibatch per step; ``sign`` = +1 on omega, ``-psi_scale`` on psi)."""
