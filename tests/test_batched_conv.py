@@ -17,7 +17,7 @@ from fedsolve.core.selection import make_executor
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from tests.test_batched_mlp import run_rounds
 
 SIZES = [37, 50, 23, 61, 12, 29]   # unequal clients; with batch 10 most epochs end in a short batch
 
@@ -95,15 +95,7 @@ CASES = {
 
 
 def _run(prob, case, executor, rounds=3):
-    algo = get_algorithm(case)(CASES[case], prob)
-    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[],
-                           sampling={"fraction": 0.7}, work={"variable": "uniform"})
-    sim = Simulation(prob, algo, cfg, seed=2)
-    sim.use_executor(executor)
-    losses = [sim.run_round(t)["train_loss"] for t in range(rounds)]
-    state = {k: v.clone() for k, v in sim.server.items() if v.is_floating_point()}
-    state.update({f"client.{k}": v.clone() for k, v in sim.clients.items()})
-    return sim, losses, state
+    return run_rounds(prob, get_algorithm(case)(CASES[case], prob), executor, rounds, fraction=0.7)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -58,17 +58,21 @@ CASES = {
 }
 
 
-def _run(prob, case, executor, rounds=3, variable=True):
-    name = case.split("_")[0]
-    algo = get_algorithm(name)(CASES[case], prob)
+def run_rounds(prob, algo, executor, rounds=3, variable=True, fraction=0.6):
+    """``rounds`` engine rounds of ``algo`` on ``executor`` (sampling ``fraction``, variable local work):
+    ``(simulation, train losses, final server and client states)``, for comparing executors."""
     cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[],
-                           sampling={"fraction": 0.6}, work={"variable": "uniform"} if variable else {})
+                           sampling={"fraction": fraction}, work={"variable": "uniform"} if variable else {})
     sim = Simulation(prob, algo, cfg, seed=2)
     sim.use_executor(executor)
     losses = [sim.run_round(t)["train_loss"] for t in range(rounds)]
     state = {k: v.clone() for k, v in sim.server.items() if v.is_floating_point()}
     state.update({f"client.{k}": v.clone() for k, v in sim.clients.items()})
     return sim, losses, state
+
+
+def _run(prob, case, executor, rounds=3, variable=True):
+    return run_rounds(prob, get_algorithm(case.split("_")[0])(CASES[case], prob), executor, rounds, variable)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
