@@ -50,6 +50,7 @@ def main() -> None:
     n, kind = cfg["data"]["num_clients"], cfg["problem"]["kind"]
     r = float(cfg["problem"]["params"]["r"])
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    final = recs[-1]  # the run's end, for the title (per_outer keeps the first record of the last k)
     if a.x == "outer":
         recs = per_outer(recs)
         x = [rec.get("outer_iterations", 0) for rec in recs]
@@ -101,8 +102,9 @@ def main() -> None:
         ax1.set_ylabel("constraint loss")
     ax1.set_xlabel(xlabel)
     ax1.legend(fontsize=7)
-    title = (f"{cfg['problem']['params']['dataset']}, {kind}, n = {n}: {last.get('outer_iterations', '?')} outer "
-             f"iterations, {last.get('admm_rounds', '?')} ADMM rounds")
+    title = (f"{cfg['problem']['params']['dataset']}, {kind}, n = {n}: {final.get('outer_iterations', '?')} outer "
+             f"iterations, {final.get('admm_rounds', '?')} ADMM rounds, "
+             + ("Eq. 11 passed" if final.get("converged") else "Eq. 11 not passed (budget ended)"))
     fig.suptitle(a.title or title, fontsize=9)
     out = Path(a.out) if a.out else run / "fig12.png"
     fig.tight_layout()
