@@ -137,7 +137,8 @@ def main() -> None:
     ap.add_argument("roots", nargs="*", default=["runs/constrained"])
     ap.add_argument("--table", type=int, choices=[1, 2], default=None)
     ap.add_argument("--copy", default=None, help="copy the counted seeds' summary.json and metrics.jsonl here")
-    ap.add_argument("--rounds", default=None, help="only cells with these round budgets, e.g. 1500,600")
+    ap.add_argument("--rounds", default=None,
+                    help="only cells with these round budgets: Table 1's and Table 2's, e.g. 1500,600")
     ap.add_argument("--list-done", action="store_true",
                     help="one line per finished run: 'dataset n limit server_limit rounds seed label' (tables.sh)")
     a = ap.parse_args()
@@ -156,7 +157,7 @@ def main() -> None:
             print("| n | seeds | method | objective | rel. diff | disparity client max / server | KKT eps1 / eps2 "
                   "| K | ADMM rounds | wall s | status | budget |")
         print("|" + "---|" * (13 if table == 1 else 12))
-        budgets = {int(b) for b in a.rounds.split(",")} if a.rounds else None
+        budgets = {int(a.rounds.split(",")[table - 1])} if a.rounds else None
         print("\n".join(rows(cells, table, budgets)))
         print()
     if a.copy:

@@ -10,7 +10,8 @@
 # runs behind the README are not repeated. Settings (environment): SEEDS (default 0-9), NS (1 5 10 20),
 # DATASETS (breast_cancer monks1 adult fairness), ROUNDS1 (Table 1 budget, 1500), ROUNDS2 (Table 2, 600),
 # ADULT_LIMIT (Table-1 Adult rows, 5000), EVAL_EVERY (evaluation period; 10 gives every outer iteration
-# for plot_fig12.py). The README's "Not done" section gives the measured cost per run.
+# for plot_fig12.py). `touch runs/constrained/STOP` stops it after the current run (remove the file to go on).
+# The README's "Not done" section gives the measured cost per run and of the whole grid.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -31,6 +32,7 @@ run() {  # run TAG YAML N SEED ROUNDS KEY LABEL [--set ...]: KEY = 'dataset limi
   local slug; slug=$(tr -c 'A-Za-z0-9\n' '_' <<<"$label")
   local out="runs/constrained/${tag}_n${n}_s${seed}_${slug}"
   if [ -n "${DRY:-}" ]; then echo "missing: $ds n=$n seed=$seed $label -> $out"; return; fi
+  if [ -e runs/constrained/STOP ]; then echo "runs/constrained/STOP exists: skipping $out"; return; fi
   echo "$(date -u +%T) load $(cut -d' ' -f1 /proc/loadavg): $out"
   nice -n 10 $PY -m fedsolve compare "$yaml" --set data.num_clients="$n" --set "seeds=[$seed]" \
     --set simulation.rounds="$rounds" ${EVAL_EVERY:+--set simulation.eval_every=$EVAL_EVERY} \
