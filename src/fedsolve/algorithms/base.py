@@ -74,6 +74,12 @@ class Algorithm:
         FedOut), which returns the round where its block began. The engine and the Flower server both ask."""
         return round_
 
+    def divergence(self, server: Record, factor: float) -> str | None:
+        """Why the run is diverging, judged from the server state (``factor``: the run's ``divergence_factor``),
+        or None. For algorithms whose rounds report no train loss for the engine to watch (the engine stops the
+        run with this reason and keeps the last good checkpoint)."""
+        return None
+
     def local_objective(self):
         """The loss ``f(params, x, y, w)`` this algorithm's local steps descend when it is not the model's loss
         (e.g. an adversarial objective), else None: ``executor: auto`` times the executors on it."""

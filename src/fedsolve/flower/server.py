@@ -242,7 +242,8 @@ class FlowerRun:
             self.ledger.add_round(t, {k: v.index_select(0, keep) for k, v in msgs.items()}, uploads)
         train_loss = weighted_train_loss(losses, self.weights[pid])
         self._first_loss = check_round(t, train_loss, self.server, uploads, self.algo.finite_check_keys,
-                                       self._first_loss, self.cfg.divergence_factor)
+                                       self._first_loss, self.cfg.divergence_factor,
+                                       self.algo.divergence(self.server, self.cfg.divergence_factor))
         return {"round": t, "clients": len(part), "train_loss": train_loss}
 
     # ---------------------------------------------------------------- evaluation

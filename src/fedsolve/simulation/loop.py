@@ -139,16 +139,20 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 def check_round(round_: int, train_loss: float, server: dict[str, torch.Tensor], uploads: dict[str, torch.Tensor],
-                keys: tuple[str, ...] | None, first_loss: float | None, factor: float) -> float:
+                keys: tuple[str, ...] | None, first_loss: float | None, factor: float,
+                reason: str | None = None) -> float:
     """The divergence checks after round ``round_`` (shared by ``Simulation`` and the Flower server): no NaN/inf
-    in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``, and ``train_loss`` at
-    most ``factor`` x the first loss. Raises :class:`DivergenceError`; returns the (possibly new) first loss."""
+    in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``; no ``reason`` from the
+    algorithm's own check (:meth:`Algorithm.divergence`); and ``train_loss`` at most ``factor`` x the first loss.
+    Raises :class:`DivergenceError`; returns the (possibly new) first loss."""
     keys = keys or tuple(server)
     bad = [k for k in keys if server[k].is_floating_point() and not _all_finite(server[k])]
     bad += [f"upload:{k}" for k, v in uploads.items() if v.is_floating_point() and not _all_finite(v)]
     if bad or not math.isfinite(train_loss):
         raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; "
                               f"try a smaller learning rate. The last good checkpoint is kept.")
+    if reason:
+        raise DivergenceError(f"round {round_ + 1}: {reason}. The last good checkpoint is kept.")
     if first_loss is None:
         return max(abs(train_loss), 1e-8)
     if train_loss > factor * first_loss:
@@ -365,7 +369,8 @@ class Simulation:
     # ------------------------------------------------------------ checks
     def _check(self, round_: int, train_loss: float, uploads: dict[str, torch.Tensor]) -> None:
         self._first_loss = check_round(round_, train_loss, self.server, uploads, self.algo.finite_check_keys,
-                                       self._first_loss, self.cfg.divergence_factor)
+                                       self._first_loss, self.cfg.divergence_factor,
+                                       self.algo.divergence(self.server, self.cfg.divergence_factor))
 
     # ------------------------------------------------------------ main loop
     def participants(self, t: int, ids: torch.Tensor) -> torch.Tensor:

@@ -185,6 +185,14 @@ class ProxAL(Algorithm):
         return {"train": Work(epochs=None, steps=1, batch_size=None)}  # full batch: the client's rows Z_i
 
     # ----------------------------------------------------------------- state
+    def divergence(self, server, factor):
+        """Prox-AL reports no train loss: the server iterate w growing past ``factor`` x max(1, |w^0|_inf)."""
+        size, start = float(server["w"].abs().max()), max(1.0, float(server["w0"].abs().max()))
+        if size > factor * start:
+            return (f"the iterate w diverged (|w|_inf = {size:.3g} > divergence_factor {factor:g} x "
+                    f"max(1, |w^0|_inf) = {factor * start:.3g}); try a larger rho or a smaller beta")
+        return None
+
     def init(self, x0, rngs):
         c, n, d = self.cfg, self.num_clients, x0.numel()
         w0 = initial_point(c.w0, x0, rngs.torch("proxal_w0"))
