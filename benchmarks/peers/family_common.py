@@ -59,6 +59,12 @@ class Round:
 Schedule = list[Round]
 
 
+def perturbed(value: float, perturb) -> dict[str, float]:
+    """``value`` for each reference loop (``plain``, ``fastest``), 1% larger for those named in ``perturb``: the
+    ``--perturb`` check that a reference which computes something else is refused its ratio."""
+    return {who: value * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+
+
 def schedule(sim: Simulation, rounds: int) -> Schedule:
     """The clients and minibatches of rounds ``0..rounds-1`` of ``sim`` (drawn from its random streams exactly as
     ``Simulation.run_round`` draws them; the streams are keyed, so nothing of ``sim`` changes)."""

@@ -31,7 +31,7 @@ import time
 import torch
 from torch import Tensor
 
-from family_common import Family, Result, fedsolve_contenders
+from family_common import Family, Result, fedsolve_contenders, perturbed
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.problem_kinds.constrained import qp_problem
@@ -67,7 +67,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
         return {"w": s["w"], "mu0": s["mu0"], "k": s["k"].double(), "converged": s["converged"].double(),
                 "rounds": torch.tensor(float(rounds))}
 
-    beta = {who: PAPER["beta"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+    beta = perturbed(PAPER["beta"], perturb)
     fam = Family("constrained", f"Prox-AL FL on the Table-4 QP (d, n, m~) = ({d}, {n}, {m}), paper parameters, "
                  f"exact solves, from w^0 to Eq. 11 or {params['max_outer']} outer iterations ({rounds} rounds)", {},
                  tol=1e-9, unit="run")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 from handwritten import HandwrittenChain
 from round_time import make_data
 
@@ -63,7 +63,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
     x = data.train_x.reshape(data.train_x.shape[0], -1).contiguous()
     y = data.train_y
     shapes = [tuple(p.shape) for p in problem.model.parameters()]
-    lr = {who: CFG["lr"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+    lr = perturbed(CFG["lr"], perturb)
 
     def state(sim):
         return {"u": sim.server["u"], "v": sim.clients["v"], "pi": sim.clients["pi"]}

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.data.federated import FederatedData
@@ -98,7 +98,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
     w0 = sim0.server["w"].clone()
     sched = schedule(sim0, rounds)
     n_omega = sum(1 for name, _ in problem.model.named_parameters() if not name.startswith("domain."))
-    lr = {who: cfg["lr"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+    lr = perturbed(cfg["lr"], perturb)
 
     def state(sim):
         return {"w": sim.server["w"], "dual": sim.clients["dual"]}

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 from round_time import WORKLOADS, make_data
 
 from fedsolve.algorithms import get_algorithm
@@ -88,7 +88,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
         raise RuntimeError("fpfc benchmark: expected fc2 (the last 4,010 parameters) as the fused block")
     W0 = sim0.server["W"].clone()
     sched = schedule(sim0, rounds)
-    lr = {who: CFG["lr"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+    lr = perturbed(CFG["lr"], perturb)
 
     def state(sim):
         return {"W": sim.server["W"], "R": sim.server["R"]}

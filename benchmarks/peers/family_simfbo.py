@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bilevel_hvp import make_problem
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, schedule
+from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 
 from fedsolve.algorithms import get_algorithm
 from fedsolve.simulation import Simulation, SimulationConfig
@@ -52,7 +52,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
     sched = schedule(sim0, rounds)
     data = problem.data
     xs = data.train_x.reshape(data.train_x.shape[0], -1).contiguous()
-    gx = {who: STEPS["gamma_x"] * (1.01 if who in perturb else 1.0) for who in ("plain", "fastest")}
+    gx = perturbed(STEPS["gamma_x"], perturb)
 
     def state(sim):
         return {k: sim.server[k] for k in ("x", "y", "v")}
