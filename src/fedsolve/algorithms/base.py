@@ -20,7 +20,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from fedsolve.core.executor import LocalContext, Work
+from fedsolve.core.context import LocalContext
+from fedsolve.core.plans import Work
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
 
@@ -191,7 +192,7 @@ def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: Rng
               executor: str = "auto") -> Tensor:
     """``update(ctx, w)`` for every client of ``problem`` from the rows of ``start`` ``[m, d]``, with the
     minibatch plans of ``phases`` drawn from ``rngs`` at ``round_`` (newcomers, evaluation adaptation)."""
-    from fedsolve.core.executor import build_plans
+    from fedsolve.core.plans import build_plans
     from fedsolve.core.selection import make_executor
 
     ids = torch.arange(problem.num_clients)

@@ -19,7 +19,8 @@ from torch import Tensor
 from torch.func import functional_call
 
 from fedsolve.algorithms.base import eval_phases
-from fedsolve.core.executor import LocalContext, Plan, build_plans
+from fedsolve.core.context import LocalContext
+from fedsolve.core.plans import Plan, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.simulation.metrics import client_metrics
 from fedsolve.simulation.sampling import sample_clients

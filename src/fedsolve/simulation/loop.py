@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsolve.algorithms.base import adapt_for_eval, place_algorithm
 from fedsolve.core.comm import CommLedger
-from fedsolve.core.executor import build_plans
+from fedsolve.core.plans import build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
 from fedsolve.core.states import ClientStates
