@@ -352,6 +352,51 @@ def test_sequential_equals_vectorized():
             torch.testing.assert_close(a.clients[k], b.clients[k], rtol=1e-9, atol=1e-10)
 
 
+def test_stacked_admm_rounds_equal_the_vmapped_ones(monkeypatch):
+    """Exact ADMM rounds run once on the stacked client rows (``Algorithm.stacked_update``): the same numbers as
+    under ``vmap``, and the stacked path is really taken (and draws no minibatch plan)."""
+    from fedsolve.algorithms.constrained.proxal import ProxAL
+
+    prob = qp_problem(6, 4, 2, seed=1)
+    calls = []
+    real = ProxAL.stacked_update
+    monkeypatch.setattr(ProxAL, "stacked_update", lambda self, msgs: calls.append(real(self, msgs)) or calls[-1])
+    _, a = run(prob, QP, 40, executor="vectorized")
+    assert sum(calls) >= 20 and not all(calls)   # ADMM rounds stacked; round 0 (factor) and outer rounds vmapped
+    monkeypatch.setattr(ProxAL, "stacked_update", lambda self, msgs: False)
+    _, b = run(prob, QP, 40, executor="vectorized")
+    for k in a.server:
+        torch.testing.assert_close(a.server[k], b.server[k], rtol=1e-12, atol=1e-13)
+    for k in a.clients:
+        torch.testing.assert_close(a.clients[k], b.clients[k], rtol=1e-12, atol=1e-13)
+
+
+def test_closed_form_hessian_is_checked_and_used():
+    """A quadratic problem's closed-form ``hessian`` equals autodiff's (the QP's A_i); a wrong one is refused
+    with the field named; the solver's iterates are the same with and without it."""
+    import dataclasses
+
+    from fedsolve.algorithms.constrained import subproblem as sp
+
+    prob = qp_problem(7, 3, 2, seed=2)
+    spec, inst = prob.extras["constraints"], prob.extras["qp_instance"]
+    rows = client_rows(prob.data, 1)
+    torch.testing.assert_close(spec.hessian(*rows), torch.as_tensor(inst["A"][1]), rtol=1e-12, atol=1e-12)
+    auto = sp.quadratic_hessian(lambda u: spec.objective(u, *rows), torch.zeros(7, dtype=torch.float64))
+    torch.testing.assert_close(spec.hessian(*rows), auto, rtol=1e-10, atol=1e-12)
+    for bad, msg in ((lambda x, y, m: torch.eye(6, dtype=torch.float64), r"hessian: expected a \[7, 7\]"),
+                     (lambda x, y, m: 2 * spec.hessian(x, y, m), "hessian: does not match"),
+                     (lambda x, y, m: spec.hessian(x, y, m) * float("nan"), "hessian: non-finite")):
+        with pytest.raises(ConstraintError, match=msg):
+            constrained_problem(prob.data, dataclasses.replace(spec, hessian=bad), 7, classes=None)
+    with pytest.raises(ConstraintError, match="hessian: .*quadratic=True"):
+        dataclasses.replace(spec, quadratic=False, client_constraint=None, server=ServerParty())
+    plain = constrained_problem(prob.data, dataclasses.replace(spec, hessian=None), 7, classes=None)
+    _, a = run(prob, QP, 30, executor="vectorized")
+    _, b = run(plain, QP, 30, executor="vectorized")
+    torch.testing.assert_close(a.server["w"], b.server["w"], rtol=1e-9, atol=1e-11)
+
+
 def test_newton_and_scipy_solve_the_same_subproblem():
     from fedsolve.algorithms.constrained import subproblem as sp
 

@@ -86,6 +86,14 @@ class Algorithm:
         (e.g. an adversarial objective), else None: ``executor: auto`` times the executors on it."""
         return None
 
+    def stacked_update(self, msgs: Record) -> bool:
+        """True when this round's ``local_update`` (messages ``msgs``) reads no data and no plan (it ignores
+        ``ctx``) and is written with batch-agnostic tensor ops (leading dimensions broadcast, reductions over
+        the last axis), so the vectorized executor may call it ONCE on the stacked rows ``[K, ...]`` of the
+        selected clients instead of under ``vmap``: the same numbers without vmap's per-operation dispatch
+        (e.g. the constrained solver's exact ADMM rounds). Default False."""
+        return False
+
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
         """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""

@@ -7,7 +7,9 @@ stream, so every executor sees exactly the same minibatches:
 
 * ``sequential`` calls ``local_update`` client by client (any model, batch-norm included);
 * ``vectorized`` runs it for all selected clients at once with ``torch.func.vmap`` over the
-  stacked state rows, messages and plans (``functional_call`` on the shared module);
+  stacked state rows, messages and plans (``functional_call`` on the shared module), or, in a round
+  where the algorithm declares its update batch-agnostic and data-free (``Algorithm.stacked_update``),
+  calls it once on the stacked rows;
 * ``batched`` (``core/batched_mlp.py``) runs stacked MLPs with hand-written ``bmm`` passes;
 * ``auto`` picks the fastest by a calibration cached per machine and model (``core/batched_mlp.py``).
 
@@ -130,6 +132,9 @@ class VectorizedExecutor(Executor):
         if not algo.problem.vmappable:
             raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "
                              "stats); use executor: sequential or auto")
+        if algo.stacked_update(msgs):   # batch-agnostic and data-free this round: one call on the stacked rows
+            s, u = algo.local_update(rows, msgs, None)
+            return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
         n, wt = _ctx_inputs(data, ids)
         tx, ty = data.train_x, data.train_y
         phases = list(plans)

@@ -82,6 +82,14 @@ def _qp_objective(d: int):
     return f
 
 
+def _qp_hessian(d: int):
+    """grad^2 f_i = R_i^T R_i = A_i in closed form from the party's R rows (role 0)."""
+    def hess(x, y, mask):
+        R = x[:, :d] * (mask * (y == 0)).unsqueeze(-1)
+        return R.mT @ R
+    return hess
+
+
 def _qp_constraint(d: int, m: int):
     def c(w, x, y, mask):
         s = x[:, :d] @ w + x[:, d]
@@ -100,7 +108,7 @@ def qp_problem(d: int, n: int, m: int, seed: int = 10, d0_zero: bool = False) ->
         client_constraint=Constraint(cfun, m, ("eq",) * m, label="C_i w + d_i"),
         server=ServerParty(Constraint(cfun, m, ("eq",) * m, label="C_0 w + d_0"), torch.as_tensor(x0),
                            torch.as_tensor(y0)),
-        quadratic=True, name=f"qp_d{d}_n{n}_m{m}")
+        quadratic=True, name=f"qp_d{d}_n{n}_m{m}", hessian=_qp_hessian(d))
     test = [(x[:1], np.full(1, -1.0)) for x, _ in train]
     data = rows_data(train, test, task="regression", name=spec.name, meta={"qp": {"d": d, "n": n, "m": m,
                                                                                   "seed": seed}})

@@ -399,7 +399,9 @@ class Simulation:
         dids = ids.to(self.device)
         with self.on_device():
             msgs = self.algo.broadcast(self.server, dids, t)
-        plans = build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale, data.row_groups)
+        # a round whose client update reads no data (Algorithm.stacked_update) draws no minibatch plan
+        plans = ({} if self.algo.stacked_update(msgs) else
+                 build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale, data.row_groups))
         with self.on_device():
             rows = self.clients.gather(dids)
             new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, dids, plans, data, t)
