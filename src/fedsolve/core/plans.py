@@ -9,7 +9,6 @@ runs from the client's own RNG stream, so every executor (and a Flower client) s
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -101,33 +100,119 @@ class Plan:
         return self._lengths[step]
 
 
-def _stack_plan(per_client: list) -> tuple[Tensor, Tensor]:
-    """``(idx, w)`` ``[K, S, B]`` from per-client ``(start, batch size, list of batches)``."""
-    S = max(len(b) for _, _, b in per_client)
-    B = max(bs for _, bs, _ in per_client)
-    K = len(per_client)
-    idx = np.zeros((K, S, B), dtype=np.int64)
-    w = np.zeros((K, S, B), dtype=np.float32)
-    for k, (a, bs, batches) in enumerate(per_client):
-        for s, b in enumerate(batches):
-            idx[k, s, :len(b)] = a + b
-            idx[k, s, len(b):] = a
-            w[k, s, :len(b)] = 1.0 / len(b)
+@dataclass(frozen=True)
+class _Drawn:
+    """One phase's plans before stacking, per client ``k`` (numpy ``[K]`` arrays): the client's first row
+    ``start``, rows ``n`` in the phase (its rows or its group's), batch size ``bs``, batches per pass
+    ``per_epoch``, ``steps``, and where its passes lie in ``flat``: the client-relative rows of its passes
+    (permutations for minibatches, the rows once for a full batch), pass ``e`` at ``base + e * stride``."""
+
+    flat: np.ndarray
+    start: np.ndarray
+    n: np.ndarray
+    bs: np.ndarray
+    per_epoch: np.ndarray
+    steps: np.ndarray
+    base: np.ndarray
+    stride: np.ndarray
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """``concat(arange(l) for l in lengths)`` without a Python loop."""
+    total = int(lengths.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+#: elements of ``[K, S, B]`` stacked per piece (bounds the temporaries and keeps them in cache)
+_STACK_PIECE = 1 << 16
+
+
+def _stack_plan(d: _Drawn) -> tuple[Tensor, Tensor]:
+    """``(idx, w)`` ``[K, S, B]``: step ``s`` of client ``k`` is batch ``b = s mod per_epoch`` of pass
+    ``e = s div per_epoch``, rows ``flat[base + e stride + b bs + j]`` for ``j < L = min(bs, n - b bs)``, each
+    weighted ``1 / L``; padding is the client's first row with weight 0 (row 0 past the client's steps)."""
+    K, S, B = len(d.n), int(d.steps.max()), int(d.bs.max())
+    idx = np.empty((K, S, B), dtype=np.int64)
+    w = np.empty((K, S, B), dtype=np.float32)
+    s = np.arange(S, dtype=np.int64)
+    j = np.arange(B, dtype=np.int64)
+    chunk = max(1, _STACK_PIECE // (S * B))
+    for k0 in range(0, K, chunk):
+        sl = slice(k0, k0 + chunk)
+        per_epoch, bs, start = d.per_epoch[sl, None], d.bs[sl, None], d.start[sl, None]
+        e = s // per_epoch
+        b = s - e * per_epoch
+        off = d.base[sl, None] + e * d.stride[sl, None] + b * bs                      # [k, S]
+        length = np.minimum(bs, d.n[sl, None] - b * bs)                               # [k, S]
+        live = s < d.steps[sl, None]                                                  # [k, S]
+        m = (j < length[:, :, None]) & live[:, :, None]                               # [k, S, B]
+        rows = d.flat[np.where(m, off[:, :, None] + j, 0)]
+        idx[sl] = np.where(m, rows + start[:, :, None], (start * live)[:, :, None])
+        w[sl] = np.where(m, (1.0 / length).astype(np.float32)[:, :, None], np.float32(0))
     return torch.from_numpy(idx), torch.from_numpy(w)
 
 
-def _group_rows(groups: tuple[Tensor, Sequence[str]] | None, phase: str, name: str, a: int, n: int,
-                cid: int) -> np.ndarray:
-    """The client-relative rows of row group ``name`` among the client's rows ``a:a+n``."""
+def _group_rows(groups: tuple[Tensor, Sequence[str]] | None, phase: str, name: str, start: np.ndarray,
+                n: np.ndarray, cids: np.ndarray, bad_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The client-relative rows of row group ``name`` among each client's rows ``start:start+n``:
+    ``(rows of all clients, concatenated; how many per client)``. ``bad_n``: the first client with no rows
+    (K if none), whose error comes first as in a client-by-client check."""
+    if bad_n == 0:
+        raise ValueError(f"client {int(cids[0])} has no training samples")
     if groups is None:
         raise ValueError(f"work phase {phase!r} draws from row group {name!r}, but the data has no train_groups")
     gids, names = groups
     if name not in names:
         raise ValueError(f"work phase {phase!r}: unknown row group {name!r}; allowed: {list(names)}")
-    rows = torch.nonzero(gids[a:a + n] == names.index(name)).flatten().numpy()
-    if rows.size == 0:
-        raise ValueError(f"client {cid} has no training samples in row group {name!r} (phase {phase!r})")
-    return rows
+    n = np.maximum(n, 0)
+    rel = _ranges(n)
+    hit = (gids.cpu().numpy()[np.repeat(start, n) + rel] == names.index(name))
+    counts = np.bincount(np.repeat(np.arange(len(n)), n)[hit], minlength=len(n))
+    empty = np.flatnonzero(counts == 0)
+    if empty.size and empty[0] < bad_n:
+        raise ValueError(f"client {int(cids[empty[0]])} has no training samples in row group {name!r} "
+                         f"(phase {phase!r})")
+    return rel[hit], counts
+
+
+def _draw_phase(phase: str, wk: Work, cids: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
+                rngs: RngStreams, round_: int, scale: np.ndarray | None,
+                groups: tuple[Tensor, Sequence[str]] | None) -> tuple[_Drawn, bool]:
+    """One phase's plans for every client: epoch-aligned passes, each a fresh permutation of the client's
+    ``n`` rows from its stream ``("batches", round_, cid, phase)`` split into ``ceil(n / bs)`` batches (the
+    last may be short); a client with ``bs = n`` uses its rows in order at every step and draws nothing."""
+    bad = np.flatnonzero(sizes <= 0)
+    bad_n = int(bad[0]) if bad.size else len(sizes)
+    rows = None
+    if wk.group is not None:
+        rows, n = _group_rows(groups, phase, wk.group, starts, sizes, cids, bad_n)
+    elif bad.size:
+        raise ValueError(f"client {int(cids[bad_n])} has no training samples")
+    else:
+        n = sizes
+    bs = n if wk.batch_size is None else np.minimum(wk.batch_size, n)
+    per_epoch = np.ceil(n / bs).astype(np.int64)
+    if wk.steps is not None:
+        steps = np.full(len(n), wk.steps, dtype=np.int64)
+    else:
+        steps = np.maximum(1, np.ceil(wk.epochs * per_epoch)).astype(np.int64)
+    if scale is not None:
+        steps = np.maximum(1, np.rint(steps * scale)).astype(np.int64)   # rint: round half to even, as round()
+    drawn = bs < n
+    passes = np.where(drawn, -(-steps // per_epoch), 1)     # the passes the steps reach (one for a full batch)
+    seg = passes * n
+    base = np.cumsum(seg) - seg
+    flat = _ranges(np.repeat(n, passes))                     # every pass starts as arange(n) ...
+    if drawn.any():                                          # ... and is shuffled in place (= g.permutation(n))
+        ks = np.flatnonzero(drawn)
+        n_l, base_l, passes_l = n[ks].tolist(), base[ks].tolist(), passes[ks].tolist()
+        for i, g in rngs.numpy_each("batches", round_, cids[ks], phase):
+            ni, b0 = n_l[i], base_l[i]
+            for e in range(passes_l[i]):
+                g.shuffle(flat[b0 + e * ni:b0 + (e + 1) * ni])
+    if rows is not None:                                     # group phases: pass positions -> the group's rows
+        flat = rows[np.repeat(np.cumsum(n) - n, seg) + flat]
+    return _Drawn(flat, starts, n, bs, per_epoch, steps, base, np.where(drawn, n, 0)), not drawn.any()
 
 
 def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: RngStreams, round_: int,
@@ -136,40 +221,23 @@ def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: Rn
     """Draw every selected client's minibatch plan for every phase (deterministic per client).
 
     ``groups``: ``(train_groups, group_names)`` of the data, aligned with ``offsets``, for phases whose
-    ``Work.group`` names a row group."""
-    ids = ids.cpu()
-    sizes = (offsets[1:] - offsets[:-1])[ids].tolist()
-    starts = offsets[:-1][ids].tolist()
-    cids = ids.tolist()
+    ``Work.group`` names a row group. ``scale``: the round's work fraction of each selected client (variable
+    work): ``steps = max(1, round(steps * scale))``."""
+    cids = ids.cpu().numpy().astype(np.int64, copy=False)
+    off = offsets.cpu().numpy().astype(np.int64, copy=False)
+    sizes, starts = (off[1:] - off[:-1])[cids], off[:-1][cids]
+    sc = None
+    if scale is not None:
+        sc = scale.detach().cpu().to(torch.float64).numpy().reshape(-1)
+        if sc.shape[0] < len(cids) or not np.all(np.isfinite(sc[:len(cids)])):
+            raise ValueError(f"build_plans: scale needs one finite work fraction per selected client "
+                             f"({len(cids)}), got {tuple(scale.shape)}")
+        sc = sc[:len(cids)]
+    if work and len(cids) == 0:
+        raise ValueError("build_plans: no clients selected (ids is empty)")
     plans: dict[str, Plan] = {}
     for phase, wk in work.items():
-        per_client, fixed = [], True
-        for k, (cid, n_all, a) in enumerate(zip(cids, sizes, starts)):
-            if n_all <= 0:
-                raise ValueError(f"client {cid} has no training samples")
-            rows = None if wk.group is None else _group_rows(groups, phase, wk.group, a, n_all, cid)
-            n = n_all if rows is None else int(rows.size)
-            bs = n if wk.batch_size is None else min(wk.batch_size, n)
-            per_epoch = math.ceil(n / bs)
-            steps = wk.steps if wk.steps is not None else max(1, math.ceil(wk.epochs * per_epoch))
-            if scale is not None:
-                steps = max(1, int(round(steps * float(scale[k]))))
-            if bs == n:  # full batch: no randomness, the same (shared) index array every step
-                batches = [np.arange(n) if rows is None else rows] * steps
-            else:
-                g = rngs.numpy("batches", round_, cid, phase)
-                batches = []
-                while len(batches) < steps:  # epoch-aligned: each pass is split into ceil(n/bs) batches
-                    order = g.permutation(n)
-                    batches.extend(order[b0:b0 + bs] for b0 in range(0, n, bs))
-                batches = batches[:steps]
-                if rows is not None:
-                    batches = [rows[b] for b in batches]
-            fixed = fixed and bs == n
-            per_client.append((a, bs, batches))
-        S = max(len(b) for _, _, b in per_client)
-        act = torch.zeros((len(per_client), S), dtype=torch.bool)
-        for k, (_, _, batches) in enumerate(per_client):
-            act[k, :len(batches)] = True
-        plans[phase] = Plan(None, None, act, build=lambda pc=per_client: _stack_plan(pc), fixed=fixed)
+        d, fixed = _draw_phase(phase, wk, cids, sizes, starts, rngs, round_, sc, groups)
+        act = torch.from_numpy(np.arange(int(d.steps.max())) < d.steps[:, None])
+        plans[phase] = Plan(None, None, act, build=lambda d=d: _stack_plan(d), fixed=fixed)
     return plans

@@ -4,14 +4,76 @@ Every random draw is derived from ``(seed, stream name, *keys)`` (e.g. ``("batch
 client)``) through ``numpy.random.SeedSequence``. Nothing depends on generator state carried
 across rounds, so a resumed run and an uninterrupted one draw the same numbers, and the
 sequential and vectorized executors see identical minibatches.
+
+:meth:`RngStreams.numpy_each` gives the same generators as :meth:`RngStreams.numpy` for many values of one key
+(e.g. every selected client of a round) at a fraction of the cost: the SeedSequence hash (numpy's
+``SeedSequence.mix_entropy`` and ``generate_state``, both 32-bit multiply-xorshift hashes) runs vectorized over
+the keys, PCG64's seeding (``pcg64_set_seed``: ``inc = 2 seq + 1``, ``state = (inc + init) M + inc``
+mod 2^128) runs on Python integers, and one generator is re-seeded per key by setting its state.
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Iterator
 
 import numpy as np
 import torch
+
+
+_MASK32 = 0xFFFFFFFF
+# numpy's SeedSequence constants (numpy/random/bit_generator.pyx) and PCG64's 128-bit multiplier (pcg64.h)
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R, _XSHIFT = 0xCA01F9DD, 0x4973F715, 16
+_POOL_SIZE = 4
+_PCG_MULT = (2549297995355413924 << 64) + 4865540595714422341
+_MASK128 = (1 << 128) - 1
+
+
+def _int_words(n: int) -> list[int]:
+    """A non-negative int as SeedSequence's entropy words (little-endian 32-bit words; 0 is one word)."""
+    words = [n & _MASK32]
+    while n > _MASK32:
+        n >>= 32
+        words.append(n & _MASK32)
+    return words
+
+
+def _seed_seq_state(entropy: list[int | np.ndarray]) -> np.ndarray:
+    """``SeedSequence(words).generate_state(4, np.uint64)`` for every column: ``entropy`` lists 32-bit words,
+    each an int or a ``[K]`` uint32 array (one value per key). Returns ``[4, K]`` uint64."""
+    K = next(len(w) for w in entropy if isinstance(w, np.ndarray))
+    words = [np.full(K, w, np.uint32) if not isinstance(w, np.ndarray) else w.astype(np.uint32) for w in entropy]
+    h = _INIT_A
+
+    def hashmix(v: np.ndarray) -> np.ndarray:
+        nonlocal h
+        v = v ^ np.uint32(h)
+        h = (h * _MULT_A) & _MASK32
+        v = v * np.uint32(h)
+        return v ^ (v >> np.uint32(_XSHIFT))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r = np.uint32(_MIX_MULT_L) * x - np.uint32(_MIX_MULT_R) * y
+        return r ^ (r >> np.uint32(_XSHIFT))
+
+    zero = np.zeros(K, np.uint32)
+    pool = [hashmix(words[i] if i < len(words) else zero) for i in range(_POOL_SIZE)]
+    for src in range(_POOL_SIZE):
+        for dst in range(_POOL_SIZE):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL_SIZE, len(words)):
+        for dst in range(_POOL_SIZE):
+            pool[dst] = mix(pool[dst], hashmix(words[src]))
+    h = _INIT_B
+    out = []
+    for i in range(8):  # 4 uint64 = 8 uint32 words, cycling over the pool
+        v = pool[i % _POOL_SIZE] ^ np.uint32(h)
+        h = (h * _MULT_B) & _MASK32
+        v = v * np.uint32(h)
+        out.append((v ^ (v >> np.uint32(_XSHIFT))).astype(np.uint64))
+    return np.stack([out[2 * j] | (out[2 * j + 1] << np.uint64(32)) for j in range(4)])
 
 
 def _key(x: object) -> int:
@@ -33,6 +95,29 @@ class RngStreams:
 
     def numpy(self, stream: str, *keys: object) -> np.random.Generator:
         return np.random.Generator(np.random.PCG64(self._seq(stream, *keys)))
+
+    def numpy_each(self, stream: str, *keys: object) -> Iterator[tuple[int, np.random.Generator]]:
+        """``(i, generator)`` for each value ``v_i`` of the one integer-array key: the generator is
+        ``numpy(stream, *keys with v_i)`` (the same PCG64 state). ONE generator object is re-seeded per ``i``:
+        draw from it before taking the next."""
+        arrays = [i for i, k in enumerate(keys) if isinstance(k, np.ndarray)]
+        if len(arrays) != 1 or not np.issubdtype(keys[arrays[0]].dtype, np.integer) or keys[arrays[0]].ndim != 1:
+            raise ValueError("numpy_each: give exactly one key as a 1-D integer numpy array")
+        vals = keys[arrays[0]]
+        if vals.size == 0:
+            return
+        varying = (vals.astype(np.uint64) & np.uint64(_MASK32)).astype(np.uint32)
+        entropy: list[int | np.ndarray] = [*_int_words(self.seed), _key(stream)]
+        entropy += [varying if i == arrays[0] else _key(k) for i, k in enumerate(keys)]
+        s0, s1, q0, q1 = _seed_seq_state(entropy).tolist()
+        bit_gen = np.random.PCG64(0)
+        gen = np.random.Generator(bit_gen)
+        for i in range(len(s0)):
+            inc = (((q0[i] << 64) | q1[i]) << 1 | 1) & _MASK128
+            state = ((inc + ((s0[i] << 64) | s1[i])) * _PCG_MULT + inc) & _MASK128
+            bit_gen.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                             "has_uint32": 0, "uinteger": 0}
+            yield i, gen
 
     def torch(self, stream: str, *keys: object, device: str | torch.device = "cpu") -> torch.Generator:
         g = torch.Generator(device=device)
