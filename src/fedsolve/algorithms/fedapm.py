@@ -101,17 +101,15 @@ class FedAPM(PartialAlgorithm):
         c = self.cfg
         u_t, v, u_i, pi, rho = msg["u"], state["v"], state["u"], state["pi"], c.rho
         xi_ctl = c.solver == "xi_controlled"
-        # (9) proximal v-step anchored at v_i^t
-        anchor = self.join(v, torch.zeros_like(u_i))
+        # (9) proximal v-step anchored at v_i^t: sigma (p - v_i^t) as the affine term (sigma, -sigma v_i^t)
         v_new = self.v_step(ctx, v, u_i if c.v_shared == "local" else u_t,
-                            extra=(lambda p: c.sigma * (p - anchor)) if c.sigma > 0 else None,
+                            affine=(c.sigma, -c.sigma * v) if c.sigma > 0 else None,
                             until=(lambda p, g: (g * g).sum() <= c.v_tol) if xi_ctl else None)
         # (10) tolerance decay
         xi = c.xi_decay * state["xi"]
-        # (11) inexact u-step: pi_i^t + rho (u - u^t) enters every step
-        pi_full, ut_full = self.shared_full(pi), self.shared_full(u_t)
+        # (11) inexact u-step: pi_i^t + rho (u - u^t) enters every step, as the affine term (rho, pi_i^t - rho u^t)
         u_new = self.u_step(ctx, v_new, u_t if c.warm_start == "server" else u_i,
-                            extra=(lambda p: pi_full + rho * (p - ut_full)) if (c.dual or rho > 0) else None,
+                            affine=(rho, pi - rho * u_t) if (c.dual or rho > 0) else None,
                             until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None)
         # (12) dual ascent with u^t; (13) upload z_i^{t+1} - z_i^t (the server keeps sum_i z_i)
         pi_new = pi + rho * (u_new - u_t) if c.dual else pi

@@ -43,6 +43,7 @@ from torch import Tensor
 from fedsolve.algorithms.base import (Algorithm, AlgorithmConfig, aggregation_weights, register, stale_mean_step,
                                      weighted_mean)
 from fedsolve.algorithms.fedavg import FedAvg, FedAvgConfig
+from fedsolve.core.context import ParamBlock
 from fedsolve.core.executor import LocalContext, Work
 from fedsolve.core.states import ClientStates
 from fedsolve.personalization import personal_mask
@@ -93,6 +94,9 @@ class PartialAlgorithm(Algorithm):
         self.p_idx = pmask.nonzero().flatten()
         self.s_idx = (~pmask).nonzero().flatten()
         self.inv = torch.argsort(torch.cat([self.p_idx, self.s_idx]))
+        #: the two blocks as whole parameter tensors: v = pblock.gather(full), u = sblock.gather(full)
+        self.pblock = ParamBlock(self.layout, pmask)
+        self.sblock = self.pblock.rest
         self.d_v, self.d_u = int(self.p_idx.numel()), int(self.s_idx.numel())
         if self.d_u == 0:
             raise ValueError(f"{self.name}: the personal block covers the whole model (no shared block)")
@@ -124,21 +128,28 @@ class PartialAlgorithm(Algorithm):
             w["v"] = Work(epochs=pe, steps=ps, batch_size=c.batch_size)
         return w
 
-    def v_step(self, ctx: LocalContext, v: Tensor, u: Tensor, extra: Callable | None = None,
+    def v_step(self, ctx: LocalContext, v: Tensor, u: Tensor, affine: tuple | None = None,
                until: Callable | None = None) -> Tensor:
         """Local SGD on the personal block with the shared block fixed at ``u`` (phase ``v``)."""
         if not self.d_v:
             return v
-        full = self.local_sgd(ctx, self.join(v, u), "v", extra=extra, mask=self.pmask,
-                              lr=self.cfg.personal_lr or self.cfg.lr, scale=self.alpha(ctx), until=until)
-        return self.split(full)[0]
+        return self.block_step(ctx, self.pblock, v, u, "v", self.cfg.personal_lr or self.cfg.lr, affine, until)
 
-    def u_step(self, ctx: LocalContext, v: Tensor, u: Tensor, extra: Callable | None = None,
+    def u_step(self, ctx: LocalContext, v: Tensor, u: Tensor, affine: tuple | None = None,
                until: Callable | None = None) -> Tensor:
         """Local SGD on the shared block with the personal block fixed at ``v`` (phase ``u``)."""
-        full = self.local_sgd(ctx, self.join(v, u), "u", extra=extra, mask=self.smask, scale=self.alpha(ctx),
-                              until=until)
-        return self.split(full)[1]
+        return self.block_step(ctx, self.sblock, u, v, "u", self.cfg.lr, affine, until)
+
+    def block_step(self, ctx: LocalContext, block: ParamBlock, p: Tensor, rest: Tensor, phase: str, lr: float,
+                   affine: tuple | None = None, until: Callable | None = None) -> Tensor:
+        """``ctx.block_sgd`` on ``alpha_i f_i`` with the L2 term ``(weight_decay/2)||.||^2`` in ``f_i`` and the
+        phase's own affine term ``(a, c)``: step direction ``alpha_i grad f_i + (alpha_i wd + a) p + c`` on the
+        block only (the gradient of the block's tensors, no pass over the rest of the model)."""
+        scale = self.alpha(ctx)
+        a, c = affine if affine is not None else (0.0, None)
+        if self.cfg.weight_decay > 0:
+            a = scale * self.cfg.weight_decay + a
+        return ctx.block_sgd(block, p, rest, lr, phase, scale=scale, affine=(a, c), until=until)
 
     # ------------------------------------------------------------------ uploads and the running sum
     @property

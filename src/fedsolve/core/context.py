@@ -2,6 +2,12 @@
 
 Written for ONE client: inside the vectorized executor every tensor here is that client's slice of a
 batched tensor (``torch.func.vmap``); the sequential executor sets ``eager`` and uses plain autograd.
+
+Block-restricted steps (:class:`ParamBlock`, :meth:`LocalContext.block_sgd`): a phase that trains one block of the
+model (a personal head, a shared body) differentiates with respect to that block's parameter tensors only (the
+others enter ``functional_call`` as constants) and updates that block's vector only, with the phase's affine
+terms ``a * p + c`` (weight decay, proximal pulls, duals) in the same step, instead of a masked gradient of the
+whole flat vector and several passes over ``[d]`` per step.
 """
 
 from __future__ import annotations
@@ -13,6 +19,67 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
 from fedsolve.core.plans import Plan
+
+
+class ParamBlock:
+    """Whole parameter tensors of a :class:`~fedsolve.core.layout.ParamLayout` as one *block vector*: their
+    slices of the flat ``[d]`` vector concatenated in layout order, i.e. ``full[..., mask]``.
+
+    ``mask``: a boolean ``[d]`` mask (e.g. ``layout.mask("personal")``) that covers each parameter tensor entirely or
+    not at all. ``rest`` is the complement block. ``unflatten`` gives ``{name: view}`` of a block vector for
+    ``functional_call``; ``gather`` / ``scatter`` convert between the flat ``[..., d]`` vector and (block, rest).
+    """
+
+    def __init__(self, layout, mask: Tensor, _rest: "ParamBlock | None" = None):
+        mask = torch.as_tensor(mask).to(torch.bool).cpu()
+        if mask.shape != (layout.dim,):
+            raise ValueError(f"ParamBlock: mask must be a boolean [d] vector with d = {layout.dim}, "
+                             f"got shape {tuple(mask.shape)}")
+        self.mask = mask
+        #: ``(name, shape, offset in the block vector, numel)`` of the block's tensors, in layout order
+        self.entries: list[tuple[str, tuple[int, ...], int, int]] = []
+        off = 0
+        for e in layout.entries:
+            part = mask[e.start:e.start + e.numel]
+            inside = bool(part.all())
+            if not inside and bool(part.any()):
+                raise ValueError(f"ParamBlock: the mask covers part of parameter {e.name!r} only; a block is made "
+                                 f"of whole parameter tensors")
+            if inside:
+                self.entries.append((e.name, tuple(e.shape), off, e.numel))
+                off += e.numel
+        self.names = [e[0] for e in self.entries]
+        self.size = off
+        self.index = mask.nonzero().flatten()
+        self._layout = layout
+        self._rest = _rest
+
+    @property
+    def rest(self) -> "ParamBlock":
+        """The complement block (the parameters this block leaves out)."""
+        if self._rest is None:
+            self._rest = ParamBlock(self._layout, ~self.mask, _rest=self)
+        return self._rest
+
+    def unflatten(self, vec: Tensor) -> dict[str, Tensor]:
+        """Block vector ``[..., size]`` -> ``{name: tensor[..., *shape]}`` (views)."""
+        lead = vec.shape[:-1]
+        return {n: vec[..., o:o + k].reshape(*lead, *sh) for n, sh, o, k in self.entries}
+
+    def flatten(self, tensors: Mapping[str, Tensor]) -> Tensor:
+        """``{name: tensor}`` (e.g. gradients) -> block vector, concatenated in layout order."""
+        parts = [tensors[n].reshape(*tensors[n].shape[:tensors[n].dim() - len(sh)], -1)
+                 for n, sh, _, _ in self.entries]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+    def gather(self, full: Tensor) -> Tensor:
+        """The block's part of a flat ``[..., d]`` vector (``full[..., mask]``)."""
+        return full[..., self.index.to(full.device)]
+
+    def scatter(self, block: Tensor, rest: Tensor) -> Tensor:
+        """The flat ``[..., d]`` vector with this block's part ``block`` and the complement's ``rest``."""
+        order = torch.argsort(torch.cat([self.index, self.rest.index]))
+        return torch.cat([block, rest], -1)[..., order.to(block.device)]
 
 
 class LocalContext:
@@ -100,19 +167,36 @@ class LocalContext:
 
     def _model_loss_grad(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
         """Gradient w.r.t. the per-parameter tensors, concatenated (no slice-backward over ``[d]``)."""
-        lay, model, lossf = self._layout, self._model, self._loss
+        v, gd = self._dict_loss_grad(self._layout.unflatten(params), {}, x, y, w)
+        return v, torch.cat([gd[e.name].reshape(-1) for e in self._layout.entries])
+
+    def _dict_loss_grad(self, var: dict[str, Tensor], const: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor
+                        ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Model loss and its gradient w.r.t. the tensors ``var`` only; ``const`` (the model's other tensors) enter
+        ``functional_call`` as constants: no gradient is formed for them or propagated below the lowest of
+        ``var``."""
+        model, lossf = self._model, self._loss
 
         def f(pd):
-            return (lossf(functional_call(model, pd, (x,)), y) * w).sum()
+            return (lossf(functional_call(model, {**const, **pd}, (x,)), y) * w).sum()
 
         if self.eager:
-            leaves = {k: t.detach().requires_grad_(True) for k, t in lay.unflatten(params).items()}
+            leaves = {k: t.detach().requires_grad_(True) for k, t in var.items()}
+            const = {k: t.detach() for k, t in const.items()}
             with torch.enable_grad():
                 v = f(leaves)
                 gs = torch.autograd.grad(v, list(leaves.values()))
-            return v.detach(), torch.cat([g.reshape(-1) for g in gs])
-        gd, v = grad_and_value(f)(lay.unflatten(params))
-        return v, torch.cat([gd[e.name].reshape(-1) for e in lay.entries])
+            return v.detach(), dict(zip(leaves, gs))
+        gd, v = grad_and_value(f)(var)
+        return v, gd
+
+    def block_loss_grad(self, block: ParamBlock, params: Tensor, rest: Tensor, phase: str = "train", step: int = 0
+                        ) -> tuple[Tensor, Tensor]:
+        """``(loss, grad)`` on minibatch ``step`` of ``phase`` w.r.t. the block vector ``params`` only, the model's
+        other tensors fixed at ``rest`` (``block.rest``'s vector): ``grad`` is ``[block.size]``."""
+        x, y, w = self._batch(phase, step)
+        v, gd = self._dict_loss_grad(block.unflatten(params), block.rest.unflatten(rest), x, y, w)
+        return v, block.flatten(gd)
 
     def num_steps(self, phase: str = "train") -> Tensor:
         """Number of active local steps of this client in ``phase`` (a tensor)."""
@@ -160,5 +244,46 @@ class LocalContext:
                 live = live & ~done
             self.record_loss(fval, live)
             # one fused pass over the [d] vector: params - lr * g on active steps, unchanged otherwise
+            params = torch.addcmul(params, g, live.to(params.dtype) * (-lr))
+        return params
+
+    def block_sgd(self, block: ParamBlock, params: Tensor, rest: Tensor, lr: float | Tensor, phase: str = "train",
+                  scale: float | Tensor = 1.0,
+                  affine: tuple[float | Tensor, Tensor | float | None] | None = None,
+                  extra: Callable[[Tensor], Tensor] | None = None,
+                  until: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+        """Gradient descent on one block over the planned steps of ``phase``, the rest of the model fixed.
+
+        ``params`` is the block vector (``block.gather(full)``), ``rest`` the complement's (fixed during the
+        phase). Each step: ``g = scale * grad_block f + a * p + c (+ extra(p))`` with ``affine = (a, c)`` (``a`` a
+        scalar, ``c`` a block vector, a scalar or None: weight decay, proximal pulls and duals in one place);
+        ``p -= lr * g`` on active steps. The same as ``sgd(join(params, rest), mask=block.mask, extra=...)``
+        restricted to the block, at the cost of the block's gradient and three passes over the block a step.
+        ``until(params, g) -> bool`` stops this client for good once true. Returns the new block vector.
+        """
+        if block.size == 0:
+            return params
+        a, c = affine if affine is not None else (0.0, None)
+        if c is not None and not isinstance(c, Tensor):
+            c = torch.as_tensor(c, dtype=params.dtype, device=params.device)
+        a_zero = isinstance(a, (int, float)) and a == 0
+        s_num = isinstance(scale, (int, float))
+        done = torch.zeros((), dtype=torch.bool)
+        for s in range(self.max_steps(phase)):
+            fval, g = self.block_loss_grad(block, params, rest, phase, s)
+            # g <- scale * g + c + a * p: one pass for the scale and the offset, one for the linear term
+            if c is not None:
+                g = torch.add(c, g, alpha=scale) if s_num else torch.addcmul(c, g, scale)
+            elif not (s_num and scale == 1.0):
+                g = g * scale
+            if not a_zero:
+                g = torch.add(g, params, alpha=a) if isinstance(a, (int, float)) else torch.addcmul(g, params, a)
+            if extra is not None:
+                g = g + extra(params)
+            live = self.plans[phase].active[s]
+            if until is not None:
+                done = done | until(params, g)
+                live = live & ~done
+            self.record_loss(fval, live)
             params = torch.addcmul(params, g, live.to(params.dtype) * (-lr))
         return params
