@@ -194,6 +194,15 @@ def test_mnist_shape_and_duplicates_and_large_client_ids():
     assert_same_plans({"t": Work(epochs=1.5, batch_size=4)}, off, torch.tensor([3, 2]), 3, 2**32 + 1)
 
 
+@pytest.mark.parametrize("work", [Work(steps=4, batch_size=50), Work(steps=3, batch_size=50),
+                                  Work(epochs=2, batch_size=50), Work(steps=5, batch_size=25)])
+def test_regular_full_batches_of_clients_of_different_sizes(work):
+    """Every step a full batch (n a multiple of the batch): the stack is a reshape of the passes (or a gather
+    when passes are longer than the steps) -- the same plans as the general path."""
+    off = torch.tensor([0, 100, 300, 400, 600])
+    assert_same_plans({"t": work}, off, torch.tensor([3, 1, 0, 2]), 2, 6)
+
+
 def test_full_batch_phase_is_fixed_and_identical_every_step():
     off = torch.tensor([0, 5, 12, 13])
     got = assert_same_plans({"fb": Work(steps=4), "big": Work(epochs=2, batch_size=50)}, off,

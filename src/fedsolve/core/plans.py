@@ -119,6 +119,8 @@ class _Drawn:
 
 def _ranges(lengths: np.ndarray) -> np.ndarray:
     """``concat(arange(l) for l in lengths)`` without a Python loop."""
+    if lengths.size and np.all(lengths == lengths[0]):
+        return np.tile(np.arange(int(lengths[0]), dtype=np.int64), lengths.size)
     total = int(lengths.sum())
     return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
@@ -132,6 +134,11 @@ def _stack_plan(d: _Drawn) -> tuple[Tensor, Tensor]:
     ``e = s div per_epoch``, rows ``flat[base + e stride + b bs + j]`` for ``j < L = min(bs, n - b bs)``, each
     weighted ``1 / L``; padding is the client's first row with weight 0 (row 0 past the client's steps)."""
     K, S, B = len(d.n), int(d.steps.max()), int(d.bs.max())
+    if np.all((d.bs == B) & (d.n % B == 0) & (d.steps == S) & (d.stride == d.n)):
+        # every step a full batch of B rows, passes back to back: step s is flat[base + s B : base + (s + 1) B]
+        seg = d.flat.reshape(K, -1) if d.flat.size == K * S * B else d.flat[d.base[:, None] + np.arange(S * B)]
+        idx = seg.reshape(K, S, B) + d.start[:, None, None]
+        return torch.from_numpy(idx), torch.from_numpy(np.full((K, S, B), np.float32(1.0 / B)))
     idx = np.empty((K, S, B), dtype=np.int64)
     w = np.empty((K, S, B), dtype=np.float32)
     s = np.arange(S, dtype=np.int64)
