@@ -13,42 +13,24 @@ seeds, outer iterations K, ADMM rounds and wall seconds per seed and how many se
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
-import yaml
+from fedsolve.protocols.constrained_runs import constraint_loss, finished_runs, run_key, server_disparity
 
 ORDER = {"Prox-AL FL": 0, "Prox-AL FL (paper params)": 0, "Prox-AL FL (code params)": 1, "cProx-AL": 2,
          "FedAvg (no constraints)": 3}
-VARIANT_FIELDS = ("inner_stop", "eps_tilde")  # algorithm options that make a separate row when not 'paper'
 NAMES = {"breast_cancer": "breast cancer (WDBC)", "monks1": "monks-1 (rule)", "adult": "Adult"}
-
-
-def cell_key(cfg: dict) -> tuple:
-    """The fields that make two runs the same table cell (everything else is cosmetic: eval_every, out_dir)."""
-    p = cfg["problem"]["params"]
-    return (cfg["problem"]["kind"], p["dataset"], cfg["data"]["num_clients"], p.get("limit"),
-            p.get("server_limit"), cfg["simulation"]["rounds"])
+# the grouping rule and the certificate's constrained losses are shared with the Tables 1/2 suites
+# (experiments/constrained/table{1,2}_suite.yaml, protocol constrained_runs)
+cell_key = run_key
 
 
 def load(roots: list[Path]) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
-    """cell -> label -> seed -> (seed folder, summary), the newest summary when a seed was run twice."""
-    cells: dict = defaultdict(lambda: defaultdict(dict))
-    for root in roots:
-        for path in sorted(root.glob("**/seed*/summary.json")):
-            cfg = yaml.safe_load((path.parent / "config.yaml").read_text())
-            summ = json.loads(path.read_text())
-            label, seed = summ["label"], summ["seed"]
-            variant = {k: v for k, v in cfg["algorithm"]["params"].items() if k in VARIANT_FIELDS and v != "paper"}
-            if variant:  # the authors' code's stopping tests: another row
-                label += " [" + ", ".join(f"{k}: {v}" for k, v in sorted(variant.items())) + "]"
-            old = cells[cell_key(cfg)][label].get(seed)
-            if old is None or path.stat().st_mtime > (old[0] / "summary.json").stat().st_mtime:
-                cells[cell_key(cfg)][label][seed] = (path.parent, summ)
-    return cells
+    """cell -> label -> seed -> (seed folder, summary), the newest summary when a seed was run twice
+    (:func:`fedsolve.protocols.constrained_runs.finished_runs`)."""
+    return finished_runs(roots)
 
 
 def fmt(vals: list[float], digits: str = ".4f") -> str:
@@ -65,30 +47,24 @@ def spread(vals: list) -> str:
     return str(vals[0]) if len(set(vals)) == 1 else ", ".join(map(str, vals))
 
 
-def constraint_loss(c: dict, kind: str, r: float) -> tuple[float, float]:
-    """(client mean, client max) of the constrained loss: class-1 loss (Table 1) or disparity (Table 2)."""
-    means = [v for k, v in c.items() if k.startswith("c_client_mean[")]
-    maxes = [v for k, v in c.items() if k.startswith("c_client_max[")]
-    if kind == "fairness":  # |L_f - L_m| <= r is two constraints; the disparity is the larger one + r
-        return max(means) + r, max(maxes) + r
-    return means[0] + r, maxes[0] + r
-
-
-def server_disparity(c: dict, r: float) -> float | None:
-    vals = [v for k, v in c.items() if k.startswith("c_server[")]
-    return max(vals) + r if vals else None
-
-
 def rows(cells: dict, table: int, budgets: set[int] | None = None) -> list[str]:
     out = []
     kind_of_table = "neyman_pearson" if table == 1 else "fairness"
     for key in sorted(k for k in cells if k[0] == kind_of_table and (budgets is None or k[-1] in budgets)):
         kind, dataset, n, limit, server_limit, rounds = key
         labels = sorted(cells[key], key=lambda s: (ORDER.get(s, 9), s))
-        ref = {seed: s["extras"]["constrained"]["objective"] for seed, (_, s) in cells[key].get("cProx-AL", {}).items()}
+        ref = {seed: s["extras"]["constrained"]["objective"] for seed, (_, s) in cells[key].get("cProx-AL", {}).items()
+               if s.get("status") != "diverged"}
         for label in labels:
-            runs = [cells[key][label][seed] for seed in sorted(cells[key][label])]
-            seeds = sorted(cells[key][label])
+            everything = sorted(cells[key][label].items())
+            diverged = [seed for seed, (_, s) in everything if s.get("status") == "diverged"]
+            runs = [run for seed, run in everything if seed not in diverged]
+            seeds = [seed for seed, _ in everything if seed not in diverged]
+            name = NAMES.get(dataset, dataset) + (f" ({limit:,} rows)" if limit else "")
+            lead = f"| {name} | {n} |" if table == 1 else f"| {n} |"
+            if not runs:
+                out.append(f"{lead} {', '.join(map(str, diverged))} | {label} | diverged: every seed |")
+                continue
             cs = [s["extras"]["constrained"] for _, s in runs]
             r = 0.2 if kind == "neyman_pearson" else 0.1
             loss = [constraint_loss(c, kind, r) for c in cs]
@@ -100,23 +76,24 @@ def rows(cells: dict, table: int, budgets: set[int] | None = None) -> list[str]:
                 f"{sum(int(v or 0) for v in conv)}/{len(cs)} Eq. 11 passed"
                 + (f", inner cap hit ({spread([c.get('inner_cap_hits', 0) for c in cs])})"
                    if any(c.get("inner_cap_hits") for c in cs) else ""))
+            if diverged:
+                status += f"{', ' if status else ''}diverged: seed {', '.join(map(str, diverged))}"
             eps = (f"{fmt([c['kkt_eps1'] for c in cs], '.1e')} / {fmt([c['kkt_eps2'] for c in cs], '.1e')}"
                    if alg != "fedavg_uncons" else "")
             k_col = spread([c["outer_iterations"] for c in cs]) if "outer_iterations" in cs[0] else ""
             admm = spread([c["admm_rounds"] for c in cs]) if alg == "proxal" else ""
             wall = ", ".join(f"{s['wall_time_s']:.0f}" for _, s in runs)
-            name = NAMES.get(dataset, dataset) + (f" ({limit:,} rows)" if limit else "")
             seed_col = spread(seeds) if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}" if seeds == list(
                 range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
             rel_col = fmt(rel, ".1e") if rel else ""
             if table == 1:
                 lm = f"{fmt([x[0] for x in loss], '.3f')} / {fmt([x[1] for x in loss], '.3f')}"
-                out.append(f"| {name} | {n} | {seed_col} | {label} | {fmt([c['objective'] for c in cs])} | {rel_col} "
+                out.append(f"{lead} {seed_col} | {label} | {fmt([c['objective'] for c in cs])} | {rel_col} "
                            f"| {lm} | {eps} | {k_col} | {admm} | {wall} | {status} | {rounds} |")
             else:
                 srv = [server_disparity(c, r) for c in cs]
                 disp = f"{fmt([x[1] for x in loss], '.3f')} / {fmt(srv, '.3f')}" if None not in srv else ""
-                out.append(f"| {n} | {seed_col} | {label} | {fmt([c['objective'] for c in cs])} | {rel_col} | {disp} "
+                out.append(f"{lead} {seed_col} | {label} | {fmt([c['objective'] for c in cs])} | {rel_col} | {disp} "
                            f"| {eps} | {k_col} | {admm} | {wall} | {status} | {rounds} |")
     return out
 

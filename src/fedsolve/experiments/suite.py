@@ -6,13 +6,14 @@ A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs beyond on
   relative to the suite file, or the same fields inline), with ``set`` overrides as in ``--set``;
 * ``protocol``: a registered function (:data:`PROTOCOLS`) that drives simulations for ONE cell through
   ``Simulation``'s public API and returns rows of metrics (``lambda_path``, ``newcomers``, ``attack_grid``,
-  ``fpfc_tuning``, ``tuning``, ``oracle_gap``), with its typed ``args``;
+  ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``constrained_runs``), with its typed ``args``;
 * ``sweep``: a grid of cells, the product of the axes, the ``algorithms`` (labels of the experiment's)
   and the ``seeds``. An axis named ``params.<p>`` sets an algorithm parameter, a dotted name
   (``data.params.scenario``) sets an experiment field, any other name is a protocol input
   (``attack``, ``fraction``, ``strategy``);
 * ``tables``: what each table reports (the metric; final, or the best or last over a field such as the
-  round with ``over``; what its rows and columns are; mean +- std over the seeds; the paper's numbers next to
+  round with ``over``; what its rows and columns are; mean +- std over the seeds, a count of nonzero seeds,
+  or the per-seed relative difference to a reference row with ``relative_to``; the paper's numbers next to
   ours) and ``plot``: a registered figure.
 
 Each finished cell is written atomically to ``OUT/cells/`` as it comes in, so an interrupted suite picks
@@ -61,6 +62,21 @@ class TableSpec(BaseModel):
     over: str | None = Field(None, description="reduce each seed's rows over this field first (e.g. round)")
     pick: Literal["best", "last"] = Field("best", description="with `over`: the best value (max; min for a "
                                                              "loss-like metric) or the one at the largest `over`")
+    relative_to: str | None = Field(None, description="report |value - ref| / |ref| per seed, ref = the row with "
+                                                      "this label in the same column, split and seed (e.g. "
+                                                      "cProx-AL), then mean +- std over the seeds")
+    only: list[str | int | float] | None = Field(None, description="only these rows, in this order (null: all)")
+    stat: Literal["mean", "count"] = Field("mean", description="mean: mean +- std over the seeds; count: how many "
+                                                              "seeds have a nonzero value, as k/N (e.g. converged)")
+    notation: Literal["fixed", "sci"] = Field("fixed", description="fixed: `digits` decimals; sci: `digits` "
+                                                                   "decimals of a power of ten (1.2e-03)")
+
+    @model_validator(mode="after")
+    def _relative_count(self):
+        if self.relative_to is not None and self.stat == "count":
+            raise ValueError("relative_to: a relative difference is a number, not a count; allowed with "
+                             "stat: mean only")
+        return self
 
 
 class SuiteConfig(BaseModel):
@@ -180,7 +196,8 @@ PLOTS: dict[str, Callable[[list[dict], "SuiteConfig", Path], None]] = {}
 
 
 def builtin_protocols() -> dict[str, Protocol]:
-    """The registry, with the built-in protocols (``fedsolve.protocols.fpfc_tables``) and figures
+    """The registry, with the built-in protocols (``fedsolve.protocols.fpfc_tables``,
+    ``fedsolve.protocols.constrained_runs``) and figures
     (``fedsolve.experiments.fpfc_figures``) registered on first use."""
     if "attack_grid" not in PROTOCOLS:
         from fedsolve.experiments import fpfc_figures as f
@@ -193,6 +210,9 @@ def builtin_protocols() -> dict[str, Protocol]:
         register_protocol("fpfc_tuning", Protocol(t.fpfc_tuning, t.FPFCTuningArgs, axes=("strategy",)))
         register_protocol("tuning", Protocol(t.tuning, t.TuningArgs))
         register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))
+        from fedsolve.protocols import constrained_runs as c
+
+        register_protocol("constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs))
         register_plot("attack_grid", f.attack_grid_figure)
         register_plot("lambda_path", f.lambda_path_figure)
     return PROTOCOLS
@@ -476,11 +496,14 @@ def _num(v) -> float | None:
 def _fmt(t: TableSpec, vals: list[float]) -> str:
     if not vals:
         return "-"
+    if t.stat == "count":
+        return f"{sum(1 for v in vals if v)}/{len(vals)}"
     scale, pct = (100.0, "%") if t.percent else (1.0, "")
+    spec = f".{t.digits}{'e' if t.notation == 'sci' else 'f'}"
     m = statistics.mean(vals) * scale
     if len(vals) == 1:
-        return f"{m:.{t.digits}f}{pct}"
-    return f"{m:.{t.digits}f}{pct} +- {statistics.pstdev(vals) * scale:.{t.digits}f}"
+        return f"{m:{spec}}{pct}"
+    return f"{m:{spec}}{pct} +- {statistics.pstdev(vals) * scale:{spec}}"
 
 
 def _paper(t: TableSpec, v) -> str:
@@ -511,8 +534,25 @@ def _values(t: TableSpec, rows: list[dict]) -> list[float]:
     return out
 
 
+def _per_seed(t: TableSpec, rows: list[dict]) -> dict[Any, float]:
+    """seed -> the value a table cell reports for it (:func:`_values` of that seed's rows; their mean if several)."""
+    out = {}
+    for seed in dict.fromkeys(r.get("seed") for r in rows):
+        vals = _values(t, [r for r in rows if r.get("seed") == seed])
+        if vals:
+            out[seed] = statistics.mean(vals)
+    return out
+
+
+def _relative(t: TableSpec, rows: list[dict], ref: list[dict]) -> list[float]:
+    """|value - ref| / |ref| per seed found in both ``rows`` and ``ref`` (``t.relative_to``)."""
+    mine, theirs = _per_seed(t, rows), _per_seed(t, ref)
+    return [abs(v - theirs[s]) / abs(theirs[s]) for s, v in mine.items() if s in theirs and theirs[s] != 0]
+
+
 def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
-    """Markdown lines of one table: mean +- std of ``t.metric`` over the rows of each (row, column) cell; a
+    """Markdown lines of one table: mean +- std of ``t.metric`` over the rows of each (row, column) cell (with
+    ``relative_to``: of its per-seed relative difference to that row; with ``stat: count``: k/N nonzero); a
     cell with diverged runs names them; a ``paper`` column where the suite gives the paper's numbers."""
     order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))  # noqa: E731
     out = []
@@ -524,14 +564,21 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
         has_paper = bool(paper) and not (t.columns and all(isinstance(v, dict) for v in paper.values()))
         col_name = lambda c: "ours" if c is None else f"{t.columns} {c}" if _num(c) is not None else str(c)  # noqa: E731
         hdr = [t.rows] + (["paper"] if has_paper else []) + [col_name(c) for c in cols]
-        if t.columns and paper and all(isinstance(v, dict) for v in paper.values()):
+        paper_cols = bool(t.columns and paper and all(isinstance(v, dict) for v in paper.values()))
+        if paper_cols:
             hdr += [f"paper {c}" for c in cols]
         out += [head, "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-        for rv in order(t.rows):
+        row_vals = order(t.rows) if t.only is None else [v for o in t.only for v in order(t.rows)
+                                                          if str(v) == str(o)]
+        for rv in row_vals:
             cells_ = []
             for c in cols:
                 here = [r for r in sub if r.get(t.rows) == rv and (c is None or r.get(t.columns) == c)]
-                vals = _values(t, here)
+                if t.relative_to is None:
+                    vals = _values(t, here)
+                else:
+                    vals = _relative(t, here, [r for r in sub if str(r.get(t.rows)) == t.relative_to
+                                               and (c is None or r.get(t.columns) == c)])
                 div = [r["diverged"] for r in here if r.get("diverged")]
                 text = _fmt(t, vals) if vals or not here else "-"
                 if div:
@@ -539,8 +586,8 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
                 cells_.append(text if here else "")
             pv = paper.get(str(rv)) if paper else None
             line = [str(rv)] + ([_paper(t, pv)] if has_paper else []) + cells_
-            if t.columns and isinstance(pv, dict):
-                line += [_paper(t, pv.get(str(c), pv.get(c))) for c in cols]
+            if paper_cols:   # a row the paper does not report gets empty paper cells
+                line += [_paper(t, pv.get(str(c), pv.get(c)) if isinstance(pv, dict) else None) for c in cols]
             out.append("| " + " | ".join(line) + " |")
         out.append("")
     return out

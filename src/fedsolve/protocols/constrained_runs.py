@@ -1,0 +1,201 @@
+"""The per-cell protocol of paper 002's Tables 1 and 2 (He, Peng & Sun, TMLR 2024: Neyman-Pearson Eq. 30,
+fairness Eq. 32), run by ``fedsolve suite experiments/constrained/table{1,2}_suite.yaml``.
+
+One cell is one run of the experiment: a method (Prox-AL FL, cProx-AL, FedAvg without constraints), a seed
+and the sweep's values (dataset, n). Its row is the run's certificate, ``extras.constrained`` of the
+algorithm's ``finalize`` (objective, Definition-1 residuals ``kkt_eps1/2``, per-party constraint values, the
+Eq. 11 flag ``converged``, outer iterations K and ADMM rounds), plus the constrained loss of the worst
+client (class-1 loss, Table 1; loss disparity, Table 2), the run's wall time and where the row came from.
+
+A cell that a ``fedsolve compare`` run has already finished is read instead of run again: ``args.adopt``
+names folders of such runs (e.g. ``runs/constrained``, filled by ``experiments/constrained/tables.sh``); a run
+serves the cell when its ``summary.json`` has the same problem kind, dataset, n, data limits, round budget,
+method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice), the rule
+``experiments/constrained/collect.py --list-done`` also uses. Then ``adopted`` is 1 and ``source`` names the
+run's folder; ``adopt_only`` reports a cell with no finished run as missing instead of running it.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fedsolve.simulation.loop import DivergenceError
+
+#: algorithm options that make a separate method (another table row) when not the paper's choice
+VARIANT_FIELDS = ("inner_stop", "eps_tilde")
+#: the constraint level r of each problem kind when a config does not give it (Eq. 30: 0.2; Eq. 32: 0.1)
+DEFAULT_R = {"neyman_pearson": 0.2, "fairness": 0.1}
+
+
+class SetWhen(BaseModel):
+    """Experiment settings for the cells whose sweep values match ``when`` (e.g. Adult's row limit)."""
+
+    model_config = ConfigDict(extra="forbid")
+    when: dict[str, Any] = Field(..., min_length=1, description="sweep axis -> value, e.g. "
+                                                               "{problem.params.dataset: adult}")
+    set: dict[str, Any] = Field(..., min_length=1, description="experiment field (dotted) -> value, e.g. "
+                                                              "{problem.params.limit: 5000}")
+
+    @field_validator("set")
+    @classmethod
+    def _dotted(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = [k for k in v if "." not in k or k.startswith("params.")]
+        if bad:
+            raise ValueError(f"set: {bad} are not experiment fields; allowed: dotted experiment fields such as "
+                             f"problem.params.limit or simulation.rounds")
+        return v
+
+
+class ConstrainedRunsArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    adopt: list[str] = Field(default_factory=list, description="folders of finished `fedsolve compare` runs "
+                                                               "(relative to the working directory) that serve "
+                                                               "their cells instead of a new run")
+    adopt_only: bool = Field(False, description="report a cell with no finished run under `adopt` as missing "
+                                                "instead of running it")
+    set_when: list[SetWhen] = Field(default_factory=list, description="experiment settings for some cells only")
+
+
+# ------------------------------------------------------------------ finished runs
+def run_key(cfg: dict) -> tuple:
+    """What makes two runs the same table cell, from a resolved run config (a run folder's ``config.yaml``):
+    problem kind and dataset, n (``data.num_clients``), the data limits and the round budget. Everything else
+    (``eval_every``, names, the output folder) does not change the certificate."""
+    p = cfg["problem"]["params"]
+    return (cfg["problem"]["kind"], p["dataset"], cfg["data"]["num_clients"], p.get("limit"),
+            p.get("server_limit"), cfg["simulation"]["rounds"])
+
+
+def method_label(label: str, params: dict) -> str:
+    """The row label of a method: its label, with the authors'-code stopping options appended when they are
+    not the paper's (``Prox-AL FL [inner_stop: code]`` is another method than ``Prox-AL FL``)."""
+    variant = {k: v for k, v in params.items() if k in VARIANT_FIELDS and v != "paper"}
+    if not variant:
+        return label
+    return label + " [" + ", ".join(f"{k}: {v}" for k, v in sorted(variant.items())) + "]"
+
+
+@lru_cache(maxsize=4096)
+def _read_run(path: str, mtime: float) -> tuple[tuple, str, int, dict]:
+    folder = Path(path).parent
+    cfg = yaml.safe_load((folder / "config.yaml").read_text())
+    summ = json.loads(Path(path).read_text())
+    label = method_label(summ["label"], cfg["algorithm"]["params"])
+    return run_key(cfg), label, int(summ["seed"]), summ
+
+
+def finished_runs(roots: list[str | Path]) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
+    """cell (:func:`run_key`) -> method label -> seed -> (seed folder, summary) of every
+    ``ROOT/**/seed*/summary.json`` with a ``config.yaml`` beside it; when a seed was run twice, the newest
+    summary. Files are parsed once per process (and again when they change)."""
+    cells: dict = {}
+    for root in roots:
+        for path in sorted(Path(root).glob("**/seed*/summary.json")):
+            if not (path.parent / "config.yaml").exists():
+                continue
+            mtime = path.stat().st_mtime
+            key, label, seed, summ = _read_run(str(path), mtime)
+            seeds = cells.setdefault(key, {}).setdefault(label, {})
+            old = seeds.get(seed)
+            if old is None or mtime > old[2]:
+                seeds[seed] = (path.parent, summ, mtime)
+    return {k: {lab: {s: v[:2] for s, v in by.items()} for lab, by in labels.items()} for k, labels in cells.items()}
+
+
+# ------------------------------------------------------------------ a certificate as a table row
+def constraint_loss(cert: dict, kind: str, r: float) -> tuple[float, float]:
+    """(client mean, client max) of the constrained loss: the class-1 loss (Eq. 30) or the loss disparity
+    |L_female - L_male| (Eq. 32: two constraints +-(L_f - L_m) - r <= 0, the larger one + r)."""
+    means = [v for k, v in cert.items() if k.startswith("c_client_mean[")]
+    maxes = [v for k, v in cert.items() if k.startswith("c_client_max[")]
+    if kind == "fairness":
+        return max(means) + r, max(maxes) + r
+    return means[0] + r, maxes[0] + r
+
+
+def server_disparity(cert: dict, r: float) -> float | None:
+    """The server's loss disparity on Z_0 (Eq. 32, i = 0), None without a server constraint."""
+    vals = [v for k, v in cert.items() if k.startswith("c_server[")]
+    return max(vals) + r if vals else None
+
+
+CERT_FIELDS = ("objective", "kkt_eps1", "kkt_eps2", "violation_max", "violation_mean", "converged",
+               "outer_iterations", "admm_rounds", "inner_cap_hits")
+
+
+def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
+    """A table row from a run summary (``summary.json`` or the same fields of a run done here): the
+    certificate's :data:`CERT_FIELDS`, the constrained loss (``class1_loss_mean/max`` for Eq. 30,
+    ``disparity_mean/max`` and ``disparity_server`` for Eq. 32), ``wall_time_s``, ``status``; a diverged run
+    is a row with ``diverged`` (its message)."""
+    if summary.get("status") == "diverged":
+        return {"diverged": (summary.get("message") or "diverged").split(":")[0]}
+    cert = (summary.get("extras") or {}).get("constrained")
+    if cert is None:
+        raise ValueError(f"run {summary.get('label')!r} seed {summary.get('seed')}: its summary has no "
+                         f"extras.constrained certificate (not a constrained problem's run)")
+    row: dict[str, Any] = {k: cert[k] for k in CERT_FIELDS if k in cert}
+    mean, worst = constraint_loss(cert, kind, r)
+    if kind == "fairness":
+        row.update(disparity_mean=mean, disparity_max=worst)
+        srv = server_disparity(cert, r)
+        if srv is not None:
+            row["disparity_server"] = srv
+    else:
+        row.update(class1_loss_mean=mean, class1_loss_max=worst)
+    row.update(wall_time_s=float(summary.get("wall_time_s") or 0.0), status=str(cert.get("status", "")))
+    return row
+
+
+# ------------------------------------------------------------------ the protocol
+def _cell_context(ctx):
+    """The cell's context with the ``set_when`` settings that match its sweep values."""
+    extra: dict[str, Any] = {}
+    for rule in ctx.args.set_when:
+        if all(str(ctx.cell.get(k)) == str(v) for k, v in rule.when.items()):
+            extra.update(rule.set)
+    return ctx.for_cell({**ctx.cell, **extra}) if extra else ctx
+
+
+def cell_run_key(ctx) -> tuple[tuple, str]:
+    """(:func:`run_key`, :func:`method_label`) of the cell as a ``fedsolve compare`` run would record it."""
+    cfg = ctx.experiment()
+    resolved = {"problem": {"kind": cfg.problem.kind, "params": dict(cfg.problem.params)},
+                "data": {"num_clients": cfg.data.num_clients}, "simulation": {"rounds": cfg.simulation.rounds}}
+    return run_key(resolved), method_label(ctx.spec.display, ctx.params())
+
+
+def constrained_run(ctx) -> dict[str, Any]:
+    """One (method, dataset, n, seed) cell: the finished run under ``args.adopt`` that matches it, else a run
+    of the experiment (the same data, w^0 and numbers as ``fedsolve compare --only LABEL --set seeds=[seed]``);
+    the row of :func:`certificate_row` with ``n``, ``adopted`` (0/1) and ``source``."""
+    ctx = _cell_context(ctx)
+    cfg = ctx.experiment()
+    if cfg.problem is None or cfg.problem.kind not in DEFAULT_R:
+        raise ValueError(f"protocol constrained_runs: the experiment's problem.kind must be one of "
+                         f"{sorted(DEFAULT_R)}, got {cfg.problem.kind if cfg.problem else None!r}")
+    kind = cfg.problem.kind
+    r = float(cfg.problem.params.get("r", DEFAULT_R[kind]))
+    key, label = cell_run_key(ctx)
+    base = {"n": cfg.data.num_clients, "method": label}
+    if ctx.args.adopt:
+        found = finished_runs(ctx.args.adopt).get(key, {}).get(label, {}).get(ctx.seed)
+        if found is not None:
+            folder, summary = found
+            return {**base, **certificate_row(summary, kind, r), "adopted": 1, "source": str(folder)}
+    if ctx.args.adopt_only:
+        return {**base, "adopted": 0, "missing": f"no finished run under {ctx.args.adopt}"}
+    problem = ctx.problem()
+    try:
+        sim, res = ctx.run(problem, ctx.algorithm(problem))
+    except DivergenceError as e:   # a finding, not a crash: the row says so (and keeps n for the tables)
+        return {**base, "diverged": str(e).split(":")[0], "adopted": 0, "source": "run"}
+    summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": res.wall_time_s,
+               "extras": res.extras}
+    return {**base, **certificate_row(summary, kind, r), "adopted": 0, "source": "run"}

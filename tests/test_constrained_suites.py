@@ -1,0 +1,154 @@
+"""Tables 1 and 2 of paper 002 as suites (experiments/constrained/table{1,2}_suite.yaml, protocol
+``constrained_runs``): the suites load with the tables.sh grid and budgets, a finished `fedsolve compare` run
+serves its cell (the collect.py --list-done rule) with the numbers a run here gives, and the general table
+features they use (relative_to, only, stat: count, notation: sci)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedsolve.cli import main as cli
+from fedsolve.experiments.config import ConfigError
+from fedsolve.experiments.suite import TableSpec, cells, load_suite, main, table_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+DIR = ROOT / "experiments" / "constrained"
+T1, T2 = DIR / "table1_suite.yaml", DIR / "table2_suite.yaml"
+
+
+# ------------------------------------------------------------------ the suites
+def test_suites_sweep_the_tables_sh_grid_with_its_budgets():
+    s1, base1 = load_suite(T1)
+    s2, base2 = load_suite(T2)
+    g1, g2 = cells(s1, base1), cells(s2, base2)
+    # Table 1: 3 datasets x n in {1, 5, 10, 20} x 3 methods x 10 seeds; Table 2: 4 n x 4 methods x 10 seeds
+    assert len(g1) == 3 * 4 * 3 * 10 and len(g2) == 4 * 4 * 10
+    assert {c["problem.params.dataset"] for c in g1} == {"breast_cancer", "monks1", "adult"}
+    assert {c["data.num_clients"] for c in g1 + g2} == {1, 5, 10, 20} and s1.seeds == s2.seeds == list(range(10))
+    assert {c["algorithm"] for c in g2} == {"Prox-AL FL (paper params)", "Prox-AL FL (code params)", "cProx-AL",
+                                            "FedAvg (no constraints)"}
+    from fedsolve.experiments.suite import Context
+
+    e1 = Context(s1, base1).experiment({"problem.params.dataset": "adult"})
+    e2 = Context(s2, base2).experiment({})
+    assert e1.simulation.rounds == 1500 and e2.simulation.rounds == 600          # ROUNDS1, ROUNDS2
+    assert s1.args["set_when"][0]["set"] == {"problem.params.limit": 5000}     # ADULT_LIMIT
+    assert (e2.problem.params["limit"], e2.problem.params["server_limit"]) == (3000, 1000)
+    assert s1.args["adopt"] == s2.args["adopt"] == ["runs/constrained"]
+
+
+def test_bad_protocol_args_are_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="args.set_when.0.set: .*not experiment fields"):
+        load_suite(T1, ["args.set_when=[{when: {data.num_clients: 5}, set: {limit: 5}}]"])
+    with pytest.raises(ConfigError, match="args.adopt_onli: Extra inputs"):
+        load_suite(T1, ["args.adopt_onli=true"])
+    with pytest.raises(ValueError, match="relative_to: .*stat: mean only"):
+        TableSpec(metric="objective", relative_to="cProx-AL", stat="count")
+
+
+# ------------------------------------------------------------------ finished runs serve their cells
+def _fixture_run(root: Path, folder: str, label: str, seed: int, n: int, objective: float, *, rounds: int = 1500,
+                 dataset: str = "monks1", algorithm: str = "proxal", params: dict | None = None,
+                 status: str = "completed", mtime: float | None = None, worst: float = 0.0) -> Path:
+    """A `fedsolve compare` seed folder as tables.sh leaves it: config.yaml (resolved) and summary.json."""
+    d = root / folder / label.replace(" ", "_") / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = {"data": {"num_clients": n}, "simulation": {"rounds": rounds, "eval_every": 250},
+           "problem": {"kind": "neyman_pearson", "params": {"dataset": dataset, "r": 0.2, "split_seed": 10}},
+           "algorithm": {"name": algorithm, "label": label, "params": params or {"inner_stop": "paper"}}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cert = {"objective": objective, "kkt_eps1": 8e-4, "kkt_eps2": 1e-5, "violation_max": max(worst, 0.0),
+            "c_client_mean[class-1 loss - r]": -0.02, "c_client_max[class-1 loss - r]": worst,
+            "outer_iterations": 5, "admm_rounds": 450, "converged": int(worst <= 1e-3), "status": "x"}
+    summ = {"label": label, "seed": seed, "algorithm": algorithm, "wall_time_s": 7.0, "status": status,
+            "message": "diverged: |w| grew past 1e6" if status == "diverged" else "",
+            "extras": {} if status == "diverged" else {"constrained": cert}}
+    (d / "summary.json").write_text(json.dumps(summ))
+    if mtime is not None:
+        os.utime(d / "summary.json", (mtime, mtime))
+    return d
+
+
+def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp_path):
+    runs = tmp_path / "runs"
+    _fixture_run(runs, "a", "Prox-AL FL", 0, 5, 1.0, mtime=1_000)
+    _fixture_run(runs, "b", "Prox-AL FL", 0, 5, 1.2, mtime=2_000)        # seed 0 again, newer: this one counts
+    _fixture_run(runs, "c", "Prox-AL FL", 1, 5, 3.3, worst=0.02)
+    _fixture_run(runs, "d", "cProx-AL", 0, 5, 1.0, algorithm="cproxal")
+    _fixture_run(runs, "e", "cProx-AL", 1, 5, 3.0, algorithm="cproxal")
+    _fixture_run(runs, "f", "FedAvg (no constraints)", 0, 5, 0.1, algorithm="fedavg_uncons", status="diverged")
+    # not this suite's cells: another round budget, another n, the authors'-code stopping variant
+    _fixture_run(runs, "g", "FedAvg (no constraints)", 1, 5, 9.0, algorithm="fedavg_uncons", rounds=8000)
+    _fixture_run(runs, "h", "FedAvg (no constraints)", 1, 10, 9.0, algorithm="fedavg_uncons")
+    _fixture_run(runs, "i", "Prox-AL FL", 2, 5, 9.0, params={"inner_stop": "code"})
+    out = tmp_path / "suite"
+    rows = main(str(T1), out=str(out), progress=False, sets=[
+        "seeds=[0, 1, 2]", "sweep={problem.params.dataset: [monks1], data.num_clients: [5]}",
+        f"args.adopt=[{runs}]", "args.adopt_only=true"])
+    by = {(r["algorithm"], r["seed"]): r for r in rows}
+    assert len(rows) == 9
+    assert by[("Prox-AL FL", 0)]["objective"] == 1.2 and by[("Prox-AL FL", 0)]["source"].endswith("b/Prox-AL_FL/seed0")
+    assert by[("Prox-AL FL", 1)]["class1_loss_max"] == pytest.approx(0.22)
+    assert by[("FedAvg (no constraints)", 0)]["diverged"] == "diverged" and by[("FedAvg (no constraints)", 0)]["n"] == 5
+    for missing in [("Prox-AL FL", 2), ("cProx-AL", 2), ("FedAvg (no constraints)", 1), ("FedAvg (no constraints)", 2)]:
+        assert by[missing]["adopted"] == 0 and "missing" in by[missing] and "objective" not in by[missing]
+    report = (out / "report.md").read_text()
+    # relative difference per seed, then mean: seed 0 |1.2 - 1.0| / 1.0 = 0.2, seed 1 |3.3 - 3.0| / 3.0 = 0.1
+    assert "## relative difference of the objective to cProx-AL (same seed): monks1" in report
+    assert "| Prox-AL FL | 1.5e-01 +- 5.0e-02 | 2.08e-04 (1.84e-04) |" in report
+    assert "| Prox-AL FL | 1/2 |" in report                     # Eq. 11 passed on seed 0, not on seed 1
+    # adopted of N (the diverged run counts as adopted: its cell is served, as a divergence)
+    assert "| Prox-AL FL | 2/3 |" in report and "| FedAvg (no constraints) | 1/3; diverged 1/3 (diverged) |" in report
+
+
+@pytest.mark.slow
+def test_a_cell_run_here_gives_the_numbers_of_fedsolve_compare_and_is_then_adopted(tmp_path):
+    """One tiny cell (breast cancer, n = 2, 40 rounds, seed 1): run by the suite, and by `fedsolve compare` as
+    tables.sh runs it; the same certificate; then the suite adopts the compare run instead of running."""
+    tiny = ["seeds=[1]", "sweep={problem.params.dataset: [breast_cancer], data.num_clients: [2]}",
+            "algorithms=[Prox-AL FL]", "experiment.simulation.rounds=40", "args.adopt=[]"]
+    here = main(str(T1), out=str(tmp_path / "here"), progress=False, sets=tiny)[0]
+    assert here["adopted"] == 0 and here["source"] == "run" and here["n"] == 2
+    runs = tmp_path / "runs"
+    assert cli(["compare", str(DIR / "table1_np_breast_cancer.yaml"), "--set", "data.num_clients=2",
+                "--set", "seeds=[1]", "--set", "simulation.rounds=40", "--only", "Prox-AL FL",
+                "--out", str(runs / "t1_breast_cancer_n2_s1_Prox_AL_FL"), "--quiet"]) == 0
+    summ = json.loads(next(runs.glob("**/seed1/summary.json")).read_text())
+    cert = summ["extras"]["constrained"]
+    for k in ("objective", "kkt_eps1", "kkt_eps2", "outer_iterations", "admm_rounds", "converged"):
+        assert here[k] == pytest.approx(cert[k], rel=1e-9, abs=1e-12), k
+    adopted = main(str(T1), out=str(tmp_path / "adopted"), progress=False,
+                   sets=tiny[:-1] + [f"args.adopt=[{runs}]"])[0]
+    assert adopted["adopted"] == 1 and adopted["source"].endswith("seed1")
+    assert adopted["objective"] == cert["objective"] and adopted["wall_time_s"] == summ["wall_time_s"]
+
+
+# ------------------------------------------------------------------ the general table features
+def _rows():
+    out = []
+    for seed, (a, b, c) in enumerate([(1.1, 1.0, 0.5), (2.4, 2.0, 0.5), (9.0, None, 0.5)]):
+        out += [{"algorithm": "A", "seed": seed, "n": 5, "obj": a, "ok": int(seed != 1)},
+                {"algorithm": "C", "seed": seed, "n": 5, "obj": b, "ok": 1},
+                {"algorithm": "F", "seed": seed, "n": 5, "obj": c}]
+    return out
+
+
+def test_relative_to_compares_each_seed_with_the_reference_row_of_that_seed():
+    t = TableSpec(metric="obj", columns="n", relative_to="C", only=["A"], notation="sci", digits=2,
+                  paper={"A": {5: "1e-3"}})
+    lines = table_lines(t, _rows())
+    # seed 0: 0.1 / 1.0 = 0.1; seed 1: 0.4 / 2.0 = 0.2; seed 2 has no reference value: left out
+    assert "| A | 1.50e-01 +- 5.00e-02 | 1e-3 |" in lines
+    assert not any(line.startswith(("| C ", "| F ")) for line in lines)
+
+
+def test_count_only_and_blank_paper_cells_for_rows_the_paper_lacks():
+    lines = table_lines(TableSpec(metric="ok", columns="n", stat="count", only=["C", "A"]), _rows())
+    assert lines[4:6] == ["| C | 3/3 |", "| A | 2/3 |"]        # in the order of `only`
+    lines = table_lines(TableSpec(metric="obj", columns="n", digits=1, paper={"A": {5: 0.3}}), _rows())
+    assert "| F | 0.5 +- 0.0 |  |" in lines and "| A | 4.2 +- 3.5 | 0.3 |" in lines
