@@ -209,14 +209,21 @@ def _draw_phase(phase: str, wk: Work, cids: np.ndarray, sizes: np.ndarray, start
     passes = np.where(drawn, -(-steps // per_epoch), 1)     # the passes the steps reach (one for a full batch)
     seg = passes * n
     base = np.cumsum(seg) - seg
-    flat = _ranges(np.repeat(n, passes))                     # every pass starts as arange(n) ...
-    if drawn.any():                                          # ... and is shuffled in place (= g.permutation(n))
+    # a full batch's pass is arange(n); a drawn pass is g.permutation(n) = arange(n) shuffled (in a small
+    # buffer that stays in cache, then copied into place)
+    flat = np.empty(int(seg.sum()), np.int64) if drawn.all() else _ranges(np.repeat(n, passes))
+    if drawn.any():
         ks = np.flatnonzero(drawn)
         n_l, base_l, passes_l = n[ks].tolist(), base[ks].tolist(), passes[ks].tolist()
+        ar = np.arange(max(n_l), dtype=np.int64)
+        buf = np.empty_like(ar)
         for i, g in rngs.numpy_each("batches", round_, cids[ks], phase):
             ni, b0 = n_l[i], base_l[i]
+            b, a = buf[:ni], ar[:ni]
             for e in range(passes_l[i]):
-                g.shuffle(flat[b0 + e * ni:b0 + (e + 1) * ni])
+                b[:] = a
+                g.shuffle(b)
+                flat[b0 + e * ni:b0 + (e + 1) * ni] = b
     if rows is not None:                                     # group phases: pass positions -> the group's rows
         flat = rows[np.repeat(np.cumsum(n) - n, seg) + flat]
     return _Drawn(flat, starts, n, bs, per_epoch, steps, base, np.where(drawn, n, 0)), not drawn.any()
