@@ -379,8 +379,29 @@ def test_check_round_is_the_one_divergence_check():
     with pytest.raises(DivergenceError, match=r"\['w'\]"):
         check_round(0, 1.0, {"w": torch.tensor([float("inf")]), "n": torch.tensor([1])}, {}, None, None, 10.0)
     assert check_round(0, 1.0, {"w": torch.tensor([float("inf")]), "R": torch.ones(1)}, {}, ("R",), None, 10.0) == 1.0
+    big = {"P": torch.zeros(5000), "w": torch.tensor([1.0, float("nan")])}   # one large entry: checked one by one
+    with pytest.raises(DivergenceError, match=r"\['w'\]"):
+        check_round(0, 1.0, big, {}, None, None, 10.0)
+    big["P"][7] = float("inf")
+    with pytest.raises(DivergenceError, match=r"\['P', 'w'\]"):
+        check_round(0, 1.0, big, {}, None, None, 10.0)
     cfg = SimulationConfig(rounds=7, eval_every=3)
     assert [d for d in range(1, 8) if eval_due(d, cfg)] == [3, 6, 7]
+
+
+def test_full_participation_makes_no_generator():
+    """Every client without dropout: ids 0..m-1 and the round's generator is never made; otherwise it is."""
+    def no_draw():
+        raise AssertionError("the generator was made")
+
+    w = torch.ones(5) / 5
+    assert sample_clients(SamplingConfig(), 5, w, no_draw).tolist() == [0, 1, 2, 3, 4]
+    assert sample_clients(SamplingConfig(scheme="weighted"), 5, w, no_draw).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(AssertionError, match="generator was made"):
+        sample_clients(SamplingConfig(dropout=0.2), 5, w, no_draw)
+    g = lambda: np.random.default_rng(3)   # noqa: E731
+    assert sample_clients(SamplingConfig(clients_per_round=2), 5, w, g).tolist() == \
+        sample_clients(SamplingConfig(clients_per_round=2), 5, w, g()).tolist()
 
 
 def test_algorithms_import_nothing_from_the_layers_above():

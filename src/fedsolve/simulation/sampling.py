@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -39,9 +39,16 @@ class SamplingConfig(BaseModel):
         return max(1, int(frac * m))
 
 
-def sample_clients(cfg: SamplingConfig, m: int, weights: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
-    """Sorted ids of this round's participants (may be empty after dropout)."""
+def sample_clients(cfg: SamplingConfig, m: int, weights: torch.Tensor,
+                   rng: np.random.Generator | Callable[[], np.random.Generator]) -> torch.Tensor:
+    """Sorted ids of this round's participants (may be empty after dropout). ``rng`` may be a function that
+    makes the round's generator: it is then made only when a draw is needed (not when every client takes
+    part without dropout, whose ids are ``0..m-1`` whatever the draw)."""
     k = cfg.count(m)
+    if k == m and cfg.dropout == 0:
+        return torch.arange(m, dtype=torch.long)
+    if callable(rng):
+        rng = rng()
     if cfg.scheme == "weighted":
         p = weights.double().numpy()
         ids = rng.choice(m, size=k, replace=False, p=p / p.sum())

@@ -176,6 +176,9 @@ class _SymPairMV(torch.autograd.Function):
 def sym_pair_mv(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, ...]:
     """``(H^{-1} x, H y)`` for :func:`sym_pair`'s ``(T, fix)`` in one read of ``T`` (vmappable); ``x`` or ``y``
     may be None (that product is skipped, its triangle not read)."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    if not any(isinstance(a, Tensor) and wrapped(a) for a in (T, fix, x, y)):
+        return sym_pair_apply(T, fix, x, y)   # plain tensors (one party, or stacked rows): no Function dispatch
     return _SymPairMV.apply(T, fix, x, y)
 
 
