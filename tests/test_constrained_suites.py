@@ -74,7 +74,10 @@ def _fixture_run(root: Path, folder: str, label: str, seed: int, n: int, objecti
     return d
 
 
-def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp_path):
+def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp_path, monkeypatch):
+    from fedsolve.protocols import constrained_runs
+
+    monkeypatch.setattr(constrained_runs, "LISTING_TTL_S", 0.0)   # list the runs again for every cell
     runs = tmp_path / "runs"
     _fixture_run(runs, "a", "Prox-AL FL", 0, 5, 1.0, mtime=1_000)
     _fixture_run(runs, "b", "Prox-AL FL", 0, 5, 1.2, mtime=2_000)        # seed 0 again, newer: this one counts
@@ -104,6 +107,15 @@ def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp
     assert "| Prox-AL FL | 1/2 |" in report                     # Eq. 11 passed on seed 0, not on seed 1
     # adopted of N (the diverged run counts as adopted: its cell is served, as a divergence)
     assert "| Prox-AL FL | 2/3 |" in report and "| FedAvg (no constraints) | 1/3; diverged 1/3 (diverged) |" in report
+    # a run that finishes later is found by --resume; the cells already read are kept as they were
+    _fixture_run(runs, "j", "Prox-AL FL", 2, 5, 4.0)
+    _fixture_run(runs, "k", "Prox-AL FL", 0, 5, 7.0)   # seed 0 again, newest, but its cell is done
+    rows = main(str(T1), out=str(out), progress=False, resume=True, sets=[
+        "seeds=[0, 1, 2]", "sweep={problem.params.dataset: [monks1], data.num_clients: [5]}",
+        f"args.adopt=[{runs}]", "args.adopt_only=true"])
+    by = {(r["algorithm"], r["seed"]): r for r in rows}
+    assert by[("Prox-AL FL", 2)]["objective"] == 4.0 and by[("Prox-AL FL", 0)]["objective"] == 1.2
+    assert "| Prox-AL FL | 3/3 |" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow

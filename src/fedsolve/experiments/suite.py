@@ -212,7 +212,8 @@ def builtin_protocols() -> dict[str, Protocol]:
         register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))
         from fedsolve.protocols import constrained_runs as c
 
-        register_protocol("constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs))
+        register_protocol("constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs,
+                                                       key=c.constrained_run_key))
         register_plot("attack_grid", f.attack_grid_figure)
         register_plot("lambda_path", f.lambda_path_figure)
     return PROTOCOLS

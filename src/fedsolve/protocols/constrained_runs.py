@@ -12,12 +12,14 @@ names folders of such runs (e.g. ``runs/constrained``, filled by ``experiments/c
 serves the cell when its ``summary.json`` has the same problem kind, dataset, n, data limits, round budget,
 method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice), the rule
 ``experiments/constrained/collect.py --list-done`` also uses. Then ``adopted`` is 1 and ``source`` names the
-run's folder; ``adopt_only`` reports a cell with no finished run as missing instead of running it.
+run's folder; ``adopt_only`` reports a cell with no finished run as missing instead of running it (and
+``--resume`` looks for it again).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -90,13 +92,31 @@ def _read_run(path: str, mtime: float) -> tuple[tuple, str, int, dict]:
     return run_key(cfg), label, int(summ["seed"]), summ
 
 
-def finished_runs(roots: list[str | Path]) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
+#: seconds a listing of a root's summaries is reused (a suite asks once per cell; a run folder holds thousands
+#: of files): a run that finishes within this window is seen by the next listing
+LISTING_TTL_S = 10.0
+_LISTINGS: dict[str, tuple[float, list[Path]]] = {}
+
+
+def _summaries(root: str | Path, fresh: bool) -> list[Path]:
+    key = str(Path(root).resolve())
+    now = time.monotonic()
+    hit = _LISTINGS.get(key)
+    if fresh or hit is None or now - hit[0] > LISTING_TTL_S:
+        hit = _LISTINGS[key] = (now, sorted(Path(root).glob("**/seed*/summary.json")))
+    return hit[1]
+
+
+def finished_runs(roots: list[str | Path], fresh: bool = True) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
     """cell (:func:`run_key`) -> method label -> seed -> (seed folder, summary) of every
     ``ROOT/**/seed*/summary.json`` with a ``config.yaml`` beside it; when a seed was run twice, the newest
-    summary. Files are parsed once per process (and again when they change)."""
+    summary. Files are parsed once per process (and again when they change); ``fresh=False`` reuses a listing
+    of a root made in the last :data:`LISTING_TTL_S` seconds."""
     cells: dict = {}
     for root in roots:
-        for path in sorted(Path(root).glob("**/seed*/summary.json")):
+        for path in _summaries(root, fresh):
+            if not path.exists():   # removed since the listing
+                continue
             if not (path.parent / "config.yaml").exists():
                 continue
             mtime = path.stat().st_mtime
@@ -171,6 +191,22 @@ def cell_run_key(ctx) -> tuple[tuple, str]:
     return run_key(resolved), method_label(ctx.spec.display, ctx.params())
 
 
+def _finished(ctx) -> tuple[Path, dict] | None:
+    """The finished run under ``args.adopt`` that serves the cell, or None."""
+    if not ctx.args.adopt:
+        return None
+    key, label = cell_run_key(ctx)
+    return finished_runs(ctx.args.adopt, fresh=False).get(key, {}).get(label, {}).get(ctx.seed)
+
+
+def constrained_run_key(ctx) -> dict:
+    """The suite's record of a cell: the cell; with ``adopt_only`` and no finished run yet, the cell marked
+    ``missing``, so that ``--resume`` looks again for a run that has finished since."""
+    if ctx.args.adopt_only and _finished(_cell_context(ctx)) is None:
+        return {**ctx.cell, "missing": 1}
+    return ctx.cell
+
+
 def constrained_run(ctx) -> dict[str, Any]:
     """One (method, dataset, n, seed) cell: the finished run under ``args.adopt`` that matches it, else a run
     of the experiment (the same data, w^0 and numbers as ``fedsolve compare --only LABEL --set seeds=[seed]``);
@@ -182,13 +218,11 @@ def constrained_run(ctx) -> dict[str, Any]:
                          f"{sorted(DEFAULT_R)}, got {cfg.problem.kind if cfg.problem else None!r}")
     kind = cfg.problem.kind
     r = float(cfg.problem.params.get("r", DEFAULT_R[kind]))
-    key, label = cell_run_key(ctx)
-    base = {"n": cfg.data.num_clients, "method": label}
-    if ctx.args.adopt:
-        found = finished_runs(ctx.args.adopt).get(key, {}).get(label, {}).get(ctx.seed)
-        if found is not None:
-            folder, summary = found
-            return {**base, **certificate_row(summary, kind, r), "adopted": 1, "source": str(folder)}
+    base = {"n": cfg.data.num_clients, "method": cell_run_key(ctx)[1]}
+    found = _finished(ctx)
+    if found is not None:
+        folder, summary = found
+        return {**base, **certificate_row(summary, kind, r), "adopted": 1, "source": str(folder)}
     if ctx.args.adopt_only:
         return {**base, "adopted": 0, "missing": f"no finished run under {ctx.args.adopt}"}
     problem = ctx.problem()
