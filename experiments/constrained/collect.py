@@ -8,6 +8,8 @@ and the algorithm label. A seed found twice in one cell (two folders) counts onc
 one markdown row per cell: mean (std over seeds) of the certificate's values (`extras.constrained`), the
 seeds, outer iterations K, ADMM rounds and wall seconds per seed and how many seeds passed Eq. 11.
 --copy DEST copies each counted seed's small files (summary.json, metrics.jsonl) to DEST/<folder>/<label>/seedK.
+The grouping and the constrained losses are those of the suites experiments/constrained/table{1,2}_suite.yaml
+(fedsolve.protocols.constrained_runs), which report the same numbers as per-metric tables next to the paper's.
 """
 
 from __future__ import annotations
