@@ -69,3 +69,15 @@ def test_list_done_lines_are_what_tables_sh_greps_for(collect, tmp_path, capsys,
     # the authors'-code stopping variant is a different method: it must not count as the paper's Prox-AL FL
     assert "monks1 5 None None 1500 0 Prox-AL FL" not in lines
     assert "monks1 5 None None 1500 0 Prox-AL FL [eps_tilde: code, inner_stop: code]" in lines
+
+
+def test_a_diverged_seed_is_named_in_the_status_and_left_out_of_the_means(collect, tmp_path):
+    _run(tmp_path, "a", "Prox-AL FL", 0, 20, 1.0)
+    d = _run(tmp_path, "b", "Prox-AL FL", 1, 20, 5.0)
+    summ = json.loads((d / "summary.json").read_text())
+    summ.update(status="diverged", message="diverged: |w| grew past 1e6", extras={})   # what run_one writes
+    (d / "summary.json").write_text(json.dumps(summ))
+    _run(tmp_path, "c", "cProx-AL", 0, 20, 2.0, algorithm="cproxal")
+    _run(tmp_path, "d", "cProx-AL", 1, 20, 2.0, algorithm="cproxal")
+    row = [r for r in collect.rows(collect.load([tmp_path]), 1) if "| Prox-AL FL |" in r][0]
+    assert "| 0 | Prox-AL FL | 1.0000 | 5.0e-01 |" in row and "1/1 Eq. 11 passed, diverged: seed 1" in row
