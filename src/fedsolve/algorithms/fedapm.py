@@ -109,11 +109,12 @@ class FedAPM(PartialAlgorithm):
         xi = c.xi_decay * state["xi"]
         # (11) inexact u-step: pi_i^t + rho (u - u^t) enters every step, as the affine term (rho, pi_i^t - rho u^t)
         u_new = self.u_step(ctx, v_new, u_t if c.warm_start == "server" else u_i,
-                            affine=(rho, pi - rho * u_t) if (c.dual or rho > 0) else None,
+                            affine=(rho, torch.add(pi, u_t, alpha=-rho)) if (c.dual or rho > 0) else None,
                             until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None)
         # (12) dual ascent with u^t; (13) upload z_i^{t+1} - z_i^t (the server keeps sum_i z_i)
-        pi_new = pi + rho * (u_new - u_t) if c.dual else pi
-        rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi, "drift": self.drift(u_new, u_t)}
+        du = u_new - u_t
+        pi_new = torch.add(pi, du, alpha=rho) if c.dual else pi
+        rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi, "drift": du.norm()}   # drift ||u_i^{t+1} - u^t||
         return rows, self.upload(state, rows)
 
     def z_of(self, state):

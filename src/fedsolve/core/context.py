@@ -258,32 +258,53 @@ class LocalContext:
         phase). Each step: ``g = scale * grad_block f + a * p + c (+ extra(p))`` with ``affine = (a, c)`` (``a`` a
         scalar, ``c`` a block vector, a scalar or None: weight decay, proximal pulls and duals in one place);
         ``p -= lr * g`` on active steps. The same as ``sgd(join(params, rest), mask=block.mask, extra=...)``
-        restricted to the block, at the cost of the block's gradient and three passes over the block a step.
-        ``until(params, g) -> bool`` stops this client for good once true. Returns the new block vector.
+        restricted to the block, at the cost of the block's gradient and three passes over the block a step
+        (per parameter tensor, no concatenation; with ``extra`` or ``until``, which see the block vector, the step
+        works on the concatenated vector). ``until(params, g) -> bool`` stops this client for good once true.
+        Returns the new block vector.
         """
         if block.size == 0:
             return params
         a, c = affine if affine is not None else (0.0, None)
         if c is not None and not isinstance(c, Tensor):
             c = torch.as_tensor(c, dtype=params.dtype, device=params.device)
-        a_zero = isinstance(a, (int, float)) and a == 0
-        s_num = isinstance(scale, (int, float))
+        if c is not None and c.dim() and c.shape[-1] != block.size:
+            raise ValueError(f"block_sgd: affine offset c must be a scalar or a block vector of {block.size} "
+                             f"entries, got shape {tuple(c.shape)}")
+        const = block.rest.unflatten(rest)
+        flat = extra is not None or until is not None
+        ps = block.unflatten(params)    # views of the caller's vector (never written in place)
+        cs = block.unflatten(c) if c is not None and c.dim() else dict.fromkeys(block.names, c)
         done = torch.zeros((), dtype=torch.bool)
         for s in range(self.max_steps(phase)):
-            fval, g = self.block_loss_grad(block, params, rest, phase, s)
-            # g <- scale * g + c + a * p: one pass for the scale and the offset, one for the linear term
-            if c is not None:
-                g = torch.add(c, g, alpha=scale) if s_num else torch.addcmul(c, g, scale)
-            elif not (s_num and scale == 1.0):
-                g = g * scale
-            if not a_zero:
-                g = torch.add(g, params, alpha=a) if isinstance(a, (int, float)) else torch.addcmul(g, params, a)
-            if extra is not None:
-                g = g + extra(params)
+            x, y, w = self._batch(phase, s)
+            fval, gd = self._dict_loss_grad(ps, const, x, y, w)
             live = self.plans[phase].active[s]
-            if until is not None:
-                done = done | until(params, g)
-                live = live & ~done
+            if flat:
+                p = block.flatten(ps)
+                g = _direction(block.flatten(gd), p, scale, a, c)
+                if extra is not None:
+                    g = g + extra(p)
+                if until is not None:
+                    done = done | until(p, g)
+                    live = live & ~done
+                ps = block.unflatten(torch.addcmul(p, g, live.to(p.dtype) * (-lr)))
+            else:
+                coef = live.to(params.dtype) * (-lr)
+                ps = {n: torch.addcmul(ps[n], _direction(gd[n], ps[n], scale, a, cs[n]), coef) for n in block.names}
             self.record_loss(fval, live)
-            params = torch.addcmul(params, g, live.to(params.dtype) * (-lr))
-        return params
+        return block.flatten(ps)
+
+
+def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c: Tensor | None) -> Tensor:
+    """``scale * g + a * p + c`` in two passes (the second in place on the first's new tensor: no allocation)."""
+    num = lambda v: isinstance(v, (int, float))  # noqa: E731
+    if c is not None:
+        q = torch.add(c, g, alpha=scale) if num(scale) else torch.addcmul(c, g, scale)
+    elif not (num(scale) and scale == 1.0):
+        q = g * scale
+    else:   # q would be autograd's gradient itself, which may be an expanded view: no in-place update
+        return g if num(a) and a == 0 else (torch.add(g, p, alpha=a) if num(a) else torch.addcmul(g, p, a))
+    if num(a):
+        return q.add_(p, alpha=a) if a != 0 else q
+    return torch.addcmul(q, p, a)
