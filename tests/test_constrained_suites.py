@@ -14,7 +14,7 @@ import yaml
 
 from fedsolve.cli import main as cli
 from fedsolve.experiments.config import ConfigError
-from fedsolve.experiments.suite import TableSpec, cells, load_suite, main, table_lines
+from fedsolve.experiments.suite import Context, TableSpec, cells, load_suite, main, run_cell, table_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "experiments" / "constrained"
@@ -32,8 +32,6 @@ def test_suites_sweep_the_tables_sh_grid_with_its_budgets():
     assert {c["data.num_clients"] for c in g1 + g2} == {1, 5, 10, 20} and s1.seeds == s2.seeds == list(range(10))
     assert {c["algorithm"] for c in g2} == {"Prox-AL FL (paper params)", "Prox-AL FL (code params)", "cProx-AL",
                                             "FedAvg (no constraints)"}
-    from fedsolve.experiments.suite import Context
-
     e1 = Context(s1, base1).experiment({"problem.params.dataset": "adult"})
     e2 = Context(s2, base2).experiment({})
     assert e1.simulation.rounds == 1500 and e2.simulation.rounds == 600          # ROUNDS1, ROUNDS2
@@ -47,6 +45,11 @@ def test_bad_protocol_args_are_refused_naming_the_field(tmp_path):
         load_suite(T1, ["args.set_when=[{when: {data.num_clients: 5}, set: {limit: 5}}]"])
     with pytest.raises(ConfigError, match="args.adopt_onli: Extra inputs"):
         load_suite(T1, ["args.adopt_onli=true"])
+    suite, base = load_suite(T1, ["args.set_when=[{when: {problem.params.datset: adult}, set: {data.num_clients: 2}}]",
+                                  "args.adopt_only=true"])
+    with pytest.raises(ValueError, match=r"args.set_when.0.when: \['problem.params.datset'\] are not axes .*"
+                                         r"allowed: \['algorithm', 'data.num_clients', 'problem.params.dataset'"):
+        run_cell(Context(suite, base).for_cell(cells(suite, base)[0]))
     with pytest.raises(ValueError, match="relative_to: .*stat: mean only"):
         TableSpec(metric="objective", relative_to="cProx-AL", stat="count")
 

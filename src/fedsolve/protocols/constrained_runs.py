@@ -177,7 +177,11 @@ def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
 def _cell_context(ctx):
     """The cell's context with the ``set_when`` settings that match its sweep values."""
     extra: dict[str, Any] = {}
-    for rule in ctx.args.set_when:
+    for i, rule in enumerate(ctx.args.set_when):
+        unknown = sorted(set(rule.when) - set(ctx.cell))
+        if unknown:
+            raise ValueError(f"args.set_when.{i}.when: {unknown} are not axes of the suite; allowed: "
+                             f"{sorted(k for k in ctx.cell if k != 'missing')}")
         if all(str(ctx.cell.get(k)) == str(v) for k, v in rule.when.items()):
             extra.update(rule.set)
     return ctx.for_cell({**ctx.cell, **extra}) if extra else ctx
