@@ -5,7 +5,8 @@ SeedSequence, ``permutation`` per pass, ``[K, S, B]`` filled by nested Python lo
 ``reference_build_plans`` in tests/test_plans.py. After: ``build_plans`` (client ids hashed into PCG64 states at
 once, passes shuffled in place in one buffer, the stack built with array operations). Both draw and stack the
 plan (``idx``, ``w``, ``active``) of K clients of the MNIST MLP workload (600 rows each, batch 50, 1 epoch:
-12 steps), and the two plans are checked to be bitwise identical.
+12 steps), and the two plans are checked to be bitwise identical. ``--full-batch`` adds the same clients with a
+full-batch phase of as many steps (no randomness: ``[K, 12, 600]``, every step the client's rows in order).
 
 Prints per K the best process-CPU seconds of ``--repeat`` runs and ``ratio plans_k<K> before/after <x>``;
 ``--out`` writes the figures as JSON. Run with ``OMP_NUM_THREADS=1``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -36,7 +38,8 @@ def _best(fn, repeat: int) -> tuple[float, object]:
     return best, out
 
 
-def measure(K: int, rows: int, batch: int, epochs: float, repeat: int, seed: int = 0, round_: int = 3) -> dict:
+def measure(K: int, rows: int, batch: int | None, epochs: float, repeat: int, seed: int = 0, round_: int = 3,
+            steps: int | None = None) -> dict:
     """Seconds to draw and stack K clients' plans, before and after, and whether they are identical."""
     import numpy as np
     import torch
@@ -49,7 +52,7 @@ def measure(K: int, rows: int, batch: int, epochs: float, repeat: int, seed: int
 
     offsets = torch.arange(K + 1, dtype=torch.long) * rows
     ids = torch.as_tensor(np.random.default_rng(seed).permutation(K), dtype=torch.long)
-    work = {"train": Work(epochs=epochs, batch_size=batch)}
+    work = {"train": Work(epochs=epochs, steps=steps, batch_size=batch)}
     rngs = RngStreams(seed)
 
     def after():
@@ -63,7 +66,7 @@ def measure(K: int, rows: int, batch: int, epochs: float, repeat: int, seed: int
     t_after, got = _best(after, repeat)
     t_draw, _ = _best(draw_only, repeat)
     same = all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got[:3], ref[:3])) and got[3] == ref[3]
-    return {"clients": K, "rows": rows, "batch": batch, "epochs": epochs, "shape": list(ref[0].shape),
+    return {"clients": K, "rows": rows, "batch": batch, "epochs": epochs, "steps": steps, "shape": list(ref[0].shape),
             "before_s": t_before, "after_s": t_after, "after_draw_only_s": t_draw,
             "ratio": t_before / t_after, "identical": bool(same)}
 
@@ -75,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the best CPU time counts")
+    ap.add_argument("--full-batch", action="store_true", help="also a full-batch phase of ceil(epochs rows / batch) "
+                                                               "steps")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     import numpy as np
@@ -83,13 +88,17 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     load = os.getloadavg()
     rows = []
+    fb_steps = max(1, math.ceil(args.epochs * math.ceil(args.rows / args.batch)))
     for K in (int(s) for s in args.sizes.split(",")):
-        r = measure(K, args.rows, args.batch, args.epochs, args.repeat)
-        rows.append(r)
-        print(f"plans K={K:>6} {r['shape']}: before {r['before_s']:.4f} s, after {r['after_s']:.4f} s "
-              f"(draw only {r['after_draw_only_s']:.4f} s), identical {r['identical']}", flush=True)
+        for name, batch, steps in [("", args.batch, None)] + ([("fullbatch_", None, fb_steps)] if args.full_batch
+                                                                else []):
+            r = measure(K, args.rows, batch, args.epochs, args.repeat, steps=steps)
+            r["workload"] = f"plans_{name}k{K}"
+            rows.append(r)
+            print(f"{r['workload']:>22} {r['shape']}: before {r['before_s']:.4f} s, after {r['after_s']:.4f} s "
+                  f"(draw only {r['after_draw_only_s']:.4f} s), identical {r['identical']}", flush=True)
     for r in rows:
-        print(f"ratio plans_k{r['clients']} before/after {r['ratio']:.2f}")
+        print(f"ratio {r['workload']} before/after {r['ratio']:.2f}")
     load_end = os.getloadavg()
     print(f"load average {load[0]:.2f} at start, {load_end[0]:.2f} at end; numpy {np.__version__}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")

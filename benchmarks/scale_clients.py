@@ -14,7 +14,10 @@ over 1,000 clients at 100%: the same 1,000 participants; the issue's target is <
 JSON and draws the plot (``--out-dir``).
 
 Usage: python benchmarks/scale_clients.py [--out-dir results/scale] [--sizes 10,100,1000,10000] [--rounds 3]
-       [--full [--samples N]] [--budget-mb MB] [--chunk-size K]
+       [--full [--samples N]] [--batch B] [--budget-mb MB] [--chunk-size K] [--tag NAME]
+
+Every round is also timed on the process CPU clock (``round_cpu_s``; one thread per run, so it is the run's own
+work, steadier than wall time on a shared machine), and the FedAvg ratio is printed on both clocks.
 
 ``--fpfc M,K``: FPFC alone with M devices, K a round (sparse pair store, an MLP 784-200-10 whose last layer is
 fused), its round times, stored pairs and peak memory as ``scale_fpfc_<M>.json``.
@@ -69,13 +72,14 @@ def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, bu
                            metrics=[], device=device, state_memory_mb=budget_mb, chunk_size=chunk)
     sim = Simulation(problem, alg, cfg, seed=0)
     sync = torch.cuda.synchronize if sim.device.type == "cuda" else (lambda: None)
-    times = []
+    times, cpu = [], []
     for t in range(rounds + 1):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         sim.run_round(t)
         sync()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # before anything below allocates
     first = sim.clients.gather(torch.tensor([0]))
     row_bytes = sum(v[0].numel() * v.element_size() for v in first.values())
@@ -83,6 +87,7 @@ def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, bu
     return {
         "algorithm": algo, "clients": m, "per_round": per_round, "dim": problem.layout.dim,
         "round_s_median": statistics.median(times[1:]), "round_s": times,
+        "round_cpu_s_median": statistics.median(cpu[1:]), "round_cpu_s": cpu,
         "peak_rss_mb": peak_rss,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if sim.device.type == "cuda" else None,
         "state_memory_mb": sim.clients.memory_bytes() / 2**20, "state_disk_mb": sim.clients.disk_bytes() / 2**20,
@@ -138,7 +143,8 @@ def run_child(algo: str, m: int, per_round: int, args) -> dict:
     cmd = [sys.executable, __file__, "--one", f"{algo},{m},{per_round}", "--rounds", str(args.rounds),
            "--device", args.device] + (["--full"] if args.full else []) + \
         (["--budget-mb", str(args.budget_mb)] if args.budget_mb else []) + \
-        (["--samples", str(args.samples)] if args.samples else []) + ["--chunk-size", str(args.chunk_size)]
+        (["--samples", str(args.samples)] if args.samples else []) + \
+        (["--batch", str(args.batch)] if args.batch else []) + ["--chunk-size", str(args.chunk_size)]
     env = dict(os.environ)
     if args.malloc_mmap:   # blocks over 1 MB from mmap, back to the system when freed (glibc): a round's freed
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(2**20))   # buffers leave the process; slower (page faults)
@@ -195,6 +201,9 @@ def main(argv=None) -> int:
     ap.add_argument("--malloc-mmap", action="store_true",
                     help="MALLOC_MMAP_THRESHOLD_=1048576 in every run (lower peak memory, slower rounds)")
     ap.add_argument("--samples", type=int, default=None, help="samples per client (default: the workload's)")
+    ap.add_argument("--batch", type=int, default=None, help="minibatch size (default: the workload's)")
+    ap.add_argument("--tag", default=None, help="output files scale_clients_<tag>.json/.png (default: full or "
+                                                 "reduced)")
     ap.add_argument("--fpfc", default=None, metavar="M,K",
                     help="FPFC alone: M devices, K per round (sparse pairs; see fpfc_one), --rounds rounds")
     ap.add_argument("--fpfc-fused", default="out", choices=("out", "all"))
@@ -203,6 +212,8 @@ def main(argv=None) -> int:
     w = dict(FULL if args.full else SMALL)
     if args.samples:
         w["n"] = args.samples
+    if args.batch:
+        w["batch"] = args.batch
     if args.fpfc:
         m, k = (int(v) for v in args.fpfc.split(","))
         r = fpfc_one(m, k, args.rounds, args.samples or 20, args.chunk_size, args.fpfc_fused)
@@ -219,6 +230,7 @@ def main(argv=None) -> int:
     algos = args.algorithms.split(",")
     size_note = f"MNIST MLP 784-200-200-10, {w['n']} samples/client, 1 epoch of batch {w['batch']}" if args.full \
         else f"reduced: MLP 64-32-10 (2,410 parameters), {w['n']} samples/client, 1 epoch of batch {w['batch']}"
+    load = os.getloadavg()
     print(f"{size_note}; 10% participation; median of {args.rounds} rounds after 1 warm-up; device {args.device}",
           flush=True)
     rows = []
@@ -236,16 +248,20 @@ def main(argv=None) -> int:
         rows.append(same)
         big = next(r for r in rows if r["algorithm"] == "fedavg" and r["clients"] == 10_000 and r["per_round"] == 1_000)
         ratios["fedavg_10000_vs_1000_same_participants"] = big["round_s_median"] / same["round_s_median"]
+        ratios["fedavg_10000_vs_1000_same_participants_cpu"] = big["round_cpu_s_median"] / same["round_cpu_s_median"]
         print(f"fedavg    m=  1000 k= 1000: {same['round_s_median'] * 1000:8.1f} ms/round (same participants as "
               f"m=10000 at 10%)")
         print(f"ratio scale fedavg_10000_vs_1000_same_participants "
               f"{ratios['fedavg_10000_vs_1000_same_participants']:.3f}")
+        print(f"ratio scale fedavg_10000_vs_1000_same_participants_cpu "   # process CPU clock: steadier under load
+              f"{ratios['fedavg_10000_vs_1000_same_participants_cpu']:.3f} "
+              f"({big['round_cpu_s_median'] * 1000:.1f} / {same['round_cpu_s_median'] * 1000:.1f} ms CPU)")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "full" if args.full else "reduced"
+    tag = args.tag or ("full" if args.full else "reduced")
     (out / f"scale_clients_{tag}.json").write_text(json.dumps(
         {"workload": size_note, "device": args.device, "rounds": args.rounds, "threads_per_run": 1, "rows": rows,
-         "ratios": ratios}, indent=2))
+         "ratios": ratios, "load_average_start": load, "load_average_end": os.getloadavg()}, indent=2))
     plot(rows, out / f"scale_clients_{tag}.png", f"fedsolve: round time and memory vs clients ({size_note})")
     print(f"wrote {out / f'scale_clients_{tag}.json'} and .png", flush=True)
     return 0

@@ -9,7 +9,7 @@ runs from the client's own RNG stream, so every executor (and a Flower client) s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -134,6 +134,14 @@ def _stack_plan(d: _Drawn) -> tuple[Tensor, Tensor]:
     ``e = s div per_epoch``, rows ``flat[base + e stride + b bs + j]`` for ``j < L = min(bs, n - b bs)``, each
     weighted ``1 / L``; padding is the client's first row with weight 0 (row 0 past the client's steps)."""
     K, S, B = len(d.n), int(d.steps.max()), int(d.bs.max())
+    if S > 1 and not d.stride.any():
+        # full batches: every step repeats the client's step 0 (zeros past its steps)
+        idx1, w1 = (t.numpy() for t in _stack_plan(replace(d, steps=np.ones_like(d.steps))))
+        if np.all(d.steps == S):
+            return (torch.from_numpy(np.broadcast_to(idx1, (K, S, B)).copy()),
+                    torch.from_numpy(np.broadcast_to(w1, (K, S, B)).copy()))
+        live = (np.arange(S) < d.steps[:, None])[:, :, None]
+        return torch.from_numpy(np.where(live, idx1, 0)), torch.from_numpy(np.where(live, w1, np.float32(0)))
     if np.all((d.bs == B) & (d.n % B == 0) & (d.steps == S) & (d.stride == d.n)):
         # every step a full batch of B rows, passes back to back: step s is flat[base + s B : base + (s + 1) B]
         seg = d.flat.reshape(K, -1) if d.flat.size == K * S * B else d.flat[d.base[:, None] + np.arange(S * B)]
