@@ -53,6 +53,7 @@ class ParamBlock:
         self.index = mask.nonzero().flatten()
         self._layout = layout
         self._rest = _rest
+        self._order: Tensor | None = None   # the permutation of scatter, built on first use
 
     @property
     def rest(self) -> "ParamBlock":
@@ -78,8 +79,9 @@ class ParamBlock:
 
     def scatter(self, block: Tensor, rest: Tensor) -> Tensor:
         """The flat ``[..., d]`` vector with this block's part ``block`` and the complement's ``rest``."""
-        order = torch.argsort(torch.cat([self.index, self.rest.index]))
-        return torch.cat([block, rest], -1)[..., order.to(block.device)]
+        if self._order is None:
+            self._order = torch.argsort(torch.cat([self.index, self.rest.index]))
+        return torch.cat([block, rest], -1)[..., self._order.to(block.device)]
 
 
 class LocalContext:
