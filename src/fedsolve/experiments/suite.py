@@ -12,9 +12,9 @@ A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs beyond on
   (``data.params.scenario``) sets an experiment field, any other name is a protocol input
   (``attack``, ``fraction``, ``strategy``);
 * ``tables``: what each table reports (the metric; final, or the best or last over a field such as the
-  round with ``over``; what its rows and columns are; mean +- std over the seeds, a count of nonzero seeds,
-  or the per-seed relative difference to a reference row with ``relative_to``; the paper's numbers next to
-  ours) and ``plot``: a registered figure.
+  round with ``over``; what its rows and columns are; mean +- std over the seeds, the largest value (the
+  worst seed), a count of nonzero seeds, or the per-seed relative difference to a reference row with
+  ``relative_to``; the paper's numbers next to ours) and ``plot``: a registered figure.
 
 Each finished cell is written atomically to ``OUT/cells/`` as it comes in, so an interrupted suite picks
 up where it stopped (``--resume``, refused if the suite's settings changed); ``--jobs N`` runs the cells
@@ -66,8 +66,9 @@ class TableSpec(BaseModel):
                                                       "this label in the same column, split and seed (e.g. "
                                                       "cProx-AL), then mean +- std over the seeds")
     only: list[str | int | float] | None = Field(None, description="only these rows, in this order (null: all)")
-    stat: Literal["mean", "count"] = Field("mean", description="mean: mean +- std over the seeds; count: how many "
-                                                              "seeds have a nonzero value, as k/N (e.g. converged)")
+    stat: Literal["mean", "count", "max"] = Field("mean", description="mean: mean +- std over the seeds; count: how "
+                                                                     "many seeds have a nonzero value, as k/N (e.g. "
+                                                                     "converged); max: the largest (worst seed)")
     notation: Literal["fixed", "sci"] = Field("fixed", description="fixed: `digits` decimals; sci: `digits` "
                                                                    "decimals of a power of ten (1.2e-03)")
 
@@ -501,6 +502,8 @@ def _fmt(t: TableSpec, vals: list[float]) -> str:
         return f"{sum(1 for v in vals if v)}/{len(vals)}"
     scale, pct = (100.0, "%") if t.percent else (1.0, "")
     spec = f".{t.digits}{'e' if t.notation == 'sci' else 'f'}"
+    if t.stat == "max":
+        return f"{max(vals) * scale:{spec}}{pct}"
     m = statistics.mean(vals) * scale
     if len(vals) == 1:
         return f"{m:{spec}}{pct}"
@@ -553,8 +556,9 @@ def _relative(t: TableSpec, rows: list[dict], ref: list[dict]) -> list[float]:
 
 def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
     """Markdown lines of one table: mean +- std of ``t.metric`` over the rows of each (row, column) cell (with
-    ``relative_to``: of its per-seed relative difference to that row; with ``stat: count``: k/N nonzero); a
-    cell with diverged runs names them; a ``paper`` column where the suite gives the paper's numbers."""
+    ``relative_to``: of its per-seed relative difference to that row; with ``stat: count``: k/N nonzero; with
+    ``stat: max``: the largest value); a cell with diverged runs names them; a ``paper`` column where the suite
+    gives the paper's numbers."""
     order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))  # noqa: E731
     out = []
     for part in (order(t.split) if t.split else [None]):

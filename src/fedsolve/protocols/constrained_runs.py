@@ -1,5 +1,6 @@
-"""The per-cell protocol of paper 002's Tables 1 and 2 (He, Peng & Sun, TMLR 2024: Neyman-Pearson Eq. 30,
-fairness Eq. 32), run by ``fedsolve suite experiments/constrained/table{1,2}_suite.yaml``.
+"""The per-cell protocol of paper 002's Tables 1, 2 and 4 (He, Peng & Sun, TMLR 2024: Neyman-Pearson Eq. 30,
+fairness Eq. 32, the linear-equality-constrained QP of Eq. 86), run by
+``fedsolve suite experiments/constrained/table{1,2,4}_suite.yaml``.
 
 One cell is one run of the experiment: a method (Prox-AL FL, cProx-AL, FedAvg without constraints), a seed
 and the sweep's values (dataset, n). Its row is the run's certificate, ``extras.constrained`` of the
@@ -14,6 +15,11 @@ method and seed (:func:`run_key`, :func:`method_label`; the newest summary when 
 ``experiments/constrained/collect.py --list-done`` also uses. Then ``adopted`` is 1 and ``source`` names the
 run's folder; ``adopt_only`` reports a cell with no finished run as missing instead of running it (and
 ``--resume`` looks for it again).
+
+A QP cell (problem kind ``constrained_qp``, Table 4) runs Prox-AL FL only until Eq. 11 passes (or ``max_outer``
+is reached; ``simulation.rounds`` is the budget): the rounds after that change nothing, so they are neither run
+nor timed. Its row adds the distance to the exact optimum (w*, f*) of one KKT solve (:func:`qp_errors`), the
+rounds to Eq. 11 and the process CPU seconds; it has no constrained loss (the constraints are equalities).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -33,6 +40,9 @@ from fedsolve.simulation.loop import DivergenceError
 VARIANT_FIELDS = ("inner_stop", "eps_tilde")
 #: the constraint level r of each problem kind when a config does not give it (Eq. 30: 0.2; Eq. 32: 0.1)
 DEFAULT_R = {"neyman_pearson": 0.2, "fairness": 0.1}
+#: the App. E.2 QP (Eq. 86): equality constraints, no level r; the errors are against its exact optimum
+QP_KIND = "constrained_qp"
+KINDS = (*DEFAULT_R, QP_KIND)
 
 
 class SetWhen(BaseModel):
@@ -152,8 +162,8 @@ CERT_FIELDS = ("objective", "kkt_eps1", "kkt_eps2", "violation_max", "violation_
 def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
     """A table row from a run summary (``summary.json`` or the same fields of a run done here): the
     certificate's :data:`CERT_FIELDS`, the constrained loss (``class1_loss_mean/max`` for Eq. 30,
-    ``disparity_mean/max`` and ``disparity_server`` for Eq. 32), ``wall_time_s``, ``status``; a diverged run
-    is a row with ``diverged`` (its message)."""
+    ``disparity_mean/max`` and ``disparity_server`` for Eq. 32; none for the QP of Eq. 86), ``wall_time_s``,
+    ``status``; a diverged run is a row with ``diverged`` (its message)."""
     if summary.get("status") == "diverged":
         return {"diverged": (summary.get("message") or "diverged").split(":")[0]}
     cert = (summary.get("extras") or {}).get("constrained")
@@ -161,16 +171,74 @@ def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
         raise ValueError(f"run {summary.get('label')!r} seed {summary.get('seed')}: its summary has no "
                          f"extras.constrained certificate (not a constrained problem's run)")
     row: dict[str, Any] = {k: cert[k] for k in CERT_FIELDS if k in cert}
-    mean, worst = constraint_loss(cert, kind, r)
-    if kind == "fairness":
-        row.update(disparity_mean=mean, disparity_max=worst)
-        srv = server_disparity(cert, r)
-        if srv is not None:
-            row["disparity_server"] = srv
-    else:
-        row.update(class1_loss_mean=mean, class1_loss_max=worst)
+    if kind in DEFAULT_R:   # the QP's equality constraints have no constrained loss
+        mean, worst = constraint_loss(cert, kind, r)
+        if kind == "fairness":
+            row.update(disparity_mean=mean, disparity_max=worst)
+            srv = server_disparity(cert, r)
+            if srv is not None:
+                row["disparity_server"] = srv
+        else:
+            row.update(class1_loss_mean=mean, class1_loss_max=worst)
     row.update(wall_time_s=float(summary.get("wall_time_s") or 0.0), status=str(cert.get("status", "")))
     return row
+
+
+# ------------------------------------------------------------------ the QP of Eq. 86 (Table 4)
+def qp_errors(inst: dict[str, np.ndarray], w, objective: float) -> dict[str, float]:
+    """The distance of ``w`` (objective value ``objective``) to the exact optimum (w*, f*) of Eq. 86
+    (:func:`~fedsolve.problem_kinds.constrained.qp_exact_solution`): ``rel_objective_error`` |f - f*| / |f*|,
+    ``rel_solution_error`` ||w - w*||_2 / ||w*||_2, and ``objective_exact`` f*."""
+    from fedsolve.problem_kinds.constrained import qp_exact_solution
+
+    w_star, f_star = qp_exact_solution(inst)
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    return {"objective_exact": f_star, "rel_objective_error": abs(objective - f_star) / abs(f_star),
+            "rel_solution_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star))}
+
+
+def run_to_eq11(ctx, problem, algo):
+    """Prox-AL FL's rounds until its outer loop ends (Eq. 11 passed or ``max_outer`` reached), at most the
+    experiment's ``simulation.rounds``; returns (simulation, rounds run, wall seconds, process CPU seconds)."""
+    from fedsolve.algorithms.constrained.proxal import DONE
+    from fedsolve.simulation import Simulation
+
+    sim = Simulation(problem, algo, ctx.sim_config(), seed=ctx.seed)
+    budget = ctx.experiment().simulation.rounds
+    wall, cpu = time.perf_counter(), time.process_time()
+    while sim.round < budget and int(sim.state()[0]["phase"]) != DONE:
+        sim.step()
+    return sim, sim.round, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def qp_run(ctx, base: dict[str, Any]) -> dict[str, Any]:
+    """One Table-4 cell (Eq. 86, (d, m~) from ``problem.params``): Prox-AL FL to Eq. 11 (:func:`run_to_eq11`);
+    the row of :func:`certificate_row` (KKT eps1/eps2, ``violation_max`` over all n + 1 parties, K, converged)
+    with ``rounds`` (to Eq. 11), ``cpu_time_s``, the errors of :func:`qp_errors` and ``instance`` (d, m~)."""
+    from fedsolve.problem_kinds.constrained import QPParams
+
+    if ctx.args.adopt or ctx.args.adopt_only:
+        raise ValueError(f"args.adopt: finished `fedsolve compare` runs serve cells of the problem kinds "
+                         f"{sorted(DEFAULT_R)} only; allowed for {QP_KIND}: adopt: [] and adopt_only: false")
+    if ctx.spec.name != "proxal":
+        raise ValueError(f"algorithms: a {QP_KIND} cell runs Prox-AL FL (name: proxal) to Eq. 11, got "
+                         f"{ctx.spec.display!r} (name: {ctx.spec.name}); allowed: proxal")
+    qp = QPParams(**dict(ctx.experiment().problem.params))
+    base = {**base, "instance": f"d={qp.d}, m~={qp.m}", "d": qp.d, "m": qp.m, "adopted": 0, "source": "run"}
+    problem = ctx.problem()
+    algo = ctx.algorithm(problem)
+    try:
+        sim, rounds, wall, cpu = run_to_eq11(ctx, problem, algo)
+    except DivergenceError as e:   # a finding, not a crash
+        return {**base, "diverged": str(e).split(":")[0]}
+    server, clients = sim.state()
+    with sim.on_device():
+        extras = algo.finalize(server, clients)
+    summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": wall,
+               "extras": extras}
+    row = certificate_row(summary, QP_KIND, 0.0)
+    errors = qp_errors(problem.extras["qp_instance"], server["w"].detach().cpu().numpy(), row["objective"])
+    return {**base, **row, **errors, "rounds": rounds, "cpu_time_s": cpu}
 
 
 # ------------------------------------------------------------------ the protocol
@@ -214,13 +282,15 @@ def constrained_run_key(ctx) -> dict:
 def constrained_run(ctx) -> dict[str, Any]:
     """One (method, dataset, n, seed) cell: the finished run under ``args.adopt`` that matches it, else a run
     of the experiment (the same data, w^0 and numbers as ``fedsolve compare --only LABEL --set seeds=[seed]``);
-    the row of :func:`certificate_row` with ``n``, ``adopted`` (0/1) and ``source``."""
+    the row of :func:`certificate_row` with ``n``, ``adopted`` (0/1) and ``source``. A QP cell: :func:`qp_run`."""
     ctx = _cell_context(ctx)
     cfg = ctx.experiment()
-    if cfg.problem is None or cfg.problem.kind not in DEFAULT_R:
+    if cfg.problem is None or cfg.problem.kind not in KINDS:
         raise ValueError(f"protocol constrained_runs: the experiment's problem.kind must be one of "
-                         f"{sorted(DEFAULT_R)}, got {cfg.problem.kind if cfg.problem else None!r}")
+                         f"{sorted(KINDS)}, got {cfg.problem.kind if cfg.problem else None!r}")
     kind = cfg.problem.kind
+    if kind == QP_KIND:
+        return qp_run(ctx, {"n": cfg.data.num_clients, "method": method_label(ctx.spec.display, ctx.params())})
     r = float(cfg.problem.params.get("r", DEFAULT_R[kind]))
     base = {"n": cfg.data.num_clients, "method": cell_run_key(ctx)[1]}
     found = _finished(ctx)
