@@ -49,7 +49,10 @@ VARIANTS = {"paper": {}, "tight": {"eps1": 1e-4, "eps2": 1e-4, "inner_stop": "me
             "code": {"inner_stop": "code"},   # code: the authors' Eq. 23 (no server term), paper's eps
             # tuned: tight with beta 30, rho 4 (a sweep over beta in {10..50}, rho in {0.5..5}, s_bar in {0.01..0.1}
             # on the grid, results/constrained/README.md): 1e-4 relative on every row, fewer rounds at n = 10
-            "tuned": {"eps1": 1e-4, "eps2": 1e-4, "inner_stop": "measured", "beta": 30.0, "rho": 4.0}}
+            "tuned": {"eps1": 1e-4, "eps2": 1e-4, "inner_stop": "measured", "beta": 30.0, "rho": 4.0},
+            # tuned5: tuned with eps 5e-5 -- also the objective within 1e-4 relative at n = 1 for every w^0 tried
+            # (at (500, 1, 5) f* = -0.042, so 1e-4 of it is 4e-6: tuned gives up to 3e-4 there, its point 1.4e-5)
+            "tuned5": {"eps1": 5e-5, "eps2": 5e-5, "inner_stop": "measured", "beta": 30.0, "rho": 4.0}}
 GRIDS = {"reduced": [(20, 1, 1), (20, 5, 1), (50, 5, 2), (100, 5, 1), (100, 10, 1)],
          "full": [(d, n, m) for n in (1, 5, 10) for d, m in ((100, 1), (300, 3), (500, 5))]}
 
@@ -188,7 +191,8 @@ def main() -> None:
         tag = f"d{d}_n{n}_m{m}_{variant}"
         print(f"qp {tag} rounds {rounds} outer {int(server['k'])} converged {int(server['converged'])} "
               f"rel_obj_err {abs(f - f_star) / abs(f_star):.2e} max_violation {viol:.2e} "
-              f"|w-w*|_inf {np.abs(w - w_star).max():.2e} ({load()})", flush=True)
+              f"|w-w*|_inf {np.abs(w - w_star).max():.2e} rel_w_err {np.linalg.norm(w - w_star) / np.linalg.norm(w_star):.2e} "
+              f"({load()})", flush=True)
         for j, clock in enumerate(("wall", "cpu")):
             spread = " ".join(f"{v[j]:.2f}" for v in mine)
             print(f"  {clock}: ours {secs[j]:.2f} s ({1e3 * secs[j] / rounds:.1f} ms per round; runs {spread}), "
