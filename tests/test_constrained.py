@@ -371,6 +371,25 @@ def test_stacked_admm_rounds_equal_the_vmapped_ones(monkeypatch):
         torch.testing.assert_close(a.clients[k], b.clients[k], rtol=1e-12, atol=1e-13)
 
 
+def test_finished_hook_says_when_rounds_are_idle():
+    """``Algorithm.finished``: False while Prox-AL works, True from the round Eq. 11 passes, and later rounds
+    change nothing."""
+    prob = qp_problem(5, 2, 1, seed=0)
+    algo = get_algorithm("proxal")(QP, prob)
+    sim = Simulation(prob, algo, SimulationConfig(rounds=3000, eval_every=10 ** 6, sampling={"fraction": 1.0}),
+                     seed=0)
+    t = 0
+    while not algo.finished(sim.server):
+        assert t < 3000
+        sim.run_round(t)
+        t += 1
+    assert int(sim.server["converged"]) == 1 and t > 10
+    before = {k: v.clone() for k, v in sim.server.items()}
+    sim.run_round(t)
+    assert algo.finished(sim.server) and all(torch.equal(before[k], sim.server[k]) for k in before)
+    assert not get_algorithm("fedavg")({}, prob).finished(before)
+
+
 def test_closed_form_hessian_is_checked_and_used():
     """A quadratic problem's closed-form ``hessian`` equals autodiff's (the QP's A_i); a wrong one is refused
     with the field named; the solver's iterates are the same with and without it."""

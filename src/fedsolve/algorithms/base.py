@@ -86,6 +86,12 @@ class Algorithm:
         (e.g. an adversarial objective), else None: ``executor: auto`` times the executors on it."""
         return None
 
+    def finished(self, server: Record) -> bool:
+        """True once the algorithm has nothing left to do (e.g. a stopping test such as Prox-AL's Eq. 11 has
+        passed, or its outer cap is reached): further rounds leave every state unchanged, so a driver may stop
+        early. Default False (run the configured rounds)."""
+        return False
+
     def stacked_update(self, msgs: Record) -> bool:
         """True when this round's ``local_update`` (messages ``msgs``) reads no data and no plan (it ignores
         ``ctx``) and is written with batch-agnostic tensor ops (leading dimensions broadcast, reductions over

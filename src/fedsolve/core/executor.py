@@ -132,7 +132,8 @@ class VectorizedExecutor(Executor):
         if not algo.problem.vmappable:
             raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "
                              "stats); use executor: sequential or auto")
-        if algo.stacked_update(msgs):   # batch-agnostic and data-free this round: one call on the stacked rows
+        stacked = getattr(algo, "stacked_update", None)   # an Algorithm's hook (plain work objects have none)
+        if stacked is not None and stacked(msgs):   # batch-agnostic and data-free this round: one call on the rows
             s, u = algo.local_update(rows, msgs, None)
             return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
         n, wt = _ctx_inputs(data, ids)

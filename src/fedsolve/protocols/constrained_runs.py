@@ -200,13 +200,12 @@ def qp_errors(inst: dict[str, np.ndarray], w, objective: float) -> dict[str, flo
 def run_to_eq11(ctx, problem, algo):
     """Prox-AL FL's rounds until its outer loop ends (Eq. 11 passed or ``max_outer`` reached), at most the
     experiment's ``simulation.rounds``; returns (simulation, rounds run, wall seconds, process CPU seconds)."""
-    from fedsolve.algorithms.constrained.proxal import DONE
     from fedsolve.simulation import Simulation
 
     sim = Simulation(problem, algo, ctx.sim_config(), seed=ctx.seed)
     budget = ctx.experiment().simulation.rounds
     wall, cpu = time.perf_counter(), time.process_time()
-    while sim.round < budget and int(sim.state()[0]["phase"]) != DONE:
+    while sim.round < budget and not algo.finished(sim.state()[0]):
         sim.step()
     return sim, sim.round, time.perf_counter() - wall, time.process_time() - cpu
 

@@ -255,6 +255,10 @@ class ProxAL(Algorithm):
             msg["first"] = self.expand(torch.ones((), dtype=torch.float64), ids)
         return msg
 
+    def finished(self, server) -> bool:
+        """Eq. 11 has passed or the outer cap ``max_outer`` is reached: every later round is idle."""
+        return int(server["phase"]) == DONE
+
     def stacked_update(self, msgs) -> bool:
         """An exact (quadratic) ADMM round reads only the client's packed Hessian pair and state rows, with
         batch-agnostic operations: the vectorized executor runs it once on the stacked clients (no ``vmap``)."""
