@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--qp", default=None, help="the constrained family's Table-4 instance d,n,m (default 100,5,1)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--perturb", default="", help="comma-separated family:contender whose step size is changed "
-                                                  "by 1% (its agreement check must fail)")
+                                                  "by 1%% (its agreement check must fail)")
     a = ap.parse_args(argv)
     names = [f for f in a.families.split(",") if f]
     bad = [f for f in names if f not in FAMILIES]
