@@ -21,19 +21,12 @@ from fedsolve.data.federated import FederatedData
 from fedsolve.models import MLP
 from fedsolve.problems import FederatedProblem
 from fedsolve.simulation import Simulation, SimulationConfig
+from tests.test_personalized import blobs as personalized_blobs
 
 
 def blobs(m=4, d=10, k=3, seed=0, sizes=None):
-    g = np.random.default_rng(seed)
-    centers = g.normal(size=(k, d)) * 2
-    tr, te = [], []
-    for i in range(m):
-        n = sizes[i] if sizes else 24
-        y = g.choice(k, size=n + 8, p=g.dirichlet(np.ones(k)))
-        x = centers[y] + g.normal(size=(n + 8, d)) + g.normal(size=d)
-        tr.append((x[:n], y[:n]))
-        te.append((x[n:], y[n:]))
-    return FederatedData.from_client_arrays(tr, te, num_classes=k)
+    """test_personalized's blobs in float32 (the model's dtype here)."""
+    return personalized_blobs(m=m, d=d, k=k, seed=seed, sizes=sizes, double=False)
 
 
 def mlp_problem(personal="out.*", sizes=(16, 24, 20, 32), hidden=(8, 6)):
