@@ -69,8 +69,10 @@ class ProxALConfig(BaseModel):
     solver: Literal["auto", "newton", "quadratic", "scipy"] = Field(
         "auto", description="client/server subproblem solver: auto = quadratic (exact) for quadratic problems, "
                             "else newton; scipy = L-BFGS-B client by client (reference; sequential executor)")
-    newton_max_iter: int = Field(8, ge=1, description="Newton steps per subproblem (cap; the vectorized executor "
-                                                     "always runs them all, masked)")
+    newton_max_iter: int = Field(8, ge=1, description="Newton steps per client subproblem under the vectorized "
+                                                     "executor (always all of them, masked)")
+    newton_eager_max_iter: int = Field(200, ge=1, description="cap on Newton steps per subproblem where it runs alone "
+                                       "(sequential executor, server): it stops once Eq. 19's tolerance is met")
     inner_stop: Literal["paper", "measured", "code"] = Field(
         "paper", description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
                              "none (authors' NP/QP code)")
@@ -151,7 +153,7 @@ class ServerSide:
         if self.solver == "scipy":
             w, res, _ = sp.scipy_lbfgsb(smooth, start, tol)
         else:
-            w, res, _ = sp.newton(smooth, start, tol, self.cfg.newton_max_iter, eager=True)
+            w, res, _ = sp.newton(smooth, start, tol, self.cfg.newton_eager_max_iter, eager=True)
         return w, float(res)
 
     def update_mu(self, mu0: Tensor, w: Tensor) -> Tensor:
@@ -349,7 +351,8 @@ class ProxAL(Algorithm):
             if self.solver_kind == "scipy":
                 u, res, _ = sp.scipy_lbfgsb(phi, u_old, float(tol))
             else:
-                u, res, _ = sp.newton(phi, u_old, tol, c.newton_max_iter, eager=ctx.eager)
+                steps = c.newton_eager_max_iter if ctx.eager else c.newton_max_iter   # eager: until tol is met
+                u, res, _ = sp.newton(phi, u_old, tol, steps, eager=ctx.eager)
         lam_new = lam + rho * (u - w)
         ut = u + lam_new / rho
         if c.eps_tilde == "paper":
