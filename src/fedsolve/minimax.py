@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedsolve.core.context import TensorLoss
 from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem
 
@@ -193,14 +194,39 @@ class DomainAdversarialNet(nn.Module):
             raise ValueError(f"init: unknown {init!r}; allowed: ['torch', 'authors_code']")
 
     def forward(self, x: Tensor, adversarial: bool = False):
-        z = self.features(x)
-        logits = self.classifier(z)
+        return self._forward(x, adversarial, lambda name, module, h: module(h))
+
+    def forward_with(self, params: dict[str, Tensor], x: Tensor, adversarial: bool = False):
+        """``forward`` with the parameter tensors ``params`` (``{name: tensor}``, e.g. ``layout.unflatten(w)``) in
+        place of the module's own: the same operations as ``functional_call(self, params, ...)`` without its
+        per-call swapping of every parameter in and out of the modules (the local steps' hot path)."""
+        return self._forward(x, adversarial, lambda name, module, h: _layer_with(module, params, name, h))
+
+    def _forward(self, x: Tensor, adversarial: bool, layer):
+        """The network, each layer ``module`` (named ``name``) applied to ``h`` as ``layer(name, module, h)``."""
+        def seq(prefix: str, h: Tensor) -> Tensor:
+            for name, module in getattr(self, prefix).named_children():
+                h = layer(f"{prefix}.{name}", module, h)
+            return h
+
+        z = seq("features", x)
+        logits = seq("classifier", z)
         if not adversarial:
             return logits
         if self.kind == "cdan":
             p = torch.softmax(logits, -1)
             z = (p.unsqueeze(-1) * z.unsqueeze(-2)).flatten(-2)
-        return logits, self.domain(z)
+        return logits, seq("domain", z)
+
+
+def _layer_with(module: nn.Module, params: dict[str, Tensor], name: str, h: Tensor) -> Tensor:
+    """One layer of :class:`DomainAdversarialNet` on ``h`` with its weight and bias taken from ``params``."""
+    if isinstance(module, nn.Linear):
+        return F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
+    if isinstance(module, nn.Conv2d):   # zero padding (the only mode this network builds)
+        return F.conv2d(h, params[f"{name}.weight"], params[f"{name}.bias"], module.stride, module.padding,
+                        module.dilation, module.groups)
+    return module(h)   # ReLU, MaxPool2d, Flatten: no parameters
 
 
 def authors_init(model: nn.Module) -> None:
@@ -213,7 +239,7 @@ def authors_init(model: nn.Module) -> None:
             nn.init.constant_(m.bias, 0.1)
 
 
-def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> FlatObjective:
+def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> TensorLoss:
     """``f_i = mean over the batch of [ CE(zeta(x), y) on source rows  -  nu * L_dom ]`` (spec 1.1, eq. 4).
 
     * DANN/CDAN: ``L_dom`` = 2-way domain cross-entropy, source = 0, target = 1 (so a source row gives
@@ -221,11 +247,12 @@ def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> FlatObje
     * MDD: ``y_hat`` = argmax of the (detached) main logits; ``L_dom`` = CE(f'(z), y_hat) on source rows and
       ``-log(1.00001 - softmax(f'(z))[y_hat])`` on target rows.
 
-    Target rows (``y < 0``) carry no label term. omega descends ``f_i``, psi ascends it."""
+    Target rows (``y < 0``) carry no label term. omega descends ``f_i``, psi ascends it. Written on the parameter
+    tensors (:class:`~fedsolve.core.context.TensorLoss`: callable on the flat vector too)."""
     kind = model.kind
 
-    def f(params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        logits, d = functional_call(model, layout.unflatten(params), (x,), {"adversarial": True})
+    def f(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        logits, d = model.forward_with(params, x, adversarial=True)
         src = y >= 0
         ce = F.cross_entropy(logits, y.clamp_min(0), reduction="none") * src
         logq = torch.log_softmax(d, -1)
@@ -238,7 +265,7 @@ def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> FlatObje
             dom = torch.where(src, -logq[..., 0], -logq[..., 1])
         return (w * (ce - nu * dom)).sum()
 
-    return f
+    return TensorLoss(layout, f)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ model (a personal head, a shared body) differentiates with respect to that block
 others enter ``functional_call`` as constants) and updates that block's vector only, with the phase's affine
 terms ``a * p + c`` (weight decay, proximal pulls, duals) in the same step, instead of a masked gradient of the
 whole flat vector and several passes over ``[d]`` per step.
+
+Custom objectives on parameter tensors (:class:`TensorLoss`): a local objective written on ``{name: tensor}``
+(e.g. the minimax saddle loss) is differentiated with respect to the model's parameter tensors and the gradients
+concatenated, as for the model's own loss, instead of through slices of the flat ``[d]`` vector (whose backward
+forms and sums one ``[d]`` gradient per parameter tensor).
 """
 
 from __future__ import annotations
@@ -84,6 +89,24 @@ class ParamBlock:
         return torch.cat([block, rest], -1)[..., self._order.to(block.device)]
 
 
+class TensorLoss:
+    """A local objective written on the model's parameter tensors: ``fn(params, x, y, w) -> scalar`` with
+    ``params`` a ``{name: tensor}`` dict of the layout's tensors and ``(x, y, w)`` one weighted minibatch.
+
+    Called on a flat ``[d]`` vector (``loss(vec, x, y, w)``) it unflattens it first, so it stands wherever a flat
+    objective does; :meth:`LocalContext.loss_grad` and :meth:`LocalContext.sgd` recognise it and take the
+    gradient with respect to the parameter tensors (the same gradient, without a backward through slices)."""
+
+    def __init__(self, layout, fn: Callable[[dict[str, Tensor], Tensor, Tensor, Tensor], Tensor]):
+        self.layout = layout
+        self.fn = fn
+        #: the wrapped function's name (the executor calibration keys objectives by it)
+        self.__qualname__ = getattr(fn, "__qualname__", "custom")
+
+    def __call__(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        return self.fn(self.layout.unflatten(params), x, y, w)
+
+
 class LocalContext:
     """What ``local_update`` may use: gradients on its planned minibatches and local SGD loops.
 
@@ -121,11 +144,12 @@ class LocalContext:
                   loss: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """``(loss, grad)`` on minibatch ``step`` of ``phase`` (weighted mean over its samples).
 
-        ``loss(params, x, y, w)`` replaces the model loss (e.g. a bilevel or adversarial objective).
+        ``loss(params, x, y, w)`` replaces the model loss (e.g. a bilevel or adversarial objective); a
+        :class:`TensorLoss` is differentiated with respect to the parameter tensors.
         """
         x, y, w = self._batch(phase, step)
-        if loss is None:
-            return self._model_loss_grad(params, x, y, w)
+        if loss is None or isinstance(loss, TensorLoss):
+            return self._model_loss_grad(params, x, y, w, None if loss is None else loss.fn)
         if self.eager:   # one client: plain autograd (torch.func's transform costs about 2x on small models)
             q = params.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -167,19 +191,22 @@ class LocalContext:
             ix, w = ix[:c], w[:c]
         return ix, w
 
-    def _model_loss_grad(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        """Gradient w.r.t. the per-parameter tensors, concatenated (no slice-backward over ``[d]``)."""
-        v, gd = self._dict_loss_grad(self._layout.unflatten(params), {}, x, y, w)
+    def _model_loss_grad(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor, fn=None) -> tuple[Tensor, Tensor]:
+        """Gradient w.r.t. the per-parameter tensors, concatenated (no slice-backward over ``[d]``); ``fn``: a
+        :class:`TensorLoss`'s function instead of the model loss."""
+        v, gd = self._dict_loss_grad(self._layout.unflatten(params), {}, x, y, w, fn)
         return v, torch.cat([gd[e.name].reshape(-1) for e in self._layout.entries])
 
-    def _dict_loss_grad(self, var: dict[str, Tensor], const: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor
-                        ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Model loss and its gradient w.r.t. the tensors ``var`` only; ``const`` (the model's other tensors) enter
-        ``functional_call`` as constants: no gradient is formed for them or propagated below the lowest of
-        ``var``."""
+    def _dict_loss_grad(self, var: dict[str, Tensor], const: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor,
+                        fn=None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Model loss (or ``fn(params, x, y, w)``, a :class:`TensorLoss`'s function) and its gradient w.r.t. the
+        tensors ``var`` only; ``const`` (the model's other tensors) enter ``functional_call`` as constants: no
+        gradient is formed for them or propagated below the lowest of ``var``."""
         model, lossf = self._model, self._loss
 
         def f(pd):
+            if fn is not None:
+                return fn({**const, **pd}, x, y, w)
             return (lossf(functional_call(model, {**const, **pd}, (x,)), y) * w).sum()
 
         if self.eager:
@@ -232,6 +259,7 @@ class LocalContext:
         """
         steps = self.max_steps(phase)
         done = torch.zeros((), dtype=torch.bool)
+        neg_lr = -lr   # once, not every step
         for s in range(steps):
             fval, g = self.loss_grad(params, phase, s, loss)
             if not (isinstance(scale, (int, float)) and scale == 1.0):
@@ -246,7 +274,7 @@ class LocalContext:
                 live = live & ~done
             self.record_loss(fval, live)
             # one fused pass over the [d] vector: params - lr * g on active steps, unchanged otherwise
-            params = torch.addcmul(params, g, live.to(params.dtype) * (-lr))
+            params = torch.addcmul(params, g, live.to(params.dtype) * neg_lr)
         return params
 
     def block_sgd(self, block: ParamBlock, params: Tensor, rest: Tensor, lr: float | Tensor, phase: str = "train",

@@ -82,7 +82,9 @@ class MinimaxAlgorithm(Algorithm):
 
     def descent_ascent(self, ctx, start: Tensor, extra=None) -> Tensor:
         """The local loop: ``theta <- theta - eta * [sign * grad f_i(theta) + extra(theta)]`` over the planned
-        steps (simultaneous GDA on one fresh minibatch per step; ``sign`` = +1 on omega, ``-psi_scale`` on psi)."""
+        steps (simultaneous GDA on one fresh minibatch per step; ``sign`` = +1 on omega, ``-psi_scale`` on psi).
+        The objective is a ``TensorLoss``: its gradient is taken per parameter tensor (no backward through slices
+        of the flat vector); ``extra`` is evaluated as written (the same rounding as the paper's update)."""
         like = dict(dtype=start.dtype, device=start.device)
         return ctx.sgd(start, self.lr_vec.to(**like), "train", extra=extra, scale=self.sign.to(**like),
                        loss=self.objective)
