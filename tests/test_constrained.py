@@ -627,3 +627,18 @@ def test_sequential_newton_meets_the_client_tolerance():
         if cap == 200:
             assert worst <= 1.0, worst
     assert misses[200] == 0 and misses[8] > 0, misses
+
+
+def test_newton_stops_at_the_rounding_floor():
+    """eps_{t+1} = q^t falls below float64 rounding late in a long inner loop (0.9^300 = 2e-14); Newton run
+    alone (cap 200) must then stop at the floor - a full step that no longer reduces ||grad||_inf - instead of
+    spending every allowed step, and still reach the floor."""
+    from fedsolve.algorithms.constrained import subproblem as sp
+
+    A = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    b = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    f = lambda u: 0.5 * u @ A @ u - b @ u + 0.1 * torch.nn.functional.softplus(4 * u).sum()  # noqa: E731
+    u, res, steps = sp.newton(f, torch.zeros(2, dtype=torch.float64), 1e-30, 200, eager=True)
+    assert float(res) < 1e-14 and int(steps) <= 10, (float(res), int(steps))
+    v, res_v, _ = sp.newton(f, torch.zeros(2, dtype=torch.float64), 1e-12, 200, eager=True)
+    assert float((u - v).abs().max()) < 1e-12

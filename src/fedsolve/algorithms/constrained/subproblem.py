@@ -72,10 +72,13 @@ def newton(fun: Fun, u0: Tensor, tol: Tensor | float, max_iter: int = 20, ls_ste
             accepted = accepted | ok
             alpha = torch.where(accepted, alpha, 0.5 * alpha)
         steps = steps + (~done).to(u.dtype)
+        tiny = _inf(u_new - u) <= 1e-10 * (1 + _inf(u))
         u = u_new
+        g_prev = _inf(g)
         g = g_of(u)
-        # a step that could not be accepted (rounding floor) stops the party too
-        done = done | (_inf(g) <= tol) | ~accepted
+        # a step that could not be accepted, or a negligible one that did not reduce ||grad||_inf, is the
+        # rounding floor (a tolerance eps_{t+1} = q^t below it cannot be met): the party stops too
+        done = done | (_inf(g) <= tol) | ~accepted | (tiny & (_inf(g) >= g_prev))
     return u, _inf(g), steps
 
 
