@@ -100,8 +100,9 @@ class TensorLoss:
     def __init__(self, layout, fn: Callable[[dict[str, Tensor], Tensor, Tensor, Tensor], Tensor]):
         self.layout = layout
         self.fn = fn
-        #: the wrapped function's name (the executor calibration keys objectives by it)
-        self.__qualname__ = getattr(fn, "__qualname__", "custom")
+        #: the executor calibration keys objectives by it: the wrapped function's name, marked as differentiated
+        #: per tensor (a calibration of the same function through the flat vector timed other work)
+        self.__qualname__ = f"{getattr(fn, '__qualname__', 'custom')}[tensors]"
 
     def __call__(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         return self.fn(self.layout.unflatten(params), x, y, w)
