@@ -665,3 +665,18 @@ def test_eager_newton_line_search_meets_the_tolerance_on_breast_cancer_n20(monke
             pass
         misses[ls] = int(sim.server["solve_misses"])
     assert misses[None] == 0 and misses[12] > 0, misses
+
+
+def test_status_names_client_solves_above_tolerance():
+    """A vectorized run whose masked Newton cap leaves client solves above Eq. 19's tolerance says so in its
+    status; the same run client by client solves them and says nothing."""
+    x, y = np_data(N=60)
+    prob = np_problem(x, y, 3, r=0.45)
+    params = {"beta": 300.0, "rho": 0.01, "s_bar": 1e-3, "q": 0.9, "newton_max_iter": 1}
+    _, vec = run(prob, params, 30, executor="vectorized")
+    st = vec.extras["constrained"]
+    assert st["client_solves_above_tolerance"] > 0
+    assert f"{st['client_solves_above_tolerance']} client solve(s) stopped above" in st["status"]
+    _, seq = run(prob, params, 30, executor="sequential")
+    assert seq.extras["constrained"]["client_solves_above_tolerance"] == 0
+    assert "stopped above" not in seq.extras["constrained"]["status"]

@@ -453,6 +453,14 @@ class ProxAL(Algorithm):
 
     # ----------------------------------------------------------------- certificates
     def status(self, server) -> str:
+        misses = int(server["solve_misses"])
+        if not misses:
+            return self._status(server)
+        return (f"{self._status(server)}; {misses} client solve(s) stopped above Eq. 19's tolerance (the vectorized "
+                f"executor runs newton_max_iter={self.cfg.newton_max_iter} masked Newton steps; executor: sequential "
+                f"solves each to its tolerance)")
+
+    def _status(self, server) -> str:
         caps = int(server["inner_caps"])
         if int(server["converged"]) and caps:
             return (f"Eq. 11 passed, but {caps} inner loop(s) stopped at max_inner={self.cfg.max_inner} before Eq. 23: "
