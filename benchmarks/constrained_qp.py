@@ -191,8 +191,8 @@ def main() -> None:
         tag = f"d{d}_n{n}_m{m}_{variant}"
         print(f"qp {tag} rounds {rounds} outer {int(server['k'])} converged {int(server['converged'])} "
               f"rel_obj_err {abs(f - f_star) / abs(f_star):.2e} max_violation {viol:.2e} "
-              f"|w-w*|_inf {np.abs(w - w_star).max():.2e} rel_w_err {np.linalg.norm(w - w_star) / np.linalg.norm(w_star):.2e} "
-              f"({load()})", flush=True)
+              f"|w-w*|_inf {np.abs(w - w_star).max():.2e} "
+              f"rel_w_err {np.linalg.norm(w - w_star) / np.linalg.norm(w_star):.2e} ({load()})", flush=True)
         for j, clock in enumerate(("wall", "cpu")):
             spread = " ".join(f"{v[j]:.2f}" for v in mine)
             print(f"  {clock}: ours {secs[j]:.2f} s ({1e3 * secs[j] / rounds:.1f} ms per round; runs {spread}), "
