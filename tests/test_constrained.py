@@ -677,6 +677,7 @@ def test_status_names_client_solves_above_tolerance():
     st = vec.extras["constrained"]
     assert st["client_solves_above_tolerance"] > 0
     assert f"{st['client_solves_above_tolerance']} client solve(s) stopped above" in st["status"]
+    assert "newton_max_iter=1 masked steps" in st["status"]
     _, seq = run(prob, params, 30, executor="sequential")
     assert seq.extras["constrained"]["client_solves_above_tolerance"] == 0
     assert "stopped above" not in seq.extras["constrained"]["status"]

@@ -456,9 +456,10 @@ class ProxAL(Algorithm):
         misses = int(server["solve_misses"])
         if not misses:
             return self._status(server)
-        return (f"{self._status(server)}; {misses} client solve(s) stopped above Eq. 19's tolerance (the vectorized "
-                f"executor runs newton_max_iter={self.cfg.newton_max_iter} masked Newton steps; executor: sequential "
-                f"solves each to its tolerance)")
+        return (f"{self._status(server)}; {misses} client solve(s) stopped above Eq. 19's tolerance eps_t+1: at a "
+                f"Newton cap (newton_max_iter={self.cfg.newton_max_iter} masked steps under the vectorized executor, "
+                f"newton_eager_max_iter={self.cfg.newton_eager_max_iter} client by client) or at float64's rounding "
+                f"floor once q^t is below it (eps_floor bounds it)")
 
     def _status(self, server) -> str:
         caps = int(server["inner_caps"])
