@@ -1,5 +1,5 @@
 """experiments/constrained/collect.py: the Tables 1/2 aggregation over per-seed run folders and the
-'finished runs' list that experiments/constrained/tables.sh skips by."""
+'finished runs' list that the Tables 1/2 suites adopt by."""
 
 from __future__ import annotations
 

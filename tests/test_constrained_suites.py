@@ -1,5 +1,5 @@
 """Tables 1 and 2 of paper 002 as suites (experiments/constrained/table{1,2}_suite.yaml, protocol
-``constrained_runs``): the suites load with the tables.sh grid and budgets, a finished `fedsolve compare` run
+``constrained_runs``): the suites load with the paper's grid and our budgets, a finished `fedsolve compare` run
 serves its cell (the collect.py --list-done rule) with the numbers a run here gives, and the general table
 features they use (relative_to, only, stat: count, notation: sci)."""
 
@@ -58,7 +58,7 @@ def test_bad_protocol_args_are_refused_naming_the_field(tmp_path):
 def _fixture_run(root: Path, folder: str, label: str, seed: int, n: int, objective: float, *, rounds: int = 1500,
                  dataset: str = "monks1", algorithm: str = "proxal", params: dict | None = None,
                  status: str = "completed", mtime: float | None = None, worst: float = 0.0) -> Path:
-    """A `fedsolve compare` seed folder as tables.sh leaves it: config.yaml (resolved) and summary.json."""
+    """A `fedsolve compare` seed folder as `fedsolve compare` leaves it: config.yaml (resolved) and summary.json."""
     d = root / folder / label.replace(" ", "_") / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"data": {"num_clients": n}, "simulation": {"rounds": rounds, "eval_every": 250},
@@ -124,7 +124,7 @@ def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp
 @pytest.mark.slow
 def test_a_cell_run_here_gives_the_numbers_of_fedsolve_compare_and_is_then_adopted(tmp_path):
     """One tiny cell (breast cancer, n = 2, 40 rounds, seed 1): run by the suite, and by `fedsolve compare` as
-    tables.sh runs it; the same certificate; then the suite adopts the compare run instead of running."""
+    one runs it; the same certificate; then the suite adopts the compare run instead of running."""
     tiny = ["seeds=[1]", "sweep={problem.params.dataset: [breast_cancer], data.num_clients: [2]}",
             "algorithms=[Prox-AL FL]", "experiment.simulation.rounds=40", "args.adopt=[]"]
     here = main(str(T1), out=str(tmp_path / "here"), progress=False, sets=tiny)[0]

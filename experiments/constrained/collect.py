@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--rounds", default=None,
                     help="only cells with these round budgets: Table 1's and Table 2's, e.g. 1500,600")
     ap.add_argument("--list-done", action="store_true",
-                    help="one line per finished run: 'dataset n limit server_limit rounds seed label' (tables.sh)")
+                    help="one line per finished run: 'dataset n limit server_limit rounds seed label' (the suites' adoption rule)")
     a = ap.parse_args()
     cells = load([Path(r) for r in a.roots])
     if a.list_done:

@@ -9,7 +9,7 @@ Eq. 11 flag ``converged``, outer iterations K and ADMM rounds), plus the constra
 client (class-1 loss, Table 1; loss disparity, Table 2), the run's wall time and where the row came from.
 
 A cell that a ``fedsolve compare`` run has already finished is read instead of run again: ``args.adopt``
-names folders of such runs (e.g. ``runs/constrained``, filled by ``experiments/constrained/tables.sh``); a run
+names folders of such runs (e.g. ``runs/constrained``, one ``fedsolve compare --only LABEL`` run per method and seed); a run
 serves the cell when its ``summary.json`` has the same problem kind, dataset, n, data limits, round budget,
 method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice), the rule
 ``experiments/constrained/collect.py --list-done`` also uses. Then ``adopted`` is 1 and ``source`` names the
