@@ -167,6 +167,10 @@ class MaskedFedAPM(FedAPM):
                               until=until)
         return self.split(full)
 
+    def shared_full(self, u):
+        """A shared-block vector embedded in ``[d]`` with zeros on the personal block (the old base-class helper)."""
+        return self.join(torch.zeros(*u.shape[:-1], self.d_v, dtype=u.dtype, device=u.device), u)
+
     def local_update(self, state, msg, ctx):
         c = self.cfg
         u_t, v, u_i, pi, rho = msg["u"], state["v"], state["u"], state["pi"], c.rho

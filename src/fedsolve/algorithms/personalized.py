@@ -89,29 +89,21 @@ class PartialAlgorithm(Algorithm):
         if kind == "problem" and not self.layout.has_block("personal") and self.default_personalization:
             kind = self.default_personalization
         pmask = personal_mask(self.problem, kind)
-        self.pmask = pmask
-        self.smask = ~pmask
-        self.p_idx = pmask.nonzero().flatten()
-        self.s_idx = (~pmask).nonzero().flatten()
-        self.inv = torch.argsort(torch.cat([self.p_idx, self.s_idx]))
+        self.pmask, self.smask = pmask, ~pmask   # [d] masks of the personal and the shared block
         #: the two blocks as whole parameter tensors: v = pblock.gather(full), u = sblock.gather(full)
         self.pblock = ParamBlock(self.layout, pmask)
         self.sblock = self.pblock.rest
-        self.d_v, self.d_u = int(self.p_idx.numel()), int(self.s_idx.numel())
+        self.d_v, self.d_u = self.pblock.size, self.sblock.size
         if self.d_u == 0:
             raise ValueError(f"{self.name}: the personal block covers the whole model (no shared block)")
 
     def split(self, full: Tensor) -> tuple[Tensor, Tensor]:
         """Flat ``[..., d]`` -> personal ``[..., d_v]``, shared ``[..., d_u]``."""
-        return full[..., self.p_idx], full[..., self.s_idx]
+        return self.pblock.gather(full), self.sblock.gather(full)
 
     def join(self, v: Tensor, u: Tensor) -> Tensor:
         """Inverse of ``split`` (pure indexing: vmappable, differentiable)."""
-        return torch.cat([v, u], -1)[..., self.inv]
-
-    def shared_full(self, u: Tensor) -> Tensor:
-        """A shared-block vector embedded in ``[d]`` with zeros on the personal block."""
-        return self.join(torch.zeros(*u.shape[:-1], self.d_v, dtype=u.dtype, device=u.device), u)
+        return self.pblock.scatter(v, u)
 
     def alpha(self, ctx: LocalContext) -> float | Tensor:
         a = self.cfg.alpha
