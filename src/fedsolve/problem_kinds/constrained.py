@@ -85,8 +85,8 @@ def _qp_objective(d: int):
 def _qp_hessian(d: int):
     """grad^2 f_i = R_i^T R_i = A_i in closed form from the party's R rows (role 0)."""
     def hess(x, y, mask):
-        R = x[:, :d] * (mask * (y == 0)).unsqueeze(-1)
-        return R.mT @ R
+        R = x[:, :d]
+        return (R * (mask * (y == 0)).unsqueeze(-1)).mT @ R   # sum_j m_j r_j r_j^T, as the objective weighs rows
     return hess
 
 
