@@ -36,8 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsolve.simulation.loop import DivergenceError
 
-#: algorithm options that make a separate method (another table row) when not the paper's choice
-VARIANT_FIELDS = ("inner_stop", "eps_tilde")
+#: algorithm options that make a separate method (another table row) when not the paper's choice, with the
+#: paper's value (the authors' code's choices: Eq. 23 / Eq. 22 tests, the ADMM restart at w^0, looser client solves)
+PAPER_CHOICES = {"inner_stop": "paper", "eps_tilde": "paper", "admm_start": "wk", "client_tol_factor": 1.0}
 #: the constraint level r of each problem kind when a config does not give it (Eq. 30: 0.2; Eq. 32: 0.1)
 DEFAULT_R = {"neyman_pearson": 0.2, "fairness": 0.1}
 #: the App. E.2 QP (Eq. 86): equality constraints, no level r; the errors are against its exact optimum
@@ -85,9 +86,9 @@ def run_key(cfg: dict) -> tuple:
 
 
 def method_label(label: str, params: dict) -> str:
-    """The row label of a method: its label, with the authors'-code stopping options appended when they are
-    not the paper's (``Prox-AL FL [inner_stop: code]`` is another method than ``Prox-AL FL``)."""
-    variant = {k: v for k, v in params.items() if k in VARIANT_FIELDS and v != "paper"}
+    """The row label of a method: its label, with the authors'-code choices appended where they are not the
+    paper's (``Prox-AL FL [inner_stop: code]`` or ``[admm_start: w0]`` is another method than ``Prox-AL FL``)."""
+    variant = {k: v for k, v in params.items() if k in PAPER_CHOICES and v != PAPER_CHOICES[k]}
     if not variant:
         return label
     return label + " [" + ", ".join(f"{k}: {v}" for k, v in sorted(variant.items())) + "]"
