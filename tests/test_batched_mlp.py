@@ -59,9 +59,9 @@ CASES = {
 
 
 def run_rounds(prob, algo, executor, rounds=3, variable=True, fraction=0.6):
-    """``rounds`` engine rounds of ``algo`` on ``executor`` (sampling ``fraction``, variable local work):
+    """``rounds`` engine rounds of ``algo`` on ``executor`` on the CPU (sampling ``fraction``, variable local work):
     ``(simulation, train losses, final server and client states)``, for comparing executors."""
-    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[],
+    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[], device="cpu",
                            sampling={"fraction": fraction}, work={"variable": "uniform"} if variable else {})
     sim = Simulation(prob, algo, cfg, seed=2)
     sim.use_executor(executor)

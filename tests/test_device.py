@@ -22,7 +22,7 @@ from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
 from fedsolve.problems import FederatedProblem
 from fedsolve.simulation import Simulation, SimulationConfig
-from fedsolve.simulation.loop import resolve_device
+from fedsolve.simulation.loop import cuda_tf32, resolve_device
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -237,6 +237,39 @@ def test_cuda_errors_and_reuse(tmp_path):
     _, r2 = _run(problem, "scaffold", device="cuda", executor="vectorized")
     for k in r1.server:
         _close(r1.server[k], r2.server[k], k)
+
+
+def test_tf32_switches_are_set_inside_the_block_and_restored():
+    """``cuda_tf32``: both TensorFloat-32 switches take the given value inside and their old values after (also
+    after an error); settable without a GPU."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    for allow in (False, True):
+        with cuda_tf32(allow):
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (allow, allow)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == old
+    with pytest.raises(KeyError), cuda_tf32(not old[1]):
+        raise KeyError("x")
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == old
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_a_cuda_run_sets_tf32_from_the_config_and_a_cpu_run_leaves_it(tf32, monkeypatch):
+    """``simulation.tf32`` (default off: a GPU run gives the CPU's float32 numbers, where PyTorch's own default
+    lets cuDNN convolutions round to TF32) is in force while the engine runs a round; a CPU run changes nothing."""
+    seen = []
+    problem = mlp_problem()
+    for device in (["cuda", "cpu"] if CUDA else ["cpu"]):
+        s, _ = _run(problem, "fedavg", device=device, rounds=1, tf32=tf32)
+        monkeypatch.setattr(s, "run_round", lambda t: seen.append(
+            (device, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)))
+        before = torch.backends.cudnn.allow_tf32
+        with s.on_device():
+            s.run_round(0)
+        assert torch.backends.cudnn.allow_tf32 == before
+    if CUDA:
+        assert seen[0] == ("cuda", tf32, tf32)
+    assert seen[-1][0] == "cpu" and seen[-1][1:] == (torch.backends.cuda.matmul.allow_tf32, before)
+    assert SimulationConfig().tf32 is False
 
 
 @needs_cuda

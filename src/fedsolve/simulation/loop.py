@@ -78,6 +78,9 @@ class SimulationConfig(BaseModel):
     chunk_size: int | None = Field(None, ge=1, description="max clients per vectorized call (memory bound)")
     device: str = Field("auto", description="where the run's tensors live: 'cpu', 'cuda', 'cuda:N', or 'auto' "
                                             "(cuda when a GPU is available, else cpu)")
+    tf32: bool = Field(False, description="let CUDA matrix products and cuDNN convolutions use TensorFloat-32 (faster "
+                                           "on Ampere and later GPUs, but float32 rounds then differ from the CPU's by "
+                                           "about 1e-3 relative); off by default, so a GPU run gives the CPU's numbers")
     state_memory_mb: float | None = Field(None, gt=0, description="memory budget of the clients' stored state rows; "
                                           "over it they move to a memory-mapped file (null: no budget)")
     metrics: list[Literal["f1", "auc"]] = Field(default_factory=lambda: ["f1", "auc"],
@@ -112,6 +115,19 @@ def resolve_device(name: str) -> torch.device:
                              f"cuda:{n - 1}")
         dev = torch.device("cuda", index)
     return dev
+
+
+@contextlib.contextmanager
+def cuda_tf32(allow: bool):
+    """cuBLAS's and cuDNN's TensorFloat-32 switches (``torch.backends.cuda.matmul.allow_tf32``,
+    ``torch.backends.cudnn.allow_tf32``) set to ``allow`` inside the block and restored after it. PyTorch's own
+    default lets cuDNN convolutions use TF32, which puts float32 CNN rounds about 1e-3 away from the CPU's."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def _on_run_device(method):
@@ -248,9 +264,15 @@ class Simulation:
             self.clients.set_budget(budget, where)
 
     def on_device(self) -> contextlib.AbstractContextManager:
-        """A context in which new tensors are created on the run's device (``torch.device``; a no-op on the
-        CPU). The engine runs the algorithm's functions and the executors in it."""
-        return contextlib.nullcontext() if self.device.type == "cpu" else torch.device(self.device)
+        """A context in which new tensors are created on the run's device (``torch.device``) and CUDA's
+        TensorFloat-32 switches are ``simulation.tf32`` (:func:`cuda_tf32`); a no-op on the CPU. The engine runs
+        the algorithm's functions and the executors in it."""
+        if self.device.type == "cpu":
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.device(self.device))
+        stack.enter_context(cuda_tf32(self.cfg.tf32))
+        return stack
 
     # ------------------------------------------------------------ checkpoints
     @property
