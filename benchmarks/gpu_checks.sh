@@ -59,7 +59,7 @@ pids+=($!)
   --out runs/gpu/fednest_4000 > runs/gpu_bench/fednest.log 2>&1 &
 pids+=($!)
 if [ "$SMOKE" != --smoke ]; then
-  timeout 240 python -m pytest -q -p no:cacheprovider tests/test_device.py > runs/gpu_bench/test_device.log 2>&1 &
+  timeout 240 python -m pytest -q -p no:cacheprovider tests/test_device.py tests/test_batched_conv.py > runs/gpu_bench/test_device.log 2>&1 &
 fi
 
 while [ "$(el)" -lt "$DEADLINE" ]; do
