@@ -251,3 +251,57 @@ def test_fedalt_block_path_matches_masked_path():
         full = algo.local_sgd(ctx, algo.join(rows["v"][k], u_t), "v", mask=algo.pmask)
         full = algo.local_sgd(ctx, full, "u", mask=algo.smask)
         torch.testing.assert_close(algo.join(new["v"][k], new["u"][k]), full, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ StackedContext (Algorithm.stacked_batches)
+class _RowMeans:
+    """A full-batch 'update' whose result depends on each client's own rows: the weighted mean of its x, and a
+    loop that branches on tensor values (allowed only in the stacked call)."""
+
+    def __init__(self, problem, stacked):
+        self.problem, self._stacked, self.seen = problem, stacked, []
+
+    def stacked_update(self, msgs):
+        return False
+
+    def stacked_batches(self, msgs):
+        return self._stacked
+
+    def local_update(self, state, msg, ctx):
+        x, y, w = ctx.batch("train", 0)
+        self.seen.append(type(ctx).__name__)
+        m = (w[..., None] * x).sum(-2) / w.sum(-1, keepdim=True)
+        if ctx.stacked:   # data-dependent control flow: halve until every client's row is small
+            while bool((m.abs().amax(-1) > 0.1).any()):
+                m = torch.where((m.abs().amax(-1) > 0.1)[..., None], 0.5 * m, m)
+        return {"m": m + 0 * state["m"]}, {"n": (w > 0).sum(-1).float()}
+
+
+def test_stacked_batches_give_each_client_its_own_full_batch():
+    """``stacked_batches``: the vectorized executor calls ``local_update`` once with a ``StackedContext`` whose
+    ``batch`` holds every client's full batch ``[K, B, ...]`` (unequal sizes padded with weight 0): the same
+    per-client numbers as the vmapped and sequential calls; a minibatch phase is refused, naming the phase."""
+    from fedsolve.core.context import StackedContext
+
+    prob = mlp_problem()
+    ids = torch.tensor([2, 0, 3])
+    plans = build_plans({"train": Work(epochs=None, steps=1, batch_size=None)}, prob.data.train_offsets, ids,
+                        RngStreams(0), 0)
+    rows = {"m": torch.zeros(3, 10)}
+    st = _RowMeans(prob, stacked=True)
+    s_out, s_up, _ = VectorizedExecutor().run(st, rows, {}, ids, plans, prob.data)
+    assert st.seen == ["StackedContext"]
+    vm = _RowMeans(prob, stacked=False)
+    v_out, v_up, _ = VectorizedExecutor().run(vm, rows, {}, ids, plans, prob.data)
+    q_out, q_up, _ = SequentialExecutor().run(vm, rows, {}, ids, plans, prob.data)
+    assert "StackedContext" not in vm.seen
+    torch.testing.assert_close(s_up["n"], torch.tensor([20.0, 16.0, 32.0]))   # each client's own row count
+    torch.testing.assert_close(s_up["n"], q_up["n"])
+    assert float(s_out["m"].abs().max()) <= 0.1
+    # the stacked loop halves each client's mean until it is small: a power of 2 of the plain mean
+    ratio = v_out["m"] / s_out["m"]
+    torch.testing.assert_close(ratio, 2.0 ** torch.log2(ratio).round())
+    torch.testing.assert_close(v_out["m"], q_out["m"])
+    mini = build_plans({"train": Work(epochs=1, batch_size=4)}, prob.data.train_offsets, ids, RngStreams(0), 0)
+    with pytest.raises(ValueError, match=r"phase 'train' is planned in minibatches .*batch_size=None"):
+        StackedContext(mini, prob.data.train_x, prob.data.train_y).batch("train")

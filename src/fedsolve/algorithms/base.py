@@ -100,6 +100,14 @@ class Algorithm:
         (e.g. the constrained solver's exact ADMM rounds). Default False."""
         return False
 
+    def stacked_batches(self, msgs: Record) -> bool:
+        """True when this round's ``local_update`` reads only full batches (``ctx.batch(phase)``) and is written
+        for the stacked clients: the vectorized executor then calls it ONCE with a
+        :class:`~fedsolve.core.context.StackedContext` (every tensor with a leading client dimension), so it may
+        loop until every client is done (e.g. the constrained solver's Newton solves to each client's
+        tolerance), which ``vmap``'s fixed program cannot. Default False."""
+        return False
+
     # ----------------------------------------------------------- local work
     def work(self, round_: int = 0) -> dict[str, Work]:
         """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""

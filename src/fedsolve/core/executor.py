@@ -9,7 +9,9 @@ stream, so every executor sees exactly the same minibatches:
 * ``vectorized`` runs it for all selected clients at once with ``torch.func.vmap`` over the
   stacked state rows, messages and plans (``functional_call`` on the shared module), or, in a round
   where the algorithm declares its update batch-agnostic and data-free (``Algorithm.stacked_update``),
-  calls it once on the stacked rows;
+  calls it once on the stacked rows, and likewise with the clients' full batches stacked
+  (``Algorithm.stacked_batches``, :class:`~fedsolve.core.context.StackedContext`) for an update that loops until
+  every client is done;
 * ``batched`` (``core/batched_mlp.py``) runs stacked MLPs with hand-written ``bmm`` passes;
 * ``auto`` picks the fastest by a calibration cached per machine and model (``core/batched_mlp.py``).
 
@@ -26,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from fedsolve.core.context import LocalContext
+from fedsolve.core.context import LocalContext, StackedContext
 from fedsolve.core.plans import Plan, Work, build_plans
 
 __all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "LocalContext", "Plan", "Work", "build_plans",
@@ -135,6 +137,10 @@ class VectorizedExecutor(Executor):
         stacked = getattr(algo, "stacked_update", None)   # an Algorithm's hook (plain work objects have none)
         if stacked is not None and stacked(msgs):   # batch-agnostic and data-free this round: one call on the rows
             s, u = algo.local_update(rows, msgs, None)
+            return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
+        batches = getattr(algo, "stacked_batches", None)
+        if batches is not None and batches(msgs):   # batch-aware on full batches: one call, the clients stacked
+            s, u = algo.local_update(rows, msgs, StackedContext(plans, data.train_x, data.train_y, round_))
             return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
         n, wt = _ctx_inputs(data, ids)
         tx, ty = data.train_x, data.train_y

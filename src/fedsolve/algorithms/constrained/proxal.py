@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
-from torch.func import grad
+from torch.func import grad, vmap
 
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.constrained import subproblem as sp
@@ -69,10 +69,8 @@ class ProxALConfig(BaseModel):
     solver: Literal["auto", "newton", "quadratic", "scipy"] = Field(
         "auto", description="client/server subproblem solver: auto = quadratic (exact) for quadratic problems, "
                             "else newton; scipy = L-BFGS-B client by client (reference; sequential executor)")
-    newton_max_iter: int = Field(8, ge=1, description="Newton steps per client subproblem under the vectorized "
-                                                     "executor (always all of them, masked)")
-    newton_eager_max_iter: int = Field(200, ge=1, description="cap on Newton steps per subproblem where it runs alone "
-                                       "(sequential executor, server): it stops once Eq. 19's tolerance is met")
+    newton_eager_max_iter: int = Field(200, ge=1, description="cap on Newton steps per subproblem (clients under "
+                                       "every executor, and the server): each stops once Eq. 19's tolerance is met")
     inner_stop: Literal["paper", "measured", "code"] = Field(
         "paper", description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
                              "none (authors' NP/QP code)")
@@ -101,15 +99,9 @@ def initial_point(kind: str, x0: Tensor, seed_gen: torch.Generator) -> Tensor:
 
 
 def party_rows(ctx, phase: str = "train") -> tuple[Tensor, Tensor, Tensor]:
-    """This client's full-batch rows ``(x, y, mask)`` (float64) through the public ``ctx.loss_grad``."""
-    box: list = []
-
-    def grab(q, x, y, w):
-        box.append((x, y, w))
-        return q.sum() * 0.0
-
-    ctx.loss_grad(torch.zeros(1, dtype=torch.float64), phase, 0, loss=grab)
-    x, y, w = box[0]
+    """This client's full-batch rows ``(x, y, mask)`` (float64), through the public ``ctx.batch`` (the stacked
+    clients' ``[K, B, ...]`` in a :class:`~fedsolve.core.context.StackedContext`)."""
+    x, y, w = ctx.batch(phase, 0)
     return x.double(), y.double(), (w > 0).double()
 
 
@@ -266,8 +258,18 @@ class ProxAL(Algorithm):
         batch-agnostic operations: the vectorized executor runs it once on the stacked clients (no ``vmap``)."""
         return self.solver_kind == "quadratic" and "w" in msgs and "factor" not in msgs
 
+    def stacked_batches(self, msgs) -> bool:
+        """An inexact ADMM round (Newton on Eq. 19) runs once on the stacked clients under the vectorized
+        executor, its loops in Python, so every client is solved to its own tolerance as one by one (under
+        ``vmap`` a fixed, masked number of steps would have to do for all)."""
+        return self.solver_kind == "newton" and "w" in msgs
+
     def _P(self, rows, mu, wk):
         return lambda u: client_P(self.spec, u, rows, mu, wk, self.cfg.beta, self.sigma)
+
+    def _phi(self, v, rows, mu, wk, lam, w):
+        """Eq. 19's objective of one client: P_{i,k}(v) + <lambda_i, v - w> + rho/2 ||v - w||^2."""
+        return self._P(rows, mu, wk)(v) + (lam * (v - w)).sum() + 0.5 * self.cfg.rho * (v - w).pow(2).sum()
 
     def _quadratic_model(self, rows, at: Tensor) -> dict[str, Tensor]:
         """A quadratic client (App. E.2) in closed form, from one pass over its data Z_i: quadratic f_i with
@@ -339,20 +341,15 @@ class ProxAL(Algorithm):
             gP = Hw - rho * w + g0
             res = w.new_zeros(w.shape[:-1])   # an exact solve: nothing to verify beyond rounding
         else:
-            rows = party_rows(ctx)
-            P = self._P(rows, state["mu"], state["wk"])
-            gP = grad(P)(w)
-
-
-            def phi(v):
-                return P(v) + (lam * (v - w)).sum() + 0.5 * rho * (v - w).pow(2).sum()
-
+            args = (party_rows(ctx), state["mu"], state["wk"], lam, w)   # stacked [K, ...] in a StackedContext
+            each = vmap if ctx.stacked else (lambda fn: fn)
+            gP = each(lambda v, rows, mu, wk: grad(self._P(rows, mu, wk))(v))(w, *args[:3])
             tol = eps * c.client_tol_factor
             if self.solver_kind == "scipy":
-                u, res, _ = sp.scipy_lbfgsb(phi, u_old, float(tol))
-            else:
-                steps = c.newton_eager_max_iter if ctx.eager else c.newton_max_iter   # eager: until tol is met
-                u, res, _ = sp.newton(phi, u_old, tol, steps, eager=ctx.eager)
+                u, res, _ = sp.scipy_lbfgsb(lambda v: self._phi(v, *args), u_old, float(tol))
+            else:   # every client until its own tolerance is met (or the cap)
+                u, res, _ = sp.newton(self._phi, u_old, tol, c.newton_eager_max_iter, eager=ctx.eager, args=args,
+                                      stacked=ctx.stacked)
         lam_new = lam + rho * (u - w)
         ut = u + lam_new / rho
         if c.eps_tilde == "paper":
@@ -456,10 +453,9 @@ class ProxAL(Algorithm):
         misses = int(server["solve_misses"])
         if not misses:
             return self._status(server)
-        return (f"{self._status(server)}; {misses} client solve(s) stopped above Eq. 19's tolerance eps_t+1: at a "
-                f"Newton cap (newton_max_iter={self.cfg.newton_max_iter} masked steps under the vectorized executor, "
-                f"newton_eager_max_iter={self.cfg.newton_eager_max_iter} client by client) or at float64's rounding "
-                f"floor once q^t is below it (eps_floor bounds it)")
+        return (f"{self._status(server)}; {misses} client solve(s) stopped above Eq. 19's tolerance eps_t+1: at the "
+                f"Newton cap (newton_eager_max_iter={self.cfg.newton_eager_max_iter}) or at float64's rounding floor "
+                f"once q^t is below it (eps_floor bounds it)")
 
     def _status(self, server) -> str:
         caps = int(server["inner_caps"])

@@ -1,8 +1,8 @@
 """Solvers of the strongly convex ADMM subproblems (Eqs. 18-19), written for ONE party so they vmap.
 
-* :func:`newton` -- damped Newton with Armijo backtracking, fixed iteration caps and masks (no Python
-  branch on tensor values unless ``eager``), stopping once ``||grad||_inf <= tol`` (the paper's test,
-  spec 3.2). For the small d of the paper's problems one Hessian per step is cheap, and the
+* :func:`newton` -- damped Newton with Armijo backtracking and per-party masks, stopping once
+  ``||grad||_inf <= tol`` (the paper's test, spec 3.2): for one party, for the stacked parties of a vectorized
+  round (its functions vmapped, its loops in Python until every party is done), or under vmap (fixed caps). For the small d of the paper's problems one Hessian per step is cheap, and the
   squared-positive-part penalty is C^1 with a piecewise-constant Hessian, so line search keeps it safe
   where gradients are only locally Lipschitz (spec 7.11).
 * :func:`quadratic_hessian`, :func:`quadratic_factor`, :func:`sym_pair` -- quadratic subproblems (App. E.2):
@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch import Tensor
-from torch.func import grad, jacrev
+from torch.func import grad, jacrev, vmap
 
 Fun = Callable[[Tensor], Tensor]
 
@@ -34,56 +34,69 @@ def _inf(g: Tensor) -> Tensor:
     return g.abs().amax()
 
 
-def newton(fun: Fun, u0: Tensor, tol: Tensor | float, max_iter: int = 20, ls_steps: int | None = None,
-           c1: float = 1e-4, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Minimise the strongly convex ``fun`` from ``u0`` until ``||grad||_inf <= tol``.
+def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter: int = 20,
+           ls_steps: int | None = None, c1: float = 1e-4, eager: bool = False,
+           args: tuple = (), stacked: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Minimise the strongly convex ``fun(u, *args)`` from ``u0`` until ``||grad||_inf <= tol``.
 
-    Returns ``(u, ||grad fun(u)||_inf, newton steps taken)``. ``eager=True`` (one party, no vmap) stops the
-    loops as soon as every mask is set (the same numbers while the caps suffice). Line search: at most ``ls_steps``
-    halvings, by default 12 under vmap (all of them run, masked) and 60 eager (far from the minimiser of a
-    locally Lipschitz problem a Newton step can need 2^-13, seen with rho = 0.01 and beta = 300).
+    Returns ``(u, ||grad fun(u)||_inf, newton steps taken)``. One party (``u0`` of shape ``[d]``), or with
+    ``stacked=True`` the parties of ``u0 [K, d]`` and ``args`` (leading dimension K) at once: ``fun``, its
+    gradient and Hessian are vmapped over the parties, every party stops at its own tolerance (masked) and the
+    loops stop as soon as every party is done -- the numbers of solving them one by one. ``eager=True`` (one
+    party, no vmap) likewise stops as soon as the party is done; otherwise (one party under vmap) the caps run,
+    masked. Line search: at most ``ls_steps`` halvings, by default 12 under vmap and 60 otherwise (far from the
+    minimiser of a locally Lipschitz problem a Newton step can need 2^-13, seen with rho = 0.01 and beta = 300).
     """
+    loops = eager or stacked   # Python may branch on the masks: stop once every party is done
     if ls_steps is None:
-        ls_steps = 60 if eager else 12
+        ls_steps = 60 if loops else 12
     tol = torch.as_tensor(tol, dtype=u0.dtype)
-    g_of = grad(fun)
-    h_of = jacrev(g_of)  # reverse-over-reverse: ~10x cheaper than jacfwd(jacrev) at small d
+    if stacked:
+        f = lambda u: vmap(fun)(u, *args)   # noqa: E731
+        g_of = lambda u: vmap(grad(fun))(u, *args)   # noqa: E731
+        h_of = lambda u: vmap(jacrev(grad(fun)))(u, *args)   # noqa: E731
+    else:
+        f = lambda u: fun(u, *args)   # noqa: E731
+        g_of = grad(f)
+        h_of = jacrev(g_of)  # reverse-over-reverse: ~10x cheaper than jacfwd(jacrev) at small d
+    inf = lambda v: v.abs().amax(-1)   # noqa: E731   per party
+    col = lambda m: m[..., None]   # noqa: E731   a per-party value against a [.., d] row
     u = u0
     g = g_of(u)
-    done = _inf(g) <= tol
-    steps = torch.zeros((), dtype=u0.dtype)
+    done = inf(g) <= tol
+    steps = torch.zeros(done.shape, dtype=u0.dtype)
     for _ in range(max_iter):
-        if eager and bool(done):
+        if loops and bool(done.all()):
             break
         H = h_of(u)
         p = -torch.linalg.solve(H, g)
-        slope = (g * p).sum()
+        slope = (g * p).sum(-1)
         descent = slope < 0
-        scale = H.diagonal().abs().amax().clamp_min(1e-12)
-        p = torch.where(descent, p, -g / scale)
-        slope = (g * p).sum()
-        f0 = fun(u)
+        scale = H.diagonal(0, -2, -1).abs().amax(-1).clamp_min(1e-12)
+        p = torch.where(col(descent), p, -g / col(scale))
+        slope = (g * p).sum(-1)
+        f0 = f(u)
         slack = 8 * torch.finfo(u.dtype).eps * (1 + f0.abs())
-        alpha = torch.ones((), dtype=u.dtype)
+        alpha = torch.ones(done.shape, dtype=u.dtype)
         accepted = done
         u_new = u
         for _ in range(ls_steps):
-            if eager and bool(accepted):
+            if loops and bool(accepted.all()):
                 break
-            cand = u + alpha * p
-            ok = (fun(cand) <= f0 + c1 * alpha * slope + slack) & ~accepted
-            u_new = torch.where(ok, cand, u_new)
+            cand = u + col(alpha) * p
+            ok = (f(cand) <= f0 + c1 * alpha * slope + slack) & ~accepted
+            u_new = torch.where(col(ok), cand, u_new)
             accepted = accepted | ok
             alpha = torch.where(accepted, alpha, 0.5 * alpha)
         steps = steps + (~done).to(u.dtype)
-        tiny = _inf(u_new - u) <= 1e-10 * (1 + _inf(u))
+        tiny = inf(u_new - u) <= 1e-10 * (1 + inf(u))
         u = u_new
-        g_prev = _inf(g)
+        g_prev = inf(g)
         g = g_of(u)
         # a step that could not be accepted, or a negligible one that did not reduce ||grad||_inf, is the
         # rounding floor (a tolerance eps_{t+1} = q^t below it cannot be met): the party stops too
-        done = done | (_inf(g) <= tol) | ~accepted | (tiny & (_inf(g) >= g_prev))
-    return u, _inf(g), steps
+        done = done | (inf(g) <= tol) | ~accepted | (tiny & (inf(g) >= g_prev))
+    return u, inf(g), steps
 
 
 def jacobian(fun: Fun, u: Tensor) -> Tensor:
