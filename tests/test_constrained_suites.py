@@ -40,6 +40,25 @@ def test_suites_sweep_the_tables_sh_grid_with_its_budgets():
     assert s1.args["adopt"] == s2.args["adopt"] == ["runs/constrained"]
 
 
+def test_long_suites_raise_the_inner_cap_of_the_prox_al_rows_only():
+    """The larger-inner-cap rebuilds (table{1,2}_long_suite.yaml): the paper's grid at n >= 5 (Table 1) and every n
+    (Table 2), Prox-AL's max_inner raised (8,000 / 2,000), the round budget with it, the vectorized executor,
+    cProx-AL untouched, and their own adoption folder (their round budgets are other cells than Table 1's)."""
+    s1, b1 = load_suite(DIR / "table1_long_suite.yaml")
+    s2, b2 = load_suite(DIR / "table2_long_suite.yaml")
+    assert len(cells(s1, b1)) == 3 * 3 * 2 * 10 and len(cells(s2, b2)) == 4 * 4 * 10
+    e1 = Context(s1, b1).experiment({"problem.params.dataset": "monks1"})
+    e2 = Context(s2, b2).experiment({})
+    by1 = {a.label: a.params for a in e1.algorithms}
+    by2 = {a.label: a.params for a in e2.algorithms}
+    assert by1["Prox-AL FL"]["max_inner"] == 8000 and "max_inner" not in by1["cProx-AL"]
+    assert by1["Prox-AL FL"]["rho"] == 0.01 and by1["Prox-AL FL"]["beta"] == 300.0   # the paper's otherwise
+    assert by2["Prox-AL FL (paper params)"]["max_inner"] == by2["Prox-AL FL (code params)"]["max_inner"] == 2000
+    assert (e1.simulation.rounds, e2.simulation.rounds) == (40000, 8000)
+    assert e1.simulation.executor == e2.simulation.executor == "vectorized"
+    assert s1.args["adopt"] == s2.args["adopt"] == ["runs/constrained_long"]
+
+
 def test_bad_protocol_args_are_refused_naming_the_field(tmp_path):
     with pytest.raises(ConfigError, match="args.set_when.0.set: .*not experiment fields"):
         load_suite(T1, ["args.set_when=[{when: {data.num_clients: 5}, set: {limit: 5}}]"])
