@@ -257,9 +257,8 @@ def test_a_cuda_run_sets_tf32_from_the_config_and_a_cpu_run_leaves_it(tf32, monk
     """``simulation.tf32`` (default off: a GPU run gives the CPU's float32 numbers, where PyTorch's own default
     lets cuDNN convolutions round to TF32) is in force while the engine runs a round; a CPU run changes nothing."""
     seen = []
-    problem = mlp_problem()
     for device in (["cuda", "cpu"] if CUDA else ["cpu"]):
-        s, _ = _run(problem, "fedavg", device=device, rounds=1, tf32=tf32)
+        s, _ = _run(mlp_problem(), "fedavg", device=device, rounds=1, tf32=tf32)
         monkeypatch.setattr(s, "run_round", lambda t: seen.append(
             (device, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)))
         before = torch.backends.cudnn.allow_tf32
