@@ -130,6 +130,13 @@ def cuda_tf32(allow: bool):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
+@contextlib.contextmanager
+def _on_gpu(device: torch.device, tf32: bool):
+    """New tensors on ``device`` and the TF32 switches at ``tf32``, both from entering the block to leaving it."""
+    with torch.device(device), cuda_tf32(tf32):
+        yield
+
+
 def _on_run_device(method):
     """A ``Simulation`` method run with new tensors created on the run's device (nothing changes on the CPU)."""
 
@@ -269,10 +276,7 @@ class Simulation:
         the algorithm's functions and the executors in it."""
         if self.device.type == "cpu":
             return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.device(self.device))
-        stack.enter_context(cuda_tf32(self.cfg.tf32))
-        return stack
+        return _on_gpu(self.device, self.cfg.tf32)
 
     # ------------------------------------------------------------ checkpoints
     @property

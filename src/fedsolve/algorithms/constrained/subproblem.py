@@ -2,9 +2,10 @@
 
 * :func:`newton` -- damped Newton with Armijo backtracking and per-party masks, stopping once
   ``||grad||_inf <= tol`` (the paper's test, spec 3.2): for one party, for the stacked parties of a vectorized
-  round (its functions vmapped, its loops in Python until every party is done), or under vmap (fixed caps). For the small d of the paper's problems one Hessian per step is cheap, and the
-  squared-positive-part penalty is C^1 with a piecewise-constant Hessian, so line search keeps it safe
-  where gradients are only locally Lipschitz (spec 7.11).
+  round (its functions vmapped, its loops in Python until every party is done), or under vmap (fixed caps).
+  For the small d of the paper's problems one Hessian per step is cheap, and the squared-positive-part
+  penalty is C^1 with a piecewise-constant Hessian, so line search keeps it safe where gradients are only
+  locally Lipschitz (spec 7.11).
 * :func:`quadratic_hessian`, :func:`quadratic_factor`, :func:`sym_pair` -- quadratic subproblems (App. E.2):
   the Hessian ``H`` is constant, so it is built and factored once and every solve is exact. A round of
   Eqs. 19 + 22 needs ``H^{-1} r`` and ``H w``: :func:`sym_pair` packs ``H^{-1}`` (upper triangle) and ``H``
@@ -31,7 +32,8 @@ Fun = Callable[[Tensor], Tensor]
 
 
 def _inf(g: Tensor) -> Tensor:
-    return g.abs().amax()
+    """``||g||_inf`` of each party's row (the last axis)."""
+    return g.abs().amax(-1)
 
 
 def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter: int = 20,
@@ -59,11 +61,10 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
         f = lambda u: fun(u, *args)   # noqa: E731
         g_of = grad(f)
         h_of = jacrev(g_of)  # reverse-over-reverse: ~10x cheaper than jacfwd(jacrev) at small d
-    inf = lambda v: v.abs().amax(-1)   # noqa: E731   per party
     col = lambda m: m[..., None]   # noqa: E731   a per-party value against a [.., d] row
     u = u0
     g = g_of(u)
-    done = inf(g) <= tol
+    done = _inf(g) <= tol
     steps = torch.zeros(done.shape, dtype=u0.dtype)
     for _ in range(max_iter):
         if loops and bool(done.all()):
@@ -89,14 +90,14 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
             accepted = accepted | ok
             alpha = torch.where(accepted, alpha, 0.5 * alpha)
         steps = steps + (~done).to(u.dtype)
-        tiny = inf(u_new - u) <= 1e-10 * (1 + inf(u))
+        tiny = _inf(u_new - u) <= 1e-10 * (1 + _inf(u))
         u = u_new
-        g_prev = inf(g)
+        g_prev = _inf(g)
         g = g_of(u)
         # a step that could not be accepted, or a negligible one that did not reduce ||grad||_inf, is the
         # rounding floor (a tolerance eps_{t+1} = q^t below it cannot be met): the party stops too
-        done = done | (inf(g) <= tol) | ~accepted | (tiny & (inf(g) >= g_prev))
-    return u, inf(g), steps
+        done = done | (_inf(g) <= tol) | ~accepted | (tiny & (_inf(g) >= g_prev))
+    return u, _inf(g), steps
 
 
 def jacobian(fun: Fun, u: Tensor) -> Tensor:
