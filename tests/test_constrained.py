@@ -550,6 +550,24 @@ def test_tabular_stand_ins():
 
 
 @pytest.mark.realdata
+def test_original_wisconsin_breast_cancer():
+    """mlbench BreastCancer (fetched from its Debian package): the 683 complete rows, class 1 = malignant."""
+    import os
+
+    from fedsolve.data.fetch import is_cached
+    from fedsolve.data.tabular import breast_cancer_wisc, load_tabular
+
+    if not is_cached("wbc") and not os.environ.get("FEDSOLVE_FETCH"):
+        pytest.skip("dataset source 'wbc' is not in the cache (set FEDSOLVE_FETCH=1 to fetch it)")
+    x, y = breast_cancer_wisc()
+    assert x.shape == (683, 9) and int(y.sum()) == 239             # 444 benign / 239 malignant
+    np.testing.assert_allclose(x.mean(0), 0, atol=1e-12)
+    np.testing.assert_allclose(x.std(0), 1, atol=1e-12)
+    x2, y2 = load_tabular("breast_cancer_wisc", limit=100)
+    assert x2.shape == (100, 9) and set(np.unique(y2)) == {0, 1}
+
+
+@pytest.mark.realdata
 def test_adult_features():
     from fedsolve.data.tabular import adult, adult_cached
 

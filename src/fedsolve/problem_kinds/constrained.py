@@ -181,7 +181,7 @@ def np_problem(x: np.ndarray, y: np.ndarray, n: int, r: float = 0.2, split_seed:
 class NPParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    dataset: Literal["breast_cancer", "monks1", "adult", "adult_synthetic"] = Field(
+    dataset: Literal["breast_cancer", "breast_cancer_wisc", "monks1", "adult", "adult_synthetic"] = Field(
         "breast_cancer", description="tabular dataset (fedsolve.data.tabular)")
     r: float = Field(0.2, gt=0, description="class-1 loss threshold r_i")
     split_seed: int = Field(10, ge=0, description="seed of the stratified split (authors' code: 10)")
