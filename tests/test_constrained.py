@@ -734,3 +734,21 @@ def test_vectorized_newton_solves_every_client_to_its_tolerance_like_sequential(
     scale = float(s.server["z"].abs().max())
     assert float((v.server["z"] - s.server["z"]).abs().max()) <= 1e-8 * scale   # |u| ~ 1e4 here (rho = 0.01)
     assert float((v.clients["u"] - s.clients["u"]).abs().max()) <= 1e-8 * float(s.clients["u"].abs().max())
+
+
+def test_runs_record_the_dataset_the_problem_kind_built(tmp_path):
+    """A constrained problem kind builds its own parties (the config's ``data`` section is a placeholder), so the
+    summaries, the comparison's summary and its report name ITS data (np_monks1), not ``data.dataset``."""
+    import json
+    from pathlib import Path
+
+    from fedsolve.cli import main as cli
+
+    cfg = Path(__file__).resolve().parents[1] / "experiments" / "constrained" / "table1_np_monks1.yaml"
+    out = tmp_path / "np"
+    assert cli(["compare", str(cfg), "--set", "data.num_clients=2", "--set", "simulation.rounds=4",
+                "--only", "Prox-AL FL", "--out", str(out), "--quiet"]) == 0
+    run = json.loads(next(out.glob("*/seed0/summary.json")).read_text())
+    assert run["dataset"] == "np_monks1"
+    assert json.loads((out / "summary.json").read_text())["dataset"] == "np_monks1"
+    assert "Dataset **np_monks1**, 2 clients, built by problem kind `neyman_pearson`" in (out / "report.md").read_text()

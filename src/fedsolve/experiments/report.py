@@ -169,8 +169,10 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     if cfg.description:
         lines += [cfg.description.strip(), ""]
     clients = cfg.data.num_clients if cfg.data.num_clients is not None else "the dataset's own number of"
-    lines += [f"Dataset **{cfg.data.dataset}**, {clients} clients, partition `{cfg.data.partition}` "
-              f"{json.dumps(cfg.data.partition_params)}, model `{cfg.model.name}`, "
+    dataset = agg.get("dataset", cfg.data.dataset)
+    split = (f"built by problem kind `{cfg.problem.kind}`" if dataset != cfg.data.dataset else
+             f"partition `{cfg.data.partition}` {json.dumps(cfg.data.partition_params)}")
+    lines += [f"Dataset **{dataset}**, {clients} clients, {split}, model `{cfg.model.name}`, "
               f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
               "Final-round metrics, mean ± std over seeds (best in bold, clusters never; clients weighted uniformly):", ""]
     head = "| algorithm | " + " | ".join(NICE.get(m, m) for m in cols) + " | up MB | wall s |"

@@ -132,6 +132,14 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
     return problem
 
 
+def recorded_dataset(cfg: ExperimentConfig, problem: FederatedProblem) -> str:
+    """The dataset a run's summary and report name: the config's ``data.dataset``, or, where a problem kind
+    built its own parties (the constrained kinds: ``np_adult``, ``fair_adult``, ``qp_d500_n10_m5``), the name
+    of the data it built -- there the ``data`` section is a placeholder."""
+    name = problem.data.name
+    return name if cfg.problem is not None and name not in ("", "data") else cfg.data.dataset
+
+
 def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: FederatedProblem):
     cls = get_algorithm(spec.name)
     return cls(cls.Config(**merged_params(cls, cfg.defaults, spec.params)), problem)
@@ -161,12 +169,13 @@ def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
 def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, res: RunResult | None,
                   history: list[dict], status: str, message: str = "", wall: float = 0.0,
                   round_times: list[float] | None = None, extras: dict | None = None,
-                  executor: str | None = None) -> dict[str, Any]:
-    """``executor``: the executor that ran (``simulation.executor: auto`` resolved)."""
+                  executor: str | None = None, dataset: str | None = None) -> dict[str, Any]:
+    """``executor``: the executor that ran (``simulation.executor: auto`` resolved); ``dataset``: what the run
+    used (:func:`recorded_dataset`; default the config's ``data.dataset``)."""
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
-        "algorithm": spec.name, "label": spec.display, "dataset": cfg.data.dataset, "experiment": cfg.name,
+        "algorithm": spec.name, "label": spec.display, "dataset": dataset or cfg.data.dataset, "experiment": cfg.name,
         "seed": seed, "rounds": history[-1]["round"] if history else 0, "status": status, "message": message,
         "metrics": {"final": final, "best": best_metrics(history)},
         "communication": {"uplink_bytes": ledger.uplink_bytes if ledger else final.get("uplink_bytes", 0),
@@ -316,14 +325,15 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
         res = sim.run()
     except DivergenceError as e:
         summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
-                                wall=time.perf_counter() - t0, round_times=sim.round_times, executor=sim.executor.name)
+                                wall=time.perf_counter() - t0, round_times=sim.round_times, executor=sim.executor.name,
+                                dataset=recorded_dataset(cfg, problem))
         if write_report:
             write_run_report(run_dir, summary, sim.history)
         raise
     _participation_verdict(cfg, watch)
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
                             round_times=res.round_times, extras={**res.extras, **(extras or {})},
-                            executor=sim.executor.name)
+                            executor=sim.executor.name, dataset=recorded_dataset(cfg, problem))
     if res.per_client or not (run_dir / "per_client.json").exists():
         atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if write_report:
@@ -455,7 +465,7 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
     try:
         chosen, info = tune_spec(cfg, spec, seed, problem.data, run_dir / "tune", resume=resume, progress=progress)
     except DivergenceError as e:
-        write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e))
+        write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e), dataset=recorded_dataset(cfg, problem))
         raise
     return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
                    progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc)
@@ -653,7 +663,9 @@ def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: boo
 
 
 def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"experiment": cfg.name, "dataset": cfg.data.dataset, "seeds": cfg.seeds,
+    names = {s.get("dataset") for lst in runs.values() for s in lst} - {None}
+    out: dict[str, Any] = {"experiment": cfg.name,
+                           "dataset": names.pop() if len(names) == 1 else cfg.data.dataset, "seeds": cfg.seeds,
                            "algorithms": {}}
     for label, lst in runs.items():
         entry: dict[str, Any] = {"algorithm": lst[0]["algorithm"], "runs": len(lst),
