@@ -736,9 +736,10 @@ def test_vectorized_newton_solves_every_client_to_its_tolerance_like_sequential(
     assert float((v.clients["u"] - s.clients["u"]).abs().max()) <= 1e-8 * float(s.clients["u"].abs().max())
 
 
-def test_runs_record_the_dataset_the_problem_kind_built(tmp_path):
+def test_compare_reports_name_the_built_data_and_show_the_certificate(tmp_path):
     """A constrained problem kind builds its own parties (the config's ``data`` section is a placeholder), so the
-    summaries, the comparison's summary and its report name ITS data (np_monks1), not ``data.dataset``."""
+    summaries, the comparison's summary and its report name ITS data (np_monks1), not ``data.dataset``; the
+    report's table and plots carry the certificate (issue item 5) and the paper's Figure 1 per method."""
     import json
     from pathlib import Path
 
@@ -746,9 +747,18 @@ def test_runs_record_the_dataset_the_problem_kind_built(tmp_path):
 
     cfg = Path(__file__).resolve().parents[1] / "experiments" / "constrained" / "table1_np_monks1.yaml"
     out = tmp_path / "np"
-    assert cli(["compare", str(cfg), "--set", "data.num_clients=2", "--set", "simulation.rounds=4",
+    assert cli(["compare", str(cfg), "--set", "data.num_clients=2", "--set", "simulation.rounds=6",
+                "--set", "simulation.eval_every=2",
                 "--only", "Prox-AL FL", "--out", str(out), "--quiet"]) == 0
     run = json.loads(next(out.glob("*/seed0/summary.json")).read_text())
     assert run["dataset"] == "np_monks1"
     assert json.loads((out / "summary.json").read_text())["dataset"] == "np_monks1"
-    assert "Dataset **np_monks1**, 2 clients, built by problem kind `neyman_pearson`" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Dataset **np_monks1**, 2 clients, built by problem kind `neyman_pearson`" in report
+    # the certificate is in the comparison's table and plots, Figure 1 per method; no train loss (none minimised)
+    head = next(line for line in report.splitlines() if line.startswith("| algorithm |"))
+    for col in ("objective", "violation (max)", "KKT eps1", "KKT eps2", "outer it.", "Eq. 11 passed"):
+        assert col in head, col
+    assert "train loss" not in head and "train_loss" not in run["metrics"]["final"]
+    assert (out / "plots" / "kkt_eps1.png").is_file() and (out / "plots" / "outer_Prox_AL_FL.png").is_file()
+    assert "![Prox-AL FL](plots/outer_Prox_AL_FL.png)" in report

@@ -48,6 +48,9 @@ class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: False for algorithms whose clients never talk to the server (e.g. Local)
     communicates: ClassVar[bool] = True
+    #: False for algorithms whose rounds minimise no training loss (the constrained solvers: their records carry the
+    #: objective and the KKT certificate instead): the engine then logs no ``train_loss`` and watches none
+    reports_train_loss: ClassVar[bool] = True
     #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
     #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine

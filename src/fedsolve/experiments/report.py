@@ -16,10 +16,12 @@ import numpy as np
 from fedsolve.experiments.folders import default_run_dir, read_jsonl
 from fedsolve.io import atomic_write_bytes, atomic_write_text
 
-LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes")
+LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes", "violation", "kkt")
 # metrics with no better direction: a cluster count is good when it is the true one, which a run does not
-# know, so it has no "best" over rounds and is never marked best in a report
-NO_DIRECTION = frozenset({"num_clusters"})
+# know, so it has no "best" over rounds and is never marked best in a report; a constrained problem's objective
+# is only comparable between feasible points (an unconstrained baseline's is lower), and iteration counts and
+# the stopping flag describe a run rather than score it
+NO_DIRECTION = frozenset({"num_clusters", "objective", "outer_iterations", "admm_rounds", "converged"})
 # one line style and marker per method, so that curves lying on top of each other stay visible
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -42,14 +44,22 @@ def new_figure(*args, **kwargs):
     fig = Figure(figsize=kwargs.pop("figsize", None))
     return fig, fig.subplots(*args, **kwargs)
 
+#: the certificate of a constrained run (paper 002, Definition 1): shown and plotted where the runs record it
+CERTIFICATE_METRICS = ("objective", "violation_max", "kkt_eps1", "kkt_eps2", "outer_iterations", "admm_rounds",
+                       "converged")
 PLOT_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "train_loss", "test_rmse",
-                "test_accuracy_worst10", "num_clusters", "ari", "model_deviation")
+                "test_accuracy_worst10", "num_clusters", "ari", "model_deviation", "objective", "violation_max",
+                "kkt_eps1")
+LOG_SCALE = frozenset({"kkt_eps1", "kkt_eps2"})
+COUNTS = frozenset({"outer_iterations", "admm_rounds"})   # shown without decimals
 TABLE_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "test_rmse", "test_accuracy_std",
-                 "test_accuracy_worst10", "train_loss", "num_clusters", "ari")
+                 "test_accuracy_worst10", "train_loss", "num_clusters", "ari") + CERTIFICATE_METRICS
 NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macro AUC", "test_loss": "test loss",
         "train_loss": "train loss", "test_rmse": "RMSE", "test_accuracy_std": "acc. std (clients)",
         "test_accuracy_worst10": "acc. worst 10%", "num_clusters": "clusters", "ari": "ARI",
-        "model_deviation": "model deviation"}
+        "model_deviation": "model deviation", "objective": "objective", "violation_max": "violation (max)",
+        "kkt_eps1": "KKT eps1", "kkt_eps2": "KKT eps2", "outer_iterations": "outer it.",
+        "admm_rounds": "ADMM rounds", "converged": "Eq. 11 passed (share)"}
 
 
 def save_figure(fig, path: Path) -> None:
@@ -89,6 +99,8 @@ def write_run_report(run_dir: Path, summary: dict[str, Any], history: list[dict[
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".")
         ax.set_xlabel("round")
         ax.set_ylabel(NICE.get(m, m))
+        if m in LOG_SCALE and all(p[1] > 0 for p in pts):
+            ax.set_yscale("log")
         ax.set_title(f"{summary['label']} (seed {summary['seed']})")
         ax.grid(alpha=0.3)
         save_figure(fig, run_dir / "plots" / f"{m}.png")
@@ -152,6 +164,9 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             continue
         ax.set_xlabel("round")
         ax.set_ylabel(NICE.get(m, m))
+        if m in LOG_SCALE and all(np.nanmin(c[1]) > 0 for c in filter(None, (_curves(histories.get(a, []), m)
+                                                                            for a in algos))):
+            ax.set_yscale("log")
         ax.set_title(f"{cfg.name}: {NICE.get(m, m)} (mean ± std over {len(cfg.seeds)} seeds)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -185,7 +200,8 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             if st is None:
                 cells.append("–")
                 continue
-            txt = f"{_fmt(st['mean'])} ± {_fmt(st['std'])}"
+            txt = (f"{st['mean']:.0f} ± {st['std']:.0f}" if m in COUNTS else
+                   f"{_fmt(st['mean'])} ± {_fmt(st['std'])}")
             cells.append(f"**{txt}**" if best_of.get(m) == a else txt)
         flag = f" ({e['diverged']} diverged)" if e.get("diverged") else ""
         lines.append(f"| {a}{flag} | " + " | ".join(cells) + f" | {_mb(e['uplink_bytes'])} | "
@@ -219,7 +235,31 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     total = agg.get("run_time_s", agg.get("wall_time_s", 0.0))   # older summaries: the sum was wall_time_s
     lines += ["", f"Total run time of all runs {total:.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
+    lines += _outer_figures(base, cfg, algos, histories)
     atomic_write_text(base / "report.md", "\n".join(lines) + "\n")
+
+
+def _outer_figures(base: Path, cfg, algos: list[str], histories: dict[str, list[list[dict]]]) -> list[str]:
+    """Figures 1/2 of paper 002 (objective and feasibility per outer iteration, bands over clients, the
+    threshold) for each method of a Neyman-Pearson or fairness comparison that records outer iterations,
+    from its first seed's run."""
+    problem = getattr(cfg, "problem", None)
+    if problem is None or problem.kind not in ("neyman_pearson", "fairness") or "r" not in problem.params:
+        return []
+    from fedsolve.experiments.constrained_figures import has_outer_records, outer_figure
+
+    out = []
+    for label in algos:
+        recs = next((h for h in histories.get(label, []) if has_outer_records(h)), None)
+        if recs is None:
+            continue
+        slug = "".join(ch if ch.isalnum() else "_" for ch in label)
+        fig = outer_figure(recs, cfg.data.num_clients, problem.kind, float(problem.params["r"]))
+        save_figure(fig, base / "plots" / f"outer_{slug}.png")
+        out += ["", f"{label}, seed {cfg.seeds[0]}: objective and feasibility per outer iteration (the paper's "
+                f"Figure {1 if problem.kind == 'neyman_pearson' else 2}; the first record after outer step k "
+                "stands for w^k)", "", f"![{label}](plots/outer_{slug}.png)"]
+    return out
 
 
 def _tuned_section(agg: dict[str, Any]) -> list[str]:

@@ -240,11 +240,11 @@ class FlowerRun:
         if self.algo.communicates:
             keep = torch.as_tensor([ids.tolist().index(c) for c in part], dtype=torch.long)
             self.ledger.add_round(t, {k: v.index_select(0, keep) for k, v in msgs.items()}, uploads)
-        train_loss = weighted_train_loss(losses, self.weights[pid])
+        train_loss = weighted_train_loss(losses, self.weights[pid]) if self.algo.reports_train_loss else None
         self._first_loss = check_round(t, train_loss, self.server, uploads, self.algo.finite_check_keys,
                                        self._first_loss, self.cfg.divergence_factor,
                                        self.algo.divergence(self.server, self.cfg.divergence_factor))
-        return {"round": t, "clients": len(part), "train_loss": train_loss}
+        return {"round": t, "clients": len(part), "train_loss": float("nan") if train_loss is None else train_loss}
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, done: int, train_loss: float | None) -> dict[str, Any]:

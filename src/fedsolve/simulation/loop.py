@@ -161,13 +161,14 @@ def _all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(t.sum(dtype=torch.float64)))
 
 
-def check_round(round_: int, train_loss: float, server: dict[str, torch.Tensor], uploads: dict[str, torch.Tensor],
+def check_round(round_: int, train_loss: float | None, server: dict[str, torch.Tensor], uploads: dict[str, torch.Tensor],
                 keys: tuple[str, ...] | None, first_loss: float | None, factor: float,
                 reason: str | None = None) -> float:
     """The divergence checks after round ``round_`` (shared by ``Simulation`` and the Flower server): no NaN/inf
     in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``; no ``reason`` from the
-    algorithm's own check (:meth:`Algorithm.divergence`); and ``train_loss`` at most ``factor`` x the first loss.
-    Raises :class:`DivergenceError`; returns the (possibly new) first loss."""
+    algorithm's own check (:meth:`Algorithm.divergence`); and ``train_loss`` at most ``factor`` x the first loss
+    (``None``: the algorithm reports none, :attr:`Algorithm.reports_train_loss`). Raises :class:`DivergenceError`;
+    returns the (possibly new) first loss."""
     keys = keys or tuple(server)
     named = [(k, server[k]) for k in keys] + [(f"upload:{k}", v) for k, v in uploads.items()]
     named = [(k, v) for k, v in named if v.is_floating_point()]
@@ -176,11 +177,13 @@ def check_round(round_: int, train_loss: float, server: dict[str, torch.Tensor],
         bad = []   # every entry small: one pass over them all (a millisecond round has dozens of scalars)
     else:
         bad = [k for k, v in named if not _all_finite(v)]
-    if bad or not math.isfinite(train_loss):
+    if bad or (train_loss is not None and not math.isfinite(train_loss)):
         raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; "
                               f"try a smaller learning rate. The last good checkpoint is kept.")
     if reason:
         raise DivergenceError(f"round {round_ + 1}: {reason}. The last good checkpoint is kept.")
+    if train_loss is None:
+        return first_loss
     if first_loss is None:
         return max(abs(train_loss), 1e-8)
     if train_loss > factor * first_loss:
@@ -398,7 +401,7 @@ class Simulation:
         return rec
 
     # ------------------------------------------------------------ checks
-    def _check(self, round_: int, train_loss: float, uploads: dict[str, torch.Tensor]) -> None:
+    def _check(self, round_: int, train_loss: float | None, uploads: dict[str, torch.Tensor]) -> None:
         self._first_loss = check_round(round_, train_loss, self.server, uploads, self.algo.finite_check_keys,
                                        self._first_loss, self.cfg.divergence_factor,
                                        self.algo.divergence(self.server, self.cfg.divergence_factor))
@@ -441,10 +444,11 @@ class Simulation:
         if self.algo.communicates:
             self.ledger.add_round(t, msgs, uploads)
         w = data.weights[ids].double()
-        train_loss = float((losses.double().cpu() * w).sum() / w.sum())
+        train_loss = float((losses.double().cpu() * w).sum() / w.sum()) if self.algo.reports_train_loss else None
         self._check(t, train_loss, uploads)
         self.round = t + 1
-        return {"round": t, "clients": int(ids.numel()), "train_loss": train_loss, "ids": ids}
+        return {"round": t, "clients": int(ids.numel()),
+                "train_loss": float("nan") if train_loss is None else train_loss, "ids": ids}
 
     # ------------------------------------------------------------ the API protocols drive a run with
     def step(self, ids: torch.Tensor | None = None) -> dict[str, Any]:

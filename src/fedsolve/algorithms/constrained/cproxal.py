@@ -140,6 +140,7 @@ class CProxAL(Algorithm):
     description = "cProx-AL: centralized proximal AL on the pooled data (paper 002 App. D baseline; no communication)"
     Config = CProxALConfig
     communicates = False
+    reports_train_loss = False
     server_reads_client_state = True   # centralized: refused by the Flower adapter
 
     def setup(self) -> None:

@@ -160,6 +160,7 @@ class ProxAL(Algorithm):
     name = "proxal"
     description = "Prox-AL FL: proximal AL outer loop + inexact ADMM inner loop for constrained FL (He et al. 2024)"
     Config = ProxALConfig
+    reports_train_loss = False   # a round solves Eq. 19 or updates multipliers: the certificate is the record
 
     def setup(self) -> None:
         spec: ConstrainedSpec = get_spec(self.problem, self.name)
