@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_tabular", "breast_cancer", "breast_cancer_wisc", "monks1", "adult", "adult_synthetic", "fetch_adult", "adult_cached"]
+__all__ = ["load_tabular", "breast_cancer", "breast_cancer_wisc", "monks1", "adult", "adult_synthetic", "fetch_adult",
+           "adult_cached"]
 
 _ADULT_COLS = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
                "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",

@@ -189,7 +189,8 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
              f"partition `{cfg.data.partition}` {json.dumps(cfg.data.partition_params)}")
     lines += [f"Dataset **{dataset}**, {clients} clients, {split}, model `{cfg.model.name}`, "
               f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
-              "Final-round metrics, mean ± std over seeds (best in bold, clusters never; clients weighted uniformly):", ""]
+              "Final-round metrics, mean ± std over seeds (best in bold; never clusters, objectives or counts; "
+              "clients weighted uniformly):", ""]
     head = "| algorithm | " + " | ".join(NICE.get(m, m) for m in cols) + " | up MB | wall s |"
     lines += [head, "|" + "---|" * (len(cols) + 3)]
     for a in algos:
