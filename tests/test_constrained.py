@@ -749,8 +749,12 @@ def test_compare_reports_name_the_built_data_and_show_the_certificate(tmp_path):
     out = tmp_path / "np"
     assert cli(["compare", str(cfg), "--set", "data.num_clients=2", "--set", "simulation.rounds=6",
                 "--set", "simulation.eval_every=2",
-                "--only", "Prox-AL FL", "--out", str(out), "--quiet"]) == 0
-    run = json.loads(next(out.glob("*/seed0/summary.json")).read_text())
+                "--only", "Prox-AL FL", "--only", "FedAvg (no constraints)", "--out", str(out), "--quiet"]) == 0
+    run = json.loads((out / "Prox-AL_FL" / "seed0" / "summary.json").read_text())
+    for method in ("Prox-AL_FL", "FedAvg__no_constraints_"):   # f_i(w) per client, for the paper's relative difference
+        cert = json.loads((out / method / "seed0" / "summary.json").read_text())["extras"]["constrained"]
+        assert len(cert["objective_clients"]) == 2
+        assert sum(cert["objective_clients"]) == pytest.approx(cert["objective"], rel=1e-12)
     assert run["dataset"] == "np_monks1"
     assert json.loads((out / "summary.json").read_text())["dataset"] == "np_monks1"
     report = (out / "report.md").read_text()
@@ -759,6 +763,6 @@ def test_compare_reports_name_the_built_data_and_show_the_certificate(tmp_path):
     head = next(line for line in report.splitlines() if line.startswith("| algorithm |"))
     for col in ("objective", "violation (max)", "KKT eps1", "KKT eps2", "outer it.", "Eq. 11 passed"):
         assert col in head, col
-    assert "train loss" not in head and "train_loss" not in run["metrics"]["final"]
+    assert "train_loss" not in run["metrics"]["final"]   # Prox-AL minimises none (FedAvg's column has one)
     assert (out / "plots" / "kkt_eps1.png").is_file() and (out / "plots" / "outer_Prox_AL_FL.png").is_file()
     assert "![Prox-AL FL](plots/outer_Prox_AL_FL.png)" in report

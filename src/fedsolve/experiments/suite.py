@@ -548,8 +548,20 @@ def _per_seed(t: TableSpec, rows: list[dict]) -> dict[Any, float]:
     return out
 
 
+def _per_seed_lists(t: TableSpec, rows: list[dict]) -> dict[Any, list[float]]:
+    """seed -> ``t.metric`` where it is a list of per-party values (e.g. ``objective_clients``)."""
+    return {r.get("seed"): [float(x) for x in r[t.metric]] for r in rows if isinstance(r.get(t.metric), list)}
+
+
 def _relative(t: TableSpec, rows: list[dict], ref: list[dict]) -> list[float]:
-    """|value - ref| / |ref| per seed found in both ``rows`` and ``ref`` (``t.relative_to``)."""
+    """|value - ref| / |ref| per seed found in both ``rows`` and ``ref`` (``t.relative_to``). For a metric that is
+    a list of per-party values, one difference per party and seed, pooled over parties x seeds (paper 002's
+    "relative difference": per client, mean (std) over clients x trials)."""
+    lists = _per_seed_lists(t, rows)
+    if lists:
+        theirs = _per_seed_lists(t, ref)
+        return [abs(a - b) / abs(b) for s, v in lists.items() if s in theirs and len(theirs[s]) == len(v)
+                for a, b in zip(v, theirs[s]) if b != 0]
     mine, theirs = _per_seed(t, rows), _per_seed(t, ref)
     return [abs(v - theirs[s]) / abs(theirs[s]) for s, v in mine.items() if s in theirs and theirs[s] != 0]
 

@@ -172,6 +172,8 @@ def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
         raise ValueError(f"run {summary.get('label')!r} seed {summary.get('seed')}: its summary has no "
                          f"extras.constrained certificate (not a constrained problem's run)")
     row: dict[str, Any] = {k: cert[k] for k in CERT_FIELDS if k in cert}
+    if "objective_clients" in cert:   # f_i(w) of every client: the paper's per-client relative difference
+        row["objective_clients"] = list(cert["objective_clients"])
     if kind in DEFAULT_R:   # the QP's equality constraints have no constrained loss
         mean, worst = constraint_loss(cert, kind, r)
         if kind == "fairness":
@@ -279,6 +281,16 @@ def constrained_run_key(ctx) -> dict:
     return ctx.cell
 
 
+def _client_objectives(ctx, w: list[float]) -> list[float]:
+    """f_i(w) of every client of the cell's problem (the same parties as the adopted run's: same run key)."""
+    import torch
+
+    from fedsolve.algorithms.constrained.kkt import client_objectives
+
+    problem = ctx.problem()
+    return client_objectives(problem.extras["constraints"], problem.data, torch.tensor(w, dtype=torch.float64))
+
+
 def constrained_run(ctx) -> dict[str, Any]:
     """One (method, dataset, n, seed) cell: the finished run under ``args.adopt`` that matches it, else a run
     of the experiment (the same data, w^0 and numbers as ``fedsolve compare --only LABEL --set seeds=[seed]``);
@@ -296,7 +308,11 @@ def constrained_run(ctx) -> dict[str, Any]:
     found = _finished(ctx)
     if found is not None:
         folder, summary = found
-        return {**base, **certificate_row(summary, kind, r), "adopted": 1, "source": str(folder)}
+        row = certificate_row(summary, kind, r)
+        w = (summary.get("extras") or {}).get("constrained", {}).get("w")
+        if "objective_clients" not in row and "diverged" not in row and w is not None:
+            row["objective_clients"] = _client_objectives(ctx, w)   # a run made before they were recorded
+        return {**base, **row, "adopted": 1, "source": str(folder)}
     if ctx.args.adopt_only:
         return {**base, "adopted": 0, "missing": f"no finished run under {ctx.args.adopt}"}
     problem = ctx.problem()

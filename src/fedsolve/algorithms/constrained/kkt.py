@@ -47,6 +47,11 @@ def evaluate_parties(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> d
     return {"f": f, "c_clients": cc, "c_server": c0}
 
 
+def client_objectives(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> list[float]:
+    """Each client's objective ``f_i(w)`` (for paper 002's per-client relative difference)."""
+    return evaluate_parties(spec, data, w)["f"].tolist()
+
+
 def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,
                 mu_clients: Tensor | None = None) -> dict[str, Any]:
     """Definition-1 residuals and feasibility summary of ``(w, mu)``; ``mu = 0`` where not given."""
