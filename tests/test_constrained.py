@@ -753,7 +753,7 @@ def test_compare_reports_name_the_built_data_and_show_the_certificate(tmp_path):
     run = json.loads((out / "Prox-AL_FL" / "seed0" / "summary.json").read_text())
     for method in ("Prox-AL_FL", "FedAvg__no_constraints_"):   # f_i(w) per client, for the paper's relative difference
         cert = json.loads((out / method / "seed0" / "summary.json").read_text())["extras"]["constrained"]
-        assert len(cert["objective_clients"]) == 2
+        assert len(cert["objective_clients"]) == 2 and len(cert["w"]) == 17   # and the final point (17 weights)
         assert sum(cert["objective_clients"]) == pytest.approx(cert["objective"], rel=1e-12)
     assert run["dataset"] == "np_monks1"
     assert json.loads((out / "summary.json").read_text())["dataset"] == "np_monks1"

@@ -52,6 +52,11 @@ def client_objectives(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> 
     return evaluate_parties(spec, data, w)["f"].tolist()
 
 
+def recorded_point(w: Tensor, limit: int = 64) -> list[float] | None:
+    """The final ``w`` as a summary records it (small models only: ``None`` above ``limit`` weights)."""
+    return w.detach().double().cpu().tolist() if w.numel() <= limit else None
+
+
 def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,
                 mu_clients: Tensor | None = None) -> dict[str, Any]:
     """Definition-1 residuals and feasibility summary of ``(w, mu)``; ``mu = 0`` where not given."""
