@@ -245,9 +245,12 @@ def _outer_figures(base: Path, cfg, algos: list[str], histories: dict[str, list[
     threshold) for each method of a Neyman-Pearson or fairness comparison that records outer iterations,
     from its first seed's run."""
     problem = getattr(cfg, "problem", None)
-    if problem is None or problem.kind not in ("neyman_pearson", "fairness") or "r" not in problem.params:
+    if problem is None or problem.kind not in ("neyman_pearson", "fairness"):
         return []
     from fedsolve.experiments.constrained_figures import has_outer_records, outer_figure
+    from fedsolve.problem_kinds.constrained import FairnessParams, NPParams
+
+    params = (NPParams if problem.kind == "neyman_pearson" else FairnessParams)(**dict(problem.params))
 
     out = []
     for label in algos:
@@ -255,7 +258,7 @@ def _outer_figures(base: Path, cfg, algos: list[str], histories: dict[str, list[
         if recs is None:
             continue
         slug = "".join(ch if ch.isalnum() else "_" for ch in label)
-        fig = outer_figure(recs, cfg.data.num_clients, problem.kind, float(problem.params["r"]))
+        fig = outer_figure(recs, cfg.data.num_clients, problem.kind, params.r)   # r: the kind's default if unset
         save_figure(fig, base / "plots" / f"outer_{slug}.png")
         out += ["", f"{label}, seed {cfg.seeds[0]}: objective and feasibility per outer iteration (the paper's "
                 f"Figure {1 if problem.kind == 'neyman_pearson' else 2}; the first record after outer step k "
