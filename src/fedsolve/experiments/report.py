@@ -142,12 +142,13 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     plots = []
     for m in PLOT_METRICS:
         fig, ax = new_figure(figsize=(6, 3.8))
-        drawn = 0
+        drawn, positive = 0, True
         for k, label in enumerate(algos):
             cur = _curves(histories.get(label, []), m)
             if cur is None:
                 continue
             x, mat = cur
+            positive = positive and bool(np.nanmin(mat) > 0)
             with np.errstate(all="ignore"):
                 mean = np.nanmean(mat, 0)
                 std = np.nanstd(mat, 0)
@@ -164,8 +165,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             continue
         ax.set_xlabel("round")
         ax.set_ylabel(NICE.get(m, m))
-        if m in LOG_SCALE and all(np.nanmin(c[1]) > 0 for c in filter(None, (_curves(histories.get(a, []), m)
-                                                                            for a in algos))):
+        if m in LOG_SCALE and positive:
             ax.set_yscale("log")
         ax.set_title(f"{cfg.name}: {NICE.get(m, m)} (mean ± std over {len(cfg.seeds)} seeds)")
         ax.grid(alpha=0.3)

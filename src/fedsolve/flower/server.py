@@ -233,14 +233,16 @@ class FlowerRun:
             return {"round": t, "clients": 0, "train_loss": float("nan")}
         pid = torch.as_tensor(part, dtype=torch.long)
         uploads = stack_rows([from_array_record(got[c].content["upload"]) for c in part])
-        losses = torch.tensor([float(got[c].content["metrics"]["train_loss"]) for c in part], dtype=torch.float64)
         self.server = self.algo.aggregate(self.server, pid, uploads, t)
         for c in part:
             self.accepted[c] = t
         if self.algo.communicates:
             keep = torch.as_tensor([ids.tolist().index(c) for c in part], dtype=torch.long)
             self.ledger.add_round(t, {k: v.index_select(0, keep) for k, v in msgs.items()}, uploads)
-        train_loss = weighted_train_loss(losses, self.weights[pid]) if self.algo.reports_train_loss else None
+        train_loss = None   # an algorithm that minimises no training loss reports none (Algorithm.reports_train_loss)
+        if self.algo.reports_train_loss:
+            losses = torch.tensor([float(got[c].content["metrics"]["train_loss"]) for c in part], dtype=torch.float64)
+            train_loss = weighted_train_loss(losses, self.weights[pid])
         self._first_loss = check_round(t, train_loss, self.server, uploads, self.algo.finite_check_keys,
                                        self._first_loss, self.cfg.divergence_factor,
                                        self.algo.divergence(self.server, self.cfg.divergence_factor))

@@ -4,7 +4,7 @@ with the same certificate as Prox-AL FL, so a report shows what ignoring the con
 from __future__ import annotations
 
 from fedsolve.algorithms.base import register
-from fedsolve.algorithms.constrained.kkt import certificate, client_objectives, recorded_point
+from fedsolve.algorithms.constrained.kkt import certificate, final_record
 from fedsolve.algorithms.fedavg import FedAvg
 from fedsolve.algorithms.fedprox import FedProx
 from fedsolve.constraints import get_spec
@@ -32,8 +32,7 @@ class _ObjectiveOnly:
 
     def finalize(self, server, clients):
         return {"constrained": {**self.diagnostics(server, clients), "status": "unconstrained baseline",
-                                "objective_clients": client_objectives(self.spec, self.problem.data, server["w"]),
-                                "w": recorded_point(server["w"])}}
+                                **final_record(self.spec, self.problem.data, server["w"])}}
 
 
 @register

@@ -26,7 +26,7 @@ from torch.func import vmap
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.constrained import subproblem as sp
 from fedsolve.algorithms.constrained.al import penalty, shifted
-from fedsolve.algorithms.constrained.kkt import certificate, client_objectives, recorded_point
+from fedsolve.algorithms.constrained.kkt import certificate, final_record
 from fedsolve.constraints import ConstrainedSpec, get_spec, stack_rows
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
@@ -194,6 +194,5 @@ class CProxAL(Algorithm):
         out["status"] = ("converged (Eq. 11 passed)" if int(server["converged"]) else
                          f"did not converge: outer cap max_outer={self.cfg.max_outer} reached" if int(server["done"])
                          else "did not converge: the run ended (simulation.rounds) first")
-        out["objective_clients"] = client_objectives(self.spec, self.problem.data, server["w"])
-        out["w"] = recorded_point(server["w"])
+        out.update(final_record(self.spec, self.problem.data, server["w"]))
         return {"constrained": out}

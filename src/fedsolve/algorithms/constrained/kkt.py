@@ -52,9 +52,12 @@ def client_objectives(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> 
     return evaluate_parties(spec, data, w)["f"].tolist()
 
 
-def recorded_point(w: Tensor, limit: int = 64) -> list[float] | None:
-    """The final ``w`` as a summary records it (small models only: ``None`` above ``limit`` weights)."""
-    return w.detach().double().cpu().tolist() if w.numel() <= limit else None
+def final_record(spec: ConstrainedSpec, data: FederatedData, w: Tensor, limit: int = 64) -> dict[str, Any]:
+    """What a summary records of a run's output beyond its certificate: every client's ``f_i(w)``
+    (``objective_clients``, for paper 002's per-client relative difference) and ``w`` itself (small models only:
+    ``None`` above ``limit`` weights)."""
+    return {"objective_clients": client_objectives(spec, data, w),
+            "w": w.detach().double().cpu().tolist() if w.numel() <= limit else None}
 
 
 def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,

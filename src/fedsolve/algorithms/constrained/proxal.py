@@ -40,7 +40,7 @@ from torch.func import grad, vmap
 from fedsolve.algorithms.base import Algorithm, register
 from fedsolve.algorithms.constrained import subproblem as sp
 from fedsolve.algorithms.constrained.al import client_P, server_P, shifted
-from fedsolve.algorithms.constrained.kkt import certificate, client_objectives, recorded_point
+from fedsolve.algorithms.constrained.kkt import certificate, final_record
 from fedsolve.constraints import ConstrainedSpec, ServerParty, get_spec
 from fedsolve.core.executor import Work
 from fedsolve.core.states import ClientStates
@@ -484,6 +484,5 @@ class ProxAL(Algorithm):
     def finalize(self, server, clients) -> dict[str, Any]:
         out = self.diagnostics(server, clients)
         out["status"] = self.status(server)
-        out["objective_clients"] = client_objectives(self.spec, self.problem.data, server["w"])
-        out["w"] = recorded_point(server["w"])
+        out.update(final_record(self.spec, self.problem.data, server["w"]))
         return {"constrained": out}
