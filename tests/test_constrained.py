@@ -549,6 +549,32 @@ def test_tabular_stand_ins():
     assert all(int(y[f].sum()) == 212 // 5 and len(f) == 357 // 5 + 212 // 5 for f in folds)
 
 
+def test_features_rescaled_on_the_pool_and_bad_scales_named():
+    from fedsolve.data.tabular import load_tabular, monks1, rescale
+    from fedsolve.problem_kinds.constrained import NPParams
+    from fedsolve.problems import parse_params
+
+    x = np.array([[1.0, 5.0, 2.0], [3.0, 5.0, 4.0], [2.0, 5.0, 10.0]])
+    u = rescale(x, "unit")
+    np.testing.assert_allclose(u, [[0.0, 0.0, 0.0], [1.0, 0.0, 0.25], [0.5, 0.0, 1.0]])   # constant column -> 0
+    z = rescale(x, "zscore")
+    np.testing.assert_allclose(z[:, [0, 2]].mean(0), 0, atol=1e-12)
+    np.testing.assert_allclose(z[:, [0, 2]].std(0), 1)
+    assert rescale(x, None) is x
+    with pytest.raises(ValueError, match="scale: unknown 'minmax'; allowed: zscore, unit"):
+        rescale(x, "minmax")
+    xm, ym = monks1()
+    x1, y1 = load_tabular("monks1", scale="unit")        # one-hot columns are already on [0, 1]
+    np.testing.assert_array_equal(x1, xm)
+    np.testing.assert_array_equal(y1, ym)
+    with pytest.raises(ValueError, match="scale: only the Neyman-Pearson datasets"):
+        load_tabular("adult_synthetic", task="fairness", scale="unit")
+    with pytest.raises(ValueError, match=r"^scale: Input should be 'zscore' or 'unit' \(got 'minmax'\)$"):
+        parse_params(NPParams, {"dataset": "monks1", "scale": "minmax"})
+    with pytest.raises(ValueError, match=r"^scal: unknown key; allowed keys: \['dataset', 'limit', 'r', 'scale'"):
+        parse_params(NPParams, {"scal": "unit"})
+
+
 @pytest.mark.realdata
 def test_original_wisconsin_breast_cancer():
     """mlbench BreastCancer (fetched from its Debian package): the 683 complete rows, class 1 = malignant."""
@@ -565,6 +591,10 @@ def test_original_wisconsin_breast_cancer():
     np.testing.assert_allclose(x.std(0), 1, atol=1e-12)
     x2, y2 = load_tabular("breast_cancer_wisc", limit=100)
     assert x2.shape == (100, 9) and set(np.unique(y2)) == {0, 1}
+    # Table 1's row: the scores mapped onto [0, 1] (each spans 1-10), where Eq. 30's class-1 constraint binds
+    x3, _ = load_tabular("breast_cancer_wisc", scale="unit")
+    np.testing.assert_allclose(x3.min(0), 0, atol=1e-12)
+    np.testing.assert_allclose(x3.max(0), 1)
 
 
 @pytest.mark.realdata

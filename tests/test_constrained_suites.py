@@ -27,9 +27,9 @@ def test_suites_sweep_the_tables_sh_grid_with_its_budgets():
     s1, base1 = load_suite(T1)
     s2, base2 = load_suite(T2)
     g1, g2 = cells(s1, base1), cells(s2, base2)
-    # Table 1: 3 datasets x n in {1, 5, 10, 20} x 3 methods x 10 seeds; Table 2: 4 n x 4 methods x 10 seeds
-    assert len(g1) == 3 * 4 * 3 * 10 and len(g2) == 4 * 4 * 10
-    assert {c["problem.params.dataset"] for c in g1} == {"breast_cancer", "monks1", "adult"}
+    # Table 1: 4 datasets x n in {1, 5, 10, 20} x 3 methods x 10 seeds; Table 2: 4 n x 4 methods x 10 seeds
+    assert len(g1) == 4 * 4 * 3 * 10 and len(g2) == 4 * 4 * 10
+    assert {c["problem.params.dataset"] for c in g1} == {"breast_cancer", "breast_cancer_wisc", "monks1", "adult"}
     assert {c["data.num_clients"] for c in g1 + g2} == {1, 5, 10, 20} and s1.seeds == s2.seeds == list(range(10))
     assert {c["algorithm"] for c in g2} == {"Prox-AL FL (paper params)", "Prox-AL FL (code params)", "cProx-AL",
                                             "FedAvg (no constraints)"}
@@ -37,6 +37,8 @@ def test_suites_sweep_the_tables_sh_grid_with_its_budgets():
     e2 = Context(s2, base2).experiment({})
     assert e1.simulation.rounds == 1500 and e2.simulation.rounds == 600          # ROUNDS1, ROUNDS2
     assert s1.args["set_when"][0]["set"] == {"problem.params.limit": 5000}     # ADULT_LIMIT
+    assert s1.args["set_when"][1] == {"when": {"problem.params.dataset": "breast_cancer_wisc"},   # features on [0, 1]
+                                      "set": {"problem.params.scale": "unit"}}
     assert (e2.problem.params["limit"], e2.problem.params["server_limit"]) == (3000, 1000)
     assert s1.args["adopt"] == s2.args["adopt"] == ["runs/constrained"]
 
@@ -47,7 +49,7 @@ def test_long_suites_raise_the_inner_cap_of_the_prox_al_rows_only():
     cProx-AL untouched, and their own adoption folder (their round budgets are other cells than Table 1's)."""
     s1, b1 = load_suite(DIR / "table1_long_suite.yaml")
     s2, b2 = load_suite(DIR / "table2_long_suite.yaml")
-    assert len(cells(s1, b1)) == 3 * 3 * 2 * 10 and len(cells(s2, b2)) == 4 * 4 * 10
+    assert len(cells(s1, b1)) == 4 * 3 * 2 * 10 and len(cells(s2, b2)) == 4 * 4 * 10
     e1 = Context(s1, b1).experiment({"problem.params.dataset": "monks1"})
     e2 = Context(s2, b2).experiment({})
     by1 = {a.label: a.params for a in e1.algorithms}
@@ -78,12 +80,13 @@ def test_bad_protocol_args_are_refused_naming_the_field(tmp_path):
 def _fixture_run(root: Path, folder: str, label: str, seed: int, n: int, objective: float, *, rounds: int = 1500,
                  dataset: str = "monks1", algorithm: str = "proxal", params: dict | None = None,
                  status: str = "completed", mtime: float | None = None, worst: float = 0.0,
-                 clients: list[float] | None = None, w: list[float] | None = None) -> Path:
+                 clients: list[float] | None = None, w: list[float] | None = None, scale: str | None = None) -> Path:
     """A `fedsolve compare` seed folder as `fedsolve compare` leaves it: config.yaml (resolved) and summary.json."""
     d = root / folder / label.replace(" ", "_") / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {"data": {"num_clients": n}, "simulation": {"rounds": rounds, "eval_every": 250},
-           "problem": {"kind": "neyman_pearson", "params": {"dataset": dataset, "r": 0.2, "split_seed": 10}},
+           "problem": {"kind": "neyman_pearson", "params": {"dataset": dataset, "r": 0.2, "split_seed": 10,
+                                                            **({"scale": scale} if scale else {})}},
            "algorithm": {"name": algorithm, "label": label, "params": params or {"inner_stop": "paper"}}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     cert = {"objective": objective, "kkt_eps1": 8e-4, "kkt_eps2": 1e-5, "violation_max": max(worst, 0.0),
@@ -145,6 +148,21 @@ def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp
     by = {(r["algorithm"], r["seed"]): r for r in rows}
     assert by[("Prox-AL FL", 2)]["objective"] == 4.0 and by[("Prox-AL FL", 0)]["objective"] == 1.2
     assert "| Prox-AL FL | 3/3 |" in (out / "report.md").read_text()
+
+
+def test_a_run_on_rescaled_features_serves_only_the_rescaled_cell(tmp_path):
+    """Table 1's original Wisconsin row runs on features scaled to [0, 1] (set_when): a run on the z-scored
+    features is another problem and must not serve it, nor the other way round."""
+    runs = tmp_path / "runs"
+    _fixture_run(runs, "z", "Prox-AL FL", 0, 5, 0.09, dataset="breast_cancer_wisc")
+    _fixture_run(runs, "u", "Prox-AL FL", 1, 5, 0.40, dataset="breast_cancer_wisc", scale="unit")
+    _fixture_run(runs, "m", "Prox-AL FL", 0, 5, 1.11, dataset="monks1", scale="unit")
+    rows = main(str(T1), out=str(tmp_path / "suite"), progress=False, sets=[
+        "seeds=[0, 1]", "sweep={problem.params.dataset: [breast_cancer_wisc, monks1], data.num_clients: [5]}",
+        f"args.adopt=[{runs}]", "args.adopt_only=true", 'algorithms=["Prox-AL FL"]'])
+    got = {(r["problem.params.dataset"], r["seed"]): r.get("objective") for r in rows}
+    assert got == {("breast_cancer_wisc", 0): None, ("breast_cancer_wisc", 1): 0.40,
+                   ("monks1", 0): None, ("monks1", 1): None}
 
 
 def test_an_adopted_run_without_per_client_objectives_gets_them_from_its_w(tmp_path):

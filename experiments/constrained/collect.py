@@ -23,7 +23,8 @@ from fedsolve.protocols.constrained_runs import constraint_loss, finished_runs, 
 
 ORDER = {"Prox-AL FL": 0, "Prox-AL FL (paper params)": 0, "Prox-AL FL (code params)": 1, "cProx-AL": 2,
          "FedAvg (no constraints)": 3}
-NAMES = {"breast_cancer": "breast cancer (WDBC)", "monks1": "monks-1 (rule)", "adult": "Adult"}
+NAMES = {"breast_cancer": "breast cancer (WDBC)", "breast_cancer_wisc:unit": "breast cancer (original Wisconsin, [0, 1])",
+         "monks1": "monks-1 (rule)", "adult": "Adult"}
 # the grouping rule and the certificate's constrained losses are shared with the Tables 1/2 suites
 # (experiments/constrained/table{1,2}_suite.yaml, protocol constrained_runs)
 cell_key = run_key

@@ -128,9 +128,28 @@ def _moved(obj: Any, device: torch.device) -> Any:
 #: A problem kind turns the plain problem that a config's ``data`` and ``model`` sections build into a
 #: family's problem (constraints, bilevel splits, domain roles, ...):
 #: ``builder(problem, params, seed) -> FederatedProblem``. ``params`` is the config's ``problem.params``;
-#: the builder validates it (a pydantic model with ``extra="forbid"`` names every bad field).
+#: the builder validates it with :func:`parse_params` (a pydantic model with ``extra="forbid"``).
 ProblemBuilder = Callable[[FederatedProblem, Mapping[str, Any], int], FederatedProblem]
 PROBLEM_KINDS: dict[str, ProblemBuilder] = {}
+
+
+def parse_params(model: type, params: Mapping[str, Any]):
+    """``model(**params)``, or a ValueError with one ``field: what is wrong (got X)`` per bad field, an unknown
+    key listing the allowed ones (the runner prefixes ``problem.params``)."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**dict(params))
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(x) for x in err["loc"])
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown key; allowed keys: {sorted(model.model_fields)}"
+            else:
+                msg = err["msg"].removeprefix("Value error, ") + f" (got {err.get('input')!r})"
+            lines.append(f"{where}: {msg}" if where else msg)
+        raise ValueError("; ".join(lines)) from None
 
 
 def register_problem_kind(name: str) -> Callable[[ProblemBuilder], ProblemBuilder]:

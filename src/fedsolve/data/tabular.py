@@ -158,9 +158,24 @@ def _limit(x, y, limit, seed=0):
     return x[idx], y[idx]
 
 
+def rescale(x: np.ndarray, scale: str | None) -> np.ndarray:
+    """Every feature column z-scored (``"zscore"``) or mapped onto [0, 1] by its min and max (``"unit"``) on the
+    pool; ``None`` keeps the dataset's own preprocessing. Constant columns are left at 0."""
+    if scale is None:
+        return x
+    if scale == "zscore":
+        lo, span = x.mean(0), x.std(0)
+    elif scale == "unit":
+        lo, span = x.min(0), x.max(0) - x.min(0)
+    else:
+        raise ValueError(f"scale: unknown {scale!r}; allowed: zscore, unit (or none for the dataset's own)")
+    return (x - lo) / np.where(span > 0, span, 1.0)
+
+
 def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = None,
-                 server_limit: int | None = None):
-    """``(x, y)`` for Neyman-Pearson, ``(x, y, x_server, y_server)`` for fairness (server = test split)."""
+                 server_limit: int | None = None, scale: str | None = None):
+    """``(x, y)`` for Neyman-Pearson, ``(x, y, x_server, y_server)`` for fairness (server = test split);
+    ``scale`` re-scales the Neyman-Pearson features (:func:`rescale`) before rows are drawn."""
     if task == "neyman_pearson":
         if name == "breast_cancer":
             x, y = breast_cancer()
@@ -173,8 +188,10 @@ def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = No
         else:
             raise ValueError(f"dataset: unknown {name!r}; allowed: breast_cancer, breast_cancer_wisc, monks1, "
                              "adult, adult_synthetic")
-        return _limit(x, y, limit)
+        return _limit(rescale(x, scale), y, limit)
     if task == "fairness":
+        if scale is not None:
+            raise ValueError("scale: only the Neyman-Pearson datasets can be re-scaled (fairness uses adult-b's recipe)")
         if name not in ("adult", "adult_synthetic"):
             raise ValueError(f"dataset: fairness needs a sensitive attribute; allowed: adult, adult_synthetic")
         x, y, x0, y0 = adult() if name == "adult" else adult_synthetic()

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsolve.bilevel import BilevelSpec, ridge_on
 from fedsolve.core.layout import patterns_for
 from fedsolve.data.federated import FederatedData
-from fedsolve.problems import FederatedProblem, register_problem_kind
+from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
 
 class HyperRepresentationParams(BaseModel):
@@ -50,7 +50,7 @@ def split_rows(problem: FederatedProblem, upper_fraction: float, seed: int) -> F
 
 @register_problem_kind("hyper_representation")
 def hyper_representation(problem: FederatedProblem, params, seed: int) -> FederatedProblem:
-    p = HyperRepresentationParams(**dict(params))
+    p = parse_params(HyperRepresentationParams, params)
     names = problem.layout.names
     head = p.head if p.head is not None else [names[-1].rsplit(".", 1)[0]]
     y_pats = patterns_for(head)

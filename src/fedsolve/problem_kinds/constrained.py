@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedsolve.constraints import (ConstrainedSpec, Constraint, ServerParty, constrained_problem, logistic_loss,
                                   masked_mean)
 from fedsolve.data.federated import FederatedData
-from fedsolve.problems import FederatedProblem, register_problem_kind
+from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
 __all__ = ["qp_instance", "qp_problem", "qp_exact_solution", "np_problem", "fairness_problem", "rows_data",
            "stratified_folds"]
@@ -139,7 +139,7 @@ class QPParams(BaseModel):
 
 @register_problem_kind("constrained_qp")
 def build_qp(problem: FederatedProblem, params, seed: int) -> FederatedProblem:
-    p = QPParams(**dict(params))
+    p = parse_params(QPParams, params)
     return qp_problem(p.d, problem.num_clients, p.m, p.instance_seed, p.d0_zero)
 
 
@@ -186,15 +186,19 @@ class NPParams(BaseModel):
     r: float = Field(0.2, gt=0, description="class-1 loss threshold r_i")
     split_seed: int = Field(10, ge=0, description="seed of the stratified split (authors' code: 10)")
     limit: int | None = Field(None, ge=10, description="use at most this many rows (reduced runs)")
+    scale: Literal["zscore", "unit"] | None = Field(
+        None, description="re-scale every feature on the pool: z-score, or onto [0, 1] by its min and max "
+                          "(unit); none keeps the dataset's own (z-scored breast cancer, one-hot monks-1, adult-b)")
 
 
 @register_problem_kind("neyman_pearson")
 def build_np(problem: FederatedProblem, params, seed: int) -> FederatedProblem:
     from fedsolve.data.tabular import load_tabular
 
-    p = NPParams(**dict(params))
-    x, y = load_tabular(p.dataset, task="neyman_pearson", limit=p.limit)
-    return np_problem(x, y, problem.num_clients, p.r, p.split_seed, name=f"np_{p.dataset}")
+    p = parse_params(NPParams, params)
+    x, y = load_tabular(p.dataset, task="neyman_pearson", limit=p.limit, scale=p.scale)
+    name = f"np_{p.dataset}" + (f"_{p.scale}" if p.scale else "")
+    return np_problem(x, y, problem.num_clients, p.r, p.split_seed, name=name)
 
 
 # ------------------------------------------------------------------ fairness (Eq. 32)
@@ -241,6 +245,6 @@ class FairnessParams(BaseModel):
 def build_fairness(problem: FederatedProblem, params, seed: int) -> FederatedProblem:
     from fedsolve.data.tabular import load_tabular
 
-    p = FairnessParams(**dict(params))
+    p = parse_params(FairnessParams, params)
     x, y, x0, y0 = load_tabular(p.dataset, task="fairness", limit=p.limit, server_limit=p.server_limit)
     return fairness_problem(x, y, x0, y0, problem.num_clients, p.r, p.split_seed, name=f"fair_{p.dataset}")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from fedsolve.minimax import Pretrain, adversarial_problem
-from fedsolve.problems import register_problem_kind
+from fedsolve.problems import parse_params, register_problem_kind
 
 
 class PretrainParams(BaseModel):
@@ -60,11 +60,7 @@ class DomainAdaptationParams(BaseModel):
 
 @register_problem_kind("domain_adaptation")
 def domain_adaptation(problem, params, seed):
-    try:
-        p = DomainAdaptationParams(**dict(params))
-    except ValidationError as e:
-        errs = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"domain_adaptation: {errs}") from None
+    p = parse_params(DomainAdaptationParams, params)
     pretrain = Pretrain(**p.pretrain.model_dump()) if p.regime == "pretrained" else None
     return adversarial_problem(problem.data, p.loss, p.nu, p.features, p.feature_dim, p.hidden, p.domain_hidden,
                                name=problem.name, pretrain=pretrain, feature_scale=p.feature_scale,

@@ -78,10 +78,12 @@ class ConstrainedRunsArgs(BaseModel):
 # ------------------------------------------------------------------ finished runs
 def run_key(cfg: dict) -> tuple:
     """What makes two runs the same table cell, from a resolved run config (a run folder's ``config.yaml``):
-    problem kind and dataset, n (``data.num_clients``), the data limits and the round budget. Everything else
-    (``eval_every``, names, the output folder) does not change the certificate."""
+    problem kind and dataset (``dataset:scale`` when its features are re-scaled), n (``data.num_clients``), the
+    data limits and the round budget. Everything else (``eval_every``, names, the output folder) does not change
+    the certificate."""
     p = cfg["problem"]["params"]
-    return (cfg["problem"]["kind"], p["dataset"], cfg["data"]["num_clients"], p.get("limit"),
+    dataset = p["dataset"] + (f":{p['scale']}" if p.get("scale") else "")
+    return (cfg["problem"]["kind"], dataset, cfg["data"]["num_clients"], p.get("limit"),
             p.get("server_limit"), cfg["simulation"]["rounds"])
 
 
