@@ -14,7 +14,7 @@ from torch.func import grad
 from fedsolve.algorithms import get_algorithm
 from fedsolve.algorithms.constrained import cproxal
 from fedsolve.algorithms.constrained.al import client_P, server_P, shifted
-from fedsolve.algorithms.constrained.kkt import client_rows
+from fedsolve.algorithms.constrained.kkt import certificate, client_rows
 from fedsolve.algorithms.constrained.proxal import ADMM, OUTER
 from fedsolve.constraints import (ConstrainedSpec, Constraint, ConstraintError, Prox, ServerParty,
                                   constrained_problem, logistic_loss, masked_mean)
@@ -328,15 +328,34 @@ def test_cproxal_matches_exact_qp():
     assert r.converged and np.abs(r.w.numpy() - w_star).max() < 1e-5
 
 
-def test_unconstrained_fedavg_violates_what_proxal_satisfies():
+@pytest.mark.parametrize("name,extra", [("fedavg_uncons", {}), ("fedprox_uncons", {"mu": 0.1})])
+def test_unconstrained_baselines_violate_what_proxal_satisfies(name, extra):
     x, y = np_data(N=60)
     prob = np_problem(x, y, 2, r=0.5)
-    _, fa = run(prob, {"lr": 0.5, "batch_size": None, "local_steps": 5}, 30, name="fedavg_uncons")
+    _, fa = run(prob, {"lr": 0.5, "batch_size": None, "local_steps": 5, **extra}, 30, name=name)
     cert_fa = fa.history[-1]
     assert cert_fa["violation_max"] > 0.02 and "kkt_eps1" in cert_fa
     _, pa = run(prob, {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.6, "eps1": 1e-3, "eps2": 1e-3}, 200)
     assert int(pa.server["converged"]) == 1 and pa.history[-1]["violation_max"] <= 1e-3
     assert pa.history[-1]["objective"] > cert_fa["objective"]  # the price of feasibility
+
+
+def test_unconstrained_fedprox_reduces_to_fedavg_and_descends_the_objective_not_the_model_loss():
+    """mu = 0: FedProx is FedAvg step for step; mu > 0 changes the steps; both descend sum_i f_i (the class-0
+    loss of Eq. 30), and the sequential and vectorized executors agree."""
+    x, y = np_data(N=60)
+    prob = np_problem(x, y, 3, r=0.5)
+    base = {"lr": 0.5, "batch_size": None, "local_steps": 5}
+    _, avg = run(prob, base, 20, name="fedavg_uncons")
+    _, prox0 = run(prob, {**base, "mu": 0.0}, 20, name="fedprox_uncons")
+    torch.testing.assert_close(prox0.server["w"], avg.server["w"], rtol=0, atol=0)
+    _, prox = run(prob, {**base, "mu": 1.0}, 20, name="fedprox_uncons")
+    _, prox_v = run(prob, {**base, "mu": 1.0}, 20, name="fedprox_uncons", executor="vectorized")
+    torch.testing.assert_close(prox_v.server["w"], prox.server["w"], rtol=1e-9, atol=1e-10)
+    assert not torch.equal(prox.server["w"], avg.server["w"])
+    zero = certificate(prob.extras["constraints"], prob.data, torch.zeros_like(avg.server["w"]))["objective"]
+    for res in (avg, prox):      # sum_i f_i went down from w = 0 (log 2 per client's class-0 rows)
+        assert res.history[-1]["objective"] < zero
 
 
 # ------------------------------------------------------------------ engine: executors, solvers, Flower

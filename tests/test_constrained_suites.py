@@ -27,12 +27,12 @@ def test_suites_sweep_the_tables_sh_grid_with_its_budgets():
     s1, base1 = load_suite(T1)
     s2, base2 = load_suite(T2)
     g1, g2 = cells(s1, base1), cells(s2, base2)
-    # Table 1: 4 datasets x n in {1, 5, 10, 20} x 3 methods x 10 seeds; Table 2: 4 n x 4 methods x 10 seeds
-    assert len(g1) == 4 * 4 * 3 * 10 and len(g2) == 4 * 4 * 10
+    # Table 1: 4 datasets x n in {1, 5, 10, 20} x 4 methods x 10 seeds; Table 2: 4 n x 5 methods x 10 seeds
+    assert len(g1) == 4 * 4 * 4 * 10 and len(g2) == 4 * 5 * 10
     assert {c["problem.params.dataset"] for c in g1} == {"breast_cancer", "breast_cancer_wisc", "monks1", "adult"}
     assert {c["data.num_clients"] for c in g1 + g2} == {1, 5, 10, 20} and s1.seeds == s2.seeds == list(range(10))
     assert {c["algorithm"] for c in g2} == {"Prox-AL FL (paper params)", "Prox-AL FL (code params)", "cProx-AL",
-                                            "FedAvg (no constraints)"}
+                                            "FedAvg (no constraints)", "FedProx (no constraints)"}
     e1 = Context(s1, base1).experiment({"problem.params.dataset": "adult"})
     e2 = Context(s2, base2).experiment({})
     assert e1.simulation.rounds == 1500 and e2.simulation.rounds == 600          # ROUNDS1, ROUNDS2
@@ -102,6 +102,9 @@ def _fixture_run(root: Path, folder: str, label: str, seed: int, n: int, objecti
     return d
 
 
+THREE = '["Prox-AL FL", "cProx-AL", "FedAvg (no constraints)"]'
+
+
 def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp_path, monkeypatch):
     from fedsolve.protocols import constrained_runs
 
@@ -121,7 +124,7 @@ def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp
     out = tmp_path / "suite"
     rows = main(str(T1), out=str(out), progress=False, sets=[
         "seeds=[0, 1, 2]", "sweep={problem.params.dataset: [monks1], data.num_clients: [5]}",
-        f"args.adopt=[{runs}]", "args.adopt_only=true"])
+        f"args.adopt=[{runs}]", "args.adopt_only=true", f"algorithms={THREE}"])
     by = {(r["algorithm"], r["seed"]): r for r in rows}
     assert len(rows) == 9
     assert by[("Prox-AL FL", 0)]["objective"] == 1.2 and by[("Prox-AL FL", 0)]["source"].endswith("b/Prox-AL_FL/seed0")
@@ -144,7 +147,7 @@ def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp
     _fixture_run(runs, "k", "Prox-AL FL", 0, 5, 7.0)   # seed 0 again, newest, but its cell is done
     rows = main(str(T1), out=str(out), progress=False, resume=True, sets=[
         "seeds=[0, 1, 2]", "sweep={problem.params.dataset: [monks1], data.num_clients: [5]}",
-        f"args.adopt=[{runs}]", "args.adopt_only=true"])
+        f"args.adopt=[{runs}]", "args.adopt_only=true", f"algorithms={THREE}"])
     by = {(r["algorithm"], r["seed"]): r for r in rows}
     assert by[("Prox-AL FL", 2)]["objective"] == 4.0 and by[("Prox-AL FL", 0)]["objective"] == 1.2
     assert "| Prox-AL FL | 3/3 |" in (out / "report.md").read_text()

@@ -22,7 +22,7 @@ from pathlib import Path
 from fedsolve.protocols.constrained_runs import constraint_loss, finished_runs, run_key, server_disparity
 
 ORDER = {"Prox-AL FL": 0, "Prox-AL FL (paper params)": 0, "Prox-AL FL (code params)": 1, "cProx-AL": 2,
-         "FedAvg (no constraints)": 3}
+         "FedAvg (no constraints)": 3, "FedProx (no constraints)": 4}
 NAMES = {"breast_cancer": "breast cancer (WDBC)", "breast_cancer_wisc:unit": "breast cancer (original Wisconsin, [0, 1])",
          "monks1": "monks-1 (rule)", "adult": "Adult"}
 # the grouping rule and the certificate's constrained losses are shared with the Tables 1/2 suites
