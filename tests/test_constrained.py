@@ -359,6 +359,35 @@ def test_unconstrained_fedprox_reduces_to_fedavg_and_descends_the_objective_not_
 
 
 # ------------------------------------------------------------------ engine: executors, solvers, Flower
+def test_a_run_ends_at_the_round_its_stopping_test_passes_and_resume_keeps_it(tmp_path):
+    """The engine stops once the algorithm has finished (Eq. 11 passed; every later round would be idle): the
+    last evaluation and checkpoint are at that round, the summary says so, and `compare --resume` with a larger
+    budget keeps the run instead of extending it."""
+    import json
+
+    from fedsolve.experiments.config import parse_config
+    from fedsolve.experiments.runner import compare
+
+    raw = {"name": "stop", "seeds": [0], "data": {"dataset": "breast_cancer", "num_clients": 3},
+           "problem": {"kind": "constrained_qp", "params": {"d": 5, "m": 1, "instance_seed": 0}},
+           "simulation": {"rounds": 3000, "eval_every": 1000, "sampling": {"fraction": 1.0}, "metrics": []},
+           "algorithms": [{"name": "proxal", "label": "P", "params": QP},
+                          {"name": "cproxal", "label": "C", "params": {"beta": 10.0, "s_bar": 1e-3}}]}
+    compare(parse_config(raw), out=tmp_path, progress=False)
+    for label in ("P", "C"):
+        d = tmp_path / label / "seed0"
+        summ = json.loads((d / "summary.json").read_text())
+        rounds = [json.loads(line)["round"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert summ["finished"] is True and summ["extras"]["constrained"]["converged"] == 1
+        assert 0 < summ["rounds"] < 3000 and rounds[-1] == summ["rounds"] and rounds[:-1] == list(
+            range(0, summ["rounds"], 1000))
+        assert torch.load(d / "checkpoint.pt", weights_only=False)["round"] == summ["rounds"]
+    before = (tmp_path / "P" / "seed0" / "summary.json").read_text()
+    compare(parse_config({**raw, "simulation": {**raw["simulation"], "rounds": 5000}}), out=tmp_path,
+            resume=True, progress=False)
+    assert (tmp_path / "P" / "seed0" / "summary.json").read_text() == before
+
+
 def test_sequential_equals_vectorized():
     x, y = np_data(N=45)
     for prob, params in ((np_problem(x, y, 3, r=0.45), {"beta": 10.0, "s_bar": 0.01, "rho": 1.0, "q": 0.5}),

@@ -18,21 +18,28 @@ name: constrained_flower
 seeds: [0]
 data: {dataset: breast_cancer, num_clients: 3}
 problem: {kind: constrained_qp, params: {d: 5, m: 1, instance_seed: 3}}
-simulation: {rounds: 30, eval_every: 15, sampling: {fraction: 1.0}, executor: sequential, metrics: []}
+simulation: {rounds: ROUNDS, eval_every: EVERY, sampling: {fraction: 1.0}, executor: sequential, metrics: []}
 algorithm: {name: proxal, params: {beta: 10.0, s_bar: 1.0, rho: 1.0, q: 0.5}}
 """
 
 
-def test_proxal_same_numbers_under_flower(tmp_path):
+def _both(tmp_path, rounds: int, every: int):
+    """The experiment through the in-memory Flower grid and in the simulation: (Flower history, its server run,
+    the grid, the simulation's result, the simulation)."""
     exp = tmp_path / "exp.yaml"
-    exp.write_text(EXPERIMENT)
+    exp.write_text(EXPERIMENT.replace("ROUNDS", str(rounds)).replace("EVERY", str(every)))
     rc = {"experiment": str(exp), "wait-for-nodes": 5.0, "round-timeout": 5.0, "eval-timeout": 5.0}
     task, grid, run, hist = _run(rc)
     res, sim = simulate_with_participation(task)
-    assert [r["round"] for r in hist] == [r["round"] for r in res.history] == [0, 15, 30]
     for d, s in zip(hist, res.history):
         keys = (set(d) & set(s)) - {"time_s", "eval_clients"}
         assert {k: d[k] for k in keys} == {k: s[k] for k in keys}
+    return hist, run, grid, res, sim
+
+
+def test_proxal_same_numbers_under_flower(tmp_path):
+    hist, run, grid, res, sim = _both(tmp_path, 30, 15)
+    assert [r["round"] for r in hist] == [r["round"] for r in res.history] == [0, 15, 30]
     # the certificates need every party's data and multipliers: the simulation logs them, a deployment's
     # server cannot; the protocol state (w^k, mu_0, counters, floats) is the same bit for bit
     assert res.history[-1]["admm_rounds"] > 0 and res.history[-1]["outer_iterations"] >= 1
@@ -46,3 +53,13 @@ def test_proxal_same_numbers_under_flower(tmp_path):
         rows = from_array_record(ctx.state[STATE])
         for k in ("mu", "lam", "u", "ut"):
             assert (rows[k] == sim.clients[k][node - 100]).all(), k
+
+
+def test_a_flower_run_ends_where_the_simulation_does_once_eq11_passes(tmp_path):
+    """With a budget beyond Eq. 11 (passed after 499 rounds here) the Flower server stops at the same round as
+    the simulation, with the same final evaluation and state."""
+    hist, run, grid, res, sim = _both(tmp_path, 800, 400)
+    assert [r["round"] for r in hist] == [r["round"] for r in res.history] == [0, 400, 499]
+    assert int(res.server["converged"]) == 1 and sim.round == 499
+    for k, v in res.server.items():
+        assert (run.server[k] == v).all(), k

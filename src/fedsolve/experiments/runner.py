@@ -169,14 +169,16 @@ def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
 def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, res: RunResult | None,
                   history: list[dict], status: str, message: str = "", wall: float = 0.0,
                   round_times: list[float] | None = None, extras: dict | None = None,
-                  executor: str | None = None, dataset: str | None = None) -> dict[str, Any]:
+                  executor: str | None = None, dataset: str | None = None, finished: bool = False) -> dict[str, Any]:
     """``executor``: the executor that ran (``simulation.executor: auto`` resolved); ``dataset``: what the run
-    used (:func:`recorded_dataset`; default the config's ``data.dataset``)."""
+    used (:func:`recorded_dataset`; default the config's ``data.dataset``); ``finished``: the algorithm's
+    stopping test ended the run (:meth:`~fedsolve.algorithms.base.Algorithm.finished`), maybe before the budget."""
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
         "algorithm": spec.name, "label": spec.display, "dataset": dataset or cfg.data.dataset, "experiment": cfg.name,
-        "seed": seed, "rounds": history[-1]["round"] if history else 0, "status": status, "message": message,
+        "seed": seed, "rounds": history[-1]["round"] if history else 0, "finished": finished, "status": status,
+        "message": message,
         "metrics": {"final": final, "best": best_metrics(history)},
         "communication": {"uplink_bytes": ledger.uplink_bytes if ledger else final.get("uplink_bytes", 0),
                           "downlink_bytes": ledger.downlink_bytes if ledger else final.get("downlink_bytes", 0)},
@@ -333,7 +335,8 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
     _participation_verdict(cfg, watch)
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
                             round_times=res.round_times, extras={**res.extras, **(extras or {})},
-                            executor=sim.executor.name, dataset=recorded_dataset(cfg, problem))
+                            executor=sim.executor.name, dataset=recorded_dataset(cfg, problem),
+                            finished=algo.finished(sim.server))
     if res.per_client or not (run_dir / "per_client.json").exists():
         atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if write_report:
@@ -473,8 +476,8 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
 
 # ------------------------------------------------------------------ compare
 def _kept(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path) -> dict | None:
-    """On ``compare --resume``: the summary of a finished run to keep as it is, or None to (re)run or extend it.
-    Its config must agree with this one (:func:`check_resume`; for a tuned spec, with the value it chose)."""
+    """On ``compare --resume``: the summary of a finished run to keep as it is (its round budget done, or its
+    algorithm's stopping test passed), or None to (re)run or extend it. Its config must agree with this one (:func:`check_resume`; for a tuned spec, with the value it chose)."""
     done = _completed(run_dir)
     if done is None:
         return None
@@ -490,7 +493,7 @@ def _kept(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path) 
     if rounds > cfg.simulation.rounds:
         raise ConfigError(f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {rounds} rounds "
                           f"{run_dir} has done; allowed: {rounds} or more")
-    return done if rounds == cfg.simulation.rounds else None
+    return done if rounds == cfg.simulation.rounds or done.get("finished") else None
 
 
 def _duration(sec: float) -> str:

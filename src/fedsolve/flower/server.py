@@ -309,7 +309,7 @@ class FlowerRun:
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
         """After ``done`` rounds: log, evaluate when due (the simulator's cadence), write the run's files."""
         log("round %s/%s: %s participants, train loss %s", done, self.cfg.rounds, info["clients"], info["train_loss"])
-        if eval_due(done, self.cfg):
+        if eval_due(done, self.cfg, self.algo.finished(self.server)):
             rec = self.evaluate(done, last_loss)
             self.history.append(rec)
             log("eval round %s: %s", done, {k: round(v, 4) for k, v in rec.items()
@@ -327,7 +327,8 @@ class FlowerRun:
                 self._first_loss = max(abs(rec0["test_loss"]), 1e-8)
             self.history.append(rec0)
             self._write("running")
-            drive_rounds(0, self.cfg.rounds, self._timed_round, self._after_round)
+            drive_rounds(0, self.cfg.rounds, self._timed_round, self._after_round,
+                         finished=lambda: self.algo.finished(self.server))
         except BaseException as e:
             self._write("failed", f"{type(e).__name__}: {e}")
             raise

@@ -193,10 +193,11 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
     return first_loss
 
 
-def eval_due(done: int, cfg: "SimulationConfig") -> bool:
+def eval_due(done: int, cfg: "SimulationConfig", finished: bool = False) -> bool:
     """The evaluation cadence (shared by ``Simulation`` and the Flower server): after every ``cfg.eval_every``
-    rounds and after the last one (``done`` rounds finished; round 0 is evaluated before the first)."""
-    return done % cfg.eval_every == 0 or done == cfg.rounds
+    rounds and after the last one, ``cfg.rounds`` or the round after which the algorithm has ``finished``
+    (``done`` rounds finished; round 0 is evaluated before the first)."""
+    return done % cfg.eval_every == 0 or done == cfg.rounds or finished
 
 
 @dataclass
@@ -538,11 +539,13 @@ class Simulation:
     def _rounds(self, last_loss: float | None) -> float | None:
         """Rounds ``start_round .. cfg.rounds - 1`` with their evaluations and checkpoints (:meth:`run`)."""
         return drive_rounds(max(self.round, self.start_round), self.cfg.rounds, lambda t: self.step(),
-                            self._after_round, last_loss)
+                            self._after_round, last_loss, finished=lambda: self.algo.finished(self.server))
 
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
-        """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due."""
-        is_eval = eval_due(done, self.cfg)
+        """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due
+        (both after the round that finishes the algorithm's work)."""
+        finished = self.algo.finished(self.server)
+        is_eval = eval_due(done, self.cfg, finished)
         if is_eval:
             rec = self.evaluate(done, last_loss)
             tl = rec.get("test_loss", rec.get("test_rmse", 0.0))
@@ -553,18 +556,21 @@ class Simulation:
             for cb in self.callbacks:
                 cb.on_eval(self, rec)
         ck_every = self.cfg.checkpoint_every
-        if (ck_every and done % ck_every == 0) or (not ck_every and is_eval):
+        if (ck_every and done % ck_every == 0) or is_eval and (not ck_every or finished):
             self.save_checkpoint(done)
 
 
 def drive_rounds(first: int, rounds: int, step: Callable[[int], dict[str, Any]],
-                 after: Callable[[int, float | None, dict[str, Any]], None], last_loss: float | None = None
-                 ) -> float | None:
+                 after: Callable[[int, float | None, dict[str, Any]], None], last_loss: float | None = None,
+                 finished: Callable[[], bool] = lambda: False) -> float | None:
     """THE round loop of fedsolve, shared by :class:`Simulation` and the Flower server: for ``t`` in
     ``first .. rounds - 1``, ``info = step(t)`` runs communication round ``t`` (its ``train_loss`` may be NaN when
     nobody took part), then ``after(t + 1, last finite train loss, info)`` evaluates, logs and checkpoints
-    when due. Returns the last finite train loss."""
+    when due. It stops early once ``finished()`` (the algorithm's :meth:`~fedsolve.algorithms.base.Algorithm.finished`:
+    its stopping test passed, every later round would be idle). Returns the last finite train loss."""
     for t in range(first, rounds):
+        if finished():
+            break
         info = step(t)
         if math.isfinite(info["train_loss"]):
             last_loss = info["train_loss"]

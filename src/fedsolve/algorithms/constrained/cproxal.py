@@ -166,6 +166,10 @@ class CProxAL(Algorithm):
     def local_update(self, state, msg, ctx):
         return {}, {}
 
+    def finished(self, server) -> bool:
+        """Eq. 11 has passed or the outer cap ``max_outer`` is reached: every later round is idle."""
+        return bool(int(server["done"]))
+
     def aggregate(self, server, ids, uploads, round_):
         if int(server["done"]):
             return server
