@@ -144,8 +144,8 @@ def parse_params(model: type, params: Mapping[str, Any]):
         lines = []
         for err in e.errors():
             where = ".".join(str(x) for x in err["loc"])
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown key; allowed keys: {sorted(model.model_fields)}"
+            if err["type"] == "extra_forbidden":   # the allowed keys are known here for top-level keys only
+                msg = "unknown key" + (f"; allowed keys: {sorted(model.model_fields)}" if len(err["loc"]) == 1 else "")
             else:
                 msg = err["msg"].removeprefix("Value error, ") + f" (got {err.get('input')!r})"
             lines.append(f"{where}: {msg}" if where else msg)

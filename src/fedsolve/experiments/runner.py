@@ -477,7 +477,8 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
 # ------------------------------------------------------------------ compare
 def _kept(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path) -> dict | None:
     """On ``compare --resume``: the summary of a finished run to keep as it is (its round budget done, or its
-    algorithm's stopping test passed), or None to (re)run or extend it. Its config must agree with this one (:func:`check_resume`; for a tuned spec, with the value it chose)."""
+    algorithm's stopping test passed), or None to (re)run or extend it. Its config must agree with this one
+    (:func:`check_resume`; for a tuned spec, with the value it chose)."""
     done = _completed(run_dir)
     if done is None:
         return None
