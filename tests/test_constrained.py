@@ -340,7 +340,7 @@ def test_unconstrained_baselines_violate_what_proxal_satisfies(name, extra):
     assert pa.history[-1]["objective"] > cert_fa["objective"]  # the price of feasibility
 
 
-def test_unconstrained_fedprox_reduces_to_fedavg_and_descends_the_objective_not_the_model_loss():
+def test_unconstrained_fedprox_reduces_to_fedavg_and_descends_the_objective():
     """mu = 0: FedProx is FedAvg step for step; mu > 0 changes the steps; both descend sum_i f_i (the class-0
     loss of Eq. 30), and the sequential and vectorized executors agree."""
     x, y = np_data(N=60)
