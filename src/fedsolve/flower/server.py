@@ -309,7 +309,7 @@ class FlowerRun:
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
         """After ``done`` rounds: log, evaluate when due (the simulator's cadence), write the run's files."""
         log("round %s/%s: %s participants, train loss %s", done, self.cfg.rounds, info["clients"], info["train_loss"])
-        if eval_due(done, self.cfg, self.algo.finished(self.server)):
+        if eval_due(done, self.cfg, info["finished"]):
             rec = self.evaluate(done, last_loss)
             self.history.append(rec)
             log("eval round %s: %s", done, {k: round(v, 4) for k, v in rec.items()

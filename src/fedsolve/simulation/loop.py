@@ -543,8 +543,8 @@ class Simulation:
 
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
         """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due
-        (both after the round that finishes the algorithm's work)."""
-        finished = self.algo.finished(self.server)
+        (both after the round that finishes the algorithm's work, ``info["finished"]``)."""
+        finished = info["finished"]
         is_eval = eval_due(done, self.cfg, finished)
         if is_eval:
             rec = self.evaluate(done, last_loss)
@@ -566,15 +566,19 @@ def drive_rounds(first: int, rounds: int, step: Callable[[int], dict[str, Any]],
     """THE round loop of fedsolve, shared by :class:`Simulation` and the Flower server: for ``t`` in
     ``first .. rounds - 1``, ``info = step(t)`` runs communication round ``t`` (its ``train_loss`` may be NaN when
     nobody took part), then ``after(t + 1, last finite train loss, info)`` evaluates, logs and checkpoints
-    when due. It stops early once ``finished()`` (the algorithm's :meth:`~fedsolve.algorithms.base.Algorithm.finished`:
-    its stopping test passed, every later round would be idle). Returns the last finite train loss."""
+    when due. ``finished()`` (the algorithm's :meth:`~fedsolve.algorithms.base.Algorithm.finished`: its stopping
+    test passed, every later round would be idle) is asked once per round, passed on as ``info["finished"]``, and
+    ends the loop there (or at once, for a resumed run that had finished). Returns the last finite train loss."""
+    if first < rounds and finished():
+        return last_loss
     for t in range(first, rounds):
-        if finished():
-            break
         info = step(t)
         if math.isfinite(info["train_loss"]):
             last_loss = info["train_loss"]
+        info["finished"] = finished()
         after(t + 1, last_loss, info)
+        if info["finished"]:
+            break
     return last_loss
 
 
