@@ -40,16 +40,14 @@ def breast_cancer() -> tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_breast_cancer
 
     d = load_breast_cancer()
-    x = d.data.astype(np.float64)
-    return (x - x.mean(0)) / x.std(0), (1 - d.target).astype(np.int64)
+    return rescale(d.data.astype(np.float64), "zscore"), (1 - d.target).astype(np.int64)
 
 
 def breast_cancer_wisc(download: bool = True) -> tuple[np.ndarray, np.ndarray]:
     from fedsolve.data.fetch import load_npz
 
     d = load_npz("wbc", download=download)
-    x = d["wbc_x"].astype(np.float64)
-    return (x - x.mean(0)) / x.std(0), d["wbc_y"].astype(np.int64)
+    return rescale(d["wbc_x"].astype(np.float64), "zscore"), d["wbc_y"].astype(np.int64)
 
 
 def monks1() -> tuple[np.ndarray, np.ndarray]:
