@@ -272,6 +272,21 @@ def test_a_cuda_run_sets_tf32_from_the_config_and_a_cpu_run_leaves_it(tf32, monk
 
 
 @needs_cuda
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_float32_cnn_run_on_cuda_gives_the_cpus_numbers_with_tf32_off(executor):
+    """``simulation.tf32`` off (the default): cuDNN's convolutions and cuBLAS's products stay in float32, so a
+    LeNet run on the GPU lands on the CPU's weights to float32 rounding, where TF32's 10-bit mantissa put an H100's
+    batched and sequential LeNet rounds 6e-4 apart (``benchmarks/tf32_check.py`` prints both)."""
+    from test_batched_conv import problem as cnn_problem
+
+    s1, r1 = _run(cnn_problem("lenet"), "fedavg", device="cpu", executor=executor)
+    s2, r2 = _run(cnn_problem("lenet"), "fedavg", device="cuda", executor=executor, tf32=False)
+    _same_run(r1, r2, s1, s2)
+    w1, w2 = r1.server["w"].double(), r2.server["w"].detach().cpu().double()
+    assert float((w1 - w2).abs().max() / w1.abs().max()) < 1e-5
+
+
+@needs_cuda
 def test_cuda_checkpoint_resumes_on_the_cpu(tmp_path):
     _, full = _run(mlp_problem(), "scaffold", device="cpu", executor="vectorized", rounds=4)
     _run(mlp_problem(), "scaffold", device="cuda", executor="vectorized", rounds=2, out_dir=tmp_path)
