@@ -740,6 +740,57 @@ def test_newton_stops_at_the_rounding_floor():
     assert float((u - v).abs().max()) < 1e-12
 
 
+def _saddle_well(u):
+    """x^4 - y^2 + y^4: a saddle at the origin, minimisers (0, +-1/sqrt 2) with f = -1/4."""
+    return u[0] ** 4 - u[1] ** 2 + u[1] ** 4
+
+
+def test_newton_on_a_nonconvex_subproblem_reaches_a_local_minimiser_not_the_saddle():
+    """A subproblem need not be convex (the fairness constraint, Eq. 32, is a difference of convex losses). From
+    (0.5, 0.1) the Hessian is indefinite; the plain Newton step (``newton_step: plain``) sends y to about 0 while
+    the slower x-part keeps every step a descent direction, and it ends at the saddle (0, 0), where the gradient
+    test passes. The modified Newton (``positive_definite``, the default) shifts such a Hessian by 2 |lambda_min|
+    and lands on the minimiser (0, 1/sqrt 2), however it runs: one party, stacked parties, vmap with fixed caps."""
+    from torch.func import hessian, vmap
+
+    from fedsolve.algorithms.constrained import subproblem as sp
+
+    start = torch.tensor([0.5, 0.1], dtype=torch.float64)
+    assert float(torch.linalg.eigvalsh(hessian(_saddle_well)(start))[0]) < 0
+    saddle, res_plain, _ = sp.newton(_saddle_well, start, 1e-12, 100, eager=True, modified=False)
+    assert float(res_plain) <= 1e-12 and float(saddle.abs().max()) < 1e-4, saddle
+    assert float(torch.linalg.eigvalsh(hessian(_saddle_well)(saddle))[0]) < -1   # not a minimiser
+
+    u, res, _ = sp.newton(_saddle_well, start, 1e-12, 100, eager=True)
+    assert float(res) <= 1e-12 and abs(float(u[0])) < 1e-4 and abs(float(u[1]) - 2 ** -0.5) < 1e-9, u
+    assert abs(float(_saddle_well(u)) + 0.25) < 1e-12
+
+    starts = torch.tensor([[0.5, 0.1], [0.5, -0.1], [1.0, 2.0]], dtype=torch.float64)   # the last one convex
+    U, R, _ = sp.newton(lambda v, s: _saddle_well(v) + 0 * s, starts, 1e-12, 100, args=(torch.zeros(3),),
+                        stacked=True)
+    assert bool((R <= 1e-12).all())
+    assert float(U[:, 0].abs().max()) < 1e-4
+    torch.testing.assert_close(U[:, 1], torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64) * 2 ** -0.5,
+                               atol=1e-9, rtol=0)
+    torch.testing.assert_close(U[0], u, atol=0, rtol=0)   # stacked: the numbers of the one-party solve
+    V = vmap(lambda s: sp.newton(_saddle_well, s, 1e-12, 100)[0])(starts)
+    torch.testing.assert_close(V[:, 1], U[:, 1], atol=1e-9, rtol=0)
+
+
+def test_positive_definite_leaves_a_positive_definite_hessian_as_it_is():
+    """The convex subproblems (Neyman-Pearson, QP) keep their plain Newton steps: the very tensor when every
+    party's Cholesky factorisation succeeds; only the failing parties are shifted, to a spectrum >= |lambda_min|."""
+    from fedsolve.algorithms.constrained import subproblem as sp
+
+    A = torch.tensor([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, -3.0]]], dtype=torch.float64)
+    assert sp.positive_definite(A[:1]) is A[:1] or torch.equal(sp.positive_definite(A[:1]), A[:1])
+    B = sp.positive_definite(A)
+    assert torch.equal(B[0], A[0])
+    torch.testing.assert_close(torch.linalg.eigvalsh(B[1]), torch.tensor([3.0, 7.0], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(sp.positive_definite(A, check=False), B)
+
+
 def test_eager_newton_line_search_meets_the_tolerance_on_breast_cancer_n20(monkeypatch):
     """Breast cancer at n = 20 with the paper's NP parameters (seed 1): with rho = 0.01 the first ADMM rounds
     send u_i to |u| ~ 1e4 and a Newton step can need 2^-13; run alone, the line search may halve 60 times

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,8 +36,10 @@ from fedsolve.data.federated import FederatedData
 class CProxALStep:
     """One outer iteration of Algorithm 3 on the pooled data of ``spec``'s parties."""
 
-    def __init__(self, spec: ConstrainedSpec, data: FederatedData, beta: float, newton_max_iter: int = 100):
+    def __init__(self, spec: ConstrainedSpec, data: FederatedData, beta: float, newton_max_iter: int = 100,
+                 newton_step: str = "modified"):
         self.spec, self.data, self.beta, self.newton_max_iter = spec, data, beta, newton_max_iter
+        self.modified = newton_step == "modified"
         self.X, self.Y, self.M = stack_rows([data.client_train(i) for i in range(data.num_clients)])
         none = torch.zeros(0, dtype=torch.bool)
         self.eq = spec.client_constraint.eq_mask if spec.client_constraint is not None else none
@@ -65,7 +67,7 @@ class CProxALStep:
                 self._factor = sp.quadratic_factor(smooth, w)
             w_new, _ = sp.quadratic_step(smooth, w, self._factor)
         else:
-            w_new, _, _ = sp.newton(smooth, w, tau, self.newton_max_iter, eager=True)
+            w_new, _, _ = sp.newton(smooth, w, tau, self.newton_max_iter, eager=True, modified=self.modified)
         mu_new = shifted(mu, self.c_all(w_new, X, Y, M), self.eq, beta) if spec.m_client else mu
         m0_new = shifted(m0, spec.server.c(w_new).double(), self.eq0, beta) if spec.m_server else m0
         return w_new, mu_new, m0_new
@@ -94,10 +96,10 @@ class CProxALResult:
 
 def cproxal(spec: ConstrainedSpec, data: FederatedData, w0: Tensor, *, beta: float, s_bar: float, eps1: float = 1e-3,
             eps2: float = 1e-3, mu0: float = 0.0, max_outer: int = 100, newton_max_iter: int = 100,
-            certify: bool = True) -> CProxALResult:
+            newton_step: str = "modified", certify: bool = True) -> CProxALResult:
     """Run Algorithm 3 from ``w0`` with every multiplier at ``mu0``."""
     t0 = time.perf_counter()
-    step = CProxALStep(spec, data, beta, newton_max_iter)
+    step = CProxALStep(spec, data, beta, newton_max_iter, newton_step)
     w = w0.detach().double().clone()
     mu = torch.full((data.num_clients, spec.m_client), mu0, dtype=torch.float64)
     m0 = torch.full((spec.m_server,), mu0, dtype=torch.float64)
@@ -130,6 +132,9 @@ class CProxALConfig(BaseModel):
     w0: str = Field("unit_sphere", pattern="^(unit_sphere|positive_sphere|engine|zero)$",
                     description="w^0, drawn as Prox-AL FL draws it (same seed: the same w^0)")
     newton_max_iter: int = Field(100, ge=1, description="Newton steps per subproblem (cap)")
+    newton_step: Literal["modified", "plain"] = Field(
+        "modified", description="Newton step where the subproblem's Hessian is not positive definite (as Prox-AL "
+                                "FL's newton_step)")
 
 
 @register
@@ -145,7 +150,8 @@ class CProxAL(Algorithm):
 
     def setup(self) -> None:
         self.spec = get_spec(self.problem, self.name)
-        self.step = CProxALStep(self.spec, self.problem.data, self.cfg.beta, self.cfg.newton_max_iter)
+        self.step = CProxALStep(self.spec, self.problem.data, self.cfg.beta, self.cfg.newton_max_iter,
+                                self.cfg.newton_step)
 
     def work(self, round_: int = 0) -> dict[str, Work]:
         return {"train": Work(epochs=None, steps=1, batch_size=None)}

@@ -71,6 +71,10 @@ class ProxALConfig(BaseModel):
                             "else newton; scipy = L-BFGS-B client by client (reference; sequential executor)")
     newton_eager_max_iter: int = Field(200, ge=1, description="cap on Newton steps per subproblem (clients under "
                                        "every executor, and the server): each stops once Eq. 19's tolerance is met")
+    newton_step: Literal["modified", "plain"] = Field(
+        "modified", description="Newton step where a subproblem's Hessian is not positive definite (a nonconvex "
+                                "constraint, e.g. fairness): modified = H + 2|lambda_min| I, towards a local "
+                                "minimiser; plain = H as it is (Table 2's reported runs)")
     inner_stop: Literal["paper", "measured", "code"] = Field(
         "paper", description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
                              "none (authors' NP/QP code)")
@@ -145,7 +149,8 @@ class ServerSide:
         if self.solver == "scipy":
             w, res, _ = sp.scipy_lbfgsb(smooth, start, tol)
         else:
-            w, res, _ = sp.newton(smooth, start, tol, self.cfg.newton_eager_max_iter, eager=True)
+            w, res, _ = sp.newton(smooth, start, tol, self.cfg.newton_eager_max_iter, eager=True,
+                                  modified=self.cfg.newton_step == "modified")
         return w, float(res)
 
     def update_mu(self, mu0: Tensor, w: Tensor) -> Tensor:
@@ -350,7 +355,7 @@ class ProxAL(Algorithm):
                 u, res, _ = sp.scipy_lbfgsb(lambda v: self._phi(v, *args), u_old, float(tol))
             else:   # every client until its own tolerance is met (or the cap)
                 u, res, _ = sp.newton(self._phi, u_old, tol, c.newton_eager_max_iter, eager=ctx.eager, args=args,
-                                      stacked=ctx.stacked)
+                                      stacked=ctx.stacked, modified=c.newton_step == "modified")
         lam_new = lam + rho * (u - w)
         ut = u + lam_new / rho
         if c.eps_tilde == "paper":

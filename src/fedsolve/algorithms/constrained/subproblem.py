@@ -38,8 +38,10 @@ def _inf(g: Tensor) -> Tensor:
 
 def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter: int = 20,
            ls_steps: int | None = None, c1: float = 1e-4, eager: bool = False,
-           args: tuple = (), stacked: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Minimise the strongly convex ``fun(u, *args)`` from ``u0`` until ``||grad||_inf <= tol``.
+           args: tuple = (), stacked: bool = False, modified: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """Minimise the strongly convex ``fun(u, *args)`` from ``u0`` until ``||grad||_inf <= tol``; with ``modified``
+    a nonconvex one to a local minimiser (:func:`positive_definite`; ``False``: the Hessian as it is, a scaled
+    gradient step where its step is no descent direction).
 
     Returns ``(u, ||grad fun(u)||_inf, newton steps taken)``. One party (``u0`` of shape ``[d]``), or with
     ``stacked=True`` the parties of ``u0 [K, d]`` and ``args`` (leading dimension K) at once: ``fun``, its
@@ -69,7 +71,7 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
     for _ in range(max_iter):
         if loops and bool(done.all()):
             break
-        H = h_of(u)
+        H = positive_definite(h_of(u), check=loops) if modified else h_of(u)
         p = -torch.linalg.solve(H, g)
         slope = (g * p).sum(-1)
         descent = slope < 0
@@ -98,6 +100,22 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
         # rounding floor (a tolerance eps_{t+1} = q^t below it cannot be met): the party stops too
         done = done | (_inf(g) <= tol) | ~accepted | (tiny & (_inf(g) >= g_prev))
     return u, _inf(g), steps
+
+
+def positive_definite(H: Tensor, check: bool = True) -> Tensor:
+    """Modified Newton (Nocedal & Wright, Sec. 3.4): each party's Hessian as it is where it is positive definite
+    (its Cholesky factorisation succeeds), else ``H + tau I`` with ``tau = 2 |lambda_min(H)|`` plus a rounding
+    margin, whose spectrum is at least ``|lambda_min|``. A convex subproblem is untouched; a nonconvex one (a
+    constraint that is a difference of convex losses, Eq. 32) then gets a descent direction at every step and its
+    Newton iterates head for a local minimiser, never a saddle. ``check``: skip the eigenvalues when every party's
+    factorisation succeeds (Python branching; False under vmap)."""
+    fails = torch.linalg.cholesky_ex(H).info > 0
+    if check and not bool(fails.any()):
+        return H
+    lmin = torch.linalg.eigvalsh(H)[..., 0]
+    margin = 1e-8 * H.diagonal(0, -2, -1).abs().amax(-1).clamp_min(1e-12)
+    tau = torch.where(fails, 2 * (-lmin).clamp_min(0) + margin, torch.zeros_like(lmin))
+    return H + tau[..., None, None] * torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
 
 
 def jacobian(fun: Fun, u: Tensor) -> Tensor:
