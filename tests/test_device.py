@@ -212,6 +212,27 @@ def test_every_family_algorithm_has_a_device_case():
 
 
 @needs_cuda
+@pytest.mark.parametrize("executor", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", ["proxal", "cproxal"])
+def test_cuda_newton_subproblems_match_cpu(name, executor):
+    """The Newton-solved subproblems (constraints that are not quadratic; FAMILY_CASES' QP takes exact solves) on
+    the GPU, on a small fairness problem whose subproblem Hessians go indefinite, so the modified step's
+    Cholesky test and eigenvalue shift run there too: the CPU's run."""
+    from test_constrained import _fair_problem
+
+    params = {"beta": 50.0, "s_bar": 0.01, **({"rho": 0.1} if name == "proxal" else {})}
+    runs = []
+    for device in ("cpu", "cuda"):
+        problem = _fair_problem(n=3)
+        sim = Simulation(problem, get_algorithm(name)(params, problem),
+                         SimulationConfig(rounds=30, eval_every=10, executor=executor, device=device,
+                                          sampling={"fraction": 1.0}), seed=0)
+        runs.append((sim, sim.run()))
+    (s1, r1), (s2, r2) = runs
+    _same_run(r1, r2, s1, s2)
+
+
+@needs_cuda
 def test_cuda_linear_executor_and_fpfc_pairs_match_cpu():
     """The one-layer ``linear`` executor and FPFC's pair update run their tensor path on the GPU (the compiled
     kernels are CPU-only) and agree with the CPU run."""
