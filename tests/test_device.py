@@ -217,10 +217,12 @@ def test_every_family_algorithm_has_a_device_case():
 def test_cuda_newton_subproblems_match_cpu(name, executor):
     """The Newton-solved subproblems (constraints that are not quadratic; FAMILY_CASES' QP takes exact solves) on
     the GPU, on a small fairness problem whose subproblem Hessians go indefinite, so the modified step's
-    Cholesky test and eigenvalue shift run there too: the CPU's run."""
+    Cholesky test and eigenvalue shift run there too: the CPU's run. (rho = 1: with rho = 0.1 the ADMM on these
+    nonconvex parts does not settle in 30 rounds and rounding alone moves its residual by 3-10%, the sequential
+    and vectorized executors' CPU runs too; results/constrained/README.md, Table 2 n = 20 seed 9.)"""
     from test_constrained import _fair_problem
 
-    params = {"beta": 50.0, "s_bar": 0.01, **({"rho": 0.1} if name == "proxal" else {})}
+    params = {"beta": 50.0, "s_bar": 0.01, **({"rho": 1.0} if name == "proxal" else {})}
     runs = []
     for device in ("cpu", "cuda"):
         problem = _fair_problem(n=3)
