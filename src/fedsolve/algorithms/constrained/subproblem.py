@@ -5,7 +5,8 @@
   round (its functions vmapped, its loops in Python until every party is done), or under vmap (fixed caps).
   For the small d of the paper's problems one Hessian per step is cheap, and the squared-positive-part
   penalty is C^1 with a piecewise-constant Hessian, so line search keeps it safe where gradients are only
-  locally Lipschitz (spec 7.11).
+  locally Lipschitz (spec 7.11). An indefinite Hessian (a nonconvex constraint) is shifted to positive
+  definite first (:func:`positive_definite`, the modified Newton step).
 * :func:`quadratic_hessian`, :func:`quadratic_factor`, :func:`sym_pair` -- quadratic subproblems (App. E.2):
   the Hessian ``H`` is constant, so it is built and factored once and every solve is exact. A round of
   Eqs. 19 + 22 needs ``H^{-1} r`` and ``H w``: :func:`sym_pair` packs ``H^{-1}`` (upper triangle) and ``H``
