@@ -4,8 +4,9 @@
 Workload: Table 2's fairness problem (Eq. 32, UCI Adult, 3,000 client rows and 1,000 server rows, the authors'
 code parameters beta 50, s_bar 1e-2, rho 0.1, inner cap 2,000) at n = 20, vectorized executor, ``--rounds``
 engine rounds from a fresh start. At seed 9 the clients' subproblems become indefinite in the first inner loop
-(the fairness constraint is a difference of convex losses); at seed 0 they hardly do. The two steps alternate,
-``--reps`` times each after an untimed warm-up of each; the medians of the process CPU time (one thread) are compared. Prints per seed
+(the fairness constraint is a difference of convex losses); at seed 0 few do. The two steps alternate, ``--reps``
+times each after an untimed warm-up of each; the medians of the process CPU time (one thread) are compared.
+Prints per seed
 
     ratio newton_step seed<s>_modified_vs_plain <plain CPU s / modified CPU s>
 

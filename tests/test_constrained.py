@@ -788,11 +788,12 @@ def test_sequential_and_vectorized_agree_where_the_modified_step_shifts_a_hessia
         shifted.append(bool((torch.linalg.cholesky_ex(H).info > 0).any())), pd(H, check))[1])
     runs = {}
     for executor in ("sequential", "vectorized"):
+        shifted.clear()
         prob = _fair_problem(n=3)
         algo = get_algorithm("proxal")({"beta": 50.0, "rho": 1.0, "s_bar": 0.01}, prob)
         runs[executor] = Simulation(prob, algo, SimulationConfig(rounds=40, eval_every=10, executor=executor,
                                                                  sampling={"fraction": 1.0}), seed=0).run()
-    assert sum(shifted) >= 2   # the shift was taken, under both executors
+        assert any(shifted), executor   # the shift was taken under this executor
     seq, vec = runs["sequential"], runs["vectorized"]
     for k in ("u", "lam", "ut"):
         torch.testing.assert_close(seq.clients[k], vec.clients[k], atol=1e-10, rtol=0)
@@ -805,7 +806,8 @@ def test_positive_definite_leaves_a_positive_definite_hessian_as_it_is():
     from fedsolve.algorithms.constrained import subproblem as sp
 
     A = torch.tensor([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, -3.0]]], dtype=torch.float64)
-    assert sp.positive_definite(A[:1]) is A[:1] or torch.equal(sp.positive_definite(A[:1]), A[:1])
+    convex = A[:1]
+    assert sp.positive_definite(convex) is convex
     B = sp.positive_definite(A)
     assert torch.equal(B[0], A[0])
     torch.testing.assert_close(torch.linalg.eigvalsh(B[1]), torch.tensor([3.0, 7.0], dtype=torch.float64),
