@@ -308,7 +308,9 @@ class FlowerRun:
 
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
         """After ``done`` rounds: log, evaluate when due (the simulator's cadence), write the run's files."""
-        log("round %s/%s: %s participants, train loss %s", done, self.cfg.rounds, info["clients"], info["train_loss"])
+        # algorithms that minimise no training loss (Prox-AL, cProx-AL) log none
+        loss = f", train loss {info['train_loss']}" if self.algo.reports_train_loss else ""
+        log("round %s/%s: %s participants%s", done, self.cfg.rounds, info["clients"], loss)
         if eval_due(done, self.cfg, info["finished"]):
             rec = self.evaluate(done, last_loss)
             self.history.append(rec)
