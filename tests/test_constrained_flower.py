@@ -51,6 +51,19 @@ def _both(tmp_path, rounds: int, every: int, experiment: str = EXPERIMENT, rel: 
     return hist, run, grid, res, sim
 
 
+def _same_states(run, grid, res, sim):
+    """The server's protocol state and every node's multipliers and ADMM rows: the simulation's, bit for bit."""
+    from fedsolve.flower.client import STATE
+    from fedsolve.flower.records import from_array_record
+
+    for k, v in res.server.items():
+        assert (run.server[k] == v).all(), k
+    for node, ctx in grid.ctx.items():
+        rows = from_array_record(ctx.state[STATE])
+        for k in ("mu", "lam", "u", "ut"):
+            assert (rows[k] == sim.clients[k][node - 100]).all(), k
+
+
 def test_proxal_same_numbers_under_flower(tmp_path):
     hist, run, grid, res, sim = _both(tmp_path, 30, 15)
     assert [r["round"] for r in hist] == [r["round"] for r in res.history] == [0, 15, 30]
@@ -58,15 +71,7 @@ def test_proxal_same_numbers_under_flower(tmp_path):
     # server cannot; the protocol state (w^k, mu_0, counters, floats) is the same bit for bit
     assert res.history[-1]["admm_rounds"] > 0 and res.history[-1]["outer_iterations"] >= 1
     assert set(run.server) == set(res.server)
-    for k, v in res.server.items():
-        assert (run.server[k] == v).all(), k
-    from fedsolve.flower.client import STATE
-    from fedsolve.flower.records import from_array_record
-
-    for node, ctx in grid.ctx.items():
-        rows = from_array_record(ctx.state[STATE])
-        for k in ("mu", "lam", "u", "ut"):
-            assert (rows[k] == sim.clients[k][node - 100]).all(), k
+    _same_states(run, grid, res, sim)
 
 
 def test_proxal_with_newton_solves_same_numbers_under_flower(tmp_path, monkeypatch):
@@ -84,15 +89,7 @@ def test_proxal_with_newton_solves_same_numbers_under_flower(tmp_path, monkeypat
     hist, run, grid, res, sim = _both(tmp_path, 40, 20, FAIRNESS, rel=1e-14)
     assert any(shifted)
     assert res.history[-1]["admm_rounds"] > 0
-    for k, v in res.server.items():
-        assert (run.server[k] == v).all(), k
-    from fedsolve.flower.client import STATE
-    from fedsolve.flower.records import from_array_record
-
-    for node, ctx in grid.ctx.items():
-        rows = from_array_record(ctx.state[STATE])
-        for k in ("mu", "lam", "u", "ut"):
-            assert (rows[k] == sim.clients[k][node - 100]).all(), k
+    _same_states(run, grid, res, sim)
 
 
 def test_a_flower_run_ends_where_the_simulation_does_once_eq11_passes(tmp_path):
