@@ -777,15 +777,21 @@ def test_newton_on_a_nonconvex_subproblem_reaches_a_local_minimiser_not_the_sadd
     torch.testing.assert_close(V[:, 1], U[:, 1], atol=1e-9, rtol=0)
 
 
-def test_sequential_and_vectorized_agree_where_the_modified_step_shifts_a_hessian(monkeypatch):
-    """On a fairness problem (nonconvex subproblems) whose client Hessians go indefinite, the stacked Newton
-    solve with the modified step gives the client-by-client numbers (rho = 1, where the ADMM settles)."""
+def record_shifts(monkeypatch) -> list[bool]:
+    """Spy on the modified Newton step: one entry per Hessian it sees, True where some party's is shifted."""
     from fedsolve.algorithms.constrained import subproblem as sp
 
-    shifted = []
+    shifted: list[bool] = []
     pd = sp.positive_definite
     monkeypatch.setattr(sp, "positive_definite", lambda H, check=True: (
         shifted.append(bool((torch.linalg.cholesky_ex(H).info > 0).any())), pd(H, check))[1])
+    return shifted
+
+
+def test_sequential_and_vectorized_agree_where_the_modified_step_shifts_a_hessian(monkeypatch):
+    """On a fairness problem (nonconvex subproblems) whose client Hessians go indefinite, the stacked Newton
+    solve with the modified step gives the client-by-client numbers (rho = 1, where the ADMM settles)."""
+    shifted = record_shifts(monkeypatch)
     runs = {}
     for executor in ("sequential", "vectorized"):
         shifted.clear()

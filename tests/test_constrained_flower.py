@@ -78,14 +78,9 @@ def test_proxal_with_newton_solves_same_numbers_under_flower(tmp_path, monkeypat
     """The Newton-solved path (a fairness problem, whose subproblems go indefinite: the modified step's shift is
     taken) gives the simulation's numbers on the Flower nodes too: the server's and the nodes' states bit for bit,
     the logged test loss to the last bit of the scoring (1 ulp apart)."""
-    import torch
+    from test_constrained import record_shifts
 
-    from fedsolve.algorithms.constrained import subproblem as sp
-
-    shifted = []
-    pd = sp.positive_definite
-    monkeypatch.setattr(sp, "positive_definite", lambda H, check=True: (
-        shifted.append(bool((torch.linalg.cholesky_ex(H).info > 0).any())), pd(H, check))[1])
+    shifted = record_shifts(monkeypatch)
     hist, run, grid, res, sim = _both(tmp_path, 40, 20, FAIRNESS, rel=1e-14)
     assert any(shifted)
     assert res.history[-1]["admm_rounds"] > 0
