@@ -25,13 +25,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.algorithms.base import place_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm
+from fedsolve.engine.algorithm import place_algorithm  # noqa: E402
 from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, build_plans  # noqa: E402
 from fedsolve.core.rng import RngStreams  # noqa: E402
 from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
-from fedsolve.problem_kinds import get_problem_kind  # noqa: E402
+from fedsolve.families import get_problem_kind  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
 
 

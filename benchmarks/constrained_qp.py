@@ -35,10 +35,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm  # noqa: E402
 from fedsolve.core.states import ClientStates  # noqa: E402
-from fedsolve.problem_kinds.constrained import qp_exact_solution, qp_problem  # noqa: E402
-from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
+from fedsolve.families.constrained.kind import qp_exact_solution, qp_problem  # noqa: E402
+from fedsolve.engine import Simulation, SimulationConfig  # noqa: E402
 
 PAPER = {"beta": 10.0, "s_bar": 0.1, "rho": 1.0, "q": 0.9, "eps1": 1e-3, "eps2": 1e-3, "max_outer": 10000,
          "max_inner": 10000}

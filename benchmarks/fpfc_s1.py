@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from fedsolve.algorithms.fpfc import FPFC, prox_scale
+from fedsolve.families.clustered.fpfc import FPFC, prox_scale
 from fedsolve.data.synthetic import fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 LAM, RHO, LR, STEPS, FRACTION = 0.6, 1.0, 0.1, 10, 0.3
 

@@ -39,13 +39,13 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from round_time import MODEL_KW, WORKLOADS  # noqa: E402  (the same workloads as the CPU benchmark)
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm  # noqa: E402
 from fedsolve.core.executor import build_plans  # noqa: E402
 from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
-from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
-from fedsolve.simulation.sampling import sample_clients  # noqa: E402
+from fedsolve.engine import Simulation, SimulationConfig  # noqa: E402
+from fedsolve.engine.sampling import sample_clients  # noqa: E402
 
 
 def sync(device: torch.device) -> None:

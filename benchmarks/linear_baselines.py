@@ -18,11 +18,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm  # noqa: E402
 from fedsolve.data.synthetic import fpfc_synthetic  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
-from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
+from fedsolve.engine import Simulation, SimulationConfig  # noqa: E402
 
 EXTRA = {"ifca": {"num_clusters": 4, "init": "normal"}, "perfedavg": {"variant": "code"}}
 

@@ -24,7 +24,7 @@ import torch
 
 from fedsolve.experiments.config import load_config
 from fedsolve.experiments.runner import build_algorithm, build_problem
-from fedsolve.simulation.loop import Simulation
+from fedsolve.engine.loop import Simulation
 
 SUITE = Path(__file__).resolve().parent.parent / "experiments" / "minimax" / "mnistm_dann_2clients.yaml"
 

@@ -25,10 +25,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm  # noqa: E402
 from fedsolve.experiments.config import load_config  # noqa: E402
 from fedsolve.experiments.runner import build_problem  # noqa: E402
-from fedsolve.simulation import Simulation  # noqa: E402
+from fedsolve.engine import Simulation  # noqa: E402
 
 EXPERIMENT = "experiments/constrained/table2_fairness_adult.yaml"
 LABEL = "Prox-AL FL (code params)"

@@ -42,11 +42,11 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm  # noqa: E402
 from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
-from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
+from fedsolve.engine import Simulation, SimulationConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from handwritten import HandwrittenChain  # noqa: E402

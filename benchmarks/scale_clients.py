@@ -47,11 +47,11 @@ def one(algo: str, m: int, per_round: int, rounds: int, w: dict, device: str, bu
     """One configuration, in this process: its figures as a dict."""
     import torch
 
-    from fedsolve.algorithms import get_algorithm
+    from fedsolve.families import get_algorithm
     from fedsolve.data.federated import FederatedData
     from fedsolve.models import build_model_fn
     from fedsolve.problems import FederatedProblem
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.engine import Simulation, SimulationConfig
 
     torch.set_num_threads(int(os.environ.get("SCALE_THREADS", "1")))
     g = torch.Generator().manual_seed(0)
@@ -102,11 +102,11 @@ def fpfc_one(m: int, per_round: int, rounds: int, n: int, chunk: int, fused: str
     d_f = 2,010, the rest averaged; ``all`` fuses the whole model), sparse pair store: figures as a dict."""
     import torch
 
-    from fedsolve.algorithms import get_algorithm
+    from fedsolve.families import get_algorithm
     from fedsolve.data.federated import FederatedData
     from fedsolve.models import build_model_fn
     from fedsolve.problems import FederatedProblem
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.engine import Simulation, SimulationConfig
 
     torch.set_num_threads(int(os.environ.get("SCALE_THREADS", "1")))
     g = torch.Generator().manual_seed(0)

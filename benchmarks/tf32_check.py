@@ -18,11 +18,11 @@ import argparse
 
 import torch
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 
 def lenet_problem(clients: int = 20, rows: int = 60) -> FederatedProblem:

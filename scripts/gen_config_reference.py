@@ -3,7 +3,7 @@
 
 Everything in the reference comes from the code: the pydantic models of an experiment config
 (ExperimentConfig, DataConfig, ModelConfig, SimulationConfig, SamplingConfig, WorkConfig,
-AlgorithmSpec), every registered algorithm's ``Config`` (``fedsolve.algorithms.ALGORITHMS``), and the
+AlgorithmSpec), every registered algorithm's ``Config`` (``fedsolve.families.ALGORITHMS``), and the
 registries of datasets, partitioners, cluster transforms and models (names, descriptions and the
 parameters their functions accept). The output is deterministic (sorted, no addresses, no dates).
 
@@ -159,8 +159,8 @@ def _params_of(fn, skip: tuple[str, ...] = ()) -> str:
 # ------------------------------------------------------------------ sections
 def experiment_sections() -> list[str]:
     from fedsolve.experiments.config import AlgorithmSpec, DataConfig, ExperimentConfig, ModelConfig, TuneSpec
-    from fedsolve.simulation.loop import SimulationConfig, WorkConfig
-    from fedsolve.simulation.sampling import SamplingConfig
+    from fedsolve.engine.loop import SimulationConfig, WorkConfig
+    from fedsolve.engine.sampling import SamplingConfig
 
     models = [
         (ExperimentConfig, "", "The top level of an experiment YAML: one problem, one or several algorithms, "
@@ -192,7 +192,7 @@ def experiment_sections() -> list[str]:
 
 
 def algorithm_sections() -> list[str]:
-    from fedsolve.algorithms import ALGORITHMS
+    from fedsolve.families import ALGORITHMS
 
     lines = ["## Algorithms", "",
              "Every registered algorithm (`fedsolve list algorithms`) and the fields of its typed config "
@@ -263,7 +263,7 @@ def registry_sections() -> list[str]:
 
 def render() -> str:
     """The whole reference as a string (deterministic)."""
-    import fedsolve.algorithms  # noqa: F401  (populate the registry)
+    import fedsolve.families  # noqa: F401  (populate the registry)
 
     lines = [HEADER]
     lines += experiment_sections()

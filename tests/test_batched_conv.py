@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsolve.algorithms.base import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.batched_mlp import BatchedMLPExecutor, _PlainSGD, batched_sgd_applies

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsolve.algorithms.base import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_mlp import BatchedMLPExecutor, batched_sgd_applies, mlp_layers
 from fedsolve.core.executor import Work, build_plans
@@ -17,7 +17,7 @@ from fedsolve.core.selection import make_executor
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 SIZES = [37, 50, 23, 61, 12]   # unequal clients; with batch 10 most epochs end in a short batch
 

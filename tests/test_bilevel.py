@@ -18,12 +18,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.bilevel import BilevelOracles, BilevelSpec, bilevel_spec, project_ball, ridge_on
+from fedsolve.families import get_algorithm
+from fedsolve.families.bilevel.problem import BilevelOracles, BilevelSpec, bilevel_spec, project_ball, ridge_on
 from fedsolve.data.federated import FederatedData
-from fedsolve.problem_kinds import get_problem_kind
+from fedsolve.families import get_problem_kind
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation.loop import Simulation, SimulationConfig
+from fedsolve.engine.loop import Simulation, SimulationConfig
 
 DX, DY, LAM, MU_X = 3, 4, 0.5, 1.0
 
@@ -320,7 +320,7 @@ def test_train_accuracy_is_the_global_model_on_the_full_training_set(name):
     training rows, both splits pooled; equal to the engine's per-client train-split scores weighted by size."""
     from tests.conftest import make_data
     from fedsolve.models import build_model_fn
-    from fedsolve.simulation.metrics import evaluate
+    from fedsolve.engine.metrics import evaluate
 
     data = to64(make_data(m=4, d=5, classes=3, n_range=(10, 25)))
     base = FederatedProblem(data, lambda: build_model_fn("mlp", data.input_shape, 3, hidden=(6,))().double())
@@ -390,7 +390,7 @@ class weighted_ridge:
 
 def test_hyperparameter_tuning_problem_of_the_docs():
     """x = log ridge penalties: the mixed JVP is s exp(lam_log) * w * v_w (closed form), and SimFBO runs on it."""
-    from fedsolve.problem_kinds.bilevel import split_rows
+    from fedsolve.families.bilevel.kind import split_rows
 
     rng = np.random.default_rng(0)
     tr = [(rng.normal(size=(20, 3)), rng.normal(size=20)) for _ in range(3)]
@@ -577,7 +577,7 @@ def test_mlp_closed_form_oracles_equal_torch_func(arch):
     """MLPHeadOracles (closed forms, no autograd) = BilevelOracles (torch.func double backward): every oracle,
     one client and under vmap with per-client (x, y, v); 1e-12 in float64, 1e-6 in float32."""
     from torch.func import vmap
-    from fedsolve.bilevel import MLPHeadOracles, make_oracles
+    from fedsolve.families.bilevel.problem import MLPHeadOracles, make_oracles
     from fedsolve.models import build_model_fn
 
     if arch == "tanh_sigmoid_chain":
@@ -616,7 +616,7 @@ def test_mlp_closed_form_oracles_equal_torch_func(arch):
 
 
 def test_mlp_oracles_refuse_other_problems():
-    from fedsolve.bilevel import make_oracles
+    from fedsolve.families.bilevel.problem import make_oracles
 
     prob = quad_problem()                       # squared error, not an MLP head
     assert type(make_oracles(prob)) is BilevelOracles

@@ -99,7 +99,7 @@ def test_reaches_the_truncated_itd_point(N):
 def test_sequential_and_vectorized_agree():
     """Minibatches, independent batches, partial participation, unequal tau on an MLP hyper-representation."""
     from fedsolve.models import build_model_fn
-    from fedsolve.problem_kinds import get_problem_kind
+    from fedsolve.families import get_problem_kind
     from fedsolve.problems import FederatedProblem
     from tests.conftest import make_data
 
@@ -118,7 +118,7 @@ def test_sequential_and_vectorized_agree():
 
 def test_bad_input_is_named():
     prob = quad_problem()
-    from fedsolve.algorithms import get_algorithm
+    from fedsolve.families import get_algorithm
 
     with pytest.raises(ValueError, match="tau_clients"):
         get_algorithm("aggitd")(dict(tau_clients=[1, 2]), prob)

@@ -122,7 +122,7 @@ def test_neumann_approximates_the_inverse_hessian_vector_product():
 @pytest.mark.parametrize("name", ["fednest", "lfednest"])
 def test_sequential_and_vectorized_agree(name):
     from fedsolve.models import build_model_fn
-    from fedsolve.problem_kinds import get_problem_kind
+    from fedsolve.families import get_problem_kind
     from fedsolve.problems import FederatedProblem
     from tests.conftest import make_data
     from tests.test_bilevel import to64

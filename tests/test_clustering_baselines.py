@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedsolve.algorithms.clustering_baselines import (CFL, IFCA, PACFL, PerFedAvg, pacfl_clusters,
+from fedsolve.families.clustered.baselines import (CFL, IFCA, PACFL, PerFedAvg, pacfl_clusters,
                                                       pacfl_proximity)
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 
 def regression(sizes=(4, 4), dim=3, n=60, seed=0, center_scale=3.0):
@@ -142,7 +142,7 @@ def test_perfedavg_scores_every_device_with_the_adapted_current_global_model():
         f = (0.5 * (x @ v[:3] + v[3] - y.reshape(-1)) ** 2).mean()   # the problem's squared_error
         torch.testing.assert_close(got[i], w - 0.2 * torch.autograd.grad(f, v)[0], rtol=1e-5, atol=1e-6)
     # the reported metrics are those of the adapted models, not of w itself
-    from fedsolve.simulation.metrics import evaluate
+    from fedsolve.engine.metrics import evaluate
     summary, _ = evaluate(prob, got, prob.vmappable, ())
     assert res.history[-1]["test_rmse"] == pytest.approx(summary["test_rmse"], rel=1e-6)
     plain, _ = evaluate(prob, w.expand(prob.num_clients, -1), prob.vmappable, ())
@@ -159,8 +159,8 @@ def test_perfedavg_scores_every_device_with_the_adapted_current_global_model():
 def test_lg_code_trains_as_fedavg_and_scores_before_the_aggregation():
     """lg_code: the server model follows FedAvg exactly; a device of the last round is scored with the model it
     trained locally, every other device with the global model that round started from (FPFC code's LG)."""
-    from fedsolve.algorithms.fedavg import FedAvg
-    from fedsolve.algorithms.clustering_baselines import LGCode
+    from fedsolve.families.classic.fedavg import FedAvg
+    from fedsolve.families.clustered.baselines import LGCode
 
     prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.02), build_model_fn("logreg", (60,), 10))
     cfg = dict(lr=0.1, batch_size=None, local_epochs=3)
@@ -222,7 +222,7 @@ def test_perfedavg_code_train_from_adapted_is_the_fpfc_synthetic_code():
 def test_adjusted_rand_known_values_and_sklearn():
     """algorithms/clusters.adjusted_rand (used by FPFC and every clustering baseline): known values, and the
     same number as scikit-learn's adjusted_rand_score on random labelings."""
-    from fedsolve.algorithms.clusters import adjusted_rand
+    from fedsolve.families.clustered.clusters import adjusted_rand
 
     assert adjusted_rand([1, 1, 0, 0], [0, 0, 1, 1]) == 1.0            # a relabeling is a perfect match
     assert adjusted_rand([0] * 5, [0] * 5) == 1.0 and adjusted_rand([0, 1], [0, 0]) == 0.0

@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch.func import grad
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.algorithms.constrained import cproxal
-from fedsolve.algorithms.constrained.al import client_P, server_P, shifted
-from fedsolve.algorithms.constrained.kkt import certificate, client_rows
-from fedsolve.algorithms.constrained.proxal import ADMM, OUTER
-from fedsolve.constraints import (ConstrainedSpec, Constraint, ConstraintError, Prox, ServerParty,
+from fedsolve.families import get_algorithm
+from fedsolve.families.constrained import cproxal
+from fedsolve.families.constrained.al import client_P, server_P, shifted
+from fedsolve.families.constrained.kkt import certificate, client_rows
+from fedsolve.families.constrained.proxal import ADMM, OUTER
+from fedsolve.families.constrained.problem import (ConstrainedSpec, Constraint, ConstraintError, Prox, ServerParty,
                                   constrained_problem, logistic_loss, masked_mean)
-from fedsolve.problem_kinds.constrained import (fairness_problem, np_problem, qp_exact_solution, qp_problem,
+from fedsolve.families.constrained.kind import (fairness_problem, np_problem, qp_exact_solution, qp_problem,
                                                 rows_data)
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 QP = {"beta": 10.0, "s_bar": 1e-3, "rho": 1.0, "q": 0.5, "max_inner": 2000}
 
@@ -154,7 +154,7 @@ def test_quadratic_factor_follows_a_change_of_rho():
 def test_sym_pair_products_and_vmap():
     """sym_pair_mv gives (H^{-1} x, H y) from the one packed array: BLAS on CPU float64, the torch form
     otherwise (as on a GPU), and under vmap (the engine's vectorized executor), with shared or batched inputs."""
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     g = torch.Generator().manual_seed(0)
     B, d = 3, 9
@@ -403,7 +403,7 @@ def test_sequential_equals_vectorized():
 def test_stacked_admm_rounds_equal_the_vmapped_ones(monkeypatch):
     """Exact ADMM rounds run once on the stacked client rows (``Algorithm.stacked_update``): the same numbers as
     under ``vmap``, and the stacked path is really taken (and draws no minibatch plan)."""
-    from fedsolve.algorithms.constrained.proxal import ProxAL
+    from fedsolve.families.constrained.proxal import ProxAL
 
     prob = qp_problem(6, 4, 2, seed=1)
     calls = []
@@ -443,7 +443,7 @@ def test_closed_form_hessian_is_checked_and_used():
     with the field named; the solver's iterates are the same with and without it."""
     import dataclasses
 
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     prob = qp_problem(7, 3, 2, seed=2)
     spec, inst = prob.extras["constraints"], prob.extras["qp_instance"]
@@ -465,7 +465,7 @@ def test_closed_form_hessian_is_checked_and_used():
 
 
 def test_newton_and_scipy_solve_the_same_subproblem():
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     x, y = np_data(N=40)
     prob = np_problem(x, y, 2, r=0.3)
@@ -561,7 +561,7 @@ def test_bad_constraint_input_named_errors():
                         quadratic=True)
     with pytest.raises(ValueError, match="no constraints"):
         from fedsolve.problems import FederatedProblem
-        from fedsolve.constraints import LinearScore
+        from fedsolve.families.constrained.problem import LinearScore
 
         get_algorithm("proxal")({}, FederatedProblem(data, lambda: LinearScore(3)))
 
@@ -593,13 +593,13 @@ def test_tabular_stand_ins():
     x, y = breast_cancer()
     assert x.shape == (569, 30) and int(y.sum()) == 212           # class 1 = malignant (minority)
     np.testing.assert_allclose(x.mean(0), 0, atol=1e-12)
-    folds = __import__("fedsolve.problem_kinds.constrained", fromlist=["x"]).stratified_folds(y, 5)
+    folds = __import__("fedsolve.families.constrained.kind", fromlist=["x"]).stratified_folds(y, 5)
     assert all(int(y[f].sum()) == 212 // 5 and len(f) == 357 // 5 + 212 // 5 for f in folds)
 
 
 def test_features_rescaled_on_the_pool_and_bad_scales_named():
     from fedsolve.data.tabular import load_tabular, monks1, rescale
-    from fedsolve.problem_kinds.constrained import NPParams
+    from fedsolve.families.constrained.kind import NPParams
     from fedsolve.problems import parse_params
 
     x = np.array([[1.0, 5.0, 2.0], [3.0, 5.0, 4.0], [2.0, 5.0, 10.0]])
@@ -660,7 +660,7 @@ def test_a_diverging_iterate_stops_the_run():
     """Prox-AL reports no train loss, so the engine's loss check cannot see a blow-up inside the ADMM (seen on
     breast cancer at n = 20: |w| 1.4e9 with every value finite). Its own check stops the run once
     |w|_inf > divergence_factor x max(1, |w^0|_inf), in the simulation and (same check_round) the Flower server."""
-    from fedsolve.simulation.loop import DivergenceError
+    from fedsolve.engine.loop import DivergenceError
 
     prob = qp_problem(5, 2, 1, seed=0)
     algo = get_algorithm("proxal")({**QP, "solver": "quadratic"}, prob)
@@ -729,7 +729,7 @@ def test_newton_stops_at_the_rounding_floor():
     """eps_{t+1} = q^t falls below float64 rounding late in a long inner loop (0.9^300 = 2e-14); Newton run
     alone (cap 200) must then stop at the floor - a full step that no longer reduces ||grad||_inf - instead of
     spending every allowed step, and still reach the floor."""
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     A = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
     b = torch.tensor([1.0, -1.0], dtype=torch.float64)
@@ -753,7 +753,7 @@ def test_newton_on_a_nonconvex_subproblem_reaches_a_local_minimiser_not_the_sadd
     and lands on the minimiser (0, 1/sqrt 2), however it runs: one party, stacked parties, vmap with fixed caps."""
     from torch.func import hessian, vmap
 
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     start = torch.tensor([0.5, 0.1], dtype=torch.float64)
     assert float(torch.linalg.eigvalsh(hessian(_saddle_well)(start))[0]) < 0
@@ -779,7 +779,7 @@ def test_newton_on_a_nonconvex_subproblem_reaches_a_local_minimiser_not_the_sadd
 
 def record_shifts(monkeypatch) -> list[bool]:
     """Spy on the modified Newton step: one entry per Hessian it sees, True where some party's is shifted."""
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     shifted: list[bool] = []
     pd = sp.positive_definite
@@ -809,7 +809,7 @@ def test_sequential_and_vectorized_agree_where_the_modified_step_shifts_a_hessia
 def test_positive_definite_leaves_a_positive_definite_hessian_as_it_is():
     """The convex subproblems (Neyman-Pearson, QP) keep their plain Newton steps: the very tensor when every
     party's Cholesky factorisation succeeds; only the failing parties are shifted, to a spectrum >= |lambda_min|."""
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
 
     A = torch.tensor([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, -3.0]]], dtype=torch.float64)
     convex = A[:1]
@@ -826,7 +826,7 @@ def test_eager_newton_line_search_meets_the_tolerance_on_breast_cancer_n20(monke
     send u_i to |u| ~ 1e4 and a Newton step can need 2^-13; run alone, the line search may halve 60 times
     (12 under vmap). With 12 halvings the solves stopped above eps_{t+1} (residual 237 vs 1) and the run
     diverged; now none is above its tolerance."""
-    from fedsolve.algorithms.constrained import subproblem as sp
+    from fedsolve.families.constrained import subproblem as sp
     from fedsolve.data.tabular import load_tabular
 
     x, y = load_tabular("breast_cancer")

@@ -13,10 +13,10 @@ import pytest
 import torch
 from scipy.linalg import null_space
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.experiments.suite import Context, TableSpec, cells, load_suite, main, run_cell, table_lines
-from fedsolve.problem_kinds.constrained import qp_problem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families.constrained.kind import qp_problem
+from fedsolve.engine import Simulation, SimulationConfig
 
 T4 = Path(__file__).resolve().parents[1] / "experiments" / "constrained" / "table4_suite.yaml"
 COMMON = {"s_bar": 0.1, "q": 0.9, "max_outer": 10000, "max_inner": 10000}

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedsolve.algorithms.fedapm import FedAPM
-from fedsolve.algorithms.personalized import FedAlt
+from fedsolve.families.personalized.fedapm import FedAPM
+from fedsolve.families.personalized.baselines import FedAlt
 from fedsolve.core.context import LocalContext, ParamBlock
 from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import MLP
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 from tests.test_personalized import blobs as personalized_blobs
 
 

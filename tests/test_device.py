@@ -15,14 +15,14 @@ import torch
 from pydantic import ValidationError
 
 from conftest import make_problem
-from fedsolve.algorithms import ALGORITHMS, get_algorithm
-from fedsolve.algorithms.base import place_algorithm
+from fedsolve.families import ALGORITHMS, get_algorithm
+from fedsolve.engine.algorithm import place_algorithm
 from fedsolve.core.executor import Plan, Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
-from fedsolve.simulation.loop import cuda_tf32, resolve_device
+from fedsolve.engine import Simulation, SimulationConfig
+from fedsolve.engine.loop import cuda_tf32, resolve_device
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
@@ -149,7 +149,7 @@ def test_cuda_run_matches_cpu(name, executor):
 def _hyper_representation(seed: int = 0) -> FederatedProblem:
     from conftest import make_data
     from fedsolve.models import build_model_fn
-    from fedsolve.problem_kinds import get_problem_kind
+    from fedsolve.families import get_problem_kind
 
     data = make_data(m=5, d=5, classes=3, n_range=(10, 25), seed=seed)
     base = FederatedProblem(data, build_model_fn("mlp", data.input_shape, 3, hidden=(6,)))
@@ -163,7 +163,7 @@ def _saddle(seed: int = 0) -> FederatedProblem:
 
 
 def _constrained_qp(seed: int = 0) -> FederatedProblem:
-    from fedsolve.problem_kinds import get_problem_kind
+    from fedsolve.families import get_problem_kind
 
     return get_problem_kind("constrained_qp")(make_problem("logreg", m=4, seed=seed), {"d": 8}, seed)
 
@@ -202,7 +202,9 @@ def test_cuda_run_matches_cpu_for_the_new_families(name, executor):
 
 def test_every_family_algorithm_has_a_device_case():
     """The GPU comparison above covers every registered algorithm of the newer families."""
-    from fedsolve.algorithms import bilevel, constrained, minimax  # noqa: F401
+    from fedsolve.families import bilevel  # noqa: F401
+    from fedsolve.families import constrained  # noqa: F401
+    from fedsolve.families import minimax  # noqa: F401
 
     family = sorted(n for n, cls in ALGORITHMS.items()   # (other tests register plug-ins from other modules)
                     if cls.__module__.split(".")[:3] in (["fedsolve", "algorithms", f] for f in

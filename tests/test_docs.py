@@ -68,7 +68,7 @@ def test_config_reference_is_deterministic():
 
 
 def test_config_reference_covers_every_algorithm_and_registry():
-    from fedsolve.algorithms import ALGORITHMS
+    from fedsolve.families import ALGORITHMS
     from fedsolve.data.datasets import DATASETS
     from fedsolve.data.partition import PARTITIONERS
     from fedsolve.models import MODELS

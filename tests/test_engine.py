@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import make_problem
-from fedsolve.algorithms import get_algorithm
-from fedsolve.algorithms.base import shared_mask
+from fedsolve.families import get_algorithm
+from fedsolve.engine.algorithm import shared_mask
 from fedsolve.core.executor import Work, build_plans
 from fedsolve.core.states import ClientStates
 from fedsolve.core.rng import RngStreams
-from fedsolve.simulation import DivergenceError, Simulation, SimulationConfig
-from fedsolve.simulation.sampling import SamplingConfig, sample_clients
+from fedsolve.engine import DivergenceError, Simulation, SimulationConfig
+from fedsolve.engine.sampling import SamplingConfig, sample_clients
 
 BASELINES = ["fedavg", "fedprox", "scaffold", "fedadmm", "local"]
 
@@ -142,7 +142,7 @@ def test_atomic_write_keeps_the_usual_file_mode(tmp_path):
     import os
     import stat
 
-    from fedsolve.simulation.loop import atomic_write_text
+    from fedsolve.engine.loop import atomic_write_text
 
     mask = os.umask(0o022)
     os.umask(mask)
@@ -266,7 +266,7 @@ def test_full_batch_plans_are_fixed_and_gathered_once_with_same_numbers(executor
             p.fixed = False
         return plans
     monkeypatch.setattr(ex, "build_plans", unfixed)
-    import fedsolve.simulation.loop as loop
+    import fedsolve.engine.loop as loop
     if hasattr(loop, "build_plans"):
         monkeypatch.setattr(loop, "build_plans", unfixed)
     _, r_step = _run(problem, "fedprox", executor, params={"batch_size": None}, sim=variable)
@@ -367,7 +367,7 @@ def test_set_state_and_set_hparams():
 
 
 def test_check_round_is_the_one_divergence_check():
-    from fedsolve.simulation.loop import check_round, eval_due
+    from fedsolve.engine.loop import check_round, eval_due
 
     srv = {"w": torch.ones(3)}
     assert check_round(0, 2.0, srv, {}, None, None, 10.0) == 2.0          # the first loss becomes the reference
@@ -404,19 +404,43 @@ def test_full_participation_makes_no_generator():
         sample_clients(SamplingConfig(clients_per_round=2), 5, w, g()).tolist()
 
 
-def test_algorithms_import_nothing_from_the_layers_above():
-    """algorithms/ may use core, problems, data and models, never simulation/, experiments/, flower/ or protocols/
-    (lazy imports inside functions included)."""
+#: the layers, bottom up: a module may import its own layer and the ones below it, never one above
+LAYERS = (("fedsolve.core", "fedsolve.data", "fedsolve.models", "fedsolve.problems"),
+          ("fedsolve.engine",),
+          ("fedsolve.families",),
+          ("fedsolve.experiments", "fedsolve.flower"),
+          ("fedsolve.cli", "fedsolve.__main__", "fedsolve"))
+
+
+def _layer(mod: str) -> int:
+    best = (-1, len(LAYERS) - 1)
+    for i, names in enumerate(LAYERS):
+        for n in names:
+            if (mod == n or mod.startswith(n + ".")) and len(n) > best[0]:
+                best = (len(n), i)
+    return best[1]
+
+
+def test_no_import_runs_up_a_layer():
+    """core/data/models/problems -> engine -> families -> experiments/flower -> cli: no module imports a layer
+    above its own (lazy imports inside functions included), and the package root holds no family module."""
     import ast
     from pathlib import Path
 
-    import fedsolve.algorithms as algs
+    import fedsolve
 
-    above = ("fedsolve.simulation", "fedsolve.experiments", "fedsolve.flower", "fedsolve.protocols")
+    root = Path(fedsolve.__file__).parent
     bad = []
-    for path in Path(algs.__file__).parent.rglob("*.py"):
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root.parent).with_suffix("")
+        mod = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        if mod == "fedsolve":
+            continue   # the package root: fedsolve.run is a lazy entry point into experiments
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            bad += [f"{path.name}: {n}" for n in names if n.startswith(above)]
+            bad += [f"{mod}: {n}" for n in names if n.startswith("fedsolve") and _layer(n) > _layer(mod)]
     assert not bad, bad
+    top = sorted(p.name for p in root.iterdir() if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__"))
+    assert top == ["__init__.py", "__main__.py", "cli.py", "core", "data", "engine", "experiments", "families",
+                   "flower", "models", "problems.py"], top

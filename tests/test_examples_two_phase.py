@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsolve.simulation.metrics import evaluate
+from fedsolve.engine.metrics import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def _example():
 def _unregister_after():
     """The example registers ``fedavg_linesearch`` in this process; later tests see the registry as it was."""
     yield
-    from fedsolve.algorithms import ALGORITHMS
+    from fedsolve.families import ALGORITHMS
 
     ALGORITHMS.pop("fedavg_linesearch", None)
     sys.modules.pop("two_phase_linesearch", None)

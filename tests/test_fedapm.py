@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from fedsolve.algorithms.fedadmm import FedADMM
-from fedsolve.algorithms.fedapm import FedAPM
-from fedsolve.algorithms.personalized import FedAlt
+from fedsolve.families.classic.fedadmm import FedADMM
+from fedsolve.families.personalized.fedapm import FedAPM
+from fedsolve.families.personalized.baselines import FedAlt
 from fedsolve.core.executor import SequentialExecutor, build_plans
 from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 P, Q = 3, 2
 
@@ -388,7 +388,7 @@ class _DenseZ:
         return {"z": self.z_of(new)}
 
     def aggregate(self, server, ids, uploads, round_):
-        from fedsolve.algorithms.base import weighted_mean
+        from fedsolve.engine.algorithm import weighted_mean
 
         z = server["z"].clone()
         z[ids] = uploads["z"]
@@ -397,7 +397,7 @@ class _DenseZ:
 
 
 def _all_client_cases():
-    from fedsolve.algorithms.personalized import FedPer, FedRep, FedSim, LGFedAvg
+    from fedsolve.families.personalized.baselines import FedPer, FedRep, FedSim, LGFedAvg
 
     base = dict(lr=0.2, batch_size=4, local_epochs=1.0)
     yield "fedapm", FedAPM, dict(base, rho=0.3)

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="needs the flower extra: pip install 'fedsolve[flower]' (flwr==1.41.0)")
 
-import fedsolve.algorithms as _algs  # noqa: E402
+import fedsolve.families as _algs  # noqa: E402
 from flwr.app import Context, RecordDict  # noqa: E402
 
 from fedsolve.flower.client import build_client_app  # noqa: E402
@@ -26,7 +26,7 @@ from fedsolve.flower.task import (DeploymentTask, FlowerUnsupportedError, check_
 pytestmark = [pytest.mark.flower]
 
 for _m in pkgutil.iter_modules(_algs.__path__):  # register every algorithm module
-    importlib.import_module(f"fedsolve.algorithms.{_m.name}")
+    importlib.import_module(f"fedsolve.families.{_m.name}")
 ALGOS = sorted(_algs.ALGORITHMS)
 
 EXPERIMENT = """\

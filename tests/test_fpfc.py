@@ -10,16 +10,16 @@ import pytest
 import torch
 from torch.func import functional_call
 
-import fedsolve.algorithms.fpfc.pairs as pairs_module
-from fedsolve.algorithms.fpfc import FPFC, FPFCL1, paper_cost, prox, prox_scale, scad, smoothed_scad
-from fedsolve.analysis.fpfc_oracle import augmented_lagrangian, oracle_models
+import fedsolve.families.clustered.fpfc.pairs as pairs_module
+from fedsolve.families.clustered.fpfc import FPFC, FPFCL1, paper_cost, prox, prox_scale, scad, smoothed_scad
+from fedsolve.families.clustered.oracle import augmented_lagrangian, oracle_models
 from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.protocols.fpfc_path import warmup_lambda_path
-from fedsolve.protocols.newcomers import fpfc_newcomers
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families.clustered.protocols.path import warmup_lambda_path
+from fedsolve.families.clustered.protocols.newcomers import fpfc_newcomers
+from fedsolve.engine import Simulation, SimulationConfig
 
 
 # ---------------------------------------------------------------- helpers
@@ -147,7 +147,7 @@ def test_sparse_pair_update_in_pieces_equals_one_piece(monkeypatch):
     """The sparse store updates the touched pairs in pieces of ``CHUNK_FLOATS``: the same pairs, scales and
     row sums as one piece (float64: only the order of the sums into R differs), and a piece never holds more
     than its share of the round's pairs."""
-    from fedsolve.algorithms.fpfc.pairs import SparsePairs
+    from fedsolve.families.clustered.fpfc.pairs import SparsePairs
 
     m, df = 40, 6
     algo = FPFC(dict(lam=0.3, dtype="float64"), s1_small())
@@ -413,7 +413,7 @@ def test_warmup_path_and_newcomers():
 
 
 def test_async_fpfc_event_simulation():
-    from fedsolve.protocols.async_fpfc import AsyncConfig, run_async_fpfc, run_sync_fpfc_timed
+    from fedsolve.families.clustered.protocols.async_fpfc import AsyncConfig, run_async_fpfc, run_sync_fpfc_timed
 
     prob = regression(sizes=(3, 3), dim=3, n=40)
     cfg = AsyncConfig(delay_high=20.0, horizon=600.0, eval_every=100.0, delay_mode="redraw")
@@ -434,7 +434,7 @@ def test_async_fpfc_event_simulation():
 def test_async_and_newcomer_servers_give_the_same_numbers_on_every_executor():
     """The asyncFPFC server (one arrival per step, stale zeta) and the newcomers' server run their devices'
     eq. (5) through the engine: sequential, vectorized and linear executors agree."""
-    from fedsolve.protocols.async_fpfc import AsyncConfig, run_async_fpfc
+    from fedsolve.families.clustered.protocols.async_fpfc import AsyncConfig, run_async_fpfc
 
     prob = regression(sizes=(3, 3), dim=3, n=40)
     cfg = AsyncConfig(delay_high=20.0, horizon=80.0, eval_every=40.0, delay_mode="redraw")

@@ -16,8 +16,8 @@ import fake_cuda
 fake_cuda.install()
 import torch
 from test_clustering_baselines import regression
-from fedsolve.algorithms.clustering_baselines import CFL, IFCA, PACFL
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families.clustered.baselines import CFL, IFCA, PACFL
+from fedsolve.engine import Simulation, SimulationConfig
 
 cases = {"ifca": (IFCA, {"num_clusters": 2, "lr": 0.1}),
          # a split in the first rounds: the cosine-distance matrix of the updates goes to sklearn

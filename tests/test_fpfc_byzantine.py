@@ -1,14 +1,14 @@
-"""Byzantine model-update attacks (fedsolve.algorithms.byzantine; FPFC Sec. 6.4.1)."""
+"""Byzantine model-update attacks (fedsolve.families.clustered.byzantine; FPFC Sec. 6.4.1)."""
 
 import pytest
 import torch
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.algorithms.byzantine import attack_rows, benign_mask, malicious_set
+from fedsolve.families import get_algorithm
+from fedsolve.families.clustered.byzantine import attack_rows, benign_mask, malicious_set
 from fedsolve.data.synthetic import fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 
 def test_attack_rows_definitions():
@@ -127,7 +127,7 @@ def test_own_view_attacker_trains_independently_of_the_attack_and_the_others():
 
 
 def test_own_view_messages_for_fedavg_and_ifca_and_errors():
-    from fedsolve.algorithms.byzantine import own_view
+    from fedsolve.families.clustered.byzantine import own_view
     prob = _small_s1()
     for name, kw in (("byz_fedavg", {}), ("byz_ifca", {"num_clusters": 4})):
         algo, sim, res = _attacked_run(prob, name, 4, attack="sign_flip", attacker_view="own", **kw)
@@ -184,8 +184,8 @@ def test_attack_block_corrupts_only_that_block():
 def test_wrapper_composes_with_any_declared_algorithm_and_equals_the_registered_name():
     """``Byzantine(inner, attack=...)`` wraps an algorithm object: the same run as the registered ``byz_<name>``,
     the inner algorithm's config, methods and full-batch executor pass through, and set_hparams reaches it."""
-    from fedsolve.algorithms.byzantine import Byzantine
-    from fedsolve.algorithms.fpfc import FPFC
+    from fedsolve.families.clustered.byzantine import Byzantine
+    from fedsolve.families.clustered.fpfc import FPFC
 
     prob = _small_s1()
     cfg = SimulationConfig(rounds=3, eval_every=3, executor="auto", sampling={"fraction": 0.5}, metrics=[])
@@ -209,8 +209,8 @@ def test_wrapper_composes_with_any_declared_algorithm_and_equals_the_registered_
 
 
 def test_wrapper_runs_the_same_under_sequential_and_vectorized_executors():
-    from fedsolve.algorithms.byzantine import Byzantine
-    from fedsolve.algorithms.fedavg import FedAvg
+    from fedsolve.families.clustered.byzantine import Byzantine
+    from fedsolve.families.classic.fedavg import FedAvg
 
     prob = _small_s1()
     out = {}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedsolve.algorithms.base import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.core.selection import linear_gd_applies
 from fedsolve.core.linear import LinearGDExecutor
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 
 def s1_small(seed=0):

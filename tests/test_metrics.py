@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score, roc_auc_score
 
-from fedsolve.simulation.metrics import macro_ovr_auc, summarize, weighted_f1
+from fedsolve.engine.metrics import macro_ovr_auc, summarize, weighted_f1
 
 
 @pytest.mark.parametrize("seed", range(8))

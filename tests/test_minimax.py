@@ -14,12 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.core.executor import build_plans
 from fedsolve.core.selection import make_executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
-from fedsolve.minimax import saddle_problem
+from fedsolve.families.minimax.problem import saddle_problem
 
 N, DX, DY = 4, 3, 2
 

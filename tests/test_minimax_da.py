@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.data.datasets import build_federated
 from fedsolve.data.domains import domain_split, mnistm_blend, toy_domains
-from fedsolve.minimax import adversarial_problem, minimax_of
+from fedsolve.families.minimax.problem import adversarial_problem, minimax_of
 from tests.test_minimax import run_rounds
 
 torch.set_num_threads(1)
@@ -288,7 +288,7 @@ def test_three_domain_grid_builds_every_ordered_pair():
 def test_authors_init_and_its_error():
     """init: authors_code -- every weight from N(0, 0.1^2) truncated at 2 std, every bias 0.1 (the authors' code);
     the default keeps PyTorch's initialization; an unknown value names the field and the allowed values."""
-    from fedsolve.minimax import DomainAdversarialNet
+    from fedsolve.families.minimax.problem import DomainAdversarialNet
     from tests.test_minimax_pretrained import _regime_problem
 
     torch.manual_seed(0)

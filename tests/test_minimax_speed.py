@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.algorithms.minimax.fedmm import FedMM
+from fedsolve.families import get_algorithm
+from fedsolve.families.minimax.fedmm import FedMM
 from fedsolve.core.context import TensorLoss
 from fedsolve.data.domains import toy_domains
-from fedsolve.minimax import DomainAdversarialNet, adversarial_problem, minimax_of
+from fedsolve.families.minimax.problem import DomainAdversarialNet, adversarial_problem, minimax_of
 from tests.test_minimax import run_rounds
 
 torch.set_num_threads(1)

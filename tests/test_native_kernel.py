@@ -112,11 +112,11 @@ def test_thread_count_does_not_change_results():
 
 @needs_cc
 def test_native_and_torch_kernels_agree_on_s1():
-    from fedsolve.algorithms.fpfc import FPFC
+    from fedsolve.families.clustered.fpfc import FPFC
     from fedsolve.data.synthetic import fpfc_synthetic
     from fedsolve.models import build_model_fn
     from fedsolve.problems import FederatedProblem
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.engine import Simulation, SimulationConfig
 
     prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.05), build_model_fn("logreg", (60,), 10))
     res = {}
@@ -176,7 +176,7 @@ def test_build_is_cached_and_atomic(monkeypatch, tmp_path):
 def test_pair_update_kernel_matches_the_tensor_version(k):
     """FPFC's server pair update (pair_update.c) against DensePairs.update_torch over several rounds:
     same pairs and scales, R equal to its definition sum_j (2 s_ij - 1) delta_ij, antisymmetry kept."""
-    from fedsolve.algorithms.fpfc import DensePairs, prox_scale
+    from fedsolve.families.clustered.fpfc import DensePairs, prox_scale
 
     m, d = 20, 13
     g = torch.Generator().manual_seed(k)
@@ -211,11 +211,11 @@ def test_pair_update_kernel_matches_the_tensor_version(k):
 def test_linear_kernel_chooses_the_pair_update_too(monkeypatch):
     """simulation.linear_kernel reaches FPFC's pair store whatever the executor: 'torch' never calls the
     compiled pair update, 'auto' does on a dense float32 store, 'native' without the kernels is refused."""
-    from fedsolve.algorithms.fpfc import FPFC, DensePairs
+    from fedsolve.families.clustered.fpfc import FPFC, DensePairs
     from fedsolve.data.synthetic import fpfc_synthetic
     from fedsolve.models import build_model_fn
     from fedsolve.problems import FederatedProblem
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.engine import Simulation, SimulationConfig
 
     prob = FederatedProblem(fpfc_synthetic("S1", seed=0, size_scale=0.02), build_model_fn("logreg", (60,), 10))
     calls = []
@@ -291,11 +291,11 @@ def test_max_pool2x2_falls_back_to_torch(monkeypatch):
 def test_lenet_trains_the_same_with_and_without_the_pooling_kernel(monkeypatch):
     """A LeNet run (sequential executor, minibatches) gives the same numbers bit for bit with the compiled
     pooling as with torch's."""
-    from fedsolve.algorithms import get_algorithm
+    from fedsolve.families import get_algorithm
     from fedsolve.data.federated import FederatedData
     from fedsolve.models import build_model_fn
     from fedsolve.problems import FederatedProblem
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.engine import Simulation, SimulationConfig
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(120, 1, 12, 12, generator=g)

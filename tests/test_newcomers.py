@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedsolve.algorithms.base import get_algorithm
-from fedsolve.algorithms.clustering_baselines import pacfl_bases, pacfl_clusters, pacfl_proximity
+from fedsolve.families import get_algorithm
+from fedsolve.families.clustered.baselines import pacfl_bases, pacfl_clusters, pacfl_proximity
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import repeat_rows
 from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.protocols.newcomers import newcomer_models, train_on
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families.clustered.protocols.newcomers import newcomer_models, train_on
+from fedsolve.engine import Simulation, SimulationConfig
 
 GD = dict(lr=0.1, batch_size=None, local_epochs=3)
 

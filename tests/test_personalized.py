@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from fedsolve.algorithms.base import ALGORITHMS
-from fedsolve.algorithms.fedapm import FedAPM
-from fedsolve.algorithms.fedavg import FedAvg
-from fedsolve.algorithms.personalized import (Ditto, FedAlt, FedPer, FedRep, FedSim, LGFedAvg, PartialAlgorithm,
+from fedsolve.engine.algorithm import ALGORITHMS
+from fedsolve.families.personalized.fedapm import FedAPM
+from fedsolve.families.classic.fedavg import FedAvg
+from fedsolve.families.personalized.baselines import (Ditto, FedAlt, FedPer, FedRep, FedSim, LGFedAvg, PartialAlgorithm,
                                               PFedMe)
 from fedsolve.core.executor import SequentialExecutor, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import LeNet, LogisticRegression, MLP
 from fedsolve.models.multimodal import ExplicitGRU, HARClassifier
-from fedsolve.personalization import personal_mask, personalization_blocks
+from fedsolve.families.personalized.blocks import personal_mask, personalization_blocks
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 NEW = ["fedapm", "fedalt", "fedsim", "fedper", "lgfedavg", "fedrep", "ditto", "pfedme"]
 

@@ -9,7 +9,7 @@ import torch
 from fedsolve.core.executor import Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
-from fedsolve.problem_kinds import get_problem_kind
+from fedsolve.families import get_problem_kind
 from fedsolve.problems import PROBLEM_KINDS, register_problem_kind
 
 

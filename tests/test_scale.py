@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conftest import make_problem
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.core.states import ClientStates, repeat_rows
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 
 def _drive(cs: ClientStates, ref: dict[str, torch.Tensor], rounds: int = 12, k: int = 7, seed: int = 0) -> None:
@@ -168,7 +168,7 @@ def _sim(name, m=60, per_round=4, rounds=3, **sim):
 @pytest.mark.parametrize("name", ["scaffold", "fedadmm", "fedapm"])
 def test_run_stores_only_the_participants_rows_and_a_budget_changes_no_number(name, tmp_path):
     s1, r1 = _sim(name)
-    from fedsolve.simulation.sampling import sample_clients
+    from fedsolve.engine.sampling import sample_clients
 
     participants = set()
     for t in range(3):
@@ -223,7 +223,7 @@ def test_checkpoints_store_the_touched_rows_and_resume_exactly(tmp_path):
     # a checkpoint of other client-state shapes is refused by name
     ck["clients"] = {"c_i": torch.zeros(m, 3)}
     torch.save(ck, tmp_path / "b" / "checkpoint.pt")
-    from fedsolve.simulation.loop import ResumeError
+    from fedsolve.engine.loop import ResumeError
 
     with pytest.raises(ResumeError, match="client state 'c_i'"):
         sim(4, tmp_path / "b").run(resume=True)

@@ -400,8 +400,8 @@ def test_no_import_circle_between_report_and_runner():
 
 
 def test_atomic_io_lives_in_one_module():
-    import fedsolve.io as fio
-    from fedsolve.simulation import loop
+    import fedsolve.engine.io as fio
+    from fedsolve.engine import loop
 
     assert loop.atomic_write_text is fio.atomic_write_text and loop.atomic_torch_save is fio.atomic_torch_save
 
@@ -410,7 +410,7 @@ def test_linear_executor_tunes_malloc_only_when_a_round_runs(monkeypatch):
     from fedsolve.core import linear
     from fedsolve.experiments.config import parse_config
     from fedsolve.experiments.runner import build_algorithm, build_problem
-    from fedsolve.simulation.loop import Simulation
+    from fedsolve.engine.loop import Simulation
 
     calls = []
     monkeypatch.setattr(linear, "keep_freed_memory", lambda *a: calls.append(1) or True)
@@ -456,8 +456,8 @@ def _quadratics(prob, train, wd):
 
 
 def _run(prob, name, params, rounds, executor="auto"):
-    from fedsolve.algorithms import get_algorithm
-    from fedsolve.simulation.loop import Simulation, SimulationConfig
+    from fedsolve.families import get_algorithm
+    from fedsolve.engine.loop import Simulation, SimulationConfig
 
     cls = get_algorithm(name)
     algo = cls(cls.Config(**params), prob)
@@ -511,10 +511,10 @@ def test_fedavg_with_many_local_steps_stops_at_its_predicted_biased_fixed_point(
 
 
 def test_dtype_float64_flows_from_the_config_to_data_model_and_linear_executor():
-    from fedsolve.algorithms import get_algorithm
+    from fedsolve.families import get_algorithm
     from fedsolve.experiments.config import parse_config
     from fedsolve.experiments.runner import build_algorithm, build_problem
-    from fedsolve.simulation.loop import Simulation
+    from fedsolve.engine.loop import Simulation
 
     cfg = parse_config(apply_overrides(BASE, ["data.dtype=float64", "defaults.batch_size=null",
                                               "simulation.executor=linear", "simulation.rounds=2"]))

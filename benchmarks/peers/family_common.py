@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from fedsolve.core.executor import build_plans
-from fedsolve.simulation import Simulation
-from fedsolve.simulation.sampling import sample_clients
+from fedsolve.engine import Simulation
+from fedsolve.engine.sampling import sample_clients
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Prox-AL FL (paper 002, Algorithms 1-2, ``src/fedsolve/algorithms/constrained/proxal.py``) on a Table-4 QP:
+"""Prox-AL FL (paper 002, Algorithms 1-2, ``src/fedsolve/families/constrained/proxal.py``) on a Table-4 QP:
 fedsolve against a plain and a fastest client-by-client loop (``families.py``).
 
 Workload: the App. E.2 instance (d, n, m~) = (100, 5, 1) (``experiments/constrained/table4_qp.yaml``, instance seed
@@ -33,9 +33,9 @@ from torch import Tensor
 
 from family_common import Family, Result, fedsolve_contenders, perturbed
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.problem_kinds.constrained import qp_problem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families import get_algorithm
+from fedsolve.families.constrained.kind import qp_problem
+from fedsolve.engine import Simulation, SimulationConfig
 
 PAPER = {"beta": 10.0, "s_bar": 0.1, "rho": 1.0, "q": 0.9, "eps1": 1e-3, "eps2": 1e-3, "max_outer": 10000,
          "max_inner": 10000, "solver": "quadratic"}

@@ -1,4 +1,4 @@
-"""FedAPM (Algorithm 1, ``src/fedsolve/algorithms/fedapm.py``) on an MNIST-shaped MLP, reduced: fedsolve against a
+"""FedAPM (Algorithm 1, ``src/fedsolve/families/personalized/fedapm.py``) on an MNIST-shaped MLP, reduced: fedsolve against a
 plain and a fastest client-by-client loop (``families.py``).
 
 Workload: MLP 784-200-200-10 with OUTPUT personalization (the last layer is each client's v_i, the hidden layers
@@ -30,10 +30,10 @@ from family_common import Family, Result, fedsolve_contenders, flat, load_flat, 
 from handwritten import HandwrittenChain
 from round_time import make_data
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 HIDDEN = (200, 200)
 CFG = dict(lr=0.5, rho=0.01, sigma=0.01, alpha="uniform", weight_decay=0.01, local_epochs=3, batch_size=50,

@@ -1,4 +1,4 @@
-"""FedMM (Algorithm 3, ``src/fedsolve/algorithms/minimax/fedmm.py``) on the DANN 2-client workload: fedsolve against
+"""FedMM (Algorithm 3, ``src/fedsolve/families/minimax/fedmm.py``) on the DANN 2-client workload: fedsolve against
 a plain and a fastest client-by-client loop (``families.py``).
 
 Workload: the reduced size of ``experiments/minimax/mnistm_dann_2clients.yaml`` on synthetic data of its shape:
@@ -29,10 +29,10 @@ from torch import Tensor, nn
 
 from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.data.federated import FederatedData
-from fedsolve.minimax import adversarial_problem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families.minimax.problem import adversarial_problem
+from fedsolve.engine import Simulation, SimulationConfig
 
 SHAPE, FEAT, HIDDEN, DOM = (3, 8, 8), 64, (100, 100), 100
 CFG = dict(lr=0.01, lr_psi=0.01, batch_size=64, local_steps=20, mu1=1.0, mu2=1.0, eta3=0.9995002)

@@ -1,4 +1,4 @@
-"""FPFC (Algorithm 2, ``src/fedsolve/algorithms/fpfc/algorithm.py``) on the label-swap CNN workload: fedsolve against
+"""FPFC (Algorithm 2, ``src/fedsolve/families/clustered/fpfc/algorithm.py``) on the label-swap CNN workload: fedsolve against
 a plain and a fastest client-by-client loop (``families.py``).
 
 Workload: ``benchmarks/round_time.py``'s ``lenet`` (FPFC's label-swap ConvNet: conv-pool-conv-pool-fc, one fc
@@ -33,11 +33,11 @@ from torch import Tensor, nn
 from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 from round_time import WORKLOADS, make_data
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.algorithms.fpfc.penalties import prox_scale
+from fedsolve.families import get_algorithm
+from fedsolve.families.clustered.fpfc.penalties import prox_scale
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.engine import Simulation, SimulationConfig
 
 CFG = dict(lr=0.01, local_epochs=2, batch_size=100, lam=0.4, xi=1e-4, nu=0.5, rho=1.0, a=3.7, lr_decay=0.9,
            lr_decay_every=5)

@@ -1,4 +1,4 @@
-"""SimFBO (Algorithm 1, ``src/fedsolve/algorithms/bilevel/simfbo.py``) on the MNIST hyper-representation problem:
+"""SimFBO (Algorithm 1, ``src/fedsolve/families/bilevel/simfbo.py``) on the MNIST hyper-representation problem:
 fedsolve against a plain and a fastest client-by-client loop (``families.py``).
 
 Workload: SimFBO Sec. 5's MLP 784-200-10 (x = the hidden layer, 157,000 parameters; y = the output layer, 2,010;
@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from bilevel_hvp import make_problem
 from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
 
-from fedsolve.algorithms import get_algorithm
-from fedsolve.simulation import Simulation, SimulationConfig
+from fedsolve.families import get_algorithm
+from fedsolve.engine import Simulation, SimulationConfig
 
 LAM, BATCH, PER_ROUND = 0.1, 64, 10
 STEPS = dict(eta_y=0.2, eta_v=0.1, eta_x=0.05, gamma_y=0.2, gamma_v=0.1, gamma_x=0.05)

@@ -62,13 +62,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Exchange  # noqa: E402
 from handwritten import HandwrittenChain  # noqa: E402
 
-from fedsolve.algorithms import get_algorithm  # noqa: E402
+from fedsolve.families import get_algorithm  # noqa: E402
 from fedsolve.core.executor import build_plans  # noqa: E402
 from fedsolve.core.rng import RngStreams  # noqa: E402
 from fedsolve.data.federated import FederatedData  # noqa: E402
 from fedsolve.models import build_model_fn  # noqa: E402
 from fedsolve.problems import FederatedProblem  # noqa: E402
-from fedsolve.simulation import Simulation, SimulationConfig  # noqa: E402
+from fedsolve.engine import Simulation, SimulationConfig  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

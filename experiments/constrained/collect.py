@@ -9,7 +9,7 @@ one markdown row per cell: mean (std over seeds) of the certificate's values (`e
 seeds, outer iterations K, ADMM rounds and wall seconds per seed and how many seeds passed Eq. 11.
 --copy DEST copies each counted seed's small files (summary.json, metrics.jsonl) to DEST/<folder>/<label>/seedK.
 The grouping and the constrained losses are those of the suites experiments/constrained/table{1,2}_suite.yaml
-(fedsolve.protocols.constrained_runs), which report the same numbers as per-metric tables next to the paper's.
+(fedsolve.families.constrained.runs), which report the same numbers as per-metric tables next to the paper's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from fedsolve.protocols.constrained_runs import constraint_loss, finished_runs, run_key, server_disparity
+from fedsolve.families.constrained.runs import constraint_loss, finished_runs, run_key, server_disparity
 
 ORDER = {"Prox-AL FL": 0, "Prox-AL FL (paper params)": 0, "Prox-AL FL (code params)": 1, "cProx-AL": 2,
          "FedAvg (no constraints)": 3, "FedProx (no constraints)": 4}
@@ -32,7 +32,7 @@ cell_key = run_key
 
 def load(roots: list[Path]) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
     """cell -> label -> seed -> (seed folder, summary), the newest summary when a seed was run twice
-    (:func:`fedsolve.protocols.constrained_runs.finished_runs`)."""
+    (:func:`fedsolve.families.constrained.runs.finished_runs`)."""
     return finished_runs(roots)
 
 

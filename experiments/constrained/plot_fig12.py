@@ -1,4 +1,4 @@
-"""Figures 1/2 of paper 002 from one Prox-AL FL run folder (the drawing: fedsolve.experiments.constrained_figures,
+"""Figures 1/2 of paper 002 from one Prox-AL FL run folder (the drawing: fedsolve.families.constrained.figures,
 which the compare report also uses).
 
 Usage: python experiments/constrained/plot_fig12.py RUN_DIR [--x outer|round] [--title T] [--out fig.png]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from fedsolve.experiments.constrained_figures import default_title, outer_figure
+from fedsolve.families.constrained.figures import default_title, outer_figure
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ the total objective, for every cell and method found under the given folders.
 
 Usage: python experiments/constrained/reldiff.py [ROOT ...] [--ref cProx-AL]
 
-A cell is what fedsolve.protocols.constrained_runs.run_key groups (problem kind, dataset, n, data limits, round
+A cell is what fedsolve.families.constrained.runs.run_key groups (problem kind, dataset, n, data limits, round
 budget); within it each method's seeds are paired with the reference method's same seed (the same w^0). Per
 client: |L_i - L_i^ref| / |L_i^ref| for every client of every paired seed, mean (std) pooled over clients x
 seeds as paper 002's Tables 1 and 2 report it (f_i from the certificate's ``objective_clients``, or recomputed
@@ -19,10 +19,10 @@ import statistics
 import torch
 import yaml
 
-from fedsolve.algorithms.constrained.kkt import client_objectives
+from fedsolve.families.constrained.kkt import client_objectives
 from fedsolve.experiments.config import parse_config
 from fedsolve.experiments.runner import build_problem
-from fedsolve.protocols.constrained_runs import finished_runs
+from fedsolve.families.constrained.runs import finished_runs
 
 _PROBLEMS: dict[tuple, object] = {}
 

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fedsolve.simulation.loop import RunResult
+    from fedsolve.engine.loop import RunResult
 
 
 def run(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
         out: str | None = None, progress: bool = False) -> "RunResult":
-    """Run one algorithm of an experiment config and return its :class:`~fedsolve.simulation.loop.RunResult`.
+    """Run one algorithm of an experiment config and return its :class:`~fedsolve.engine.loop.RunResult`.
 
     ``config``: a YAML path, a config mapping or an ``ExperimentConfig``; ``algorithm``: label or name (needed
     when the config lists several); ``seed``: default the config's first; ``overrides``: ``--set`` strings;

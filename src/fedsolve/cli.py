@@ -117,7 +117,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from fedsolve.algorithms import ALGORITHMS
+    from fedsolve.families import ALGORITHMS
     from fedsolve.data.datasets import DATASETS
     from fedsolve.data.partition import PARTITIONERS
     from fedsolve.models import MODELS
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:   # the fedsolve program: a SIGTERM (kill, a batch system's stop) ends it as Ctrl-C does
         signal.signal(signal.SIGTERM, _sigterm)
     from fedsolve.experiments.config import ConfigError
-    from fedsolve.simulation.loop import DivergenceError, ResumeError, RunInterrupted
+    from fedsolve.engine.loop import DivergenceError, ResumeError, RunInterrupted
 
     try:
         for mod in args.imports or []:  # user plugins: modules that @register algorithms

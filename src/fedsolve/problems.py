@@ -155,7 +155,7 @@ def parse_params(model: type, params: Mapping[str, Any]):
 def register_problem_kind(name: str) -> Callable[[ProblemBuilder], ProblemBuilder]:
     """Decorator: register ``builder`` as problem kind ``name`` (``problem: {kind: name}`` in a config).
 
-    Builders live in the modules of ``fedsolve.problem_kinds``; ``fedsolve.problem_kinds.get_problem_kind`` looks
+    Builders live in the modules of ``fedsolve.families``; ``fedsolve.families.get_problem_kind`` looks
     one up by name."""
 
     def deco(builder: ProblemBuilder) -> ProblemBuilder:

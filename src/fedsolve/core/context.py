@@ -345,7 +345,7 @@ def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c
 
 class StackedContext:
     """What a batch-aware ``local_update`` sees when the vectorized executor calls it ONCE for all the selected
-    clients (:meth:`~fedsolve.algorithms.base.Algorithm.stacked_batches`): each full-batch phase's rows of the K
+    clients (:meth:`~fedsolve.engine.algorithm.Algorithm.stacked_batches`): each full-batch phase's rows of the K
     clients, stacked ``[K, B, ...]`` and padded with weight 0 to the longest (as under ``vmap``). Code given this
     context sees the client dimension and may branch on tensor values, e.g. loop until every client's solve has
     converged, which ``vmap`` cannot."""

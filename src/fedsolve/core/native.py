@@ -5,7 +5,7 @@ Three kernels, each plain C (GCC/Clang vector extensions at most) in ``kernels/`
 * ``softmax_gd.c``: the full-batch gradient descent of the ``linear`` executor for cross-entropy
   models (:class:`SoftmaxData`);
 * ``pair_update.c``: FPFC's server update of the touched pairs on the dense store
-  (``algorithms/fpfc/pairs.py``, ``DensePairs``);
+  (``families/clustered/fpfc/pairs.py``, ``DensePairs``);
 * ``maxpool2.c``: the forward pass of 2x2 max pooling (:func:`max_pool2x2`, used by the LeNet model),
   whose values and indices are torch's to the bit (torch's forward is slow on CPU).
 

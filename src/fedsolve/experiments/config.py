@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedsolve.simulation.loop import SimulationConfig
+from fedsolve.engine.loop import SimulationConfig
 
 
 class ConfigError(ValueError):
@@ -72,7 +72,7 @@ class ModelConfig(BaseModel):
     blocks: dict[str, list[str]] = Field(default_factory=dict,
                                          description="named parameter blocks {name: [patterns]}, e.g. personal")
     personalization: str | None = Field(None, description="preset for the 'personal' block: input | output | "
-                                                          "split-input (see fedsolve.personalization)")
+                                                          "split-input (see fedsolve.families.personalized.blocks)")
 
     @field_validator("name")
     @classmethod
@@ -108,7 +108,7 @@ class ProblemConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        from fedsolve.problem_kinds import get_problem_kind
+        from fedsolve.families import get_problem_kind
 
         get_problem_kind(v)  # raises with the allowed kinds
         return v
@@ -189,13 +189,13 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _algos(self):
-        from fedsolve.algorithms import get_algorithm
+        from fedsolve.families import get_algorithm
 
         specs = ([self.algorithm] if self.algorithm else []) + list(self.algorithms)
         if not specs:
             raise ValueError("give `algorithm` (for run) or `algorithms` (for compare)")
         # a key no registered algorithm has is a typo; a key of other algorithms is a shared template's default
-        from fedsolve.algorithms import ALGORITHMS
+        from fedsolve.families import ALGORITHMS
 
         anywhere = {f for cls in ALGORITHMS.values() for f in cls.Config.model_fields}
         unknown = sorted(set(self.defaults) - anywhere)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedsolve.experiments.folders import default_run_dir, read_jsonl
-from fedsolve.io import atomic_write_bytes, atomic_write_text
+from fedsolve.engine.io import atomic_write_bytes, atomic_write_text, new_figure, save_figure  # noqa: F401
 
 LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes", "violation", "kkt")
 # metrics with no better direction: a cluster count is good when it is the true one, which a run does not
@@ -36,14 +36,6 @@ def lower_is_better(metric: str) -> bool:
     return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
 
 
-def new_figure(*args, **kwargs):
-    """``(fig, axes)`` like ``pyplot.subplots(*args, **kwargs)``, on a plain ``Figure`` (no pyplot, no
-    backend); write it with :func:`save_figure`."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=kwargs.pop("figsize", None))
-    return fig, fig.subplots(*args, **kwargs)
-
 #: the certificate of a constrained run (paper 002, Definition 1): shown and plotted where the runs record it
 CERTIFICATE_METRICS = ("objective", "violation_max", "kkt_eps1", "kkt_eps2", "outer_iterations", "admm_rounds",
                        "converged")
@@ -60,19 +52,6 @@ NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macr
         "model_deviation": "model deviation", "objective": "objective", "violation_max": "violation (max)",
         "kkt_eps1": "KKT eps1", "kkt_eps2": "KKT eps2", "outer_iterations": "outer it.",
         "admm_rounds": "ADMM rounds", "converged": "Eq. 11 passed (share)"}
-
-
-def save_figure(fig, path: Path) -> None:
-    """Write a matplotlib figure as PNG atomically (no half-written file) and close it."""
-    import io
-
-    import sys
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    if "matplotlib.pyplot" in sys.modules:   # a pyplot figure of the caller's: free it
-        sys.modules["matplotlib.pyplot"].close(fig)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def _fmt(v: float) -> str:
@@ -247,8 +226,8 @@ def _outer_figures(base: Path, cfg, algos: list[str], histories: dict[str, list[
     problem = getattr(cfg, "problem", None)
     if problem is None or problem.kind not in ("neyman_pearson", "fairness"):
         return []
-    from fedsolve.experiments.constrained_figures import has_outer_records, outer_figure
-    from fedsolve.problem_kinds.constrained import FairnessParams, NPParams
+    from fedsolve.families.constrained.figures import has_outer_records, outer_figure
+    from fedsolve.families.constrained.kind import FairnessParams, NPParams
 
     params = (NPParams if problem.kind == "neyman_pearson" else FairnessParams)(**dict(problem.params))
 

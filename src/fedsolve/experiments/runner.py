@@ -23,14 +23,14 @@ from typing import Any, Sequence
 import torch
 import yaml
 
-from fedsolve.algorithms import get_algorithm
+from fedsolve.families import get_algorithm
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
 from fedsolve.experiments.report import (has_direction, lower_is_better, write_compare_report,  # noqa: F401
                                          write_run_report)
-from fedsolve.io import atomic_write_text
+from fedsolve.engine.io import atomic_write_text
 from fedsolve.problems import FederatedProblem
-from fedsolve.simulation.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
+from fedsolve.engine.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
                                       Simulation)
 
 _slug, _read_jsonl = slug, read_jsonl   # older names
@@ -113,7 +113,7 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
     loss = "cross_entropy" if data.task == "classification" else "squared_error"
     try:
         if cfg.model.personalization:
-            from fedsolve.personalization import personal_patterns
+            from fedsolve.families.personalized.blocks import personal_patterns
 
             blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
         problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
@@ -123,7 +123,7 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
         hint = "" if "allowed" in msg else "; allowed: name patterns that match some of those parameters"
         raise ConfigError(f"{field}: {msg}{hint}") from None
     if cfg.problem is not None:
-        from fedsolve.problem_kinds import get_problem_kind
+        from fedsolve.families import get_problem_kind
 
         try:
             problem = get_problem_kind(cfg.problem.kind)(problem, dict(cfg.problem.params), seed)
@@ -172,7 +172,7 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
                   executor: str | None = None, dataset: str | None = None, finished: bool = False) -> dict[str, Any]:
     """``executor``: the executor that ran (``simulation.executor: auto`` resolved); ``dataset``: what the run
     used (:func:`recorded_dataset`; default the config's ``data.dataset``); ``finished``: the algorithm's
-    stopping test ended the run (:meth:`~fedsolve.algorithms.base.Algorithm.finished`), maybe before the budget."""
+    stopping test ended the run (:meth:`~fedsolve.engine.algorithm.Algorithm.finished`), maybe before the budget."""
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedsolve.experiments.config import (AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides,
                                          merged_params, parse_config)
-from fedsolve.io import atomic_write_text
+from fedsolve.engine.io import atomic_write_text
 
 
 # ------------------------------------------------------------------ schema
@@ -197,12 +197,12 @@ PLOTS: dict[str, Callable[[list[dict], "SuiteConfig", Path], None]] = {}
 
 
 def builtin_protocols() -> dict[str, Protocol]:
-    """The registry, with the built-in protocols (``fedsolve.protocols.fpfc_tables``,
-    ``fedsolve.protocols.constrained_runs``) and figures
-    (``fedsolve.experiments.fpfc_figures``) registered on first use."""
+    """The registry, with the built-in protocols (``fedsolve.families.clustered.protocols.tables``,
+    ``fedsolve.families.constrained.runs``) and figures
+    (``fedsolve.families.clustered.figures``) registered on first use."""
     if "attack_grid" not in PROTOCOLS:
-        from fedsolve.experiments import fpfc_figures as f
-        from fedsolve.protocols import fpfc_tables as t
+        from fedsolve.families.clustered import figures as f
+        from fedsolve.families.clustered.protocols import tables as t
 
         register_protocol("lambda_path", Protocol(t.lambda_path, t.LambdaPathArgs))
         register_protocol("attack_grid", Protocol(t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"),
@@ -211,7 +211,7 @@ def builtin_protocols() -> dict[str, Protocol]:
         register_protocol("fpfc_tuning", Protocol(t.fpfc_tuning, t.FPFCTuningArgs, axes=("strategy",)))
         register_protocol("tuning", Protocol(t.tuning, t.TuningArgs))
         register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))
-        from fedsolve.protocols import constrained_runs as c
+        from fedsolve.families.constrained import runs as c
 
         register_protocol("constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs,
                                                        key=c.constrained_run_key))
@@ -296,14 +296,14 @@ class Context:
 
     def params(self, name: str | None = None, extra: dict | None = None) -> dict:
         """The cell's algorithm parameters (the experiment's ``defaults`` merged with its spec and ``extra``)."""
-        from fedsolve.algorithms import get_algorithm
+        from fedsolve.families import get_algorithm
 
         spec = self.spec
         return merged_params(get_algorithm(name or spec.name), self.experiment().defaults,
                              {**spec.params, **(extra or {})})
 
     def algorithm(self, problem, extra: dict | None = None, name: str | None = None):
-        from fedsolve.algorithms import get_algorithm
+        from fedsolve.families import get_algorithm
 
         return get_algorithm(name or self.spec.name)(self.params(name, extra), problem)
 
@@ -342,7 +342,7 @@ class Context:
 
     def run(self, problem, algo, rounds: int | None = None, eval_every: int | None = None, callbacks=()):
         """Run ``algo`` on ``problem`` for the cell's seed; returns (simulation, result)."""
-        from fedsolve.simulation import Simulation
+        from fedsolve.engine import Simulation
 
         sim = Simulation(problem, algo, self.sim_config(rounds, eval_every), seed=self.seed,
                          callbacks=list(callbacks))
@@ -378,7 +378,7 @@ _WORKER: dict[str, Context] = {}
 def run_cell(ctx: Context) -> list[dict]:
     """The protocol on one cell; rows tagged with the cell's fields. A diverged run is a row with
     ``diverged`` (a finding, not a crash)."""
-    from fedsolve.simulation.loop import DivergenceError
+    from fedsolve.engine.loop import DivergenceError
 
     t0 = time.perf_counter()
     try:

@@ -94,7 +94,7 @@ class ClientStore:
         st[STATE] = to_array_record(self.state)
         st[PENDING] = to_array_record(self.pending)
         if self.path is not None:
-            from fedsolve.io import atomic_torch_save
+            from fedsolve.engine.io import atomic_torch_save
 
             atomic_torch_save({"state": self.state, "pending": self.pending, "pending_round": self.pending_round},
                               self.path)

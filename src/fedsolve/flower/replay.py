@@ -1,6 +1,6 @@
 """The simulation a deployment must reproduce.
 
-``simulate_with_participation(task, participation)`` runs ``fedsolve.simulation.Simulation``
+``simulate_with_participation(task, participation)`` runs ``fedsolve.engine.Simulation``
 with the task's config and seed, except that in round ``t`` only the clients listed in
 ``participation[t]`` (those whose uploads the Flower server aggregated) take part; the others
 are treated as not selected (no local update, state unchanged). With full participation this
@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence  # noqa: F401
 
 import torch
 
-from fedsolve.simulation.loop import Simulation
+from fedsolve.engine.loop import Simulation
 
 
 class ParticipationSimulation(Simulation):

@@ -1,4 +1,4 @@
-"""The per-round logic of ``fedsolve.simulation.Simulation``, split into its server part and its
+"""The per-round logic of ``fedsolve.engine.Simulation``, split into its server part and its
 one-client part, so a Flower ServerApp and a node's ClientApp reproduce a simulated round
 exactly (same sampling RNG, same minibatch plans, same order of operations as the
 ``sequential`` executor).
@@ -18,12 +18,12 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from fedsolve.algorithms.base import eval_phases
+from fedsolve.engine.algorithm import eval_phases
 from fedsolve.core.context import LocalContext
 from fedsolve.core.plans import Plan, build_plans
 from fedsolve.core.rng import RngStreams
-from fedsolve.simulation.metrics import client_metrics
-from fedsolve.simulation.sampling import sample_clients
+from fedsolve.engine.metrics import client_metrics
+from fedsolve.engine.sampling import sample_clients
 
 Record = dict[str, Tensor]
 

@@ -35,15 +35,15 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedsolve.algorithms.base import eval_phases
+from fedsolve.engine.algorithm import eval_phases
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.rng import RngStreams
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
 from fedsolve.flower.rounds import initial_state, plan_shapes, sample_round, weighted_train_loss, work_scales
 from fedsolve.flower.task import load_task, run_config_value
-from fedsolve.io import atomic_write_text
-from fedsolve.simulation.loop import check_round, drive_rounds, eval_due
-from fedsolve.simulation.metrics import summarize
+from fedsolve.engine.io import atomic_write_text
+from fedsolve.engine.loop import check_round, drive_rounds, eval_due
+from fedsolve.engine.metrics import summarize
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`
     from flwr.common.logger import log as _flog

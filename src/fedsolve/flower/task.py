@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedsolve.algorithms.base import Algorithm
-from fedsolve.simulation.loop import SimulationConfig
+from fedsolve.engine.algorithm import Algorithm
+from fedsolve.engine.loop import SimulationConfig
 
 #: Run-config keys of a fedsolve Flower app and their defaults (also written into the app's
 #: ``pyproject.toml`` by ``python -m fedsolve.flower new-app``; ``flwr run --run-config`` can only
@@ -75,7 +75,7 @@ def check_supported(algo: Algorithm) -> None:
     for fn in ("init", "broadcast", "local_update", "aggregate", "eval_model"):
         if getattr(type(algo), fn) is getattr(base, fn):
             raise FlowerUnsupportedError(f"algorithm {name!r} does not implement `{fn}`, which the Flower "
-                                         "adapter needs (see fedsolve.algorithms.base)")
+                                         "adapter needs (see fedsolve.engine.algorithm)")
     if getattr(algo, "server_reads_client_state", False):
         raise FlowerUnsupportedError(
             f"algorithm {name!r} reads client state on the server, which does not exist in a deployment "
@@ -141,13 +141,8 @@ _CACHE: dict[tuple, DeploymentTask] = {}
 
 
 def register_all_algorithms() -> None:
-    """Import every module of ``fedsolve.algorithms`` so each solver is in the registry."""
-    import pkgutil
-
-    import fedsolve.algorithms as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"fedsolve.algorithms.{mod.name}")
+    """Import every family (``fedsolve.families``) so each solver is in the registry."""
+    import fedsolve.families  # noqa: F401
 
 
 def load_task(run_config: Mapping[str, Any], role: str = "any") -> DeploymentTask:

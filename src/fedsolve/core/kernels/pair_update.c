@@ -1,6 +1,6 @@
 /* FPFC's server update of the pairs touching the active devices, on the dense antisymmetric store.
  *
- * The store (algorithms/fpfc/pairs.py, DensePairs) keeps, per ordered pair, delta_ij (d floats; delta_ji =
+ * The store (families/clustered/fpfc/pairs.py, DensePairs) keeps, per ordered pair, delta_ij (d floats; delta_ji =
  * -delta_ij) and s_ij (theta_ij = s_ij delta_ij, v_ij / rho = (1 - s_ij) delta_ij), and per device the
  * row sum R_i = sum_j (2 s_ij - 1) delta_ij. One round, for the active devices ids[0..k-1]:
  *

@@ -1,0 +1,67 @@
+"""FedAvg (McMahan et al., 2017): local SGD from the global model, sample-size weighted average.
+
+    w_i^{t+1} = LocalSGD_i(w^t)                       (E epochs, lr eta)
+    w^{t+1}   = sum_{i in S_t} n_i w_i^{t+1} / sum_{i in S_t} n_i
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, shared_mask, weighted_mean
+from fedsolve.core.linear import GDStep
+from fedsolve.core.states import ClientStates
+
+
+class FedAvgConfig(AlgorithmConfig):
+    shared_only: bool = Field(False, description="only the 'shared' block is averaged/trained when the problem "
+                                                 "defines one (FedAPM paper's baseline behaviour)")
+
+
+@register
+class FedAvg(Algorithm):
+    name = "fedavg"
+    description = "FedAvg: local SGD, sample-size weighted averaging (McMahan et al. 2017)"
+    Config = FedAvgConfig
+
+    def init(self, x0, rngs):
+        return {"w": x0.clone()}, ClientStates(self.num_clients)
+
+    def broadcast(self, server, ids, round_):
+        return {"w": self.expand(server["w"], ids)}
+
+    def prox_mu(self) -> float:
+        """Coefficient of the proximal term (mu/2)||w - w^t||^2 of the local objective (0 for FedAvg)."""
+        return 0.0
+
+    def prox_term(self, msg):
+        """Extra gradient term mu (w - w^t) of the local objective (None when mu = 0)."""
+        mu = self.prox_mu()
+        if mu == 0:
+            return None
+        w0 = msg["w"]
+        return lambda w: mu * (w - w0)
+
+    def local_update(self, state, msg, ctx):
+        w = self.local_sgd(ctx, msg["w"], extra=self.prox_term(msg))
+        return {}, {"w": w}
+
+    #: ``linear_gd``'s GDStep also states the minibatch local SGD update (``batched`` executor, core/batched_mlp.py)
+    linear_gd_minibatch = True
+
+    def supports_linear_gd(self) -> bool:
+        return shared_mask(self) is None
+
+    def linear_gd(self, rows, msgs, ids, round_, full):
+        return GDStep(start=msgs["w"], lr=self.cfg.lr, anchor=msgs["w"], rho=self.prox_mu(),
+                      finish=lambda w: ({}, {"w": w}))
+
+    def aggregate(self, server, ids, uploads, round_):
+        return {"w": weighted_mean(uploads["w"], self.client_weights[ids])}
+
+    def eval_broadcast(self, server, ids):
+        return {"w": self.expand(server["w"], ids)}
+
+    def eval_model(self, state, msg):
+        return msg["w"]
+

@@ -1,0 +1,286 @@
+"""FPFC, Algorithm 2 of Yu, Liu, Wang, Sun (arXiv:2211.04218v3): inexact ADMM on w_i - w_j = theta_ij.
+
+    min_w  sum_i f_i(w_i) + (1/(2m)) sum_{i<j} g~(||w_i - w_j||, lam)          (eq. 1/4)
+
+Round k with active devices A_k:
+  server -> i in A_k:   zeta_i = (1/m) sum_j (w_j + theta_ij - v_ij/rho)                  (broadcast)
+  device i:             T_i steps of  w <- w - alpha [grad f_i(w) + rho (w - zeta_i)]      (eq. 5, local_update)
+  i -> server:          w_i
+  server, pairs with an end in A_k:  delta_ij = w_i - w_j + v_ij/rho,  theta_ij = prox(delta_ij),
+                        v_ij += rho (w_i - w_j - theta_ij)                                (eq. 6, aggregate)
+Read-out: ||theta_ij|| <= nu -> graph -> connected components; a device is scored with its cluster's
+n_i-weighted average model (``eval_with='cluster'``) or its own w_i.
+
+The pair variables live in a store of ``pairs.py`` (dense or sparse), the penalties in ``penalties.py``;
+the package docstring has the storage layout, memory and cost.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.families.clustered.clusters import adjusted_rand, cluster_average, clusters_from_norms
+from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs
+from fedsolve.families.clustered.fpfc.penalties import prox_scale
+from fedsolve.core import native
+from fedsolve.core.executor import Work
+from fedsolve.core.linear import GDStep
+from fedsolve.core.states import ClientStates, repeat_rows
+
+
+class FPFCConfig(AlgorithmConfig):
+    lr: float = Field(0.1, gt=0, description="local step size alpha")
+    local_epochs: float | None = Field(10.0, gt=0, description="local epochs (full-batch GD: = steps T)")
+    batch_size: int | None = Field(None, ge=1, description="null = full-batch gradient descent (paper)")
+    lam: float = Field(0.6, ge=0, description="fusion penalty lambda")
+    rho: float = Field(1.0, gt=0, description="ADMM penalty rho")
+    a: float = Field(3.7, gt=1, description="SCAD concavity parameter a")
+    xi: float = Field(1e-4, gt=0, description="SCAD smoothing xi (0 < xi < lambda)")
+    penalty: Literal["scad", "l1", "l2sq"] = Field(
+        "scad", description="smoothed SCAD (FPFC), group lasso (FPFC-l1) or squared l2 (Fig. 1's ridge fusion)")
+    nu: float = Field(0.1, gt=0, description="cluster threshold: i~j iff ||theta_ij|| <= nu (paper: [xi, 0.5])")
+    pair_layout: Literal["dense", "sparse", "auto"] = Field(
+        "auto", description="server pair store; auto = dense when m^2 d_f <= 5e7 floats")
+    update_pairs: Literal["touched", "all"] = Field(
+        "touched", description="'touched': pairs with an active end (Algorithm 2); 'all': every pair (proofs)")
+    eval_with: Literal["cluster", "local"] = Field("cluster", description="score devices with their cluster's "
+                                                   "n_i-weighted average (reference code) or with w_i")
+    fused_block: str = Field("fused", description="problem block fused by FPFC; the rest is averaged over the "
+                                                  "participants (FedAvg). Absent block = the whole model")
+    shared_weighting: Literal["uniform", "samples"] = Field("uniform", description="average of the shared block "
+                                                            "(reference code: uniform over participants)")
+    local_schedule: Literal["constant", "growing"] = Field(
+        "constant", description="'growing': T_k = max(1, ceil(k / growth_rounds)) local steps (Sec. 6.4.4)")
+    growth_rounds: float = Field(20.0, gt=0, description="T_k = ceil(k / growth_rounds) (20 synthetic, 2 MNIST, "
+                                                         "1 -> k+1 for H&BF)")
+    growth_offset: int = Field(0, ge=0, description="added to k before the ceil (H&BF: T_k = k + 1 -> 1)")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by lr_decay every lr_decay_every rounds")
+    lr_decay_every: int = Field(5, ge=1, description="rounds between lr decays")
+    init_std: float | None = Field(None, gt=0, description="w^0 entries ~ N(0, init_std^2) (synthetic code: 1); "
+                                                           "null = the model's own init")
+    dtype: Literal["float32", "float64"] = Field("float32", description="server pair-store dtype")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.penalty == "scad" and self.lam > 0:
+            if self.rho <= 1 / (self.a - 1):
+                raise ValueError(f"rho={self.rho} must exceed 1/(a-1)={1 / (self.a - 1):.4g} for the SCAD prox")
+            if self.a < 1 + 1 / self.rho:
+                raise ValueError(f"a={self.a} must be >= 1 + 1/rho={1 + 1 / self.rho:.4g} (prox branch order)")
+            if self.xi >= self.lam:
+                raise ValueError(f"xi={self.xi} must be smaller than lam={self.lam}")
+        return self
+
+
+@register
+class FPFC(Algorithm):
+    name = "fpfc"
+    description = "FPFC: clustered FL by smoothed-SCAD pairwise fusion, inexact ADMM (Yu et al. 2023)"
+    Config = FPFCConfig
+    finite_check_keys = ("W", "R")
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        c, lay = self.cfg, self.layout
+        d = lay.dim
+        if lay.has_block(c.fused_block):
+            fmask = lay.mask(c.fused_block)
+        else:
+            fmask = torch.ones(d, dtype=torch.bool)
+        self.fidx = torch.nonzero(fmask).flatten()
+        self.sidx = torch.nonzero(~fmask).flatten()
+        self.all_fused = self.sidx.numel() == 0
+        self.df = self.fidx.numel()
+        m = self.num_clients
+        layout = c.pair_layout
+        if layout == "auto":
+            layout = "dense" if m * m * self.df <= 5e7 else "sparse"
+        self.store = PAIR_STORES[layout]
+        self.pair_layout = layout
+        self.sizes = self.problem.data.train_sizes.to(torch.float64)
+        self._cache: tuple[dict, float, np.ndarray] | None = None   # (server record, nu, labels)
+        self.sdtype = torch.float64 if c.dtype == "float64" else torch.float32
+
+    @property
+    def kernel(self) -> str:
+        """The run's ``simulation.linear_kernel`` (set by the engine); ``native`` on a dense float32 store needs
+        the compiled pair kernel."""
+        return getattr(self, "_kernel", "auto")
+
+    @kernel.setter
+    def kernel(self, kernel: str) -> None:
+        if kernel == "native" and self.pair_layout == "dense" and self.sdtype == torch.float32 \
+                and DensePairs.compiled(self.sdtype) is None:
+            why = "it is turned off (FEDSOLVE_NATIVE=0)" if not native.enabled() else "no C compiler could build it"
+            raise ValueError(f"linear_kernel: 'native' is not available for FPFC's pair update ({why}); "
+                             "use 'auto' or 'torch'")
+        self._kernel = kernel
+
+    @property
+    def pair_kernel(self) -> str:
+        """``native`` when the server's pair update runs the compiled kernel, else ``torch``."""
+        return "native" if self.pair_layout == "dense" and DensePairs.compiled(self.sdtype, self.kernel) else "torch"
+
+    def prox_fn(self, r: Tensor) -> Tensor:
+        c = self.cfg
+        return prox_scale(r, c.lam, c.rho, c.a, c.xi, c.penalty)
+
+    # ------------------------------------------------------------------ work / schedules
+    def local_steps_at(self, k: int) -> int | None:
+        c = self.cfg
+        if c.local_schedule == "growing":
+            return max(1, math.ceil((k + c.growth_offset) / c.growth_rounds))
+        return c.local_steps
+
+    def work(self, round_: int = 0) -> dict[str, Work]:
+        c = self.cfg
+        return {"train": Work(epochs=c.local_epochs, steps=self.local_steps_at(round_), batch_size=c.batch_size)}
+
+    def supports_linear_gd(self) -> bool:
+        return self.all_fused and self.cfg.batch_size is None
+
+    def linear_gd(self, rows, msgs, ids, round_, full):
+        """Eq. 5 for the ``linear`` executor: GD on f_i + (rho/2)||w - zeta_i||^2 from w_i."""
+        return GDStep(start=rows["w"], lr=self.lr_at(round_), anchor=msgs["zeta"], rho=self.cfg.rho,
+                      finish=lambda w: ({"w": w}, {"w": w}))
+
+    def lr_at(self, k: int) -> float:
+        c = self.cfg
+        return c.lr * c.lr_decay ** (k // c.lr_decay_every)
+
+    # ------------------------------------------------------------------ five functions
+    def init(self, x0, rngs):
+        m = self.num_clients
+        if self.cfg.init_std is not None:
+            g = rngs.torch("fpfc_init")
+            x0 = torch.randn(x0.shape, generator=g, dtype=x0.dtype) * self.cfg.init_std
+        W = repeat_rows(x0, m)
+        server = {"W": W.clone(), "R": torch.zeros(m, self.df, dtype=self.sdtype)}
+        server.update(self.store.init(m, self.df, self.sdtype))
+        return server, ClientStates(m, {"w": W})
+
+    def fused(self, W: Tensor, dtype=None) -> Tensor:
+        """The fused block of the rows of ``W`` (``W`` itself when the whole model is fused)."""
+        Wf = W if self.all_fused else W[:, self.fidx]
+        return Wf if dtype is None else Wf.to(dtype)
+
+    def zeta(self, server, ids: Tensor) -> Tensor:
+        """zeta_i = (1/m) sum_j (w_j + theta_ij - v_ij/rho) for the devices ``ids`` (fused block)."""
+        Wf = self.fused(server["W"], server["R"].dtype)
+        m = Wf.shape[0]
+        return (Wf.mean(0).unsqueeze(0) + server["R"][ids] / m).to(server["W"].dtype)
+
+    def broadcast(self, server, ids, round_):
+        msg = {"zeta": self.zeta(server, ids)}
+        if not self.all_fused:
+            msg["shared"] = server["W"][ids][:, self.sidx]
+        return msg
+
+    def local_update(self, state, msg, ctx):
+        rho, zeta = self.cfg.rho, msg["zeta"]
+        w0 = state["w"]
+        if self.all_fused:
+            extra = lambda p: rho * (p - zeta)  # noqa: E731
+        else:
+            w0 = w0.index_copy(0, self.sidx, msg["shared"])
+            fidx = self.fidx
+            extra = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))  # noqa
+        w = self.local_sgd(ctx, w0, extra=extra, lr=self.lr_at(ctx.round))
+        return {"w": w}, {"w": w}
+
+    def server_update(self, server, ids: Tensor, W_new: Tensor) -> dict[str, Tensor]:
+        """Write the uploads ``W_new`` of ``ids`` and update every pair touching them (eq. 6): a new record
+        over the same (updated in place) tensors."""
+        server = dict(server)
+        W = server["W"]
+        W.index_copy_(0, ids, W_new.to(W.dtype))
+        act = torch.arange(self.num_clients) if self.cfg.update_pairs == "all" else ids
+        self.store.update(server, self.fused(W, server["R"].dtype), act, self.prox_fn, kernel=self.kernel)
+        return server
+
+    def aggregate(self, server, ids, uploads, round_):
+        W_new = uploads["w"]
+        if not self.all_fused:
+            W_new = W_new.clone()
+            sh = W_new[:, self.sidx]
+            if self.cfg.shared_weighting == "samples":
+                avg = weighted_mean(sh, self.client_weights[ids])
+            else:
+                avg = sh.mean(0)
+            W_new[:, self.sidx] = avg.unsqueeze(0)
+        return self.server_update(server, ids, W_new)
+
+    # ------------------------------------------------------------------ clusters / evaluation
+    def theta_norms(self, server) -> Tensor:
+        return self.store.norms(server, self.num_clients)
+
+    def theta_v(self, server) -> tuple[Tensor, Tensor]:
+        """Dense ``[m, m, d_f]`` theta and v (materialized; for tests and diagnostics)."""
+        return self.store.theta_v(server, self.num_clients, self.cfg.rho)
+
+    def cluster_labels(self, server, nu: float | None = None) -> np.ndarray:
+        """Connected components of ||theta_ij|| <= nu (default ``cfg.nu``); cached per server record (every
+        :meth:`aggregate` returns a new record, so a new round or a replaced state is never read stale)."""
+        nu = self.cfg.nu if nu is None else nu
+        if self._cache is not None and self._cache[0] is server and self._cache[1] == nu:
+            return self._cache[2]
+        lab = clusters_from_norms(self.theta_norms(server), nu)
+        self._cache = (server, nu, lab)
+        return lab
+
+    def cluster_models(self, server, labels: np.ndarray | None = None) -> Tensor:
+        """[m, d]: every device's model with its fused block replaced by its cluster's average."""
+        labels = self.cluster_labels(server) if labels is None else labels
+        W = server["W"].clone()
+        W[:, self.fidx] = cluster_average(W[:, self.fidx], labels, self.sizes)
+        return W
+
+    def eval_broadcast(self, server, ids):
+        if self.cfg.eval_with == "local":
+            return {"w": server["W"][ids]}
+        return {"w": self.cluster_models(server)[ids]}
+
+    def eval_model(self, state, msg):
+        return msg["w"]
+
+    def diagnostics(self, server, clients):
+        lab = self.cluster_labels(server)
+        out = {"num_clusters": float(lab.max() + 1)}
+        truth = self.problem.data.clusters
+        if truth is not None:
+            out["ari"] = adjusted_rand(lab, truth.numpy())
+        return out
+
+    def finalize(self, server, clients):
+        lab = self.cluster_labels(server)
+        out: dict[str, Any] = {"clusters": lab.tolist(), "num_clusters": int(lab.max() + 1),
+                               "cluster_sizes": np.bincount(lab).tolist(), "pair_layout": self.pair_layout}
+        truth = self.problem.data.clusters
+        if truth is not None:
+            out["ari"] = adjusted_rand(lab, truth.numpy())
+        return out
+
+
+def paper_cost(algo: FPFC, ledger) -> float:
+    """The paper's Cost (spec 2.7): m d (initial broadcast) + scalars sent in the rounds."""
+    return algo.num_clients * algo.layout.dim + ledger.uplink_floats + ledger.downlink_floats
+
+
+class FPFCL1Config(FPFCConfig):
+    penalty: Literal["scad", "l1", "l2sq"] = Field("l1", description="group lasso fusion (FPFC-l1)")
+    lam: float = Field(0.2, ge=0, description="README: lamdaL1 = 0.2")
+    nu: float = Field(0.1, gt=0, description="cluster threshold (README thresholdL1 = 4 for synthetic)")
+
+
+@register
+class FPFCL1(FPFC):
+    name = "fpfc_l1"
+    description = "FPFC-l1: FPFC with the group-lasso fusion penalty (group soft-thresholding prox)"
+    Config = FPFCL1Config
