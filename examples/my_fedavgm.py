@@ -26,7 +26,7 @@ import tempfile
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.families import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates
 
 
@@ -82,8 +82,8 @@ def tiny_problem(num_clients: int = 8, seed: int = 0):
 
 
 def simulate(problem, name: str, params: dict, executor: str, rounds: int = 5, seed: int = 0):
-    from fedsolve.algorithms import get_algorithm
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.families import get_algorithm
+    from fedsolve.engine import Simulation, SimulationConfig
 
     algo = get_algorithm(name)(params, problem)
     cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor=executor, sampling={"fraction": 0.5})

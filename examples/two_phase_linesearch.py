@@ -28,7 +28,7 @@ import sys
 import torch
 from pydantic import Field
 
-from fedsolve.algorithms import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.families import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates, Work
 
 TRAIN, SEARCH = 0, 1
@@ -99,8 +99,8 @@ def tiny_problem(num_clients: int = 8, seed: int = 0):
 
 def simulation(problem, name: str, params: dict, rounds: int, executor: str = "auto", seed: int = 0,
                fraction: float = 0.5):
-    from fedsolve.algorithms import get_algorithm
-    from fedsolve.simulation import Simulation, SimulationConfig
+    from fedsolve.families import get_algorithm
+    from fedsolve.engine import Simulation, SimulationConfig
 
     cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor=executor, sampling={"fraction": fraction},
                            metrics=[])
