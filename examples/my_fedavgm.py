@@ -26,7 +26,7 @@ import tempfile
 import torch
 from pydantic import Field
 
-from fedsolve.families import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.engine import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates
 
 

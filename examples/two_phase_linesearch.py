@@ -28,7 +28,7 @@ import sys
 import torch
 from pydantic import Field
 
-from fedsolve.families import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.engine import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates, Work
 
 TRAIN, SEARCH = 0, 1
