@@ -10,7 +10,9 @@ from torch import nn
 from fedsolve.families import get_algorithm
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
-from fedsolve.core.batched_mlp import BatchedMLPExecutor, _PlainSGD, batched_sgd_applies
+from fedsolve.core.batched_mlp import BatchedMLPExecutor, _PlainSGD
+from fedsolve.core.selection import batched_applies
+from fedsolve.core.statements import initial_statement
 from fedsolve.core.executor import SequentialExecutor, Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
@@ -116,7 +118,7 @@ def test_lenet_ops_traced():
     prob = problem("lenet")
     assert [o.kind for o in cnn_ops(prob)] == ["conv", "act", "pool", "conv", "act", "pool", "flatten", "linear"]
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
-    assert batched_sgd_applies(algo, prob)
+    assert batched_applies(algo, prob, statement=initial_statement(algo))
 
 
 class AvgPoolCNN(nn.Module):
@@ -138,7 +140,7 @@ class FlatDimsCNN(AvgPoolCNN):   # flattens all but the first two dims: not a pe
 def test_refused_for_other_cnns_with_a_clear_message():
     prob = FederatedProblem(data(), AvgPoolCNN)
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
-    assert not batched_sgd_applies(algo, prob)
+    assert not batched_applies(algo, prob, statement=initial_statement(algo))
     with pytest.raises(ValueError, match=r"'batched' needs .* or a small CNN .*'lenet'\); AvgPoolCNN: "
                                          r"unsupported operation call_module 'pool'"):
         make_executor("batched", prob, algorithm=algo)

@@ -10,7 +10,7 @@ from torch import nn
 
 from fedsolve.families import get_algorithm
 from fedsolve.core import batched_mlp as bm
-from fedsolve.core.batched_mlp import BatchedMLPExecutor, batched_sgd_applies, mlp_layers
+from fedsolve.core.batched_mlp import BatchedMLPExecutor, mlp_layers
 from fedsolve.core.executor import Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
@@ -55,6 +55,8 @@ CASES = {
     "fedavg_full": dict(lr=0.1, batch_size=None, local_steps=3),
     "fedprox": dict(lr=0.1, batch_size=10, local_epochs=1.5, mu=0.3, weight_decay=0.01),
     "local": dict(lr=0.1, batch_size=10, local_steps=4, weight_decay=0.02),
+    "scaffold": dict(lr=0.1, batch_size=10, local_epochs=1.5, weight_decay=0.01),
+    "fedadmm": dict(lr=0.1, batch_size=10, local_steps=3, rho=0.2, weight_decay=0.01),
 }
 
 
@@ -88,7 +90,7 @@ def test_batched_matches_sequential(case, model):
         torch.testing.assert_close(st_b[k], st_s[k], rtol=1e-5, atol=1e-6)
     # the run moved: the comparison is not between two untouched copies of the start
     x0 = prob.layout.flatten(prob.model).detach()
-    moved = st_b["w"] if "w" in st_b else st_b["client.w"]
+    moved = next(st_b[k] for k in ("w", "x", "z", "client.w") if k in st_b)
     assert (moved - x0).abs().max() > 1e-3
 
 
@@ -120,18 +122,25 @@ def test_layers_detected():
         ((6, 25), True, "tanh"), ((5, 6), True, "sigmoid"), ((4, 5), False, None)]
 
 
-def test_refused_for_an_algorithm_without_the_declaration():
+def executor_for(algo, name: str = "auto"):
+    """The executor a simulation of ``algo`` picks under ``simulation.executor: name``."""
+    return Simulation(algo.problem, algo, SimulationConfig(rounds=1, executor=name, metrics=[]), seed=0).executor
+
+
+def test_runs_every_update_stated_as_plain_sgd_and_refuses_the_others(monkeypatch):
+    """The solvers whose update is a plain ``Descend`` statement get the batched executor under ``auto`` without
+    declaring anything; a masked update (FedAvg's shared_only) or one written with the context (Per-FedAvg)
+    is refused by an explicit ``batched`` with one line, and runs on a generic executor under ``auto``."""
+    monkeypatch.setenv("FEDSOLVE_CALIBRATE", "0")
     prob = PROBLEMS["mlp"]()
-    algo = get_algorithm("scaffold")({"lr": 0.1}, prob)
-    assert not batched_sgd_applies(algo, prob)
-    with pytest.raises(ValueError, match=r"'batched' does not run scaffold"):
-        make_executor("batched", prob, algorithm=algo)
+    for name in ("fedavg", "fedprox", "scaffold", "fedadmm", "local"):
+        assert isinstance(executor_for(get_algorithm(name)({"lr": 0.1}, prob)), BatchedMLPExecutor), name
     fedavg = get_algorithm("fedavg")({"lr": 0.1, "shared_only": True}, FederatedProblem(
         data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7,)), blocks={"personal": ["out.*"]}))
-    assert not batched_sgd_applies(fedavg, fedavg.problem)   # masked training is not the declared GD form
-    for name, cfg in (("lg_code", {"lr": 0.1}), ("perfedavg", {"lr": 0.1, "variant": "code"})):
-        sub = get_algorithm(name)(cfg, prob)   # FedAvg subclasses with their own GD form, not declared minibatch
-        assert sub.linear_gd_minibatch and not batched_sgd_applies(sub, prob)
+    for algo in [fedavg, get_algorithm("perfedavg")({"lr": 0.1, "variant": "code"}, prob)]:
+        with pytest.raises(ValueError, match=rf"'batched' does not run {algo.name}"):
+            executor_for(algo, "batched")
+        assert executor_for(algo).name in ("vectorized", "sequential")
 
 
 def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
@@ -200,8 +209,8 @@ def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
     assert make_executor("auto", prob, algorithm=algo).name == "batched"
-    scaffold = get_algorithm("scaffold")({"lr": 0.1}, prob)
-    assert make_executor("auto", prob, algorithm=scaffold).name == "vectorized"
+    pfa = get_algorithm("perfedavg")({"lr": 0.1, "variant": "code"}, prob)   # written with the context
+    assert make_executor("auto", prob, algorithm=pfa).name == "vectorized"
     monkeypatch.delenv("FEDSOLVE_CALIBRATE")
     for name in ("sequential", "vectorized", "batched"):
         assert make_executor(name, prob, algorithm=algo).name == name

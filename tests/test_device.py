@@ -207,7 +207,7 @@ def test_every_family_algorithm_has_a_device_case():
     from fedsolve.families import minimax  # noqa: F401
 
     family = sorted(n for n, cls in ALGORITHMS.items()   # (other tests register plug-ins from other modules)
-                    if cls.__module__.split(".")[:3] in (["fedsolve", "algorithms", f] for f in
+                    if cls.__module__.split(".")[:3] in (["fedsolve", "families", f] for f in
                                                          ("bilevel", "constrained", "minimax")))
     missing = sorted(set(family) - set(FAMILY_CASES))
     assert family and not missing, f"add a (problem, params) case to FAMILY_CASES for {missing}"

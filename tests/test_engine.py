@@ -409,11 +409,13 @@ LAYERS = (("fedsolve.core", "fedsolve.data", "fedsolve.models", "fedsolve.proble
           ("fedsolve.engine",),
           ("fedsolve.families",),
           ("fedsolve.experiments", "fedsolve.flower"),
-          ("fedsolve.cli", "fedsolve.__main__", "fedsolve"))
+          ("fedsolve.cli", "fedsolve.__main__"))
 
 
 def _layer(mod: str) -> int:
-    best = (-1, len(LAYERS) - 1)
+    """The layer of module ``mod`` (the bare package ``fedsolve``, whose import runs nothing but ``__version__``
+    and a lazy ``run``, counts as the bottom)."""
+    best = (-1, 0 if mod == "fedsolve" else len(LAYERS) - 1)
     for i, names in enumerate(LAYERS):
         for n in names:
             if (mod == n or mod.startswith(n + ".")) and len(n) > best[0]:

@@ -51,7 +51,8 @@ from torch import Tensor, nn
 
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.executor import Plan, linear_gd_owner_ok, on_data_device
-from fedsolve.core.linear import keep_freed_memory
+from fedsolve.core.linear import keep_freed_memory, stacks
+from fedsolve.core.statements import stated
 
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: None}
@@ -246,9 +247,11 @@ class BatchedMLPExecutor:
 
     name = "batched"
 
-    def __init__(self, problem, chunk: int | None = None, workers: int | None = None):
+    def __init__(self, problem, chunk: int | None = None, workers: int | None = None, fallback=None):
         self.kernel = stacked_kernel(problem)
         self.problem = problem
+        #: the executor of the rounds whose update the stacked kernels do not run (None: such a round is an error)
+        self.fallback = fallback
         #: clients per chunk on the CPU (None: the calibration's fastest (:func:`calibrated_chunk`) where this
         #: machine measured it, else :attr:`default_chunk`, fewer to give every worker 4 chunks)
         self.chunk = chunk
@@ -267,21 +270,21 @@ class BatchedMLPExecutor:
 
     # ---------------------------------------------------------------- the steps of a chunk of clients
     def _sgd_chunk(self, P: Tensor, Z: Tensor | None, Xf: Tensor, ty: Tensor, idx: Tensor, wts: Tensor,
-                   active: Tensor, fixed: bool, lr: float, rho: float, wd: float) -> Tensor:
+                   active: Tensor, fixed: bool, lr: float, rho: float, wd: float, L: Tensor | None = None) -> Tensor:
         """All steps of the clients of one chunk, in place on their rows ``P`` ``[k, d]``; their summed loss.
 
         The chunk's minibatches are gathered a block of steps at a time (:attr:`gather_bytes`) into a buffer
         ``[steps, k, B, row]`` (or ``[steps, B, k, row]`` for a ``batch_major`` kernel), one ``index_select``
         per block; each step is trimmed to the longest batch of the chunk at that step (the rest is weight-0
         padding). Plain SGD steps where every client of the chunk is active are fused into the kernel's
-        backward pass where it can (``fuses_update``); otherwise ``P -= lr (G + wd P + rho (P - anchor))``
-        over the stacked rows, inactive clients unchanged."""
+        backward pass where it can (``fuses_update``); otherwise ``P -= lr (G + wd P + L + rho (P - anchor))``
+        over the stacked rows (``L``: the clients' constant linear terms ``[k, d]``), inactive clients unchanged."""
         kern = self.kernel
         K, (S, B) = P.shape[0], idx.shape[1:]
         G = torch.empty_like(P)
         lens = (wts > 0).sum(-1).amax(0).clamp_min(1).tolist()   # per step: the chunk's longest batch
         live_all = active.all(0).tolist()
-        fuse = kern.fuses_update and wd == 0 and Z is None
+        fuse = kern.fuses_update and wd == 0 and Z is None and L is None
         loss_sum = P.new_zeros(K)
         bufs: dict[int, object] = {}
         row = Xf.shape[1] * Xf.element_size()
@@ -309,6 +312,8 @@ class BatchedMLPExecutor:
                 continue
             if wd > 0:
                 G.add_(P, alpha=wd)
+            if L is not None:
+                G.add_(L)
             if Z is not None:
                 G.add_(P - Z, alpha=rho)
             if live_all[s]:   # the update of the chunk's stacked flat rows
@@ -341,7 +346,7 @@ class BatchedMLPExecutor:
         return out
 
     def sgd(self, start: Tensor, lr: float, plan: Plan, data, anchor: Tensor | None = None, rho: float = 0.0,
-            wd: float = 0.0) -> tuple[Tensor, Tensor]:
+            wd: float = 0.0, linear: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
 
         On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default: the
@@ -358,6 +363,7 @@ class BatchedMLPExecutor:
         if not S:
             return P, P.new_zeros(K)
         Z = anchor.to(dtype) if anchor is not None and rho > 0 else None
+        L = linear.to(dtype) if linear is not None else None
         Xf = data.train_x.reshape(data.train_x.shape[0], -1).to(dtype)
         ty = data.train_y if self.ce else data.train_y.reshape(data.train_y.shape[0], -1)
         B = max(int((plan.w > 0).sum(-1).max()), 1)
@@ -389,7 +395,7 @@ class BatchedMLPExecutor:
                 torch.set_num_threads(1)   # this pool thread's intra-op count
             Pc = rows(P, g)
             loss = self._sgd_chunk(Pc, None if Z is None else rows(Z, g), Xf, ty, rows(idx, g), rows(wts, g),
-                                   rows(active, g), plan.fixed, lr, rho, wd)
+                                   rows(active, g), plan.fixed, lr, rho, wd, None if L is None else rows(L, g))
             if not contiguous:
                 P[g] = Pc
             return loss
@@ -410,6 +416,25 @@ class BatchedMLPExecutor:
     # ---------------------------------------------------------------- one round
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
+        if getattr(algo, "linear_gd_minibatch", False):   # an update declared in the former GDStep form
+            return self._run_declared(algo, rows, msgs, ids, plans, data, round_)
+        stmt = stated(algo, rows, msgs, round_)
+        if not stacks(stmt, plans):
+            if self.fallback is None:
+                raise ValueError(f"executor: 'batched' does not run {algo.name} in round {round_ + 1}: its local "
+                                 f"update is not plain local SGD on the model's loss (a Descend statement without "
+                                 f"objective, mask, block, stopping rule or optimizer); use 'auto', 'vectorized' "
+                                 f"or 'sequential'")
+            return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
+        if self.tune_malloc:   # the linear executor's process-wide allocator setting (core/linear.py)
+            keep_freed_memory()
+        plan = plans[stmt.phase]
+        P, losses = self.sgd(stmt.start, stmt.lr, plan, data, stmt.anchor, float(stmt.prox), stmt.weight_decay,
+                             stmt.linear)
+        new_rows, uploads = stmt.then(P.to(stmt.start.dtype), plan.active.sum(-1).to(stmt.start.dtype))
+        return new_rows, uploads, losses.to(torch.float32)
+
+    def _run_declared(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         if not batched_sgd_applies(algo, None, check_problem=False) or not algo.supports_linear_gd():
             raise ValueError(f"executor: 'batched' does not run {algo.name} with this configuration (it runs local "
                              f"SGD declared by linear_gd with linear_gd_minibatch = True, one 'train' phase); use "

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
 from fedsolve.core.plans import Plan
+from fedsolve.core.statements import Descend, Solved
 
 
 class ParamBlock:
@@ -249,6 +250,73 @@ class LocalContext:
     def train_loss(self) -> Tensor:
         return self._loss_sum / self._loss_cnt.clamp_min(1.0)
 
+    # -------------------------------------------------------------- stated updates
+    def run(self, stmt) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Carry out a stated update (``core/statements.py``) for this client: ``(new state rows, upload)``."""
+        if isinstance(stmt, Solved):
+            return stmt.rows, stmt.upload
+        if isinstance(stmt, Descend):
+            p = self.descend(stmt)
+            return stmt.then(p, self.num_steps(stmt.phase).to(p.dtype))
+        raise TypeError(f"local_update returned {type(stmt).__name__}: expected a statement of "
+                        f"fedsolve.core.statements or a (new rows, upload) pair")
+
+    def descend(self, s: Descend) -> Tensor:
+        """The parameters after :class:`~fedsolve.core.statements.Descend`'s steps (its docstring has the rule)."""
+        if s.block is not None:
+            if s.optimizer != "sgd" or s.mask is not None or s.objective is not None:
+                raise ValueError("Descend: a block step takes plain SGD on the model's loss (no optimizer, mask or "
+                                 "objective)")
+            a = s.prox
+            if s.weight_decay > 0:
+                a = s.scale * s.weight_decay + a
+            c = s.linear
+            if s.anchor is not None:
+                pull = -s.prox * s.anchor
+                c = pull if c is None else c + pull
+            return self.block_sgd(s.block, s.start, s.rest, s.lr, s.phase, scale=s.scale, affine=(a, c),
+                                  extra=s.extra, until=s.until)
+        extra = _extra_terms(s)
+        if s.optimizer == "sgd":
+            return self.sgd(s.start, s.lr, s.phase, extra=extra, mask=s.mask, scale=s.scale, until=s.until,
+                            loss=s.objective)
+        return self._adaptive(s, extra)
+
+    def _adaptive(self, s: Descend, extra) -> Tensor:
+        """Momentum (heavy ball, PyTorch's ``SGD(momentum=...)`` rule) or Adam steps over the planned steps of
+        ``s.phase``; the buffers start at zero and live for the phase (one local update)."""
+        params = s.start
+        buf = torch.zeros_like(params)
+        sq = torch.zeros_like(params)
+        count = torch.zeros((), dtype=params.dtype)
+        done = torch.zeros((), dtype=torch.bool)
+        b1, b2 = s.betas
+        for step in range(self.max_steps(s.phase)):
+            fval, g = self.loss_grad(params, s.phase, step, s.objective)
+            if not (isinstance(s.scale, (int, float)) and s.scale == 1.0):
+                g = g * s.scale
+            if extra is not None:
+                g = g + extra(params)
+            if s.mask is not None:
+                g = g * s.mask
+            live = self.plans[s.phase].active[step]
+            if s.until is not None:
+                done = done | s.until(params, g)
+                live = live & ~done
+            self.record_loss(fval, live)
+            on = live.to(params.dtype)
+            if s.optimizer == "momentum":
+                buf = torch.where(live, s.momentum * buf + g, buf)
+                direction = buf
+            else:   # adam, bias-corrected
+                count = count + on
+                buf = torch.where(live, b1 * buf + (1 - b1) * g, buf)
+                sq = torch.where(live, b2 * sq + (1 - b2) * g * g, sq)
+                n = count.clamp_min(1.0)
+                direction = (buf / (1 - b1 ** n)) / ((sq / (1 - b2 ** n)).sqrt() + s.eps)
+            params = params - on * s.lr * direction
+        return params
+
     # -------------------------------------------------------------- loops
     def sgd(self, params: Tensor, lr: float | Tensor, phase: str = "train",
             extra: Callable[[Tensor], Tensor] | None = None, mask: Tensor | None = None,
@@ -327,6 +395,32 @@ class LocalContext:
                 ps = {n: torch.addcmul(ps[n], _direction(gd[n], ps[n], scale, a, cs[n]), coef) for n in block.names}
             self.record_loss(fval, live)
         return block.flatten(ps)
+
+
+def _extra_terms(s: Descend):
+    """``p -> scale * weight_decay * p + linear + prox * (p - anchor) + extra(p)`` (the terms present, in this order;
+    the L2 term scaled with ``f_i``), or None when there is none."""
+    parts = []
+    if s.linear is not None:
+        parts.append(lambda p, c=s.linear: c)
+    if not (isinstance(s.prox, (int, float)) and s.prox == 0):
+        if s.anchor is None:
+            parts.append(lambda p: s.prox * p)
+        else:
+            parts.append(lambda p: s.prox * (p - s.anchor))
+    if s.extra is not None:
+        parts.append(s.extra)
+    base = None
+    if parts:
+        def base(p):
+            out = parts[0](p)
+            for f in parts[1:]:
+                out = out + f(p)
+            return out
+    if s.weight_decay > 0:
+        wd, scale = s.weight_decay, s.scale
+        return (lambda p: scale * wd * p + base(p)) if base is not None else (lambda p: scale * wd * p + 0.0)
+    return base
 
 
 def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c: Tensor | None) -> Tensor:

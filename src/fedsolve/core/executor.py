@@ -30,6 +30,7 @@ from torch.func import vmap
 
 from fedsolve.core.context import LocalContext, StackedContext
 from fedsolve.core.plans import Plan, Work, build_plans
+from fedsolve.core.statements import Solved, is_statement, stated
 
 __all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "LocalContext", "Plan", "Work", "build_plans",
            "on_data_device", "linear_gd_owner_ok"]
@@ -83,7 +84,8 @@ class SequentialExecutor(Executor):
             ctx = LocalContext(algo.problem, {p: pl.row(k) for p, pl in plans.items()}, n[k], wt[k], ids[k],
                                data.train_x, data.train_y, round_)
             ctx.eager = True
-            s, u = algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()}, ctx)
+            s, u = carry_out(algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()},
+                                               ctx), ctx)
             outs_s.append(s)
             outs_u.append(u)
             losses.append(ctx.train_loss)
@@ -134,6 +136,9 @@ class VectorizedExecutor(Executor):
         if not algo.problem.vmappable:
             raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "
                              "stats); use executor: sequential or auto")
+        probe = stated(algo, rows, msgs, round_)   # the update stated for the stacked rows, or None
+        if isinstance(probe, Solved):   # closed form, batch-agnostic: the probe computed every client's update
+            return probe.rows, probe.upload, torch.zeros(ids.numel(), dtype=torch.float32)
         stacked = getattr(algo, "stacked_update", None)   # an Algorithm's hook (plain work objects have none)
         if stacked is not None and stacked(msgs):   # batch-agnostic and data-free this round: one call on the rows
             s, u = algo.local_update(rows, msgs, None)
@@ -149,7 +154,7 @@ class VectorizedExecutor(Executor):
         def one(row, msg, idxs, ws, acts, n_, w_, cid):
             pl = {p: Plan(i, w, a, fixed=plans[p].fixed) for p, i, w, a in zip(phases, idxs, ws, acts)}
             ctx = LocalContext(algo.problem, pl, n_, w_, cid, tx, ty, round_)
-            s, u = algo.local_update(row, msg, ctx)
+            s, u = carry_out(algo.local_update(row, msg, ctx), ctx)
             return s, u, ctx.train_loss
 
         f = vmap(one, in_dims=(0, 0, 0, 0, 0, 0, 0, 0), randomness="error")
@@ -176,6 +181,11 @@ class VectorizedExecutor(Executor):
         inv[torch.cat(groups)] = torch.arange(K)
         cat = lambda i: {k: torch.cat([o[i][k] for o in outs])[inv] for k in outs[0][i]}
         return cat(0), cat(1), torch.cat([o[2] for o in outs])[inv]
+
+
+def carry_out(out, ctx: LocalContext):
+    """``(new rows, upload)`` from what ``local_update`` returned: a statement is carried out in ``ctx``."""
+    return ctx.run(out) if is_statement(out) else out
 
 
 def linear_gd_owner_ok(algorithm) -> bool:

@@ -51,6 +51,7 @@ from torch import Tensor
 
 from fedsolve.core import native
 from fedsolve.core.executor import on_data_device
+from fedsolve.core.statements import Descend, stated
 
 Record = dict[str, Tensor]
 
@@ -177,13 +178,15 @@ class LinearGDExecutor:
     name = "linear"
 
     def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True,
-                 kernel: Literal["auto", "native", "torch"] = "auto"):
+                 kernel: Literal["auto", "native", "torch"] = "auto", fallback=None):
         if not linear_model_problem(problem):
             raise ValueError("executor: 'linear' needs a model made of one nn.Linear with bias (e.g. 'logreg') "
                              f"and loss cross_entropy or squared_error (got loss {problem.loss_name!r})")
         if kernel not in ("auto", "native", "torch"):
             raise ValueError(f"linear_kernel: expected 'auto', 'native' or 'torch', got {kernel!r}")
         self.tune_malloc = tune_malloc
+        #: the executor of the rounds whose update this one does not run (None: such a round is an error)
+        self.fallback = fallback
         lin = next(mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear))
         self.ce = problem.loss_name == "cross_entropy"
         self.out_dim, self.in_dim = lin.weight.shape
@@ -288,39 +291,67 @@ class LinearGDExecutor:
     # ---------------------------------------------------------------- one round
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        if not algo.supports_linear_gd():
-            raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
-                             f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
-                             f"'sequential'")
+        if hasattr(algo, "linear_gd"):   # an update declared in the former GDStep form
+            if not algo.supports_linear_gd():
+                raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
+                                 f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
+                                 f"'sequential'")
+            spec = algo.linear_gd(rows, msgs, ids, round_, FullBatch(self, ids))
+            return self._gd(spec.start, spec.lr, spec.anchor, spec.rho, None, plans["train"], ids, algo,
+                            lambda w, steps: spec.finish(w))
+        stmt = stated(algo, rows, msgs, round_)
+        if not (stacks(stmt, plans) and plans[stmt.phase].fixed):
+            if self.fallback is None:
+                raise ValueError(f"executor: 'linear' does not run {algo.name} in round {round_ + 1}: its local "
+                                 f"update is not full-batch GD on the model's loss (a Descend statement without "
+                                 f"objective, mask, block, stopping rule or optimizer, on a full-batch phase); use "
+                                 f"'auto', 'vectorized' or 'sequential'")
+            return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
+        return self._gd(stmt.start, stmt.lr, stmt.anchor, float(stmt.prox), stmt.linear, plans[stmt.phase], ids,
+                        algo, stmt.then, stmt.weight_decay)
+
+    def _gd(self, start: Tensor, lr: float, anchor: Tensor | None, rho: float, linear: Tensor | None, plan, ids,
+            algo, then, wd: float | None = None):
+        """Full-batch GD of the clients ``ids`` from ``start`` over ``plan``'s steps; ``then(w, steps)``."""
         if self.tune_malloc:   # the process-wide allocator setting, when the first round runs
             keep_freed_memory()
-        full = FullBatch(self, ids)
-        spec = algo.linear_gd(rows, msgs, ids, round_, full)
+        if wd is None:
+            wd = float(getattr(algo.cfg, "weight_decay", 0.0))
         k = ids.numel()
-        steps = plans["train"].active.sum(1)
+        steps = plan.active.sum(1)
         S = int(steps.max()) if k else 0
-        wd = float(getattr(algo.cfg, "weight_decay", 0.0))
-        A = self._to_aug(spec.start.to(self.dtype))
-        Z = self._to_aug(spec.anchor.to(self.dtype)) if spec.anchor is not None and spec.rho > 0 else None
-        if self.native is not None:
-            A, losses = self.native.run(ids, A, steps, Z, spec.lr, spec.rho if Z is not None else 0.0, wd)
-            new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
+        A = self._to_aug(start.to(self.dtype))
+        Z = self._to_aug(anchor.to(self.dtype)) if anchor is not None and rho > 0 else None
+        L = self._to_aug(linear.to(self.dtype)) if linear is not None else None
+        done = lambda A: then(self._from_aug(A).to(start.dtype), steps.to(start.dtype))  # noqa: E731
+        if self.native is not None and L is None:
+            A, losses = self.native.run(ids, A, steps, Z, lr, rho if Z is not None else 0.0, wd)
+            new_rows, uploads = done(A)
             return new_rows, uploads, losses.to(torch.float32)
-        sel = full.selection()
+        sel = FullBatch(self, ids).selection()
         loss_sum = torch.zeros(k, dtype=self.dtype)
         gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1, dtype=self.dtype)
         for s in range(S):
             loss, g = self._loss_grad(sel, A, grad=True, out=gbuf)
             if Z is not None:
-                g = g.add_(A - Z, alpha=spec.rho)
+                g = g.add_(A - Z, alpha=rho)
             if wd > 0:
                 g = g.add_(A, alpha=wd)
+            if L is not None:
+                g = g.add_(L)
             live = steps > s
             loss_sum += loss * live
             if bool(live.all()):
-                A = A - spec.lr * g
+                A = A - lr * g
             else:
-                A = torch.where(live.view(k, 1, 1), A - spec.lr * g, A)
+                A = torch.where(live.view(k, 1, 1), A - lr * g, A)
         losses = loss_sum / steps.clamp_min(1).to(self.dtype)
-        new_rows, uploads = spec.finish(self._from_aug(A).to(spec.start.dtype))
+        new_rows, uploads = done(A)
         return new_rows, uploads, losses
+
+
+def stacks(stmt, plans) -> bool:
+    """The stacked kernels run ``stmt``: plain local SGD (:meth:`Descend.plain`) on a planned phase, a proximal pull
+    only toward an anchor."""
+    return (isinstance(stmt, Descend) and stmt.plain() and stmt.phase in plans
+            and (stmt.prox == 0 or stmt.anchor is not None))

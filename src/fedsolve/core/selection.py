@@ -17,7 +17,8 @@ import torch
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.executor import (Executor, SequentialExecutor, VectorizedExecutor, Work,  # noqa: F401
                                     linear_gd_owner_ok)
-from fedsolve.core.linear import LinearGDExecutor, linear_model_problem
+from fedsolve.core.linear import LinearGDExecutor, linear_model_problem, stacks
+from fedsolve.core.statements import initial_statement
 
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
@@ -51,71 +52,111 @@ def conv_positions(problem) -> int:
     return max(sizes)
 
 
-def linear_gd_applies(algorithm, problem, check_problem: bool = True) -> bool:
-    """The ``linear`` executor (``core/linear.py``) can run ``algorithm``: it declares the full-batch GD form of
-    its local update (the optional methods ``supports_linear_gd()`` -> True with this configuration, and
-    ``linear_gd(rows, msgs, ids, round_, full)`` -> ``GDStep``), ``linear_gd`` is defined by the class that
-    defines ``local_update`` (a subclass that changes one without the other is refused), every work phase is
-    full-batch and (``check_problem``) the model is one ``nn.Linear`` with a supported loss."""
-    if not linear_gd_owner_ok(algorithm):
-        return False
-    if any(w.batch_size is not None for w in algorithm.work(0).values()):
+def linear_gd_applies(algorithm, problem, check_problem: bool = True, statement=None) -> bool:
+    """The ``linear`` executor (``core/linear.py``) can run ``algorithm``: its update is stated as plain full-batch
+    gradient descent on the model's loss (``statement``: its round-0 statement, a
+    :class:`~fedsolve.core.statements.Descend` on a full-batch phase; or the former declaration
+    ``supports_linear_gd()`` + ``linear_gd``), and (``check_problem``) the model is one ``nn.Linear`` with a
+    supported loss."""
+    if linear_gd_owner_ok(algorithm):
+        if any(w.batch_size is not None for w in algorithm.work(0).values()):
+            return False
+    elif not _stated_sgd(algorithm, statement, full_batch=True):
         return False
     if not check_problem:
         return True
     return linear_model_problem(problem)
 
 
+def batched_applies(algorithm, problem, check_problem: bool = True, statement=None) -> bool:
+    """The ``batched`` executor (``core/batched_mlp.py``) can run ``algorithm``: its update is stated as plain local
+    SGD on the model's loss (``statement``, or the former ``linear_gd_minibatch`` declaration) and (``check_problem``)
+    the model is one the executor stacks (a chain of ``nn.Linear`` layers, or a small CNN such as LeNet)."""
+    if getattr(algorithm, "linear_gd_minibatch", False):
+        return bm.batched_sgd_applies(algorithm, problem, check_problem)
+    if not _stated_sgd(algorithm, statement, full_batch=False):
+        return False
+    if not check_problem:
+        return True
+    try:
+        bm.stacked_kernel(problem)
+    except ValueError:
+        return False
+    return True
+
+
+def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:
+    """``statement`` is plain SGD (:func:`core.linear.stacks`) on a phase of ``algorithm``'s round-0 work, full
+    batch when ``full_batch``."""
+    if algorithm is None or statement is None:
+        return False
+    work = algorithm.work(0)
+    if not stacks(statement, work):
+        return False
+    return (work[statement.phase].batch_size is None) if full_batch else True
+
+
 def make_executor(name: str, problem, chunk_size: int | None = None, linear_kernel: str = "auto",
-                  algorithm=None) -> Executor:
-    """``sequential`` | ``vectorized`` | ``linear`` | ``batched`` | ``auto``, chosen by the engine from what
-    ``algorithm`` declares (:func:`linear_gd_applies`, ``core.batched_mlp.batched_sgd_applies``). ``auto``:
-    ``linear`` where it applies, else the fastest of ``batched`` (where it applies: stacked MLPs and small CNNs
-    such as LeNet), ``vectorized`` (buffer-free models) and ``sequential`` by a calibration cached per machine,
-    model and local objective (``core/batched_mlp.py``; timed on ``algorithm.local_objective()`` where the
-    algorithm declares one, e.g. an adversarial loss); without ``algorithm`` (no batch size to time), with
-    ``FEDSOLVE_CALIBRATE=0`` or when no candidate ran in the calibration: batched where it applies, else
-    vectorized for small buffer-free models without large convolutions, else sequential. ``fpfc_linear``
-    is ``linear``'s former name; ``linear_kernel`` is the linear executor's kernel (``auto``, ``native`` or
-    ``torch``)."""
+                  algorithm=None, statement=None) -> Executor:
+    """``sequential`` | ``vectorized`` | ``linear`` | ``batched`` | ``auto``, chosen by the engine from how
+    ``algorithm`` states its update (``statement``: its round-0 statement, :func:`core.statements.stated`) and
+    what the model is. ``auto``: ``linear`` where it applies, else the fastest of ``batched`` (where it applies:
+    stacked MLPs and small CNNs such as LeNet), ``vectorized`` (buffer-free models) and ``sequential`` by a
+    calibration cached per machine, model and local objective (``core/batched_mlp.py``); without ``algorithm``,
+    with ``FEDSOLVE_CALIBRATE=0`` or when no candidate ran in the calibration: batched where it applies, else
+    vectorized for small buffer-free models without large convolutions, else sequential. Under ``auto`` the fast
+    executors run the rounds whose update they cannot run with the generic executor ``auto`` would pick without
+    them. ``fpfc_linear`` is ``linear``'s former name; ``linear_kernel`` is the linear executor's kernel
+    (``auto``, ``native`` or ``torch``)."""
     if name == "fpfc_linear":
         name = "linear"
+    if statement is None and algorithm is not None and name in ("auto", "linear", "batched"):
+        statement = initial_statement(algorithm)
     if name == "sequential":
         return SequentialExecutor()
     if name == "vectorized":
         return VectorizedExecutor(chunk_size)
-    if name == "linear" or (name == "auto" and algorithm is not None and linear_gd_applies(algorithm, problem)):
-        if algorithm is None or not linear_gd_applies(algorithm, problem, check_problem=False):
-            what = getattr(algorithm, "name", "this algorithm")
+    what = getattr(algorithm, "name", "this algorithm")
+    if name == "linear" or (name == "auto" and linear_gd_applies(algorithm, problem, statement=statement)):
+        if algorithm is None or not linear_gd_applies(algorithm, problem, check_problem=False, statement=statement):
             raise ValueError(f"executor: 'linear' does not run {what} with this configuration (it needs "
                              f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
                              f"'sequential', 'vectorized'")
-        return LinearGDExecutor(problem, kernel=linear_kernel)
-
+        fallback = _generic(problem, chunk_size) if name == "auto" else None
+        return LinearGDExecutor(problem, kernel=linear_kernel, fallback=fallback)
     if name == "batched":
-        if algorithm is None or not bm.batched_sgd_applies(algorithm, problem, check_problem=False):
-            what = getattr(algorithm, "name", "this algorithm")
-            raise ValueError(f"executor: 'batched' does not run {what} with this configuration (it needs local "
-                             f"SGD declared by the algorithm's linear_gd with linear_gd_minibatch, one 'train' "
-                             f"phase); allowed: 'auto', 'sequential', 'vectorized'")
+        if algorithm is None or not batched_applies(algorithm, problem, check_problem=False, statement=statement):
+            raise ValueError(f"executor: 'batched' does not run {what} with this configuration (it needs plain "
+                             f"local SGD on the model's loss, one phase); allowed: 'auto', 'sequential', "
+                             f"'vectorized'")
         return bm.BatchedMLPExecutor(problem)   # raises with the reason when the model is not a stacked MLP
     if name == "auto":
-        batched = algorithm is not None and bm.batched_sgd_applies(algorithm, problem)
+        batched = algorithm is not None and batched_applies(algorithm, problem, statement=statement)
         choice = None
         if algorithm is not None and bm.calibration_enabled():
             # the fastest that applies, measured once per machine, model and local objective (core/batched_mlp.py)
             cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
             bs = algorithm.work(0).get("train", Work()).batch_size
-            choice = bm.calibrated_choice(problem, cands, bs, chunk_size, loss=algorithm.local_objective())
+            loss = getattr(statement, "objective", None)
+            if loss is None and hasattr(algorithm, "local_objective"):
+                loss = algorithm.local_objective()
+            choice = bm.calibrated_choice(problem, cands, bs, chunk_size, loss=loss)
         if choice is None:   # no workload to time, FEDSOLVE_CALIBRATE=0, or no candidate ran in the calibration
             if batched:
-                return bm.BatchedMLPExecutor(problem)
-            if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
-                    and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
-                return VectorizedExecutor(chunk_size)
-            return SequentialExecutor()
-        if choice == "batched:1":   # batched, its chunks one after another (other jobs hold the other cores)
-            return bm.BatchedMLPExecutor(problem, workers=1)
-        return make_executor(choice, problem, chunk_size, linear_kernel, algorithm)
+                return bm.BatchedMLPExecutor(problem, fallback=_generic(problem, chunk_size))
+            return _generic(problem, chunk_size)
+        if choice in ("batched", "batched:1"):   # batched:1: its chunks one after another (other jobs hold cores)
+            return bm.BatchedMLPExecutor(problem, workers=1 if choice == "batched:1" else None,
+                                         fallback=_generic(problem, chunk_size))
+        return make_executor(choice, problem, chunk_size, linear_kernel, algorithm, statement)
     raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
                      f"'sequential', 'vectorized', 'linear', 'batched'")
+
+
+def _generic(problem, chunk_size: int | None) -> Executor:
+    """The generic executor ``auto`` falls back to: vectorized for small buffer-free models without large
+    convolutions, else sequential."""
+    if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
+            and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
+        return VectorizedExecutor(chunk_size)
+    return SequentialExecutor()

@@ -55,6 +55,10 @@ class Algorithm:
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
     #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
     kernel: str = "auto"
+    #: how the server averages, for server pieces and DP (``engine/server.py``): ``(server key of the global model,
+    #: upload key, "model" | "delta")`` (the upload is the client's model, or its change from the global model);
+    #: None: the algorithm keeps no single averaged global model
+    averages: ClassVar[tuple[str, str, str] | None] = None
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
         if config is None:

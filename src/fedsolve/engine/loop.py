@@ -28,6 +28,7 @@ from fedsolve.core.comm import CommLedger
 from fedsolve.core.plans import build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
+from fedsolve.core.statements import stated
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 from fedsolve.engine.metrics import evaluate
@@ -493,10 +494,19 @@ class Simulation:
             place_algorithm(algo, self.device)   # runs setup on the device
 
     def use_executor(self, name: str) -> None:
-        """Run the clients with executor ``name`` from the next round on (as ``SimulationConfig.executor``)."""
+        """Run the clients with executor ``name`` from the next round on (as ``SimulationConfig.executor``), chosen
+        by how the algorithm states its update for the next round (:func:`~fedsolve.core.statements.stated`)."""
         c = self.cfg
         with self.on_device():
-            self.executor = make_executor(name, self.problem, c.chunk_size, self.linear_kernel, self.algo)
+            self.executor = make_executor(name, self.problem, c.chunk_size, self.linear_kernel, self.algo,
+                                          self._statement(self.round))
+
+    def _statement(self, round_: int):
+        """The algorithm's update of two clients in round ``round_`` as a statement (None: not stated)."""
+        ids = torch.arange(min(2, self.problem.num_clients), device=self.device)
+        with torch.no_grad():
+            msgs = self.algo.broadcast(self.server, ids, round_)
+            return stated(self.algo, self.clients.gather(ids), msgs, round_)
 
     @property
     def elapsed(self) -> float:

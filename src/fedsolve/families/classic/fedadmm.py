@@ -20,9 +20,10 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, register, stale_mean_step,
-                                     weighted_mean)
 from fedsolve.core.states import ClientStates
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, register, shared_mask,
+                                       stale_mean_step, weighted_mean)
 
 
 class FedADMMConfig(AlgorithmConfig):
@@ -56,12 +57,16 @@ class FedADMM(Algorithm):
     def local_update(self, state, msg, ctx):
         z, lam, rho = msg["z"], state["lam"], self.cfg.rho
         start = z if self.cfg.warm_start == "server" else state["w"]
-        w = self.local_sgd(ctx, start, extra=lambda p: lam + rho * (p - z))
-        lam_new = lam + rho * (w - z)
-        u = w + lam_new / rho
-        if self.cfg.aggregate_over == "all":   # the server keeps the sum: send the change of this client's u_i
-            return {"w": w, "lam": lam_new}, {"du": u - (state["w"] + lam / rho)}
-        return {"w": w, "lam": lam_new}, {"u": u}
+
+        def then(w, steps):
+            lam_new = lam + rho * (w - z)
+            u = w + lam_new / rho
+            if self.cfg.aggregate_over == "all":   # the server keeps the sum: send the change of this client's u_i
+                return {"w": w, "lam": lam_new}, {"du": u - (state["w"] + lam / rho)}
+            return {"w": w, "lam": lam_new}, {"u": u}
+
+        return Descend(start=start, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, linear=lam, prox=rho,
+                       anchor=z, mask=shared_mask(self), then=then)
 
     def aggregate(self, server, ids, uploads, round_):
         if self.cfg.aggregate_over == "all":

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, shared_mask, weighted_mean
-from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, shared_mask, weighted_mean
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -23,6 +23,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     description = "FedAvg: local SGD, sample-size weighted averaging (McMahan et al. 2017)"
     Config = FedAvgConfig
+    averages = ("w", "w", "model")
 
     def init(self, x0, rngs):
         return {"w": x0.clone()}, ClientStates(self.num_clients)
@@ -43,18 +44,9 @@ class FedAvg(Algorithm):
         return lambda w: mu * (w - w0)
 
     def local_update(self, state, msg, ctx):
-        w = self.local_sgd(ctx, msg["w"], extra=self.prox_term(msg))
-        return {}, {"w": w}
-
-    #: ``linear_gd``'s GDStep also states the minibatch local SGD update (``batched`` executor, core/batched_mlp.py)
-    linear_gd_minibatch = True
-
-    def supports_linear_gd(self) -> bool:
-        return shared_mask(self) is None
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        return GDStep(start=msgs["w"], lr=self.cfg.lr, anchor=msgs["w"], rho=self.prox_mu(),
-                      finish=lambda w: ({}, {"w": w}))
+        c = self.cfg
+        return Descend(start=msg["w"], lr=c.lr, weight_decay=c.weight_decay, prox=self.prox_mu(), anchor=msg["w"],
+                       mask=shared_mask(self), then=lambda w, steps: ({}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
         return {"w": weighted_mean(uploads["w"], self.client_weights[ids])}
@@ -64,4 +56,3 @@ class FedAvg(Algorithm):
 
     def eval_model(self, state, msg):
         return msg["w"]
-

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
-from fedsolve.core.linear import GDStep
 from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
 
 
 @register
@@ -21,20 +21,11 @@ class Local(Algorithm):
         return {}
 
     def local_update(self, state, msg, ctx):
-        return {"w": self.local_sgd(ctx, state["w"])}, {}
-
-    #: ``linear_gd``'s GDStep also states the minibatch local SGD update (``batched`` executor, core/batched_mlp.py)
-    linear_gd_minibatch = True
-
-    def supports_linear_gd(self) -> bool:
-        return True
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        return GDStep(start=rows["w"], lr=self.cfg.lr, finish=lambda w: ({"w": w}, {}))
+        c = self.cfg
+        return Descend(start=state["w"], lr=c.lr, weight_decay=c.weight_decay, then=lambda w, steps: ({"w": w}, {}))
 
     def aggregate(self, server, ids, uploads, round_):
         return server
 
     def eval_model(self, state, msg):
         return state["w"]
-

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
 from fedsolve.core.states import ClientStates
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
 
 
 class ScaffoldConfig(AlgorithmConfig):
@@ -23,6 +24,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     description = "SCAFFOLD: local SGD corrected by control variates (Karimireddy et al. 2020)"
     Config = ScaffoldConfig
+    averages = ("x", "dy", "delta")
 
     def init(self, x0, rngs):
         m, d = self.num_clients, x0.numel()
@@ -33,11 +35,13 @@ class Scaffold(Algorithm):
         return {"x": self.expand(server["x"], ids), "c": self.expand(server["c"], ids)}
 
     def local_update(self, state, msg, ctx):
-        x, c, c_i = msg["x"], msg["c"], state["c_i"]
-        y = self.local_sgd(ctx, x, extra=lambda _: c - c_i)
-        k_steps = ctx.num_steps()
-        c_new = c_i - c + (x - y) / (k_steps * self.cfg.lr)
-        return {"c_i": c_new}, {"dy": y - x, "dc": c_new - c_i}
+        x, c, c_i, lr = msg["x"], msg["c"], state["c_i"], self.cfg.lr
+
+        def then(y, k_steps):   # option II: c_i^+ = c_i - c + (x - y) / (K eta)
+            c_new = c_i - c + (x - y) / (k_steps.unsqueeze(-1) * lr)
+            return {"c_i": c_new}, {"dy": y - x, "dc": c_new - c_i}
+
+        return Descend(start=x, lr=lr, weight_decay=self.cfg.weight_decay, linear=c - c_i, then=then)
 
     def aggregate(self, server, ids, uploads, round_):
         s = ids.numel()

@@ -37,6 +37,8 @@ one-step adaptation; LG (``lg_code``), the global model after one round of local
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Literal
 
 import numpy as np
@@ -437,12 +439,9 @@ class LGCode(FedAvg):
         return server, ClientStates(m, {"local": repeat_rows(x0, m), "last": torch.full((m,), -2.0)})
 
     def local_update(self, state, msg, ctx):
-        w = self.local_sgd(ctx, msg["w"], extra=self.prox_term(msg))
-        return {"local": w, "last": torch.full_like(state["last"], float(ctx.round))}, {"w": w}
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        last = torch.full((ids.numel(),), float(round_))
-        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({"local": w, "last": last}, {"w": w}))
+        last = torch.full_like(state["last"], float(ctx.round))
+        return replace(super().local_update(state, msg, ctx), then=lambda w, steps: ({"local": w, "last": last},
+                                                                                        {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
         return {"w": weighted_mean(uploads["w"], self.client_weights[ids]), "w_start": server["w"],

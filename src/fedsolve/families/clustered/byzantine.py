@@ -249,14 +249,6 @@ class Byzantine(Algorithm):
     def local_update(self, state, msg, ctx):
         return self.inner.local_update(state, msg, ctx)
 
-    def supports_linear_gd(self) -> bool:   # the inner algorithm's full-batch GD form, if it declares one
-        from fedsolve.core.selection import linear_gd_applies
-
-        return linear_gd_applies(self.inner, self.problem, check_problem=False)
-
-    def linear_gd(self, *args, **kw):
-        return self.inner.linear_gd(*args, **kw)
-
     def aggregate(self, server, ids, uploads, round_):
         c = self.attack_cfg
         bad = self.malicious[ids]
