@@ -1,9 +1,11 @@
 """fedsolve command line: run, compare, list, report.
 
-    fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--seed N]
+    fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--seed N] [--track csv,...]
     fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume | --overwrite]
+                     [--track csv,tensorboard,wandb,mlflow]
     fedsolve list [algorithms|datasets|partitioners|models]
     fedsolve report DIR
+    fedsolve examples [NAME]       (the example configs shipped with fedsolve: their paths)
     fedsolve --version
 
 Exit codes: 0 done, 2 bad input (a one-line message naming the field and what is allowed), 3 the run
@@ -72,8 +74,9 @@ def _cmd_run(args) -> int:
         print(f"error: {run_dir} already holds a run; pass --resume to continue it or --overwrite to start "
               f"over", file=sys.stderr)
         return EXIT_CONFIG
+    track = _track(args)
     _out_dir(run_dir)
-    summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet)
+    summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet, track=track)
     fin = summary["metrics"]["final"]
     shown = {k: round(v, 4) for k, v in fin.items() if k in ("test_accuracy", "test_f1", "test_auc", "test_rmse",
                                                                "train_loss", "num_clusters", "ari")}
@@ -103,9 +106,10 @@ def _cmd_compare(args) -> int:
     if args.resume and args.overwrite:
         print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
         return EXIT_CONFIG
+    track = _track(args)
     _out_dir(out)
     agg = compare(cfg, out, resume=args.resume, progress=not args.quiet and args.jobs == 1, jobs=args.jobs,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, track=track)
     print(f"\n{cfg.name}: {len(agg['algorithms'])} algorithms x {len(cfg.seeds)} seeds in {agg['wall_time_s']:.1f} s "
           f"wall time (runs: {agg['run_time_s']:.1f} s together)")
     for label, e in agg["algorithms"].items():
@@ -113,6 +117,32 @@ def _cmd_compare(args) -> int:
         if acc:
             print(f"  {label:<22} {acc['mean']:.4f} ± {acc['std']:.4f}")
     print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def _track(args) -> list[str]:
+    """``--track`` as writer names; an unknown name or a missing optional package is a one-line error."""
+    from fedsolve.engine.tracking import parse_track
+    from fedsolve.experiments.config import ConfigError
+
+    try:
+        return parse_track(args.track)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def _cmd_examples(args) -> int:
+    from fedsolve.experiments.config import ConfigError
+    from fedsolve.experiments.examples import example_files, example_path
+
+    if args.name:
+        try:
+            print(example_path(args.name))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return 0
+    for name, path in example_files().items():
+        print(f"{name:<16} {path}")
     return 0
 
 
@@ -183,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "in anything but a larger simulation.rounds and cosmetic fields")
         sp.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds runs")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        sp.add_argument("--track", default="", metavar="NAMES",
+                        help="also write each run's evaluations with these writers, comma-separated: csv "
+                             "(metrics.csv), tensorboard (tensorboard/), wandb, mlflow (see docs/tracking.md)")
 
     r = sub.add_parser("run", help="run one algorithm with one seed")
     common(r)
@@ -205,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rebuild report.md and plots of a run or compare folder")
     rp.add_argument("dir", help="a run or compare folder (holds summary.json)")
     rp.set_defaults(fn=_cmd_report)
+    ex = sub.add_parser("examples", help="the example configs shipped with fedsolve (their paths)")
+    ex.add_argument("name", nargs="?", help="print only this example's path (e.g. demo)")
+    ex.set_defaults(fn=_cmd_examples)
 
     st = sub.add_parser("suite", help="run a suite (a sweep of a registered protocol) and write its report")
     st.add_argument("config", help="suite YAML, e.g. experiments/fpfc/table3_newcomers.yaml")

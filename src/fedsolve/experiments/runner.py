@@ -29,6 +29,7 @@ from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
 from fedsolve.experiments.report import (has_direction, lower_is_better, write_compare_report,  # noqa: F401
                                          write_run_report)
 from fedsolve.engine.io import atomic_write_text
+from fedsolve.engine.tracking import close_all, make_trackers
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
                                       Simulation)
@@ -36,11 +37,21 @@ from fedsolve.engine.loop import (DivergenceError, JsonlLogger, ProgressBar, Run
 _slug, _read_jsonl = slug, read_jsonl   # older names
 
 
+def default_threads() -> int:
+    """The torch thread count of a run whose config sets no ``threads``: this machine's physical cores that the
+    process may use (:func:`fedsolve.core.cpus.physical_cores`: hyper-threads, CPU affinity and a container's
+    CPU quota taken into account), so a 32-core workstation gets 32."""
+    from fedsolve.core.cpus import physical_cores
+
+    return physical_cores()
+
+
 def set_threads(n: int | None) -> None:
-    """The process's torch thread count for a run (``threads``; default min(2, cores)). Called when a run
-    starts, never on import. (``OMP_WAIT_POLICY=PASSIVE`` is set by the ``fedsolve`` command before torch
-    loads; with the Python API set it in the environment yourself, see docs/getting-started.md.)"""
-    n = n or min(2, os.cpu_count() or 1)
+    """The process's torch thread count for a run (``threads``; default :func:`default_threads`). Called when
+    a run starts, never on import. Many threads are safe next to other busy processes only with passive OpenMP
+    waits: ``OMP_WAIT_POLICY=PASSIVE`` is set by the ``fedsolve`` command before torch loads; with the Python
+    API set it in the environment yourself, see docs/getting-started.md."""
+    n = n or default_threads()
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
 
@@ -292,13 +303,14 @@ def _check_sampling(cfg: ExperimentConfig, m: int) -> None:
 
 def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-            extras: dict | None = None, desc: str | None = None) -> dict:
+            extras: dict | None = None, desc: str | None = None, track: Sequence[str] = ()) -> dict:
     """Run one algorithm with one seed into ``run_dir``; returns the summary dict (``extras`` are added to
     its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`). ``resume`` continues the
-    checkpoint there after :func:`check_resume`; ``desc`` names the progress bar."""
+    checkpoint there after :func:`check_resume`; ``desc`` names the progress bar; ``track`` names the
+    tracking writers (``--track``, :func:`fedsolve.engine.tracking.make_trackers`)."""
     if spec.tune is not None:
         return run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
-                        write_report=write_report)
+                        write_report=write_report, track=track)
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
     resolved = resolved_config(cfg, spec, seed)
@@ -308,10 +320,11 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
     _check_sampling(cfg, problem.num_clients)
     algo = build_algorithm(cfg, spec, problem)
     watch = _Participation()
+    trackers = make_trackers(track, run_dir, f"{cfg.name}/{spec.display}/seed{seed}", resolved, cfg.name)
     try:
         sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
                          callbacks=[JsonlLogger(run_dir / "metrics.jsonl"), watch,
-                                    ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress)])
+                                    ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers])
     except ValueError as e:   # e.g. an executor that cannot run this model or algorithm
         msg = str(e)
         raise ConfigError(msg if msg.startswith("simulation.") else f"simulation.{msg}") from None
@@ -332,6 +345,8 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
         if write_report:
             write_run_report(run_dir, summary, sim.history)
         raise
+    finally:
+        close_all(trackers)   # after a divergence too, which ends the run without on_end
     _participation_verdict(cfg, watch)
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
                             round_times=res.round_times, extras={**res.extras, **(extras or {})},
@@ -359,12 +374,13 @@ def _participation_verdict(cfg: ExperimentConfig, watch: _Participation) -> None
 
 
 def run_config(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
-               out: str | Path | None = None, progress: bool = False) -> RunResult:
+               out: str | Path | None = None, progress: bool = False, callbacks: Sequence = ()) -> RunResult:
     """Run one algorithm of a config in this process and return the :class:`RunResult` (``fedsolve.run``).
 
     ``config``: a YAML path, a mapping or an :class:`ExperimentConfig`; ``overrides``: ``--set`` strings;
     ``algorithm``: label or name (needed when the config lists several); ``seed``: default the first seed;
-    ``out``: write ``metrics.jsonl``, ``timings.jsonl`` and checkpoints there (default: nothing is written).
+    ``out``: write ``metrics.jsonl``, ``timings.jsonl`` and checkpoints there (default: nothing is written);
+    ``callbacks``: more :class:`~fedsolve.engine.loop.Callback` objects, called after the progress bar and logger.
     ``result.history`` is the trajectory, ``result.eval_params()`` the models the clients are scored with."""
     from fedsolve.experiments.config import apply_overrides, load_config, parse_config
 
@@ -390,11 +406,11 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
     set_threads(cfg.threads)
     problem = build_problem(cfg, seed)
     _check_sampling(cfg, problem.num_clients)
-    callbacks: list = [ProgressBar(f"{spec.display} s{seed}", disable=not progress)]
+    own: list = [ProgressBar(f"{spec.display} s{seed}", disable=not progress)]
     if out is not None:
-        callbacks.append(JsonlLogger(Path(out) / "metrics.jsonl"))
+        own.append(JsonlLogger(Path(out) / "metrics.jsonl"))
     sim = Simulation(problem, build_algorithm(cfg, spec, problem), cfg.simulation, seed, out_dir=out,
-                     callbacks=callbacks)
+                     callbacks=[*own, *callbacks])
     return sim.run()
 
 
@@ -457,12 +473,13 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
 
 def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
              progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-             desc: str | None = None) -> dict:
+             desc: str | None = None, track: Sequence[str] = ()) -> dict:
     """:func:`run_one`, after choosing the tuned hyper-parameter on validation (``run_dir/tune``) when
-    ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``."""
+    ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``. ``track``: the tracking
+    writers of the final run (the tuning runs have none)."""
     if spec.tune is None:
         return run_one(cfg, spec, seed, run_dir, resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
-                       progress=progress, problem=problem, write_report=write_report, desc=desc)
+                       progress=progress, problem=problem, write_report=write_report, desc=desc, track=track)
     problem = problem if problem is not None else build_problem(cfg, seed)
     run_dir = Path(run_dir)
     try:
@@ -471,7 +488,8 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
         write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e), dataset=recorded_dataset(cfg, problem))
         raise
     return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
-                   progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc)
+                   progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc,
+                   track=track)
 
 
 # ------------------------------------------------------------------ compare
@@ -502,8 +520,10 @@ def _duration(sec: float) -> str:
 
 
 def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-            stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False) -> dict[str, Any]:
-    """Every algorithm x every seed on the same problem (the data of a seed is shared by all).
+            stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False,
+            track: Sequence[str] = ()) -> dict[str, Any]:
+    """Every algorithm x every seed on the same problem (the data of a seed is shared by all); ``track`` names
+    the tracking writers of every run (:func:`run_one`).
 
     A folder that already holds runs is refused unless ``resume`` (keep finished runs whose config agrees,
     continue the others from their checkpoints) or ``overwrite`` (start every run over).
@@ -565,7 +585,7 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
             try:
                 run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress,
                          problem=build_problem(cfg, seed, data=data), write_report=False,
-                         desc=f"run {k}/{n_total} {spec.display} s{seed}")
+                         desc=f"run {k}/{n_total} {spec.display} s{seed}", track=track)
                 error = None
             except DivergenceError as e:
                 error = e
@@ -575,7 +595,7 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
             finished(seed, spec, run_dir, error)
     else:
         _compare_in_workers(cfg, todo, jobs, resume, finished, lambda: f"{len(summaries)} of {n_total} runs "
-                            f"finished, {eta()}")
+                            f"finished, {eta()}", track=track)
     runs: dict[str, list[dict]] = {}
     histories: dict[str, list[list[dict]]] = {}
     for seed, spec in order:
@@ -611,7 +631,7 @@ def _ignore_sigint() -> None:
 
 
 def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bool, finished,
-                        status=lambda: "") -> None:
+                        status=lambda: "", track: Sequence[str] = ()) -> None:
     """The runs of :func:`compare` in ``jobs`` spawned processes; ``finished(seed, spec, run_dir, error)`` is
     called here as each one ends. A worker imports the modules outside fedsolve that registered the algorithms
     it runs (``fedsolve --import``), so user algorithms run there too. On Ctrl-C the workers are stopped at
@@ -619,14 +639,15 @@ def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bo
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    threads = max(1, (cfg.threads or min(2, os.cpu_count() or 1)) // jobs)
+    threads = max(1, (cfg.threads or default_threads()) // jobs)
     dump = cfg.model_copy(update={"threads": threads}).model_dump(mode="json")
     modules = {get_algorithm(spec.name).__module__ for _, spec, _ in todo}
     plugins = sorted(m for m in modules if not m.startswith("fedsolve.") and m != "__main__")
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
                                initializer=_ignore_sigint)
     try:
-        running = {pool.submit(_compare_worker, dump, spec.display, seed, str(run_dir), resume, plugins):
+        running = {pool.submit(_compare_worker, dump, spec.display, seed, str(run_dir), resume, plugins,
+                               list(track)):
                    (seed, spec, run_dir) for seed, spec, run_dir in todo}
         for f in as_completed(running):
             seed, spec, run_dir = running[f]
@@ -646,7 +667,8 @@ def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bo
 _worker_data: dict[str, Any] = {}
 
 
-def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: bool, plugins: list[str]) -> str | None:
+def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: bool, plugins: list[str],
+                    track: list[str] = ()) -> str | None:
     """One (algorithm, seed) run of :func:`compare` in a worker process: None, or the divergence message."""
     import importlib
 
@@ -660,7 +682,7 @@ def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: boo
     spec = next(s for s in cfg.all_algorithms() if s.display == label)
     try:
         run_spec(cfg, spec, seed, run_dir, resume=resume, progress=False,
-                 problem=build_problem(cfg, seed, data=_worker_data[key]), write_report=False)
+                 problem=build_problem(cfg, seed, data=_worker_data[key]), write_report=False, track=track)
     except DivergenceError as e:
         return str(e)
     return None
