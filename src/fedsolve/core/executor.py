@@ -194,5 +194,5 @@ def linear_gd_owner_ok(algorithm) -> bool:
     supports = getattr(algorithm, "supports_linear_gd", None)
     if supports is None or not hasattr(algorithm, "linear_gd") or not supports():
         return False
-    owner = lambda attr: next(k for k in type(algorithm).__mro__ if attr in k.__dict__)  # noqa: E731
-    return owner("local_update") is owner("linear_gd")
+    owner = lambda attr: next((k for k in type(algorithm).__mro__ if attr in k.__dict__), None)  # noqa: E731
+    return owner("linear_gd") is not None and owner("local_update") is owner("linear_gd")

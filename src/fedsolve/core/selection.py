@@ -96,8 +96,12 @@ def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:
     return (work[statement.phase].batch_size is None) if full_batch else True
 
 
+#: ``make_executor``'s default: the algorithm's statement is asked for from a fresh start
+ASK = object()
+
+
 def make_executor(name: str, problem, chunk_size: int | None = None, linear_kernel: str = "auto",
-                  algorithm=None, statement=None) -> Executor:
+                  algorithm=None, statement=ASK) -> Executor:
     """``sequential`` | ``vectorized`` | ``linear`` | ``batched`` | ``auto``, chosen by the engine from how
     ``algorithm`` states its update (``statement``: its round-0 statement, :func:`core.statements.stated`) and
     what the model is. ``auto``: ``linear`` where it applies, else the fastest of ``batched`` (where it applies:
@@ -110,8 +114,9 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
     (``auto``, ``native`` or ``torch``)."""
     if name == "fpfc_linear":
         name = "linear"
-    if statement is None and algorithm is not None and name in ("auto", "linear", "batched"):
-        statement = initial_statement(algorithm)
+    if statement is ASK:
+        statement = initial_statement(algorithm) if algorithm is not None and name in ("auto", "linear",
+                                                                                         "batched") else None
     if name == "sequential":
         return SequentialExecutor()
     if name == "vectorized":

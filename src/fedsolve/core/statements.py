@@ -124,7 +124,11 @@ def initial_statement(algo, round_: int = 0) -> Statement | None:
 
     problem = algo.problem
     rngs = RngStreams(0)
-    server, clients = algo.init(problem.init_params(rngs.torch("init")), rngs)
-    ids = torch.arange(min(2, problem.num_clients))
-    with torch.no_grad():
-        return stated(algo, clients.gather(ids), algo.broadcast(server, ids, round_), round_)
+    try:   # a server state that a driver completes after construction (e.g. newcomers) broadcasts nothing yet
+        server, clients = algo.init(problem.init_params(rngs.torch("init")), rngs)
+        ids = torch.arange(min(2, problem.num_clients))
+        with torch.no_grad():
+            msgs = algo.broadcast(server, ids, round_)
+    except Exception:   # noqa: BLE001
+        return None
+    return stated(algo, clients.gather(ids), msgs, round_)

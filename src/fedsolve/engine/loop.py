@@ -32,6 +32,7 @@ from fedsolve.core.statements import stated
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 from fedsolve.engine.metrics import evaluate
+from fedsolve.engine.schedules import Schedule
 from fedsolve.engine.sampling import SamplingConfig, sample_clients
 
 
@@ -223,8 +224,11 @@ class Simulation:
     """Runs one algorithm on one problem for ``cfg.rounds`` rounds."""
 
     def __init__(self, problem, algorithm, cfg: SimulationConfig, seed: int, out_dir: str | Path | None = None,
-                 callbacks: list[Callback] | None = None):
+                 callbacks: list[Callback] | None = None, schedule: Schedule | None = None):
         self.problem = problem
+        #: the protocol that steers the run round by round (``engine/schedules.py``); the plain schedule changes nothing
+        self.schedule = schedule if schedule is not None else Schedule()
+        self._log: dict[str, float] = {}   # the schedule's numbers for the next evaluation record
         self.algo = algorithm
         self.cfg = cfg
         self.seed = seed
@@ -298,6 +302,7 @@ class Simulation:
             "history": self.history, "round_times": self.round_times, "timings": self.timings,
             "first_loss": self._first_loss, "per_client": self.per_client,
             "elapsed": self._elapsed + time.perf_counter() - self._t0,
+            "schedule": self.schedule.state_dict(), "schedule_log": self._log, "hparams": self.algo.cfg.model_dump(),
         }, self.checkpoint_path)
         self.checkpoint_round = next_round
 
@@ -331,6 +336,11 @@ class Simulation:
         self._elapsed = ck["elapsed"]
         self.per_client = ck.get("per_client", [])   # the last evaluation's (a finished run keeps its own)
         self.checkpoint_round = self.start_round
+        self.round = self.start_round
+        if ck.get("hparams") is not None and ck["hparams"] != self.algo.cfg.model_dump():
+            self.set_hparams(**ck["hparams"])   # a schedule changed them (e.g. lambda along a path)
+        self.schedule.load_state_dict(self, ck.get("schedule", {}))
+        self._log = dict(ck.get("schedule_log", {}))
 
     def _check_checkpoint(self, ck: dict[str, Any], path: Path) -> None:
         """Refuse a checkpoint of another run: algorithm, seed, number of clients, parameter count, and the
@@ -391,6 +401,7 @@ class Simulation:
             rec["train_loss"] = train_loss
         rec.update(summary)
         rec.update(self.algo.diagnostics(self.server, self.clients))
+        rec.update(self._log)
         extra_evals = getattr(self.algo, "extra_evals", None)   # optional: more models to score, {prefix: [m, d]}
         for prefix, other in (extra_evals(self.server, self.clients) if extra_evals else {}).items():
             s, _ = evaluate(self.problem, other, self.vectorized_eval, ())
@@ -459,8 +470,13 @@ class Simulation:
         ``clients``, ``train_loss``, ``ids``)."""
         t = max(self.round, self.start_round)
         t1 = time.perf_counter()
+        if ids is None:
+            ids = self.schedule.before_round(self, t)
         with torch.enable_grad():
             info = self.run_round(t, ids)
+        decision = self.schedule.after_round(self, t, info)
+        self._log.update(decision.log)
+        info["evaluate"], info["stop"] = decision.evaluate, decision.stop
         self.round_times.append(time.perf_counter() - t1)
         for cb in self.callbacks:
             cb.on_round(self, t, info)
@@ -504,9 +520,12 @@ class Simulation:
     def _statement(self, round_: int):
         """The algorithm's update of two clients in round ``round_`` as a statement (None: not stated)."""
         ids = torch.arange(min(2, self.problem.num_clients), device=self.device)
-        with torch.no_grad():
-            msgs = self.algo.broadcast(self.server, ids, round_)
-            return stated(self.algo, self.clients.gather(ids), msgs, round_)
+        try:   # a server state that a driver completes after construction (e.g. newcomers) broadcasts nothing yet
+            with torch.no_grad():
+                msgs = self.algo.broadcast(self.server, ids, round_)
+        except Exception:   # noqa: BLE001
+            return None
+        return stated(self.algo, self.clients.gather(ids), msgs, round_)
 
     @property
     def elapsed(self) -> float:
@@ -521,6 +540,7 @@ class Simulation:
         for cb in self.callbacks:
             cb.on_start(self)
         if self.start_round == 0 and not self.history:
+            self.schedule.start(self)
             rec = self.evaluate(0, None)
             # the loss of the initial model is the reference for "exploding" (a blow-up in round 1 counts)
             if math.isfinite(rec.get("test_loss", float("nan"))):
@@ -543,6 +563,7 @@ class Simulation:
             cb.on_end(self)
         with self.on_device():
             extras = self.algo.finalize(self.server, self.clients)
+        extras.update(self.schedule.summary())
         return RunResult(self.history, self.server, self.clients, self.ledger, wall, self.round_times,
                          extras, self.per_client, self.timings, self)
 
@@ -555,7 +576,9 @@ class Simulation:
         """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due
         (both after the round that finishes the algorithm's work, ``info["finished"]``)."""
         finished = info["finished"]
-        is_eval = eval_due(done, self.cfg, finished)
+        forced = info.get("evaluate")
+        is_eval = eval_due(done, self.cfg, finished) if forced is None else (forced or finished or
+                                                                               done == self.cfg.rounds)
         if is_eval:
             rec = self.evaluate(done, last_loss)
             tl = rec.get("test_loss", rec.get("test_rmse", 0.0))
@@ -563,6 +586,7 @@ class Simulation:
                 raise DivergenceError(f"round {done}: the evaluated models give a non-finite test loss; try a "
                                       f"smaller learning rate. The last good checkpoint is kept.")
             self.history.append(rec)
+            self._log = {}
             for cb in self.callbacks:
                 cb.on_eval(self, rec)
         ck_every = self.cfg.checkpoint_every
@@ -585,7 +609,7 @@ def drive_rounds(first: int, rounds: int, step: Callable[[int], dict[str, Any]],
         info = step(t)
         if math.isfinite(info["train_loss"]):
             last_loss = info["train_loss"]
-        info["finished"] = finished()
+        info["finished"] = finished() or bool(info.get("stop"))
         after(t + 1, last_loss, info)
         if info["finished"]:
             break

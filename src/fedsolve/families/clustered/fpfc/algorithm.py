@@ -31,7 +31,7 @@ from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs
 from fedsolve.families.clustered.fpfc.penalties import prox_scale
 from fedsolve.core import native
 from fedsolve.core.executor import Work
-from fedsolve.core.linear import GDStep
+from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates, repeat_rows
 
 
@@ -143,14 +143,6 @@ class FPFC(Algorithm):
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=self.local_steps_at(round_), batch_size=c.batch_size)}
 
-    def supports_linear_gd(self) -> bool:
-        return self.all_fused and self.cfg.batch_size is None
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        """Eq. 5 for the ``linear`` executor: GD on f_i + (rho/2)||w - zeta_i||^2 from w_i."""
-        return GDStep(start=rows["w"], lr=self.lr_at(round_), anchor=msgs["zeta"], rho=self.cfg.rho,
-                      finish=lambda w: ({"w": w}, {"w": w}))
-
     def lr_at(self, k: int) -> float:
         c = self.cfg
         return c.lr * c.lr_decay ** (k // c.lr_decay_every)
@@ -184,16 +176,15 @@ class FPFC(Algorithm):
         return msg
 
     def local_update(self, state, msg, ctx):
-        rho, zeta = self.cfg.rho, msg["zeta"]
-        w0 = state["w"]
+        """Eq. 5: GD on f_i + (rho/2)||w_fused - zeta_i||^2 from w_i (the shared block from the server's)."""
+        rho, zeta, c = self.cfg.rho, msg["zeta"], self.cfg
+        step = dict(lr=self.lr_at(ctx.round), weight_decay=c.weight_decay, then=lambda w, steps: ({"w": w}, {"w": w}))
         if self.all_fused:
-            extra = lambda p: rho * (p - zeta)  # noqa: E731
-        else:
-            w0 = w0.index_copy(0, self.sidx, msg["shared"])
-            fidx = self.fidx
-            extra = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))  # noqa
-        w = self.local_sgd(ctx, w0, extra=extra, lr=self.lr_at(ctx.round))
-        return {"w": w}, {"w": w}
+            return Descend(start=state["w"], prox=rho, anchor=zeta, **step)
+        w0 = state["w"].index_copy(-1, self.sidx, msg["shared"])
+        fidx = self.fidx
+        pull = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))  # noqa
+        return Descend(start=w0, extra=pull, **step)
 
     def server_update(self, server, ids: Tensor, W_new: Tensor) -> dict[str, Tensor]:
         """Write the uploads ``W_new`` of ``ids`` and update every pair touching them (eq. 6): a new record
