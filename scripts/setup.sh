@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Idempotent set-up: a virtual environment in .venv with torch==2.13.0 (CPU wheel) installed FIRST,
-# then fedsolve and its extras. Usage: bash scripts/setup.sh [extras]   (default extras: test)
+# Idempotent set-up: a virtual environment in .venv with torch installed FIRST, then fedsolve and its
+# extras. Usage: bash scripts/setup.sh [extras]   (default extras: test)
+# A torch already in .venv is kept (to use a CUDA or another CPU build, create .venv and install it
+# before running this; see README, "Install elsewhere"); without one, torch==2.13.0 is installed.
 # On a fresh machine this takes a few minutes (mostly the torch wheel); when everything is in place,
 # about a second. Each step says what it does.
 set -euo pipefail
@@ -13,10 +15,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-# torch first, pinned: pip finds the local CPU wheel for exactly this version; an unpinned torch
-# would pull several GB of CUDA packages.
-if ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
-  say "installing torch 2.13.0 (CPU wheel, about 200 MB; the longest step, 1-3 minutes)"
+# torch first, pinned: where the configured index holds the CPU wheel of exactly this version pip takes it;
+# an unpinned torch would pull several GB of CUDA packages. fedsolve then keeps whatever torch >= 2.1 is there.
+if TORCH_VERSION=$("$VPY" -c "import torch; print(torch.__version__)" 2>/dev/null); then
+  say "keeping the installed torch $TORCH_VERSION"
+else
+  say "installing torch 2.13.0 (about 200 MB for the CPU wheel; the longest step, 1-3 minutes)"
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
 STAMP=".venv/.fedsolve-installed-$EXTRAS"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("flwr", reason="needs the flower extra: pip install 'fedsolve[flower]' (flwr==1.41.0)")
+pytest.importorskip("flwr", reason="needs the flower extra: pip install -e '.[flower]' (flwr==1.42.0)")
 
 from test_flower_adapter import _run  # noqa: E402  (the in-memory grid of the adapter tests)
 

@@ -12,7 +12,7 @@ import pkgutil
 
 import pytest
 
-pytest.importorskip("flwr", reason="needs the flower extra: pip install 'fedsolve[flower]' (flwr==1.41.0)")
+pytest.importorskip("flwr", reason="needs the flower extra: pip install -e '.[flower]' (flwr==1.42.0)")
 
 import fedsolve.families as _algs  # noqa: E402
 from flwr.app import Context, RecordDict  # noqa: E402

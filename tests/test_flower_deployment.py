@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-flwr = pytest.importorskip("flwr", reason="needs the flower extra: pip install 'fedsolve[flower]' (flwr==1.41.0)")
+flwr = pytest.importorskip("flwr", reason="needs the flower extra: pip install -e '.[flower]' (flwr==1.42.0)")
 
 from fedsolve.flower.appdir import write_app  # noqa: E402
 from fedsolve.flower.launch import LocalFederation, read_history, wait_summary  # noqa: E402

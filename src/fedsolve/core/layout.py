@@ -64,7 +64,8 @@ class ParamLayout:
         return {e.name: vec[..., e.start:e.start + e.numel].reshape(*lead, *e.shape) for e in self.entries}
 
     def load_into(self, module: nn.Module, vec: Tensor) -> None:
-        """Copy (not alias: see flower-notes' vector_to_parameters pitfall) ``vec`` into ``module``."""
+        """Copy ``vec`` into ``module`` (not alias: with ``vector_to_parameters``' views an in-place optimizer step
+        would write into ``vec``, e.g. the shared global model)."""
         with torch.no_grad():
             params = dict(module.named_parameters())
             for name, t in self.unflatten(vec).items():

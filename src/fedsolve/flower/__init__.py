@@ -1,6 +1,6 @@
 """fedsolve on Flower: the same Algorithm as a Flower ServerApp + ClientApp (optional extra).
 
-    pip install 'fedsolve[flower]'        # flwr==1.41.0
+    pip install -e '.[flower]'        # in the checkout (or the built wheel with [flower]): flwr==1.42.0
 
 * ``fedsolve.flower.app:server_app`` / ``:client_app`` -- the apps a Flower app folder names
   (``python -m fedsolve.flower new-app DIR --experiment exp.yaml`` writes one);
@@ -38,7 +38,8 @@ def __getattr__(name: str) -> Any:
 
     if name in _NEED_FLWR:
         if not flwr_available():
-            raise ImportError(f"fedsolve.flower.{name} needs Flower: pip install 'fedsolve[flower]' (flwr==1.41.0)")
+            raise ImportError(f"fedsolve.flower.{name} needs Flower: pip install -e '.[flower]' in the fedsolve "
+                              f"checkout (flwr==1.42.0)")
         return getattr(importlib.import_module(_NEED_FLWR[name]), name)
     if name in _OTHER:
         return getattr(importlib.import_module(_OTHER[name]), name)

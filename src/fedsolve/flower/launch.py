@@ -81,7 +81,7 @@ class LocalFederation:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.auth, self.insecure = auth, insecure
-        # no telemetry / update checks (offline machines, privacy); passive OpenMP waits (flower-notes)
+        # no telemetry / update checks (offline machines, privacy); passive OpenMP waits (spinning threads stall when another process holds a core)
         self.env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "FLWR_TELEMETRY_ENABLED": "0",
                     "FLWR_DISABLE_UPDATE_CHECK": "1", **(env or {})}
         self.env.pop("FLWR_HOME", None)

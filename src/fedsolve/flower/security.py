@@ -7,7 +7,7 @@
   SuperNodes: ``--root-certificates ca.crt``; ``flwr`` CLI: ``root-certificates`` in the
   connection of ``$FLWR_HOME/config.toml``.
 * ``make_node_keys(dir, names)`` writes one EC P-384 key pair per SuperNode in OpenSSH format
-  (``<name>`` private, ``<name>.pub`` public), the format Flower 1.41 expects: the SuperNode
+  (``<name>`` private, ``<name>.pub`` public), the format Flower 1.41-1.42 expects: the SuperNode
   gets ``--auth-supernode-private-key <name>``, and the public key is registered on the
   SuperLink with ``flwr supernode register <name>.pub <connection>`` (SuperLink started with
   ``--enable-supernode-auth``; unregistered nodes are refused).
