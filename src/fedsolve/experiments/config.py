@@ -175,7 +175,7 @@ class ExperimentConfig(BaseModel):
                                      description="hyper-parameters applied to every algorithm that has them "
                                                  "(a key that no registered algorithm has is refused)")
     paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers, shown next to ours")
-    threads: int | None = Field(None, ge=1, description="torch threads (default: min(2, cores))")
+    threads: int | None = Field(None, ge=1, description="torch threads (default: the physical cores)")
     out_dir: str = Field("runs", description="parent folder of run folders")
 
     @field_validator("seeds")
