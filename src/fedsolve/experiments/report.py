@@ -102,7 +102,23 @@ def write_run_report(run_dir: Path, summary: dict[str, Any], history: list[dict[
 
 
 # ------------------------------------------------------------------ compare
+#: the metric plotted against communication and wall time: the first of these the runs record
+MAIN_METRICS = ("test_accuracy", "test_rmse", "test_loss", "train_loss")
+#: the cost axes of those plots: (key in a history record, axis label, file-name suffix)
+COSTS = (("comm_mb", "communicated MB (uplink + downlink)", "bytes"), ("time_s", "wall time (s)", "time"))
+
+
+def run_history(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A run folder's ``metrics.jsonl`` records, each with its wall-clock ``time_s`` from ``timings.jsonl`` where
+    that round was timed: the histories the compare report plots (against rounds, bytes and wall time)."""
+    run_dir = Path(run_dir)
+    times = {t["round"]: t["time_s"] for t in read_jsonl(run_dir / "timings.jsonl")}
+    return [{**r, "time_s": times[r["round"]]} if r["round"] in times else r
+            for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
 def _curves(histories: list[list[dict]], metric: str):
+    """(rounds, [seeds, rounds] values of ``metric``; NaN where a seed lacks it), or None under two rounds."""
     rounds = sorted({r["round"] for h in histories for r in h if metric in r})
     if len(rounds) < 2:
         return None
@@ -115,42 +131,74 @@ def _curves(histories: list[list[dict]], metric: str):
     return np.array(rounds), mat
 
 
+def _cost_curve(histories: list[list[dict]], metric: str, cost: str):
+    """``metric`` against ``cost`` (``comm_mb`` or ``time_s``) over the rounds that record both: (the cost per
+    round, mean over seeds; [seeds, rounds] values of ``metric``), or None."""
+    mb = [[{**r, "comm_mb": (r["uplink_bytes"] + r.get("downlink_bytes", 0)) / 1e6} if "uplink_bytes" in r else r
+           for r in h] for h in histories]
+    both = [[r for r in h if metric in r and cost in r] for h in mb]
+    y, x = _curves(both, metric), _curves(both, cost)
+    if y is None or x is None:
+        return None
+    with np.errstate(all="ignore"):
+        return np.nanmean(x[1], 0), y[1]
+
+
+def _draw(ax, k: int, n: int, label: str, x, mat) -> None:
+    """Method ``k`` of ``n``: its mean over seeds (the rows of ``mat``) against ``x``, and a ± std band."""
+    with np.errstate(all="ignore"):
+        mean = np.nanmean(mat, 0)
+        std = np.nanstd(mat, 0)
+    # hollow markers at staggered points and a line width that shrinks with the order: two methods with the
+    # same curve (FedProx with a small mu on FedAvg) both stay visible
+    step = max(1, len(x) // 8)
+    line, = ax.plot(x, mean, label=label, linestyle=LINE_STYLES[k % len(LINE_STYLES)],
+                    linewidth=1.0 + 0.5 * max(0, n - 1 - k), marker=MARKERS[k % len(MARKERS)],
+                    markersize=6, markerfacecolor="none", markevery=(k % step, step))
+    if mat.shape[0] > 1:
+        ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, linewidth=0)
+
+
+def _figure(base: Path, cfg, algos: list[str], histories: dict[str, list[list[dict]]], m: str,
+            cost: tuple[str, str, str] | None = None) -> str | None:
+    """Plot ``m`` of every method against rounds, or against ``cost`` (:data:`COSTS`); the file name, or None
+    when no method has two points."""
+    fig, ax = new_figure(figsize=(6, 3.8))
+    drawn, positive = 0, True
+    for k, label in enumerate(algos):
+        runs = histories.get(label, [])
+        cur = _curves(runs, m) if cost is None else _cost_curve(runs, m, cost[0])
+        if cur is None:
+            continue
+        x, mat = cur
+        positive = positive and bool(np.nanmin(mat) > 0)
+        _draw(ax, k, len(algos), label, x, mat)
+        drawn += 1
+    if drawn == 0:
+        return None
+    ax.set_xlabel("round" if cost is None else cost[1])
+    ax.set_ylabel(NICE.get(m, m))
+    if m in LOG_SCALE and positive:
+        ax.set_yscale("log")
+    against = "" if cost is None else f" against {cost[2]}"
+    ax.set_title(f"{cfg.name}: {NICE.get(m, m)}{against} (mean ± std over {len(cfg.seeds)} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    name = m if cost is None else f"{m}_vs_{cost[2]}"
+    save_figure(fig, base / "plots" / f"{name}.png")
+    return name
+
+
 def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[str, list[list[dict]]]) -> None:
+    """``report.md`` and ``plots/`` of a compare folder: the table, and each metric against rounds; the main
+    metric (:data:`MAIN_METRICS`) also against communicated bytes and, where the histories hold ``time_s``
+    (:func:`run_history`), against wall time."""
     base = Path(base)
     algos = list(agg["algorithms"])
-    plots = []
-    for m in PLOT_METRICS:
-        fig, ax = new_figure(figsize=(6, 3.8))
-        drawn, positive = 0, True
-        for k, label in enumerate(algos):
-            cur = _curves(histories.get(label, []), m)
-            if cur is None:
-                continue
-            x, mat = cur
-            positive = positive and bool(np.nanmin(mat) > 0)
-            with np.errstate(all="ignore"):
-                mean = np.nanmean(mat, 0)
-                std = np.nanstd(mat, 0)
-            # hollow markers at staggered rounds and a line width that shrinks with the order: two methods
-            # with the same curve (FedProx with a small mu on FedAvg) both stay visible
-            step = max(1, len(x) // 8)
-            line, = ax.plot(x, mean, label=label, linestyle=LINE_STYLES[k % len(LINE_STYLES)],
-                            linewidth=1.0 + 0.5 * max(0, len(algos) - 1 - k), marker=MARKERS[k % len(MARKERS)],
-                            markersize=6, markerfacecolor="none", markevery=(k % step, step))
-            if mat.shape[0] > 1:
-                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, linewidth=0)
-            drawn += 1
-        if drawn == 0:
-            continue
-        ax.set_xlabel("round")
-        ax.set_ylabel(NICE.get(m, m))
-        if m in LOG_SCALE and positive:
-            ax.set_yscale("log")
-        ax.set_title(f"{cfg.name}: {NICE.get(m, m)} (mean ± std over {len(cfg.seeds)} seeds)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        save_figure(fig, base / "plots" / f"{m}.png")
-        plots.append(m)
+    plots = [name for m in PLOT_METRICS if (name := _figure(base, cfg, algos, histories, m)) is not None]
+    main = next((m for m in MAIN_METRICS if any(m in r for lst in histories.values() for h in lst for r in h)), None)
+    cost_plots = [name for c in COSTS if main is not None
+                  and (name := _figure(base, cfg, algos, histories, main, c)) is not None]
 
     cols = [m for m in TABLE_METRICS if any(m in agg["algorithms"][a]["final"] for a in algos)]
     best_of = {}
@@ -215,6 +263,10 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     total = agg.get("run_time_s", agg.get("wall_time_s", 0.0))   # older summaries: the sum was wall_time_s
     lines += ["", f"Total run time of all runs {total:.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
+    if cost_plots:
+        lines += ["", f"{NICE.get(main, main)} against the bytes communicated (uplink + downlink, all clients) "
+                  "and against wall time, the mean over seeds of each round's cost:", ""]
+        lines += [f"![{m}](plots/{m}.png)" for m in cost_plots]
     lines += _outer_figures(base, cfg, algos, histories)
     atomic_write_text(base / "report.md", "\n".join(lines) + "\n")
 
@@ -280,7 +332,7 @@ def report_dir(path: str | Path) -> Path:
         histories: dict[str, list[list[dict]]] = {}
         for spec in cfg.all_algorithms():
             for seed in cfg.seeds:
-                h = read_jsonl(default_run_dir(cfg, spec, seed, path) / "metrics.jsonl")
+                h = run_history(default_run_dir(cfg, spec, seed, path))
                 if h:
                     histories.setdefault(spec.display, []).append(h)
         write_compare_report(path, cfg, summary, histories)

@@ -26,8 +26,8 @@ import yaml
 from fedsolve.families import get_algorithm
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
-from fedsolve.experiments.report import (has_direction, lower_is_better, write_compare_report,  # noqa: F401
-                                         write_run_report)
+from fedsolve.experiments.report import (has_direction, lower_is_better, run_history,  # noqa: F401
+                                         write_compare_report, write_run_report)
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.tracking import close_all, make_trackers
 from fedsolve.problems import FederatedProblem
@@ -601,7 +601,7 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
     for seed, spec in order:
         runs.setdefault(spec.display, []).append(summaries[seed, spec.display])
         histories.setdefault(spec.display, []).append(
-            read_jsonl(default_run_dir(cfg, spec, seed, base) / "metrics.jsonl"))
+            run_history(default_run_dir(cfg, spec, seed, base)))
     agg = aggregate_runs(cfg, runs)
     # total compute of all runs (also right after --resume, where this call only did part of it)
     agg["run_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
