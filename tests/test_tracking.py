@@ -89,10 +89,12 @@ def test_cli_track_csv_and_tensorboard_write_every_evaluation_and_resume_writes_
                                                rel=1e-6)
 
 
-def test_compare_track_csv_writes_one_file_per_run(tmp_path):
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_compare_track_csv_writes_one_file_per_run(tmp_path, jobs):
+    """In one process and in --jobs worker processes."""
     p = _config(tmp_path, "seeds=[0,1]")
     out = tmp_path / "cmp"
-    assert main(["compare", str(p), "--out", str(out), "--quiet", "--track", "csv"]) == 0
+    assert main(["compare", str(p), "--out", str(out), "--quiet", "--track", "csv", "--jobs", str(jobs)]) == 0
     for seed in (0, 1):
         run = out / "FedAvg" / f"seed{seed}"
         _same_as_jsonl(run / "metrics.csv", run / "metrics.jsonl")
