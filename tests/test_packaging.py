@@ -93,13 +93,13 @@ def test_metadata_states_the_version_once_and_the_licence_as_spdx():
     assert (Path(fedsolve.__file__).parent / "py.typed").exists()
 
 
-def _can_build() -> str | None:
-    """Why the wheel test cannot run here, or None."""
+def _can_build(tmp) -> str | None:
+    """Why the wheel test cannot run here, or None (``tmp``: a scratch folder)."""
     try:
         import build  # noqa: F401
     except ImportError:
         return "the `build` package is not installed"
-    probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(Path(os.environ.get("TMPDIR", "/tmp")) / "fedsolve-probe"),
+    probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp / "probe"),
                             "setuptools>=77"], capture_output=True, text=True, timeout=120)
     return None if probe.returncode == 0 else "no package index reachable (offline): cannot build or install"
 
@@ -108,7 +108,7 @@ def _can_build() -> str | None:
 def test_wheel_builds_without_deprecations_installs_clean_and_runs_an_example(tmp_path):
     """`python -m build`, then a clean virtual environment (no system site-packages): torch==2.13.0, then the
     wheel; `fedsolve run` on the shipped demo config must finish. Takes a few minutes (the installs)."""
-    why = _can_build()
+    why = _can_build(tmp_path)
     if why:
         pytest.skip(why)
     src = tmp_path / "src"
