@@ -135,10 +135,10 @@ def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp
     report = (out / "report.md").read_text()
     # the paper's metric, per client pooled over clients x seeds: 0.1, 0.3 (seed 0) and 0.1, 0.1 (seed 1)
     assert "## relative difference to cProx-AL per client, the paper's metric" in report
-    assert "| Prox-AL FL | 1.5e-01 +- 8.7e-02 | 2.08e-04 (1.84e-04) |" in report
+    assert "| Prox-AL FL | 1.5e-01 +- 1.0e-01 | 2.08e-04 (1.84e-04) |" in report   # sample SD
     # of the total objective per seed, then mean: seed 0 |1.2 - 1.0| / 1.0 = 0.2, seed 1 |3.3 - 3.0| / 3.0 = 0.1
     assert "## relative difference of the total objective to cProx-AL, per seed: monks1" in report
-    assert "| Prox-AL FL | 1.5e-01 +- 5.0e-02 |" in report
+    assert "| Prox-AL FL | 1.5e-01 +- 7.1e-02 (n = 2) |" in report   # two of the three seeds
     assert "| Prox-AL FL | 1/2 |" in report                     # Eq. 11 passed on seed 0, not on seed 1
     # adopted of N (the diverged run counts as adopted: its cell is served, as a divergence)
     assert "| Prox-AL FL | 2/3 |" in report and "| FedAvg (no constraints) | 1/3; diverged 1/3 (diverged) |" in report
@@ -217,7 +217,7 @@ def test_relative_to_compares_each_seed_with_the_reference_row_of_that_seed():
                   paper={"A": {5: "1e-3"}})
     lines = table_lines(t, _rows())
     # seed 0: 0.1 / 1.0 = 0.1; seed 1: 0.4 / 2.0 = 0.2; seed 2 has no reference value: left out
-    assert "| A | 1.50e-01 +- 5.00e-02 | 1e-3 |" in lines
+    assert "| A | 1.50e-01 +- 7.07e-02 (n = 2) | 1e-3 |" in lines   # sample SD of two seeds
     assert not any(line.startswith(("| C ", "| F ")) for line in lines)
 
 
@@ -225,4 +225,4 @@ def test_count_only_and_blank_paper_cells_for_rows_the_paper_lacks():
     lines = table_lines(TableSpec(metric="ok", columns="n", stat="count", only=["C", "A"]), _rows())
     assert lines[4:6] == ["| C | 3/3 |", "| A | 2/3 |"]        # in the order of `only`
     lines = table_lines(TableSpec(metric="obj", columns="n", digits=1, paper={"A": {5: 0.3}}), _rows())
-    assert "| F | 0.5 +- 0.0 |  |" in lines and "| A | 4.2 +- 3.5 | 0.3 |" in lines
+    assert "| F | 0.5 +- 0.0 |  |" in lines and "| A | 4.2 +- 4.2 | 0.3 |" in lines   # sample SD

@@ -102,10 +102,11 @@ def test_table_lines_pivot_with_the_papers_numbers_and_diverged_runs():
             {"algorithm": "B", "f": 0.0, "seed": 0, "acc": 0.9}]
     lines = table_lines(TableSpec(metric="acc", columns="f", percent=True, paper={"A": 0.61}), rows)
     assert "| algorithm | paper | f 0.0 | f 0.4 |" in lines
-    assert "| A | 61.00% | 60.00% +- 10.00 | -; diverged 1/1 (round 3) |" in lines
-    assert "| B |  | 90.00% |  |" in lines
+    # the sample SD (n - 1): 0.5 and 0.7 give 0.1414, not the population SD 0.1; a cell with fewer values says so
+    assert "| A | 61.00% | 60.00% +- 14.14 | -; diverged 1/1 (round 3) |" in lines
+    assert "| B |  | 90.00% (n = 1) |  |" in lines
     plain = table_lines(TableSpec(metric="acc", rows="algorithm", digits=3), rows)
-    assert "| A | 0.600 +- 0.100; diverged 1/3 (round 3) |" in plain
+    assert "| A | 0.600 +- 0.141; diverged 1/3 (round 3) |" in plain
 
 
 def test_tables_reduce_over_rounds_per_seed_before_the_mean():
@@ -113,8 +114,8 @@ def test_tables_reduce_over_rounds_per_seed_before_the_mean():
     rows = [{"algorithm": "A", "seed": s, "round": t, "acc": a, "test_loss": a}
             for s, trace in ((0, [0.2, 0.6, 0.5]), (1, [0.1, 0.3, 0.4])) for t, a in zip((0, 10, 20), trace)]
     best = table_lines(TableSpec(metric="acc", over="round"), rows)
-    assert "| A | 0.50 +- 0.10 |" in best                       # max per seed: 0.6, 0.4
+    assert "| A | 0.50 +- 0.14 |" in best                       # max per seed: 0.6, 0.4 (sample SD 0.141)
     last = table_lines(TableSpec(metric="acc", over="round", pick="last"), rows)
-    assert "| A | 0.45 +- 0.05 |" in last                       # round 20: 0.5, 0.4
+    assert "| A | 0.45 +- 0.07 |" in last                       # round 20: 0.5, 0.4
     loss = table_lines(TableSpec(metric="test_loss", over="round"), rows)
-    assert "| A | 0.15 +- 0.05 |" in loss                       # a loss: min per seed, 0.2 and 0.1
+    assert "| A | 0.15 +- 0.07 |" in loss                       # a loss: min per seed, 0.2 and 0.1

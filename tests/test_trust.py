@@ -47,9 +47,12 @@ def test_compare_into_an_existing_folder_refuses_without_overwrite(tmp_path, cap
     assert main(["compare", p, "--out", out, "--quiet"]) == 0
     before = (tmp_path / "cmp" / "FedAvg" / "seed0" / "metrics.jsonl").read_bytes()
     capsys.readouterr()
-    assert main(["compare", p, "--out", out, "--quiet", "--set", "defaults.lr=0.05"]) == 2
+    assert main(["compare", p, "--out", out, "--quiet"]) == 2          # the same runs again
     err = capsys.readouterr().err
     assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
+    assert main(["compare", p, "--out", out, "--quiet", "--set", "defaults.lr=0.05"]) == 2   # another config
+    err = capsys.readouterr().err
+    assert "defaults.lr (0.1 -> 0.05)" in err and "--overwrite" in err and "Traceback" not in err, err
     assert (tmp_path / "cmp" / "FedAvg" / "seed0" / "metrics.jsonl").read_bytes() == before
     assert main(["compare", p, "--out", out, "--quiet", "--resume", "--overwrite"]) == 2
     assert "contradict" in capsys.readouterr().err
@@ -89,7 +92,7 @@ def test_resume_refuses_a_config_that_changes_the_numbers(tmp_path, capsys):
     assert main(["compare", p, "--out", cmp_dir, "--quiet"]) == 0
     capsys.readouterr()
     assert main(["compare", p, "--out", cmp_dir, "--quiet", "--resume", "--set", "algorithms.1.params.mu=0.5"]) == 2
-    assert "algorithm.params.mu" in capsys.readouterr().err
+    assert "algorithms[FedProx].params.mu (0.01 -> 0.5)" in capsys.readouterr().err
     assert main(["compare", p, "--out", cmp_dir, "--quiet", "--resume", "--set", "simulation.rounds=4"]) == 0
     agg = json.loads((tmp_path / "cmp" / "summary.json").read_text())
     assert agg["algorithms"]["FedProx"]["final"]["test_accuracy"]["n"] == 1

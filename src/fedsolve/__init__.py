@@ -48,18 +48,30 @@ def __getattr__(name: str) -> Any:
 
 
 def run(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
-        out: str | None = None, progress: bool = False, callbacks: Sequence["Callback"] = ()) -> "RunResult":
+        out: str | None = None, progress: bool = False, callbacks: Sequence["Callback"] = (),
+        overwrite: bool = False, **unknown: Any) -> "RunResult":
     """Run one algorithm of an experiment config and return its :class:`~fedsolve.engine.loop.RunResult`.
 
     ``config``: a YAML path, a config mapping or an ``ExperimentConfig``; ``algorithm``: label or name (needed
     when the config lists several); ``seed``: default the config's first; ``overrides``: ``--set`` strings;
-    ``out``: a folder for ``metrics.jsonl``, ``timings.jsonl`` and checkpoints (default: none written);
-    ``callbacks``: more :class:`Callback` objects, called after fedsolve's own (e.g. the tracking writers).
-    See :func:`fedsolve.experiments.runner.run_config`."""
+    ``out``: a folder for ``config.yaml``, ``metrics.jsonl``, ``timings.jsonl`` and checkpoints (default: none
+    written; a folder that holds a run is refused unless ``overwrite``); ``callbacks``: more :class:`Callback`
+    objects, called after fedsolve's own (e.g. the tracking writers). A bad argument (a misspelled keyword too)
+    is a ``ConfigError``, a ValueError naming it. See :func:`fedsolve.experiments.runner.run_config`."""
     from fedsolve.experiments.runner import run_config
 
+    if unknown:
+        import difflib
+
+        from fedsolve.experiments.config import ConfigError
+
+        allowed = ["config", "algorithm", "seed", "overrides", "out", "progress", "callbacks", "overwrite"]
+        name = sorted(unknown)[0]
+        near = difflib.get_close_matches(name, allowed, n=1)
+        raise ConfigError(f"run(): unknown keyword {name!r}{f' (did you mean {near[0]!r}?)' if near else ''}; "
+                          f"allowed: {allowed}")
     return run_config(config, algorithm=algorithm, seed=seed, overrides=overrides, out=out, progress=progress,
-                      callbacks=callbacks)
+                      callbacks=callbacks, overwrite=overwrite)
 
 
 __all__ = ["__version__", "run", "Callback", "CsvWriter", "TensorBoardWriter", "WandbWriter", "MlflowWriter"]

@@ -70,13 +70,11 @@ def _cmd_run(args) -> int:
     if args.resume and args.overwrite:
         print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
         return EXIT_CONFIG
-    if not args.resume and (run_dir / "checkpoint.pt").exists() and not args.overwrite:
-        print(f"error: {run_dir} already holds a run; pass --resume to continue it or --overwrite to start "
-              f"over", file=sys.stderr)
-        return EXIT_CONFIG
+    _not_live(run_dir)
     track = _track(args)
     _out_dir(run_dir)
-    summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet, track=track)
+    summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet, track=track,
+                      overwrite=args.overwrite)
     fin = summary["metrics"]["final"]
     shown = {k: round(v, 4) for k, v in fin.items() if k in ("test_accuracy", "test_f1", "test_auc", "test_rmse",
                                                                "train_loss", "num_clusters", "ari")}
@@ -106,6 +104,7 @@ def _cmd_compare(args) -> int:
     if args.resume and args.overwrite:
         print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
         return EXIT_CONFIG
+    _not_live(out)
     track = _track(args)
     _out_dir(out)
     agg = compare(cfg, out, resume=args.resume, progress=not args.quiet and args.jobs == 1, jobs=args.jobs,
@@ -118,6 +117,16 @@ def _cmd_compare(args) -> int:
             print(f"  {label:<22} {acc['mean']:.4f} ± {acc['std']:.4f}")
     print(f"report: {out / 'report.md'}")
     return 0
+
+
+def _not_live(path: Path) -> None:
+    """Refuse to write into ``path`` while a live run holds it or a folder around it (a compare, a suite):
+    one line naming the lock and the holder's pid (:func:`fedsolve.engine.run_folder.busy_above`)."""
+    from fedsolve.engine.run_folder import busy_above
+
+    busy = busy_above(path)
+    if busy is not None:
+        raise busy
 
 
 def _track(args) -> list[str]:
@@ -276,7 +285,14 @@ def _import_plugin(mod: str) -> None:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
             raise ConfigError(f"--import {mod}: no module named {e.name!r} (looked in the current folder and on "
                               f"the path); allowed: a module name or a .py file path") from None
-        raise
+        raise ConfigError(f"--import {mod}: it imports {e.name!r}, which is not installed; allowed: a module whose "
+                          f"imports are installed") from None
+    except SyntaxError as e:
+        raise ConfigError(f"--import {mod}: not valid Python ({e.msg}, {e.filename} line {e.lineno}); allowed: a "
+                          f"module that imports") from None
+    except Exception as e:   # the module's own code failed while it was imported
+        raise ConfigError(f"--import {mod}: importing it raised {type(e).__name__}: {str(e)[:200]}; allowed: a "
+                          f"module that imports without an error") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _sigterm)
     from fedsolve.experiments.config import ConfigError
     from fedsolve.engine.loop import DivergenceError, ResumeError, RunInterrupted
+    from fedsolve.engine.provenance import COMMAND, command_line
+    from fedsolve.engine.run_folder import FolderBusy
 
+    COMMAND.set(command_line(argv))
     try:
         for mod in args.imports or []:  # user plugins: modules that @register algorithms
             _import_plugin(mod)
@@ -300,8 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     except DivergenceError as e:
         print(f"run diverged: {e}", file=sys.stderr)
         return EXIT_DIVERGED
+    except FolderBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as e:   # a full disk, a folder one may not write: one line, the folder marked incomplete
+        print(f"error: {_os_error(e)}", file=sys.stderr)
         return EXIT_CONFIG
     except RunInterrupted as e:
         where = getattr(e, "where", None)
@@ -311,6 +336,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted("interrupted; finished runs and the last checkpoints are kept; continue with --resume",
                             fast=argv is None)
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an operating-system error while writing results."""
+    import errno
+
+    where = f"cannot write {e.filename}" if e.filename else "cannot write"
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return (f"{where}: {e.strerror or 'no space left on device'}; the run folder is marked incomplete "
+                f"(run.json); free some space and continue with --resume")
+    return f"{where}: {e.strerror or e}; the run folder is marked incomplete (run.json)"
 
 
 def _sigterm(signum, frame) -> None:

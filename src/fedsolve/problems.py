@@ -65,8 +65,20 @@ class FederatedProblem:
             self.loss_name = getattr(self.loss, "__name__", "custom")
             self.loss_fn = self.loss
         self.model = self.model_fn()
+        self._check_dtype()
         self.layout = ParamLayout(self.model, self.blocks)
         self.vmappable = not any(len(list(m.buffers(recurse=False))) for m in self.model.modules())
+
+    def _check_dtype(self) -> None:
+        """The model's floating-point parameters have the features' type (float32 data with a float64 model
+        fails in the first forward pass otherwise)."""
+        x = self.data.train_x
+        kinds = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
+        if x.is_floating_point() and kinds and kinds != {x.dtype}:
+            got = ", ".join(sorted(str(k).removeprefix("torch.") for k in kinds))
+            want = str(x.dtype).removeprefix("torch.")
+            raise ValueError(f"model_fn: the model's parameters are {got} but the data's features are {want}; "
+                             f"allowed: the same type for both (data.with_dtype(torch.{got}) or a {want} model)")
 
     @property
     def num_clients(self) -> int:

@@ -78,6 +78,8 @@ class FederatedData:
             raise ValueError("train_offsets[-1] must equal the number of training rows")
         if int(self.test_offsets[-1]) != self.test_x.shape[0] or self.test_y.shape[0] != self.test_x.shape[0]:
             raise ValueError("test_offsets[-1] must equal the number of test rows")
+        if self.task == "classification" and self.num_classes is not None:
+            self._check_labels()
         if self.weights is None:
             n = self.train_sizes.to(torch.float64)
             # in the features' float type: float64 data gets exact n_i / n (aggregation weights summing to 1)
@@ -98,6 +100,19 @@ class FederatedData:
             if self.train_groups.numel() and not (0 <= int(self.train_groups.min())
                                                   and int(self.train_groups.max()) < len(self.group_names)):
                 raise ValueError(f"train_groups values must index group_names {self.group_names}")
+
+    def _check_labels(self) -> None:
+        """Classification labels lie in ``0 .. num_classes - 1`` (``-1``: an unlabelled row, e.g. a target
+        domain's); anything else would index past the model's outputs in the middle of a run."""
+        k = int(self.num_classes)
+        for split, y in (("train_y", self.train_y), ("test_y", self.test_y)):
+            if y.is_floating_point():
+                raise ValueError(f"{split}: classification labels must be integers, got {y.dtype}; allowed: "
+                                 f"integer labels 0 to {k - 1}, or task='regression' for real-valued targets")
+            if y.numel() and (int(y.max()) >= k or int(y.min()) < -1):
+                bad = int(y.max()) if int(y.max()) >= k else int(y.min())
+                raise ValueError(f"{split}: label {bad} is outside the {k} classes (num_classes = {k}); allowed: "
+                                 f"labels 0 to {k - 1} (-1 marks an unlabelled row), or a larger num_classes")
 
     # ----------------------------------------------------------------- sizes
     @property

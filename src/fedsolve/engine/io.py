@@ -2,7 +2,9 @@
 
 Every file fedsolve writes into a run folder goes through :func:`atomic_write_bytes`: the bytes go to
 a temporary file in the same folder, are flushed to disk, and the temporary file is renamed over the
-target (``os.replace``, atomic on POSIX). A file keeps the permission bits it had; a new file gets the
+target (``os.replace``, atomic on POSIX). A writer killed before the rename leaves its temporary file
+(``.<name>.<random>.tmp``); :func:`fedsolve.engine.run_folder.clean_temps` removes it when the folder is next
+opened for a run. A file keeps the permission bits it had; a new file gets the
 mode ``open()`` would give it (the umask), not the temporary file's private 0600.
 """
 
@@ -29,7 +31,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else _new_file_mode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
@@ -37,9 +39,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:   # e.g. a full disk: name the file it happened to
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from None
         raise
 
 

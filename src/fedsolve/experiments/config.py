@@ -226,6 +226,13 @@ class ExperimentConfig(BaseModel):
         labels = [s.display for s in self.algorithms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"algorithms: labels must be distinct, got {labels}; set `label`")
+        from fedsolve.experiments.folders import slug
+        from fedsolve.experiments.records import label_clash
+
+        clash = label_clash(labels)
+        if clash:   # one folder per label: `Fed Avg` and `Fed_Avg` would write into one
+            raise ValueError(f"algorithms: labels {clash[0]!r} and {clash[1]!r} share the folder name "
+                             f"{slug(clash[1])!r}; allowed: labels that differ in letters, digits or -_.")
         return self
 
     def all_algorithms(self) -> list[AlgorithmSpec]:

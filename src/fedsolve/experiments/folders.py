@@ -12,8 +12,12 @@ from pathlib import Path
 
 
 def slug(s: str) -> str:
-    """``s`` with every character that is not alphanumeric or ``-_.`` replaced by ``_`` (a folder name)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+    """``s`` as a folder name: every character that is not alphanumeric or ``-_.`` replaced by ``_``, and a
+    leading ``.`` too, so that a label never names a hidden folder, ``.`` or ``..`` (it stays inside ``--out``).
+    Two labels with one folder name are refused where a config lists them
+    (:func:`fedsolve.experiments.records.label_clash`)."""
+    out = "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+    return "_" + out[1:] if out.startswith(".") else out or "_"
 
 
 def default_run_dir(cfg, spec, seed: int, out: str | Path | None = None) -> Path:

@@ -62,6 +62,18 @@ def _fmt(v: float) -> str:
     return f"{v:.4f}"
 
 
+def _sd_name(agg: dict[str, Any]) -> str:
+    """The spread a compare summary reports: ``sample SD`` (n - 1 in the denominator, ``agg["spread"]``); a
+    summary written before fedsolve recorded it holds population SDs."""
+    return agg.get("spread", "population SD")
+
+
+def _pm(st: dict[str, Any], n: int, counts: bool = False) -> str:
+    """``mean ± sd`` of one summary entry, with its ``n`` where it is not the ``n`` of the table."""
+    txt = f"{st['mean']:.0f} ± {st['std']:.0f}" if counts else f"{_fmt(st['mean'])} ± {_fmt(st['std'])}"
+    return txt if st.get("n", n) == n else f"{txt} (n = {st['n']})"
+
+
 def _mb(b: float) -> str:
     return f"{b / 1e6:.2f}"
 
@@ -216,8 +228,8 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
              f"partition `{cfg.data.partition}` {json.dumps(cfg.data.partition_params)}")
     lines += [f"Dataset **{dataset}**, {clients} clients, {split}, model `{cfg.model.name}`, "
               f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
-              "Final-round metrics, mean ± std over seeds (best in bold; never clusters, objectives or counts; "
-              "clients weighted uniformly):", ""]
+              f"Final-round metrics, mean ± {_sd_name(agg)} over seeds (n = {len(cfg.seeds)} unless a cell says "
+              f"otherwise; best in bold; never clusters, objectives or counts; clients weighted uniformly):", ""]
     head = "| algorithm | " + " | ".join(NICE.get(m, m) for m in cols) + " | up MB | wall s |"
     lines += [head, "|" + "---|" * (len(cols) + 3)]
     for a in algos:
@@ -228,19 +240,18 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             if st is None:
                 cells.append("–")
                 continue
-            txt = (f"{st['mean']:.0f} ± {st['std']:.0f}" if m in COUNTS else
-                   f"{_fmt(st['mean'])} ± {_fmt(st['std'])}")
+            txt = _pm(st, len(cfg.seeds), counts=m in COUNTS)
             cells.append(f"**{txt}**" if best_of.get(m) == a else txt)
         flag = f" ({e['diverged']} diverged)" if e.get("diverged") else ""
         lines.append(f"| {a}{flag} | " + " | ".join(cells) + f" | {_mb(e['uplink_bytes'])} | "
                      f"{(e.get('wall_time_s') or 0):.1f} |")
     if "test_accuracy" in cols:
-        lines += ["", "Best-over-rounds accuracy (as the papers report), mean ± std:", "",
+        lines += ["", f"Best-over-rounds accuracy (as the papers report), mean ± {_sd_name(agg)}:", "",
                   "| algorithm | best accuracy |", "|---|---|"]
         for a in algos:
             st = agg["algorithms"][a]["best"].get("test_accuracy")
             if st:
-                lines.append(f"| {a} | {_fmt(st['mean'])} ± {_fmt(st['std'])} |")
+                lines.append(f"| {a} | {_pm(st, len(cfg.seeds))} |")
     lines += _tuned_section(agg)
     paper = cfg.paper or {}
     if paper.get("values"):
@@ -258,7 +269,7 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
             for m in metrics:
                 pv = v.get(m, "–") if isinstance(v, dict) else v
                 ours = agg["algorithms"].get(a, {}).get(which, {}).get(m)
-                cells += [str(pv), f"{_fmt(ours['mean'])} ± {_fmt(ours['std'])}" if ours else missing]
+                cells += [str(pv), _pm(ours, len(cfg.seeds)) if ours else missing]
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
     total = agg.get("run_time_s", agg.get("wall_time_s", 0.0))   # older summaries: the sum was wall_time_s
     lines += ["", f"Total run time of all runs {total:.1f} s.", ""]
@@ -318,17 +329,16 @@ def _tuned_section(agg: dict[str, Any]) -> list[str]:
 
 def report_dir(path: str | Path) -> Path:
     """Rebuild report.md and plots of a run or compare folder from its files (``fedsolve report``)."""
-    import yaml
-
     from fedsolve.experiments.config import parse_config
+    from fedsolve.experiments.records import read_json, read_yaml
 
     path = Path(path)
     summ = path / "summary.json"
     if not summ.exists():
         raise FileNotFoundError(f"{path}: no summary.json (not a fedsolve run or compare folder)")
-    summary = json.loads(summ.read_text())
+    summary = read_json(summ)
     if "algorithms" in summary:
-        cfg = parse_config(yaml.safe_load((path / "config.yaml").read_text()))
+        cfg = parse_config(read_yaml(path / "config.yaml"))
         histories: dict[str, list[list[dict]]] = {}
         for spec in cfg.all_algorithms():
             for seed in cfg.seeds:

@@ -29,7 +29,11 @@ from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
 from fedsolve.experiments.report import (has_direction, lower_is_better, run_history,  # noqa: F401
                                          write_compare_report, write_run_report)
 from fedsolve.engine.io import atomic_write_text
+from fedsolve.engine.provenance import provenance
+from fedsolve.engine.run_folder import FolderBusy, RunFolder, holder
 from fedsolve.engine.tracking import close_all, make_trackers
+from fedsolve.experiments.records import (RESUME_FREE, RUN_FILES, check_run_folder, compare_record,  # noqa: F401
+                                          config_differences, folder_kind, read_json)
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
                                       Simulation)
@@ -197,9 +201,20 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
         "round_time_s_median": statistics.median(round_times) if round_times else None,
         "executor": executor,
         "extras": extras or {},
+        "provenance": provenance(_device(cfg), resolved_config(cfg, spec, seed)),
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=_json_default))
     return summary
+
+
+def _device(cfg: ExperimentConfig):
+    """The device a run of ``cfg`` computes on (``simulation.device`` resolved as the simulation does)."""
+    from fedsolve.engine.loop import resolve_device
+
+    try:
+        return resolve_device(cfg.simulation.device)
+    except ValueError:
+        return cfg.simulation.device
 
 
 def _json_default(o):
@@ -208,44 +223,6 @@ def _json_default(o):
     if hasattr(o, "item"):
         return o.item()
     return str(o)
-
-
-#: fields of a run's resolved config that may change on ``--resume``: names and notes, the evaluation and
-#: checkpoint cadence and the extra metrics (what is recorded, not what is trained: from the resume point on
-#: the metrics file follows the new cadence), where the state is kept (``state_memory_mb``), and the thread
-#: count and device (``compare --jobs`` changes the threads; both can move float rounding in the last bits,
-#: as ``--jobs`` does). ``simulation.rounds`` may grow. Anything else changes the numbers and is refused.
-RESUME_FREE = ("name", "description", "paper", "out_dir", "threads", "simulation.eval_every",
-               "simulation.checkpoint_every", "simulation.metrics", "simulation.state_memory_mb",
-               "simulation.device", "algorithm.label")
-_ABSENT = object()
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The dotted fields where two resolved run configs differ in a way that changes the numbers (every field
-    except :data:`RESUME_FREE` and ``simulation.rounds``); a field the old config lacks (written by an older
-    fedsolve) counts only when the new value is not empty or a default-like null."""
-    a, b = _flat(old), _flat(new)
-    free = lambda k: k == "simulation.rounds" or any(k == f or k.startswith(f + ".") for f in RESUME_FREE)
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k, _ABSENT), b.get(k, _ABSENT)
-        if free(k) or va == vb:
-            continue
-        if va is _ABSENT and vb in (None, {}, [], False, "float32"):
-            continue
-        out.append(f"{k} ({'-' if va is _ABSENT else va!r} -> {'-' if vb is _ABSENT else vb!r})")
-    return out
 
 
 def check_resume(run_dir: str | Path, new: dict[str, Any]) -> None:
@@ -303,14 +280,42 @@ def _check_sampling(cfg: ExperimentConfig, m: int) -> None:
 
 def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-            extras: dict | None = None, desc: str | None = None, track: Sequence[str] = ()) -> dict:
+            extras: dict | None = None, desc: str | None = None, track: Sequence[str] = (),
+            overwrite: bool = False) -> dict:
     """Run one algorithm with one seed into ``run_dir``; returns the summary dict (``extras`` are added to
     its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`). ``resume`` continues the
-    checkpoint there after :func:`check_resume`; ``desc`` names the progress bar; ``track`` names the
-    tracking writers (``--track``, :func:`fedsolve.engine.tracking.make_trackers`)."""
+    checkpoint there after :func:`check_resume`; ``overwrite`` lets a fresh run replace the one the folder
+    holds (refused otherwise, :func:`~fedsolve.experiments.records.check_run_folder`); ``desc`` names the
+    progress bar; ``track`` names the tracking writers (``--track``,
+    :func:`fedsolve.engine.tracking.make_trackers`).
+
+    The folder is locked while the run is live and its ``run.json`` says ``running`` until the run ends
+    (:class:`~fedsolve.engine.run_folder.RunFolder`); when the run starts, the files of an earlier run there
+    are removed (on ``--resume`` only its summary and report, rebuilt at the end)."""
     if spec.tune is not None:
         return run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
-                        write_report=write_report, track=track)
+                        write_report=write_report, track=track, overwrite=overwrite)
+    run_dir = Path(run_dir)
+    with RunFolder(run_dir, "run") as folder:
+        check_run_folder(run_dir, resume, overwrite)
+        plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
+        old = ("summary.json", "report.md") + plots if resume else \
+            tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
+        start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
+        try:
+            summary = _run_one(cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc,
+                               track, start)
+        except DivergenceError as e:
+            folder.finish("diverged", str(e))
+            raise
+        folder.finish(summary["status"])
+        return summary
+
+
+def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path, resume: bool, progress: bool,
+             problem: FederatedProblem | None, write_report: bool, extras: dict | None, desc: str | None,
+             track: Sequence[str], start) -> dict:
+    """:func:`run_one` in its locked folder; ``start``: the callback that marks the run started."""
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
     resolved = resolved_config(cfg, spec, seed)
@@ -323,7 +328,7 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
     trackers = make_trackers(track, run_dir, f"{cfg.name}/{spec.display}/seed{seed}", resolved, cfg.name)
     try:
         sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
-                         callbacks=[JsonlLogger(run_dir / "metrics.jsonl"), watch,
+                         callbacks=[start, JsonlLogger(run_dir / "metrics.jsonl"), watch,
                                     ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers])
     except ValueError as e:   # e.g. an executor that cannot run this model or algorithm
         msg = str(e)
@@ -374,16 +379,54 @@ def _participation_verdict(cfg: ExperimentConfig, watch: _Participation) -> None
 
 
 def run_config(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
-               out: str | Path | None = None, progress: bool = False, callbacks: Sequence = ()) -> RunResult:
+               out: str | Path | None = None, progress: bool = False, callbacks: Sequence = (),
+               overwrite: bool = False) -> RunResult:
     """Run one algorithm of a config in this process and return the :class:`RunResult` (``fedsolve.run``).
 
     ``config``: a YAML path, a mapping or an :class:`ExperimentConfig`; ``overrides``: ``--set`` strings;
     ``algorithm``: label or name (needed when the config lists several); ``seed``: default the first seed;
-    ``out``: write ``metrics.jsonl``, ``timings.jsonl`` and checkpoints there (default: nothing is written);
-    ``callbacks``: more :class:`~fedsolve.engine.loop.Callback` objects, called after the progress bar and logger.
-    ``result.history`` is the trajectory, ``result.eval_params()`` the models the clients are scored with."""
+    ``out``: write ``config.yaml``, ``metrics.jsonl``, ``timings.jsonl`` and checkpoints there (default: nothing
+    is written; the folder is locked and marked as :func:`run_one` does it, and one that holds a run is refused
+    unless ``overwrite``); ``callbacks``: more :class:`~fedsolve.engine.loop.Callback` objects, called after the
+    progress bar and logger. ``result.history`` is the trajectory, ``result.eval_params()`` the models the
+    clients are scored with. Bad arguments are a ``ConfigError`` (a ValueError) naming the argument."""
+    cfg, spec, seed = _api_run(config, algorithm, seed, overrides)
+    set_threads(cfg.threads)
+    problem = build_problem(cfg, seed)
+    _check_sampling(cfg, problem.num_clients)
+    algo = build_algorithm(cfg, spec, problem)
+    own: list = [ProgressBar(f"{spec.display} s{seed}", disable=not progress)]
+    if out is None:
+        return Simulation(problem, algo, cfg.simulation, seed, callbacks=[*own, *callbacks]).run()
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} is a file; allowed: a folder (new, or one that holds a run of this config "
+                          f"with overwrite=True)")
+    with RunFolder(out, "run") as folder:
+        check_run_folder(out, resume=False, overwrite=overwrite)
+        resolved = resolved_config(cfg, spec, seed)
+        start = folder.starter(resolved, remove=tuple(f for f in RUN_FILES if f not in ("run.json", "config.yaml")))
+        sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=out,
+                         callbacks=[start, *own, JsonlLogger(out / "metrics.jsonl"), *callbacks])
+        atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+        res = sim.run()
+        folder.finish("completed")
+        return res
+
+
+def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any) -> tuple[ExperimentConfig, AlgorithmSpec, int]:
+    """:func:`run_config`'s arguments checked and read: (config, the algorithm's spec, the seed)."""
     from fedsolve.experiments.config import apply_overrides, load_config, parse_config
 
+    if not isinstance(config, (ExperimentConfig, dict, str, os.PathLike)):
+        raise ConfigError(f"config: expected a YAML path, a mapping or an ExperimentConfig, got "
+                          f"{type(config).__name__} {config!r:.60}")
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"overrides: expected a list of 'key=value' strings (as --set takes), got {overrides!r:.80}")
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise ConfigError(f"algorithm: expected a label or name (a string), got {algorithm!r:.60}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"seed: expected a non-negative integer, got {seed!r:.60}")
     if isinstance(config, ExperimentConfig):
         cfg = parse_config(apply_overrides(config.model_dump(mode="json"), list(overrides))) if overrides else config
     elif isinstance(config, dict):
@@ -402,35 +445,29 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
         spec = match[0]
     if spec.tune is not None:
         raise ConfigError(f"algorithm {spec.display!r}: `tune` runs through run_one / `fedsolve compare`")
-    seed = cfg.seeds[0] if seed is None else seed
-    set_threads(cfg.threads)
-    problem = build_problem(cfg, seed)
-    _check_sampling(cfg, problem.num_clients)
-    own: list = [ProgressBar(f"{spec.display} s{seed}", disable=not progress)]
-    if out is not None:
-        own.append(JsonlLogger(Path(out) / "metrics.jsonl"))
-    sim = Simulation(problem, build_algorithm(cfg, spec, problem), cfg.simulation, seed, out_dir=out,
-                     callbacks=[*own, *callbacks])
-    return sim.run()
+    return cfg, spec, cfg.seeds[0] if seed is None else seed
 
 
 # ------------------------------------------------------------------ tuning on validation
 def _completed(run_dir: Path) -> dict | None:
     f = run_dir / "summary.json"
     if f.exists():
-        done = json.loads(f.read_text())
+        done = read_json(f)
         if done.get("status") == "completed":
             return done
     return None
 
 
 def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_dir: str | Path,
-              resume: bool = False, progress: bool = True) -> tuple[AlgorithmSpec, dict[str, Any]]:
+              resume: bool = False, progress: bool = True,
+              overwrite: bool = False) -> tuple[AlgorithmSpec, dict[str, Any]]:
     """Choose ``spec.tune.param`` from its grid on validation data (:class:`TuneSpec`).
 
     One run per grid value in ``tune_dir/<param>=<value>`` on ``data.split_validation``; the value with the
     best final validation metric wins (ties and order: the first in the grid). Runs that diverge score
     nothing. Returns the spec with the chosen value (and no ``tune``) and a record of the choice.
+    ``resume`` keeps finished tuning runs and continues the others; with it or ``overwrite`` a tuning run
+    without a checkpoint starts over in its folder.
     """
     t = spec.tune
     metric = t.metric or ("test_accuracy" if data.task == "classification" else "test_rmse")
@@ -445,7 +482,7 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
         if summary is None:
             try:
                 summary = run_one(tcfg, spec.with_param(t.param, v), seed, rd, progress=progress,
-                                  resume=resume and (rd / "checkpoint.pt").exists(),
+                                  resume=resume and (rd / "checkpoint.pt").exists(), overwrite=overwrite or resume,
                                   problem=build_problem(tcfg, seed, data=val_data), write_report=False)
             except DivergenceError as e:
                 print(f"[fedsolve] tuning {spec.display} {t.param}={v} seed {seed} diverged: {e}")
@@ -473,23 +510,26 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
 
 def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
              progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-             desc: str | None = None, track: Sequence[str] = ()) -> dict:
+             desc: str | None = None, track: Sequence[str] = (), overwrite: bool = False) -> dict:
     """:func:`run_one`, after choosing the tuned hyper-parameter on validation (``run_dir/tune``) when
     ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``. ``track``: the tracking
-    writers of the final run (the tuning runs have none)."""
+    writers of the final run (the tuning runs have none); ``resume`` continues a checkpoint where there is one,
+    ``overwrite`` lets a run start over in a folder that holds one."""
     if spec.tune is None:
         return run_one(cfg, spec, seed, run_dir, resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
-                       progress=progress, problem=problem, write_report=write_report, desc=desc, track=track)
+                       progress=progress, problem=problem, write_report=write_report, desc=desc, track=track,
+                       overwrite=overwrite)
     problem = problem if problem is not None else build_problem(cfg, seed)
     run_dir = Path(run_dir)
     try:
-        chosen, info = tune_spec(cfg, spec, seed, problem.data, run_dir / "tune", resume=resume, progress=progress)
+        chosen, info = tune_spec(cfg, spec, seed, problem.data, run_dir / "tune", resume=resume, progress=progress,
+                                 overwrite=overwrite)
     except DivergenceError as e:
         write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e), dataset=recorded_dataset(cfg, problem))
         raise
     return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
                    progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc,
-                   track=track)
+                   track=track, overwrite=overwrite)
 
 
 # ------------------------------------------------------------------ compare
@@ -530,22 +570,62 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
     ``jobs`` > 1 runs the (algorithm, seed) runs in that many worker processes at once, each with
     ``threads // jobs`` torch threads (at least 1); every run writes its own folder, as in one process.
     The summary's ``wall_time_s`` is this call's wall-clock time; ``run_time_s`` the sum of the runs' times.
-    """
-    import sys
 
+    The folder is judged by its own record (:func:`~fedsolve.experiments.records.compare_record`: the same
+    seeds, data, model, settings and, for the algorithms it already holds, the same parameters; it may add
+    algorithms), locked while the compare is live, and marked ``running`` in its ``run.json`` until it ends;
+    its ``config.yaml`` records every algorithm run into it.
+    """
     if jobs < 1:
         raise ValueError(f"jobs: expected a whole number >= 1 (worker processes), got {jobs}")
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; give one")
     base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
-    order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
-    held = [default_run_dir(cfg, spec, seed, base) for seed, spec in order]
-    held = [d for d in held if (d / "checkpoint.pt").exists() or (d / "summary.json").exists()]
-    if held and not resume and not overwrite:   # only the runs this call would write count (--only may add)
+    with RunFolder(base, "compare") as folder:
+        record = _check_compare(cfg, base, resume, overwrite)
+        folder.start(provenance(_device(cfg), cfg.model_dump(mode="json")))
+        (base / "summary.json").unlink(missing_ok=True)    # rebuilt at the end: no stale summary beside new runs
+        atomic_write_text(base / "config.yaml", yaml.safe_dump(record, sort_keys=False))
+        try:
+            agg = _compare(cfg, base, resume, progress, stop_on_divergence, jobs, track)
+        except DivergenceError as e:
+            folder.finish("diverged", str(e))
+            raise
+        folder.finish("completed")
+        return agg
+
+
+def _check_compare(cfg: ExperimentConfig, base: Path, resume: bool, overwrite: bool) -> dict[str, Any]:
+    """Refuse a compare that would mix configs in ``base`` or write where another live run writes; return the
+    folder's new record (:func:`~fedsolve.experiments.records.compare_record`). Without ``resume`` or
+    ``overwrite`` no run of this call may exist yet (``--only`` may add runs); with ``resume`` every run folder
+    that holds a run must agree with this config (:func:`check_resume`)."""
+    record = compare_record(base, cfg, resume, overwrite)
+    order = [(seed, spec, default_run_dir(cfg, spec, seed, base))
+             for seed in cfg.seeds for spec in cfg.all_algorithms()]
+    for _, _, d in order:
+        pid = holder(d)
+        if pid is not None:
+            raise FolderBusy(f"{d} is in use by a live run (lock {d / '.fedsolve.lock'}, held by pid {pid}); "
+                             f"allowed: wait for it to end or stop it, or use another --out")
+    held = [d for _, _, d in order if folder_kind(d) is not None]
+    if held and not resume and not overwrite:
         raise ConfigError(f"{base} already holds {len(held)} of these runs ({held[0].relative_to(base)} first); "
                           f"pass --resume to continue them or --overwrite to start over")
-    base.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(base / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    if resume:
+        for seed, spec, d in order:
+            if spec.tune is None and d in held:
+                check_resume(d, resolved_config(cfg, spec, seed))
+    return record
+
+
+def _compare(cfg: ExperimentConfig, base: Path, resume: bool, progress: bool, stop_on_divergence: bool, jobs: int,
+             track: Sequence[str]) -> dict[str, Any]:
+    """:func:`compare` in its locked folder, once every check has passed (so each run may start over in its
+    folder: ``overwrite=True``)."""
+    import sys
+
+    order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
     t0 = time.perf_counter()
     summaries: dict[tuple[int, str], dict] = {}
     todo = []
@@ -585,7 +665,7 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
             try:
                 run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress,
                          problem=build_problem(cfg, seed, data=data), write_report=False,
-                         desc=f"run {k}/{n_total} {spec.display} s{seed}", track=track)
+                         desc=f"run {k}/{n_total} {spec.display} s{seed}", track=track, overwrite=True)
                 error = None
             except DivergenceError as e:
                 error = e
@@ -607,6 +687,7 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
     agg["run_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
         "wall_time_s", 0.0) for lst in runs.values() for s in lst)
     agg["wall_time_s"] = time.perf_counter() - t0   # this call, as a clock on the wall shows it
+    agg["provenance"] = provenance(_device(cfg), cfg.model_dump(mode="json"))
     atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
     write_compare_report(base, cfg, agg, histories)
     return agg
@@ -681,7 +762,7 @@ def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: boo
         _worker_data[key] = build_data(cfg, seed)
     spec = next(s for s in cfg.all_algorithms() if s.display == label)
     try:
-        run_spec(cfg, spec, seed, run_dir, resume=resume, progress=False,
+        run_spec(cfg, spec, seed, run_dir, resume=resume, progress=False, overwrite=True,   # compare checked it
                  problem=build_problem(cfg, seed, data=_worker_data[key]), write_report=False, track=track)
     except DivergenceError as e:
         return str(e)
@@ -689,10 +770,12 @@ def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: boo
 
 
 def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per algorithm label and metric (final and best over rounds): the mean, the sample SD (n - 1 in the
+    denominator; 0 for one run) and the number n of runs with a finite value (``"spread": "sample SD"``)."""
     names = {s.get("dataset") for lst in runs.values() for s in lst} - {None}
     out: dict[str, Any] = {"experiment": cfg.name,
                            "dataset": names.pop() if len(names) == 1 else cfg.data.dataset, "seeds": cfg.seeds,
-                           "algorithms": {}}
+                           "spread": "sample SD", "algorithms": {}}
     for label, lst in runs.items():
         entry: dict[str, Any] = {"algorithm": lst[0]["algorithm"], "runs": len(lst),
                                  "diverged": sum(1 for s in lst if s.get("status") != "completed")}
@@ -703,7 +786,7 @@ def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[s
                 vals = [s["metrics"][which][k] for s in lst if k in s["metrics"][which]]
                 vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
                 if vals:
-                    stats[k] = {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1
+                    stats[k] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1
                                 else 0.0, "n": len(vals)}
             entry[which] = stats
         for k in ("wall_time_s", "round_time_s_median"):

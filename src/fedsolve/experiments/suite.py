@@ -42,6 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedsolve.experiments.config import (AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides,
                                          merged_params, parse_config)
 from fedsolve.engine.io import atomic_write_text
+from fedsolve.engine.provenance import provenance
+from fedsolve.engine.run_folder import RunFolder, busy_above
+from fedsolve.experiments.records import folder_kind, read_json
 
 
 # ------------------------------------------------------------------ schema
@@ -420,21 +423,44 @@ def _settings(suite: SuiteConfig, base: Path) -> dict:
 def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, resume: bool = False,
               progress: bool = True) -> list[dict]:
     """Run every missing cell of ``suite`` into ``out`` (one file per run in ``out/cells/``, written atomically
-    as it ends), then write the report. Returns every row, tagged with its cell."""
+    as it ends, with the provenance of the code that ran it), then write the report. Returns every row, tagged
+    with its cell. The folder is locked while the suite is live and marked ``running`` in its ``run.json``
+    until it ends (:class:`~fedsolve.engine.run_folder.RunFolder`)."""
     out = Path(out)
-    ctx = Context(suite, base)
-    settings_file = out / "suite.json"
     settings = _settings(suite, base)
+    with RunFolder(out, "suite") as folder:
+        _check_folder(out, settings, resume)
+        folder.start(provenance(None, settings))
+        for derived in ("report.md", "results.json"):     # rebuilt at the end
+            (out / derived).unlink(missing_ok=True)
+        rows = _run_cells(suite, base, out, settings, jobs, progress)
+        folder.finish("completed")
+        return rows
+
+
+def _check_folder(out: Path, settings: dict, resume: bool) -> None:
+    """Refuse ``out`` when it holds another kind of folder, or a suite run without ``resume``, or one run with
+    other settings (:func:`_settings`)."""
+    kind = folder_kind(out)
+    if kind not in (None, "suite"):
+        raise ConfigError(f"--out {out}: holds a {kind} folder, not a suite; allowed: a new folder or a suite "
+                          f"folder")
+    settings_file = out / "suite.json"
     if settings_file.exists():
-        old = json.loads(settings_file.read_text())
+        old = read_json(settings_file)
         if not resume:
             raise ConfigError(f"--out {out}: already holds a suite run; use --resume to continue it or another --out")
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             raise ConfigError(f"--resume: {out} was run with other settings ({', '.join(diff)} differ); use "
                               f"another --out")
+
+
+def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: int, progress: bool) -> list[dict]:
+    """:func:`run_suite` in its locked folder."""
+    ctx = Context(suite, base)
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(settings_file, json.dumps(settings, indent=1, sort_keys=True))
+    atomic_write_text(out / "suite.json", json.dumps(settings, indent=1, sort_keys=True))
     _set_threads(suite.threads)
     t0 = time.perf_counter()
     all_cells = cells(suite, base)
@@ -449,7 +475,9 @@ def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, re
     todo = {k: c for k, c in runs.items() if k not in done}
 
     def store(k: str, rows: list[dict]) -> None:
-        atomic_write_text(out / "cells" / f"{k}.json", json.dumps({"cell": runs[k], "rows": rows}, default=float))
+        record = {"cell": runs[k], "rows": rows,
+                  "provenance": provenance(None, {"settings": settings, "cell": runs[k]})}
+        atomic_write_text(out / "cells" / f"{k}.json", json.dumps(record, default=float))
         if progress:
             print(f"[{len(runs) - len(todo) + stored[0]}/{len(runs)}] {runs[k]}: "
                   + "; ".join(_brief(r) for r in rows[:3]), flush=True)
@@ -479,7 +507,7 @@ def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, re
                 raise error
     rows = []
     for cell, k in serves:
-        saved = json.loads((out / "cells" / f"{k}.json").read_text())["rows"]
+        saved = read_json(out / "cells" / f"{k}.json")["rows"]
         rows += [{**r, **cell} for r in saved]
     write_report(suite, rows, out, time.perf_counter() - t0, kept=len(done))
     return rows
@@ -495,7 +523,9 @@ def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _fmt(t: TableSpec, vals: list[float]) -> str:
+def _fmt(t: TableSpec, vals: list[float], n: int | None = None) -> str:
+    """One table cell: k/N, the largest value, or the mean +- the sample SD (n - 1 in the denominator) of
+    ``vals``, with ``(n = k)`` where their number is not ``n`` (the table's number of seeds)."""
     if not vals:
         return "-"
     if t.stat == "count":
@@ -505,9 +535,10 @@ def _fmt(t: TableSpec, vals: list[float]) -> str:
     if t.stat == "max":
         return f"{max(vals) * scale:{spec}}{pct}"
     m = statistics.mean(vals) * scale
+    count = f" (n = {len(vals)})" if n is not None and len(vals) != n else ""
     if len(vals) == 1:
-        return f"{m:{spec}}{pct}"
-    return f"{m:{spec}}{pct} +- {statistics.pstdev(vals) * scale:{spec}}"
+        return f"{m:{spec}}{pct}{count}"
+    return f"{m:{spec}}{pct} +- {statistics.stdev(vals) * scale:{spec}}{count}"
 
 
 def _paper(t: TableSpec, v) -> str:
@@ -567,11 +598,12 @@ def _relative(t: TableSpec, rows: list[dict], ref: list[dict]) -> list[float]:
 
 
 def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
-    """Markdown lines of one table: mean +- std of ``t.metric`` over the rows of each (row, column) cell (with
+    """Markdown lines of one table: mean +- sample SD of ``t.metric`` over the rows of each (row, column) cell (with
     ``relative_to``: of its per-seed relative difference to that row; with ``stat: count``: k/N nonzero; with
     ``stat: max``: the largest value); a cell with diverged runs names them; a ``paper`` column where the suite
     gives the paper's numbers."""
     order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))  # noqa: E731
+    n_seeds = len(order("seed"))
     out = []
     for part in (order(t.split) if t.split else [None]):
         sub = [r for r in rows if t.split is None or r.get(t.split) == part]
@@ -597,7 +629,8 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
                     vals = _relative(t, here, [r for r in sub if str(r.get(t.rows)) == t.relative_to
                                                and (c is None or r.get(t.columns) == c)])
                 div = [r["diverged"] for r in here if r.get("diverged")]
-                text = _fmt(t, vals) if vals or not here else "-"
+                text = _fmt(t, vals, None if t.relative_to and _per_seed_lists(t, here) else n_seeds) \
+                    if vals or not here else "-"
                 if div:
                     text += f"; diverged {len(div)}/{len(here)} ({div[0]})"
                 cells_.append(text if here else "")
@@ -617,7 +650,8 @@ def write_report(suite: SuiteConfig, rows: list[dict], out: Path, wall: float, k
              f"{json.dumps(suite.sweep, default=str)}; algorithms {suite.algorithms or 'all of the experiment'}; "
              f"seeds {suite.seeds}; experiment "
              f"{suite.experiment if isinstance(suite.experiment, str) else 'inline'}"
-             + (f" with {suite.set}" if suite.set else "") + ". Values: mean +- std over the seeds.", ""]
+             + (f" with {suite.set}" if suite.set else "") + ". Values: mean +- sample SD over the seeds (n = "
+             f"{len(suite.seeds)} unless a cell says otherwise).", ""]
     if suite.paper:
         lines += [f"Paper: {suite.paper.get('source', '')}"] + \
                  ([str(suite.paper["note"]).strip()] if suite.paper.get("note") else []) + [""]
@@ -638,6 +672,9 @@ def main(path: str, out: str | None = None, jobs: int = 1, resume: bool = False,
         raise ConfigError(f"--jobs: expected a whole number >= 1 (worker processes), got {jobs}")
     suite, base = load_suite(path, sets)
     out = Path(out) if out else Path("runs") / suite.name
+    busy = busy_above(out)        # a live run in it or in a folder around it
+    if busy is not None:
+        raise busy
     rows = run_suite(suite, base, out, jobs=jobs, resume=resume, progress=progress)
     if progress:
         print(f"report: {out / 'report.md'}")

@@ -338,6 +338,8 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
     features' step size, :class:`Minimax`) to 0.05, else :data:`DEFAULT_NU` and 1. ``psi_gradient``: the
     factor on psi's gradient of ``f_i``, :func:`psi_gradient_scale` ("paper": 1). ``init``: the network's
     initialization, PyTorch's default or the authors' code's (:func:`authors_init`)."""
+    if loss not in ADVERSARIAL_LOSSES:
+        raise ValueError(f"loss: unknown {loss!r}; allowed: {list(ADVERSARIAL_LOSSES)}")
     if data.task != "classification" or data.num_classes is None:
         raise ValueError("domain adaptation needs classification data (labelled source rows)")
     if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:

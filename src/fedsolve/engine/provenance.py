@@ -1,0 +1,142 @@
+"""Provenance: what made a result (code commit, config, versions, machine, device).
+
+:func:`provenance` is the record every run, compare and suite folder keeps in its ``run.json`` and
+``summary.json``:
+
+* ``commit``: the git commit of the fedsolve source that ran, when it ran from a git checkout, else
+  ``"unknown"`` (an installed wheel); ``dirty``: whether the package's tracked files differed from that commit
+  (``null`` when unknown); ``commit_source``: ``"recorded"`` (this record was written by the run itself);
+* ``config_hash``: SHA-256 of the resolved config (:func:`config_hash`);
+* ``versions``: fedsolve, torch, numpy, python, and flwr where it is installed;
+* ``machine``: platform, processor architecture, CPU count; ``device``: where the run computed (with the GPU's
+  name for CUDA) and torch's thread count;
+* ``command``: the ``fedsolve`` command line, when the run was started by it (:data:`COMMAND`).
+
+:func:`source_changed` tells whether the package source differs between two commits (the ``stale`` rule of
+the claims ledger and ``fedsolve verify``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: the ``fedsolve`` command line that started this process's runs (set by the CLI, read into provenance)
+COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("fedsolve_command", default=None)
+
+_PACKAGE = Path(__file__).resolve().parents[1]          # .../fedsolve (the package directory)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of ``config`` as canonical JSON (sorted keys, no spaces): equal configs, equal hashes."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _git(*args: str, cwd: Path = _PACKAGE) -> str | None:
+    """``git args`` in ``cwd``; its stripped stdout, or None when git is missing or the command fails."""
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.cache
+def source_checkout() -> tuple[Path, str] | None:
+    """(the git work tree, the package's path in it) when the package runs from a git checkout that tracks
+    it; None for an installed wheel (or when git is not installed)."""
+    top = _git("rev-parse", "--show-toplevel")
+    if top is None or _git("ls-files", "--error-unmatch", "__init__.py") is None:
+        return None
+    return Path(top), _PACKAGE.relative_to(Path(top).resolve()).as_posix()
+
+
+def source_commit() -> tuple[str, bool | None]:
+    """(HEAD's commit, whether the package's tracked files differ from it), or ("unknown", None)."""
+    where = source_checkout()
+    head = _git("rev-parse", "HEAD") if where else None
+    if head is None:
+        return "unknown", None
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return head, None if status is None else bool(status)
+
+
+def source_changed(commit: str, other: str = "HEAD") -> bool | None:
+    """Whether the package source (its folder's git tree) differs between ``commit`` and ``other``; None when
+    that cannot be told (no checkout, an unknown commit)."""
+    where = source_checkout()
+    if where is None or not commit or commit == "unknown":
+        return None
+    _, pkg = where
+    a, b = _git("rev-parse", f"{commit}:{pkg}"), _git("rev-parse", f"{other}:{pkg}")
+    return None if a is None or b is None else a != b
+
+
+def added_by(path: str | Path) -> str | None:
+    """The commit that added ``path`` to the repository (``git log --diff-filter=A``; the oldest if the file
+    was added more than once), or None when it is not tracked."""
+    path = Path(path).resolve()
+    out = _git("log", "--diff-filter=A", "--format=%H", "--", path.name, cwd=path.parent)
+    return out.splitlines()[-1] if out else None
+
+
+def versions() -> dict[str, str]:
+    """Versions of fedsolve, torch, numpy, python, and flwr where installed (read without importing flwr)."""
+    from importlib import metadata
+
+    import numpy
+    import torch
+
+    from fedsolve import __version__
+
+    out = {"fedsolve": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+           "python": platform.python_version()}
+    try:
+        out["flwr"] = metadata.version("flwr")
+    except metadata.PackageNotFoundError:
+        pass
+    return out
+
+
+def device_info(device: Any = None) -> dict[str, Any]:
+    """The device a run computed on (``cpu``, ``cuda:0`` with the GPU's name) and torch's thread count."""
+    import torch
+
+    name = str(device) if device is not None else "cpu"
+    out: dict[str, Any] = {"device": name, "torch_threads": torch.get_num_threads()}
+    if name.startswith("cuda") and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(torch.device(name))
+    return out
+
+
+def provenance(device: Any = None, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record described in the module docstring (``config``: the resolved config to hash)."""
+    commit, dirty = source_commit()
+    return {
+        "commit": commit, "dirty": dirty, "commit_source": "recorded",
+        "config_hash": config_hash(config) if config is not None else None,
+        "versions": versions(),
+        "machine": {"platform": platform.platform(), "arch": platform.machine(), "cpu_count": os.cpu_count()},
+        **device_info(device),
+        "command": COMMAND.get(),
+    }
+
+
+def command_line(argv: list[str] | None) -> str:
+    """``fedsolve ...`` as typed (``argv``: the arguments after the program name; None: ``sys.argv[1:]``)."""
+    import shlex
+
+    return shlex.join(["fedsolve", *(sys.argv[1:] if argv is None else argv)])
+
+
+__all__ = ["COMMAND", "added_by", "command_line", "config_hash", "device_info", "provenance", "source_changed",
+           "source_commit", "versions"]
