@@ -138,7 +138,7 @@ def test_build_federated_datasets_and_errors():
     with pytest.raises(ValueError, match="num_clients"):
         build_federated("synthetic_fpfc", 7, seed=0, dataset_params={"size_scale": 0.02})
     with pytest.raises(ValueError, match="dataset must be one of"):
-        build_federated("cifar10", 10)
+        build_federated("imagenet", 10)
     with pytest.raises(ValueError, match="dataset_params"):
         build_federated("digits", 10, dataset_params={"bogus": 1})
     with pytest.raises(ValueError, match="cluster_transform"):

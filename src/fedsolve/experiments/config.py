@@ -22,9 +22,41 @@ class ConfigError(ValueError):
     """A config problem, naming the field and what is allowed."""
 
 
+class TargetSpec(BaseModel):
+    """An object named by import path, with parameters: ``{target: "package.module:name", params: {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    target: str = Field(..., description="import path 'package.module:name' (module on the Python path or in "
+                                         "the current folder)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword parameters it is called with")
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        return _importable(v)
+
+
+def _importable(path: str) -> str:
+    """``path`` if it names an importable object (else ValueError saying why)."""
+    from fedsolve.data.imports import resolve_target
+
+    resolve_target(path)
+    return path
+
+
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dataset: str = Field(..., description="dataset name (fedsolve list datasets)")
+    dataset: str | None = Field(None, description="dataset name (fedsolve list datasets); give this or `target`")
+    target: str | None = Field(None, description="import path 'package.module:function' of a function (or a "
+                                                 "Dataset class) that builds the data, called with `params` "
+                                                 "(and seed / num_clients when it takes them); it returns a torch "
+                                                 "Dataset, a list of Datasets (one per client), {train:, test:}, a "
+                                                 "Hugging Face dataset, PooledData or FederatedData. See "
+                                                 "docs/datasets.md")
+    sample_transform: TargetSpec | None = Field(
+        None, description="a function applied once to every sample's input when the data is built, as "
+                          "fn(x, **params) on a float tensor: {target: 'package.module:function', params: {...}} "
+                          "or just the import path; random draws come from the run's seed, once (not per round)")
     num_clients: int | None = Field(20, ge=1, description="number of clients m (null: the dataset's own, e.g. "
                                                           "natural users or a paper's fixed split)")
     partition: str = Field("iid", description="partitioner name (fedsolve list partitioners)")
@@ -44,15 +76,34 @@ class DataConfig(BaseModel):
         if self.transform_params and self.cluster_transform is None:
             raise ValueError(f"transform_params {sorted(self.transform_params)} given without cluster_transform; "
                              f"allowed: set data.cluster_transform (label_swap or rotation), or drop them")
+        if (self.dataset is None) == (self.target is None):
+            raise ValueError("give one of data.dataset (a registry name, fedsolve list datasets) and data.target "
+                             "(an import path 'package.module:function')" + (", not both" if self.dataset else ""))
         return self
+
+    @property
+    def label(self) -> str:
+        """What the data is called in summaries and reports: the dataset name or the target's import path."""
+        return self.dataset or self.target
+
+    @field_validator("sample_transform", mode="before")
+    @classmethod
+    def _transform_path(cls, v: Any) -> Any:
+        return {"target": v} if isinstance(v, str) else v
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str | None) -> str | None:
+        return v if v is None else _importable(v)
 
     @field_validator("dataset")
     @classmethod
-    def _dataset(cls, v: str) -> str:
+    def _dataset(cls, v: str | None) -> str | None:
         from fedsolve.data.datasets import DATASETS
 
-        if v not in DATASETS:
-            raise ValueError(f"unknown dataset {v!r}; allowed: {sorted(DATASETS)}")
+        if v is not None and v not in DATASETS:
+            raise ValueError(f"unknown dataset {v!r}; allowed: {sorted(DATASETS)}, or an import path as "
+                             f"data.target")
         return v
 
     @field_validator("partition")
@@ -67,7 +118,12 @@ class DataConfig(BaseModel):
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field("logreg", description="model name (fedsolve list models)")
+    name: str | None = Field(None, description="model name (fedsolve list models); logreg when neither name nor "
+                                               "target is given")
+    target: str | None = Field(None, description="import path 'package.module:factory' of a function or class "
+                                                 "that returns a torch.nn.Module, called with `params` (and "
+                                                 "input_shape / out_dim / num_classes from the data when it takes "
+                                                 "them and `params` does not set them)")
     params: dict[str, Any] = Field(default_factory=dict, description="model constructor parameters")
     blocks: dict[str, list[str]] = Field(default_factory=dict,
                                          description="named parameter blocks {name: [patterns]}, e.g. personal")
@@ -76,12 +132,31 @@ class ModelConfig(BaseModel):
 
     @field_validator("name")
     @classmethod
-    def _name(cls, v: str) -> str:
+    def _name(cls, v: str | None) -> str | None:
         from fedsolve.models import MODELS
 
-        if v not in MODELS and not _extra_model(v):
-            raise ValueError(f"unknown model {v!r}; allowed: {sorted(set(MODELS) | set(_extra_models()))}")
+        if v is not None and v not in MODELS and not _extra_model(v):
+            raise ValueError(f"unknown model {v!r}; allowed: {sorted(set(MODELS) | set(_extra_models()))}, or an "
+                             f"import path as model.target")
         return v
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str | None) -> str | None:
+        return v if v is None else _importable(v)
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.name is not None and self.target is not None:
+            raise ValueError("give one of model.name (a registry model) and model.target (an import path), not both")
+        if self.target is None and self.name is None:
+            self.name = "logreg"
+        return self
+
+    @property
+    def label(self) -> str:
+        """What the model is called in reports: its registry name or its target's import path."""
+        return self.name or self.target
 
 
 def _extra_models() -> dict:

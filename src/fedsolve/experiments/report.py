@@ -223,10 +223,10 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     if cfg.description:
         lines += [cfg.description.strip(), ""]
     clients = cfg.data.num_clients if cfg.data.num_clients is not None else "the dataset's own number of"
-    dataset = agg.get("dataset", cfg.data.dataset)
-    split = (f"built by problem kind `{cfg.problem.kind}`" if dataset != cfg.data.dataset else
+    dataset = agg.get("dataset", cfg.data.label)
+    split = (f"built by problem kind `{cfg.problem.kind}`" if dataset != cfg.data.label else
              f"partition `{cfg.data.partition}` {json.dumps(cfg.data.partition_params)}")
-    lines += [f"Dataset **{dataset}**, {clients} clients, {split}, model `{cfg.model.name}`, "
+    lines += [f"Dataset **{dataset}**, {clients} clients, {split}, model `{cfg.model.label}`, "
               f"{cfg.simulation.rounds} rounds, seeds {cfg.seeds}.", "",
               f"Final-round metrics, mean ± {_sd_name(agg)} over seeds (n = {len(cfg.seeds)} unless a cell says "
               f"otherwise; best in bold; never clusters, objectives or counts; clients weighted uniformly):", ""]

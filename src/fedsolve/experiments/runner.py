@@ -62,15 +62,16 @@ def set_threads(n: int | None) -> None:
 
 # ------------------------------------------------------------------ building
 def build_data(cfg: ExperimentConfig, seed: int):
-    from fedsolve.data.datasets import build_federated
-
+    """The federated data of ``cfg.data`` for ``seed``: a registry dataset (``data.dataset``) or what the
+    function at ``data.target`` builds, partitioned and split (:func:`fedsolve.data.datasets.federate`); bad
+    input is a :class:`ConfigError` naming the field."""
     from fedsolve.experiments.config import ConfigError
 
     d = cfg.data
     try:
-        data = _build_federated(build_federated, d, seed)
+        data = _build_federated(d, seed)
     except (ValueError, KeyError, IndexError) as e:
-        raise ConfigError(f"data: {e}") from None
+        raise ConfigError(_data_error(d, e)) from None
     except TypeError as e:   # a parameter a dataset, partitioner or transform does not take
         raise ConfigError(f"data: {e}; see `fedsolve list` and docs/config-reference.md for the parameters") \
             from None
@@ -87,11 +88,36 @@ def build_data(cfg: ExperimentConfig, seed: int):
     return data
 
 
-def _build_federated(build_federated, d, seed: int):
-    return build_federated(d.dataset, num_clients=d.num_clients, partition=d.partition,
-                           partition_params=dict(d.partition_params), seed=seed, test_fraction=d.test_fraction,
-                           dataset_params=dict(d.params), cluster_transform=d.cluster_transform,
-                           transform_params=dict(d.transform_params))
+def _build_federated(d, seed: int):
+    from fedsolve.data.datasets import build_federated, federate
+    from fedsolve.data.imports import call_target, resolve_target
+    from fedsolve.data.torch_data import as_source
+
+    transform = None
+    if d.sample_transform is not None:
+        fn, kw = resolve_target(d.sample_transform.target, "data.sample_transform.target"), d.sample_transform.params
+        transform = lambda x: fn(x, **kw)  # noqa: E731
+    common = dict(partition=d.partition, partition_params=dict(d.partition_params), seed=seed,
+                  test_fraction=d.test_fraction, cluster_transform=d.cluster_transform,
+                  transform_params=dict(d.transform_params), sample_transform=transform)
+    if d.target is None:
+        return build_federated(d.dataset, d.num_clients, dataset_params=dict(d.params), **common)
+    fill = {"seed": seed, **({"num_clients": d.num_clients} if d.num_clients is not None else {})}
+    built = call_target(resolve_target(d.target, "data.target"), dict(d.params), "data.target", d.target, fill)
+    source = as_source(built, test_fraction=d.test_fraction, seed=seed, name=d.target)
+    return federate(source, d.num_clients, dataset=d.target, **common)
+
+
+def _data_error(d, e: Exception) -> str:
+    """An error building ``d`` as one line naming the field: ``data.params.<key>`` for a parameter the message
+    starts with, ``data.<field>`` for a field of the section, else ``data``."""
+    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    head = msg.split(":", 1)[0]
+    if head.split(".")[0] in d.params:
+        return f"data.params.{msg}"
+    if head.startswith("data") or head.split(".")[0] in type(d).model_fields:
+        return msg if head.startswith("data") else f"data.{msg}"
+    return f"data: {msg}"
 
 
 def model_factory(cfg: ExperimentConfig, data):
@@ -99,6 +125,14 @@ def model_factory(cfg: ExperimentConfig, data):
 
     out_dim = data.num_classes if data.task == "classification" else (
         1 if data.train_y.dim() == 1 else data.train_y.shape[1])
+    dtype = getattr(torch, cfg.data.dtype)
+    if cfg.model.target is not None:
+        fn = _target_model_fn(cfg.model, data, out_dim)
+        try:
+            fn()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return fn if dtype == torch.float32 else (lambda: fn().to(dtype))
     if cfg.model.name in MODELS:
         fn = build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
     else:
@@ -117,8 +151,29 @@ def model_factory(cfg: ExperimentConfig, data):
     except (ValueError, RuntimeError) as e:   # a value the constructor cannot build (e.g. a negative width)
         raise ConfigError(f"model.params: {cfg.model.name!r} cannot be built with {cfg.model.params} ({e}); "
                           f"allowed: positive sizes as in `fedsolve list models`") from None
-    dtype = getattr(torch, cfg.data.dtype)
     return fn if dtype == torch.float32 else (lambda: fn().to(dtype))
+
+
+def _target_model_fn(m, data, out_dim: int):
+    """The factory of ``model.target``: the named function or class called with ``model.params``, plus
+    ``input_shape``, ``out_dim`` and (classification) ``num_classes`` from the data where it takes them; what it
+    returns must be a ``torch.nn.Module`` (else a ``ValueError`` naming ``model.target``)."""
+    from torch import nn
+
+    from fedsolve.data.imports import call_target, resolve_target
+
+    factory = resolve_target(m.target, "model.target")
+    fill = {"input_shape": tuple(data.input_shape), "out_dim": out_dim,
+            **({"num_classes": data.num_classes} if data.task == "classification" else {})}
+
+    def build() -> nn.Module:
+        model = call_target(factory, dict(m.params), "model.target", m.target, fill)
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model.target: {m.target} returned a {type(model).__name__}, not a torch.nn.Module; "
+                             f"allowed: a function or class that returns an nn.Module")
+        return model
+
+    return build
 
 
 def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProblem:
@@ -148,11 +203,11 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
 
 
 def recorded_dataset(cfg: ExperimentConfig, problem: FederatedProblem) -> str:
-    """The dataset a run's summary and report name: the config's ``data.dataset``, or, where a problem kind
-    built its own parties (the constrained kinds: ``np_adult``, ``fair_adult``, ``qp_d500_n10_m5``), the name
-    of the data it built -- there the ``data`` section is a placeholder."""
+    """The dataset a run's summary and report name: the config's ``data.dataset`` (or ``data.target``), or,
+    where a problem kind built its own parties (the constrained kinds: ``np_adult``, ``fair_adult``,
+    ``qp_d500_n10_m5``), the name of the data it built -- there the ``data`` section is a placeholder."""
     name = problem.data.name
-    return name if cfg.problem is not None and name not in ("", "data") else cfg.data.dataset
+    return name if cfg.problem is not None and name not in ("", "data") else cfg.data.label
 
 
 def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: FederatedProblem):
@@ -191,7 +246,7 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
-        "algorithm": spec.name, "label": spec.display, "dataset": dataset or cfg.data.dataset, "experiment": cfg.name,
+        "algorithm": spec.name, "label": spec.display, "dataset": dataset or cfg.data.label, "experiment": cfg.name,
         "seed": seed, "rounds": history[-1]["round"] if history else 0, "finished": finished, "status": status,
         "message": message,
         "metrics": {"final": final, "best": best_metrics(history)},
@@ -774,7 +829,7 @@ def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[s
     denominator; 0 for one run) and the number n of runs with a finite value (``"spread": "sample SD"``)."""
     names = {s.get("dataset") for lst in runs.values() for s in lst} - {None}
     out: dict[str, Any] = {"experiment": cfg.name,
-                           "dataset": names.pop() if len(names) == 1 else cfg.data.dataset, "seeds": cfg.seeds,
+                           "dataset": names.pop() if len(names) == 1 else cfg.data.label, "seeds": cfg.seeds,
                            "spread": "sample SD", "algorithms": {}}
     for label, lst in runs.items():
         entry: dict[str, Any] = {"algorithm": lst[0]["algorithm"], "runs": len(lst),

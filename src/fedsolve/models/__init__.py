@@ -14,6 +14,9 @@ from torch import nn
 
 from fedsolve.core.native import max_pool2x2
 
+from .resnet import CifarResNet
+from .text import CharLSTM
+
 
 class LogisticRegression(nn.Module):
     """Multinomial logistic regression (or linear regression with ``out_dim=1``)."""
@@ -55,6 +58,7 @@ class LeNet(nn.Module):
     """
 
     GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc2.*"], "last": ["fc2.*"]}
+    INPUT = "image"
 
     def __init__(self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120,
                  fc_hidden2: int = 0):
@@ -98,20 +102,29 @@ MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "logreg": (LogisticRegression, "multinomial logistic / linear regression on flattened inputs"),
     "mlp": (MLP, "fully connected ReLU network, hidden sizes configurable (default 200-200)"),
     "lenet": (LeNet, "LeNet-style CNN: 2 conv + 2 fc (fc_hidden=0: one fc, FPFC's ConvNet)"),
+    "cifar_resnet": (CifarResNet, "ResNet-(6n+2) for 32x32 images (default ResNet-20), GroupNorm (norm: batch "
+                                  "for BatchNorm)"),
+    "char_lstm": (CharLSTM, "character LSTM (LEAF Shakespeare): embedding 8, 2 x 256 LSTM, next character"),
 }
 
 
 def build_model_fn(name: str, input_shape: Sequence[int], out_dim: int, **params) -> Callable[[], nn.Module]:
-    """A factory for model ``name`` sized to the data (``input_shape`` without the batch dim)."""
+    """A factory for model ``name`` sized to the data (``input_shape`` without the batch dim). A model class's
+    ``INPUT`` says what its first argument is: ``"image"`` the shape ``[C, H, W]`` (``[H, W]`` gets one
+    channel), ``"sequence"`` the shape as it is, otherwise the flattened input size."""
     if name not in MODELS:
         raise ValueError(f"model: unknown {name!r}; allowed: {sorted(MODELS)}")
     cls = MODELS[name][0]
-    flat = int(math.prod(input_shape))
-    if name == "lenet":
+    kind = getattr(cls, "INPUT", "flat")
+    if kind == "image":
         shape = tuple(input_shape) if len(input_shape) == 3 else (1, *input_shape)
         if len(shape) != 3:
-            raise ValueError(f"model: 'lenet' needs image inputs [C,H,W], got shape {tuple(input_shape)}")
+            raise ValueError(f"model: {name!r} needs image inputs [C,H,W], got shape {tuple(input_shape)}")
         return lambda: cls(shape, out_dim, **params)
+    if kind == "sequence":
+        shape = tuple(input_shape)
+        return lambda: cls(shape, out_dim, **params)
+    flat = int(math.prod(input_shape))
     return lambda: cls(flat, out_dim, **params)
 
 
