@@ -10,9 +10,9 @@ def _stat(v):
 
 def test_bold_marks_the_best_accuracy_and_loss_but_never_a_cluster_count(tmp_path):
     cfg = SimpleNamespace(name="t", description="", seeds=[0], paper={},
-                          data=SimpleNamespace(num_clients=4, dataset="synthetic", partition="iid",
+                          data=SimpleNamespace(num_clients=4, dataset="synthetic", label="synthetic", partition="iid",
                                                partition_params={}),
-                          model=SimpleNamespace(name="logreg"), simulation=SimpleNamespace(rounds=2))
+                          model=SimpleNamespace(name="logreg", label="logreg"), simulation=SimpleNamespace(rounds=2))
 
     def entry(acc, loss, k):
         fin = {"test_accuracy": _stat(acc), "test_loss": _stat(loss), "num_clusters": _stat(k)}
