@@ -1,19 +1,35 @@
-"""The algorithm interface: five small functions, in the shape of TFF's learning process.
+"""The algorithm interface: eight small functions and a few declarations, in the shape of TFF's learning process.
+
+The functions (``Algorithm`` has no other public method; a test holds it to eight):
 
 * ``init(x0, rngs)`` -> server state (``{name: tensor}``) and ``ClientStates`` (``[m, ...]``);
-* ``broadcast(server, ids, round)`` -> the message record for the selected clients (``[k, ...]``);
-* ``local_update(state, msg, ctx)`` -> ONE client's new state rows and its upload record;
-* ``aggregate(server, ids, uploads, round)`` -> new server state;
-* ``eval_broadcast(server, ids)`` + ``eval_model(state, msg)`` -> the flat parameters each client
-  is scored with (its personalized model, its cluster's model or the global one).
+* ``broadcast(server, ids, round_)`` -> the message record for the selected clients (``[k, ...]``); with
+  ``round_=None`` the message the clients are scored with;
+* ``local_update(state, msg, ctx)`` -> ONE client's update: a statement (``core/statements.py``: ``Descend``,
+  ``Solved``), which every executor compiles its own way, or the new state rows and the upload computed with
+  ``ctx``;
+* ``aggregate(server, ids, uploads, round_)`` -> new server state;
+* ``eval_model(state, msg)`` -> ONE client's evaluation parameters (or a ``Descend`` statement from them: the
+  adaptation a client does right before it is scored, planned by ``work(None)``);
+* ``work(round_)`` -> the phases of local work of round ``round_`` and their size (``round_=None``: evaluation);
+* ``report(server, clients, final=False)`` -> per-evaluation scalars (diagnostics; a ``[m, d]`` tensor value is
+  a set of models the engine scores too, logged under its key as a prefix); ``final=True``: what goes into
+  summary.json;
+* ``setup()`` -> derive constants from the config (run again after ``set_hparams`` and on device placement).
 
-``local_update`` and ``eval_model`` are pure tensor functions of one client's rows, so the
-engine may run them client by client or vectorized; the server side never reads client
-state, so the same object runs under Flower with client state in ``context.state``.
+The declarations (class attributes): ``name``, ``description``, ``Config``; ``communicates``;
+``reports_train_loss``; ``watch`` (what the divergence guard watches); ``finite_check_keys``; ``averages`` (for
+server pieces and DP, ``engine/server.py``); ``phases`` (a :class:`~fedsolve.engine.phases.PhaseTable`: the run
+is finished when it reaches the table's ``done`` phase; a phase may keep its client sample).
+
+``local_update`` and ``eval_model`` are pure tensor functions of one client's rows, so the engine may run them
+client by client or vectorized; the server side never reads client state, so the same object runs under Flower
+with client state in ``context.state``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -24,6 +40,8 @@ from fedsolve.core.context import LocalContext
 from fedsolve.core.plans import Work
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.states import ClientStates
+from fedsolve.core.statements import Descend
+from fedsolve.engine.phases import PhaseTable
 
 Record = dict[str, Tensor]
 
@@ -41,7 +59,7 @@ class AlgorithmConfig(BaseModel):
 
 
 class Algorithm:
-    """Base class; subclasses set ``name``, ``description``, ``Config`` and the five functions."""
+    """Base class; subclasses set ``name``, ``description``, ``Config`` and the functions (module docstring)."""
 
     name: ClassVar[str] = "base"
     description: ClassVar[str] = ""
@@ -49,16 +67,23 @@ class Algorithm:
     #: False for algorithms whose clients never talk to the server (e.g. Local)
     communicates: ClassVar[bool] = True
     #: False for algorithms whose rounds minimise no training loss (the constrained solvers: their records carry the
-    #: objective and the KKT certificate instead): the engine then logs no ``train_loss`` and watches none
+    #: objective and the KKT certificate instead): the engine then logs no ``train_loss``
     reports_train_loss: ClassVar[bool] = True
+    #: what the divergence guard watches besides NaN/inf: ``"train_loss"`` (the round's train loss against the
+    #: first evaluation's loss, for losses that are positive and fall), a server-state key (its largest absolute
+    #: entry against ``max(1, its first value's)``: an iterate that must stay bounded, e.g. a saddle problem's
+    #: model), or None (nothing beyond NaN/inf)
+    watch: ClassVar[str | None] = "train_loss"
     #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
-    #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
-    kernel: str = "auto"
     #: how the server averages, for server pieces and DP (``engine/server.py``): ``(server key of the global model,
     #: upload key, "model" | "delta")`` (the upload is the client's model, or its change from the global model);
     #: None: the algorithm keeps no single averaged global model
     averages: ClassVar[tuple[str, str, str] | None] = None
+    #: the protocol's phases (``engine/phases.py``), for a protocol with several message types or nested loops
+    phases: ClassVar[PhaseTable | None] = None
+    #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
+    kernel: str = "auto"
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
         if config is None:
@@ -72,58 +97,69 @@ class Algorithm:
         self.client_weights = problem.data.weights   # n_i / n in the data's float type (float64 data: exact)
         self.setup()
 
+    # ----------------------------------------------------------- the functions
     def setup(self) -> None:
-        """Hook for subclasses (masks, derived constants)."""
+        """Derive constants from the config (masks, blocks); run again after ``set_hparams`` and on placement."""
 
-    # ----------------------------------------------------------- participation
+    def init(self, x0: Tensor, rngs: RngStreams) -> tuple[Record, ClientStates]:
+        raise NotImplementedError
+
+    def broadcast(self, server: Record, ids: Tensor, round_: int | None) -> Record:
+        raise NotImplementedError
+
+    def local_update(self, state: Record, msg: Record, ctx: LocalContext):
+        raise NotImplementedError
+
+    def aggregate(self, server: Record, ids: Tensor, uploads: Record, round_: int) -> Record:
+        raise NotImplementedError
+
+    def eval_model(self, state: Record, msg: Record):
+        """ONE client's evaluation parameters from its state rows and the evaluation message (``broadcast`` with
+        ``round_=None``), or a ``Descend`` statement: the adaptation done right before scoring."""
+        raise NotImplementedError
+
+    def work(self, round_: int | None = 0) -> dict[str, Work]:
+        """Phases of local work in round ``round_`` and their size (default: one ``train`` phase from the config;
+        ``round_=None``: the phases of the adaptation before scoring, none by default)."""
+        c = self.cfg
+        if round_ is None:
+            return {}
+        return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
+
+    def report(self, server: Record, clients: ClientStates, final: bool = False) -> dict[str, Any]:
+        """Per-evaluation scalars (e.g. model deviation, clusters found; a ``[m, d]`` tensor is a set of models the
+        engine scores as well); ``final``: what goes into summary.json at the end (e.g. cluster assignments)."""
+        if final:
+            return self.finalize(server, clients)   # transitional: the former name
+        out = dict(self.diagnostics(server, clients))   # transitional: the former names
+        extra = getattr(self, "extra_evals", None)
+        if extra is not None:
+            out.update(extra(server, clients))
+        return out
+
+    # ----------------------------------------------------------- TRANSITIONAL: the former interface
+    # Kept while the families move to the functions above; removed when none uses them (a test then holds the
+    # base class to eight public methods).
     def sampling_round(self, server: Record, round_: int) -> int:
-        """The round whose client draw round ``round_`` goes to: ``round_`` itself (a fresh sample every
-        communication round) unless a protocol keeps one sample over several rounds (FedNest's FedInn and
-        FedOut), which returns the round where its block began. The engine and the Flower server both ask."""
-        return round_
+        return self.phases.sampling_round(server, round_) if self.phases is not None else round_
 
     def divergence(self, server: Record, factor: float) -> str | None:
-        """Why the run is diverging, judged from the server state (``factor``: the run's ``divergence_factor``),
-        or None. For algorithms whose rounds report no train loss for the engine to watch (the engine stops the
-        run with this reason and keeps the last good checkpoint)."""
         return None
 
     def local_objective(self):
-        """The loss ``f(params, x, y, w)`` this algorithm's local steps descend when it is not the model's loss
-        (e.g. an adversarial objective), else None: ``executor: auto`` times the executors on it."""
         return None
 
     def finished(self, server: Record) -> bool:
-        """True once the algorithm has nothing left to do (e.g. a stopping test such as Prox-AL's Eq. 11 has
-        passed, or its outer cap is reached): further rounds leave every state unchanged, so a driver may stop
-        early. Default False (run the configured rounds)."""
-        return False
+        return self.phases.finished(server) if self.phases is not None else False
 
     def stacked_update(self, msgs: Record) -> bool:
-        """True when this round's ``local_update`` (messages ``msgs``) reads no data and no plan (it ignores
-        ``ctx``) and is written with batch-agnostic tensor ops (leading dimensions broadcast, reductions over
-        the last axis), so the vectorized executor may call it ONCE on the stacked rows ``[K, ...]`` of the
-        selected clients instead of under ``vmap``: the same numbers without vmap's per-operation dispatch
-        (e.g. the constrained solver's exact ADMM rounds). Default False."""
         return False
 
     def stacked_batches(self, msgs: Record) -> bool:
-        """True when this round's ``local_update`` reads only full batches (``ctx.batch(phase)``) and is written
-        for the stacked clients: the vectorized executor then calls it ONCE with a
-        :class:`~fedsolve.core.context.StackedContext` (every tensor with a leading client dimension), so it may
-        loop until every client is done (e.g. the constrained solver's Newton solves to each client's
-        tolerance), which ``vmap``'s fixed program cannot. Default False."""
         return False
-
-    # ----------------------------------------------------------- local work
-    def work(self, round_: int = 0) -> dict[str, Work]:
-        """Phases of local work in round ``round_`` and their size (default: one ``train`` phase)."""
-        c = self.cfg
-        return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
     def local_sgd(self, ctx: LocalContext, params: Tensor, phase: str = "train", extra=None, mask=None,
                   lr: float | None = None, scale: float | Tensor = 1.0, until=None) -> Tensor:
-        """``ctx.sgd`` with this algorithm's learning rate and weight decay folded into ``f_i``."""
         if mask is None:
             mask = shared_mask(self)
         wd = self.cfg.weight_decay
@@ -133,40 +169,25 @@ class Algorithm:
         return ctx.sgd(params, self.cfg.lr if lr is None else lr, phase, extra=extra, mask=mask, scale=scale,
                        until=until)
 
-    # ----------------------------------------------------------- the five functions
-    def init(self, x0: Tensor, rngs: RngStreams) -> tuple[Record, ClientStates]:
-        raise NotImplementedError
-
-    def broadcast(self, server: Record, ids: Tensor, round_: int) -> Record:
-        raise NotImplementedError
-
-    def local_update(self, state: Record, msg: Record, ctx: LocalContext) -> tuple[Record, Record]:
-        raise NotImplementedError
-
-    def aggregate(self, server: Record, ids: Tensor, uploads: Record, round_: int) -> Record:
-        raise NotImplementedError
-
     def eval_broadcast(self, server: Record, ids: Tensor) -> Record:
-        """What the server sends for evaluation (default: nothing; clients use their state)."""
+        return self.broadcast(server, ids, None)
+
+    def eval_work(self) -> dict[str, Work]:
         return {}
 
-    def eval_model(self, state: Record, msg: Record) -> Tensor:
-        """ONE client's evaluation parameters from its state rows and the eval message."""
-        raise NotImplementedError
-
-    # ----------------------------------------------------------- reporting
     def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
-        """Extra per-round scalars for the metrics log (e.g. model deviation, clusters found)."""
         return {}
 
     def finalize(self, server: Record, clients: ClientStates) -> dict[str, Any]:
-        """Anything to store in summary.json at the end (e.g. cluster assignments)."""
         return {}
 
-    # ----------------------------------------------------------- helpers for subclasses
     def expand(self, vec: Tensor, ids: Tensor) -> Tensor:
-        """One server tensor sent to every selected client: ``[d] -> [k, d]`` (a view)."""
-        return vec.unsqueeze(0).expand(ids.numel(), *vec.shape)
+        return expand(vec, ids)
+
+
+def expand(vec: Tensor, ids: Tensor) -> Tensor:
+    """One server tensor sent to every selected client: ``[d] -> [k, d]`` (a view)."""
+    return vec.unsqueeze(0).expand(ids.numel(), *vec.shape)
 
 
 def shared_mask(algo: Algorithm) -> Tensor | None:
@@ -184,27 +205,84 @@ def shared_mask(algo: Algorithm) -> Tensor | None:
     return (~algo.layout.mask("personal")).to(torch.float32)
 
 
-# ------------------------------------------------------------------ optional capabilities
-# An algorithm may declare more than the five functions; the engine looks for these methods:
-#   supports_linear_gd() + linear_gd(rows, msgs, ids, round_, full) -> GDStep: its local update as full-batch GD,
-#       run by the ``linear`` executor (``core.selection.linear_gd_applies``, ``core/linear.py``);
-#   eval_work() -> {phase: Work} + eval_adapt(params, ctx) -> params: local work every client does right before
-#       it is scored (Per-FedAvg's adaptation step), see :func:`adapt_for_eval`;
-#   extra_evals(server, clients) -> {prefix: [m, d]}: more models the engine scores at each evaluation
-#       (logged as ``prefix + accuracy/loss/rmse``).
-def eval_phases(algo) -> dict[str, Work]:
-    """The phases of ``algo``'s evaluation-time adaptation (its optional ``eval_work()``); ``{}``: none."""
-    eval_work = getattr(algo, "eval_work", None)
-    return eval_work() if eval_work is not None else {}
+# ------------------------------------------------------------------ evaluation
+def scored_params(algo: Algorithm, states: Record, msg: Record, problem, rngs: RngStreams, round_: int,
+                  vectorized: bool, executor: str = "auto") -> Tensor:
+    """Every client's scored parameters ``[m, d]`` from the state rows ``states`` and the evaluation message
+    ``msg`` (``[m, ...]``): ``eval_model`` per client (vmapped when ``vectorized``); where it returns a ``Descend``
+    statement (the adaptation a client does right before it is scored), that statement carried out for every
+    client on the phases of ``work(None)`` (batches from ``rngs`` at ``round_``)."""
+    stmt = _eval_statement(algo, states, msg)
+    if stmt is not None:
+        return run_statement(problem, stmt, algo.work(None), rngs, round_, executor)
+    if vectorized:
+        params = torch.func.vmap(algo.eval_model)(states, msg)
+    else:
+        m = next(iter(states.values())).shape[0] if states else next(iter(msg.values())).shape[0]
+        params = torch.stack([algo.eval_model({k: v[i] for k, v in states.items()}, {k: v[i] for k, v in msg.items()})
+                              for i in range(m)])
+    return adapt_for_eval(algo, params, problem, rngs, round_, executor)
+
+
+def eval_phases(algo: Algorithm) -> dict[str, Work]:
+    """The phases of the former evaluation-time adaptation (``eval_work``); transitional."""
+    if type(algo).eval_work is not Algorithm.eval_work:
+        return algo.eval_work()
+    return {}
+
+
+def _eval_statement(algo: Algorithm, states: Record, msg: Record) -> Descend | None:
+    """``eval_model`` on the stacked rows when it states an adaptation (a ``Descend``), else None."""
+    try:
+        out = algo.eval_model(states, msg)
+    except Exception:   # noqa: BLE001  (not batch-agnostic: it returns parameters, computed per client)
+        return None
+    return out if isinstance(out, Descend) else None
 
 
 def adapt_for_eval(algo, params: Tensor, problem, rngs: RngStreams, round_: int, executor: str = "auto") -> Tensor:
-    """Every client's scored parameters ``[m, d]``: ``params`` after ``algo.eval_adapt`` (batches from ``rngs`` at
-    ``round_``); ``params`` itself when ``algo`` declares no evaluation-time adaptation."""
+    """Transitional (the former ``eval_work``/``eval_adapt`` pair): ``params`` after ``algo.eval_adapt``."""
     phases = eval_phases(algo)
     if not phases:
         return params
     return run_plain(problem, params, phases, lambda ctx, w: algo.eval_adapt(w, ctx), rngs, round_, executor)
+
+
+class _Stated:
+    """A stacked ``Descend`` as an algorithm the executors run client by client: its tensor fields travel as
+    each client's rows (start) and message (the rest), the other fields are shared."""
+
+    TENSORS = ("anchor", "linear", "mask", "lr", "prox", "scale")
+
+    def __init__(self, problem, stmt: Descend):
+        self.problem, self.stmt = problem, stmt
+
+    def rows_and_msgs(self) -> tuple[Record, Record]:
+        s = self.stmt
+        msgs = {k: getattr(s, k) for k in self.TENSORS
+                if isinstance(getattr(s, k), Tensor) and getattr(s, k).dim() > 0 and getattr(s, k).shape[0] ==
+                s.start.shape[0]}
+        return {"w": s.start}, msgs
+
+    def local_update(self, state, msg, ctx):
+        fields = {k: msg.get(k, getattr(self.stmt, k)) for k in self.TENSORS}
+        return replace(self.stmt, start=state["w"], then=lambda w, steps: ({"w": w}, {}), **fields)
+
+
+def run_statement(problem, stmt: Descend, phases: dict[str, Work], rngs: RngStreams, round_: int = 0,
+                  executor: str = "auto") -> Tensor:
+    """The stacked statement ``stmt`` (one row per client of ``problem``) carried out for every client, with the
+    minibatch plans of ``phases`` drawn from ``rngs`` at ``round_``: the final parameters ``[m, d]``."""
+    from fedsolve.core.plans import build_plans
+    from fedsolve.core.selection import make_executor
+
+    work = _Stated(problem, stmt)
+    rows, msgs = work.rows_and_msgs()
+    ids = torch.arange(problem.num_clients)
+    plans = build_plans(phases, problem.data.train_offsets, ids, rngs, round_, groups=problem.data.row_groups)
+    name = executor if executor in ("sequential", "vectorized") else "auto"
+    out, _, _ = make_executor(name, problem, statement=None).run(work, rows, msgs, ids, plans, problem.data)
+    return out["w"]
 
 
 class _PlainWork:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedsolve.engine.algorithm import adapt_for_eval, place_algorithm
+from fedsolve.engine.algorithm import place_algorithm, scored_params
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.plans import build_plans
 from fedsolve.core.rng import RngStreams
@@ -168,9 +168,8 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
                 reason: str | None = None) -> float:
     """The divergence checks after round ``round_`` (shared by ``Simulation`` and the Flower server): no NaN/inf
     in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``; no ``reason`` from the
-    algorithm's own check (:meth:`Algorithm.divergence`); and ``train_loss`` at most ``factor`` x the first loss
-    (``None``: the algorithm reports none, :attr:`Algorithm.reports_train_loss`). Raises :class:`DivergenceError`;
-    returns the (possibly new) first loss."""
+    watched measure (:func:`watched`); and ``train_loss`` at most ``factor`` x the first loss (``None``: not
+    watched). Raises :class:`DivergenceError`; returns the (possibly new) first loss."""
     keys = keys or tuple(server)
     named = [(k, server[k]) for k in keys] + [(f"upload:{k}", v) for k, v in uploads.items()]
     named = [(k, v) for k, v in named if v.is_floating_point()]
@@ -180,8 +179,9 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
     else:
         bad = [k for k, v in named if not _all_finite(v)]
     if bad or (train_loss is not None and not math.isfinite(train_loss)):
-        raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; "
-                              f"try a smaller learning rate. The last good checkpoint is kept.")
+        raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; the data and the "
+                              f"problem were checked finite, so the step is too large: try a smaller learning rate. "
+                              f"The last good checkpoint is kept.")
     if reason:
         raise DivergenceError(f"round {round_ + 1}: {reason}. The last good checkpoint is kept.")
     if train_loss is None:
@@ -193,6 +193,26 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
                               f"{factor:g} x first loss {first_loss:.4g}); "
                               f"try a smaller learning rate. The last good checkpoint is kept.")
     return first_loss
+
+
+def watched(algo, server: dict[str, torch.Tensor], start: float | None, factor: float) -> str | None:
+    """Why the run diverges by the measure ``algo.watch`` names when it is a server-state key (its largest absolute
+    entry above ``factor`` x ``start``, the first value's ``max(1, |.|_inf)``), else None."""
+    legacy = algo.divergence(server, factor)   # transitional: the former per-algorithm check
+    if legacy or start is None or algo.watch in (None, "train_loss"):
+        return legacy
+    size = float(server[algo.watch].abs().max())
+    if size > factor * start:
+        return (f"the iterate {algo.watch!r} diverged (|{algo.watch}|_inf = {size:.3g} > divergence_factor {factor:g} "
+                f"x max(1, its first |.|_inf) = {factor * start:.3g}); try smaller step sizes")
+    return None
+
+
+def watch_start(algo, server: dict[str, torch.Tensor]) -> float | None:
+    """``max(1, |server[algo.watch]|_inf)`` at the start, for :func:`watched` (None: no server key watched)."""
+    if algo.watch in (None, "train_loss") or algo.watch not in server:
+        return None
+    return max(1.0, float(server[algo.watch].abs().max()))
 
 
 def eval_due(done: int, cfg: "SimulationConfig", finished: bool = False) -> bool:
@@ -264,6 +284,7 @@ class Simulation:
             self.server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in self.server.items()}
             self.clients = self.clients.to(self.device)
         self._state_budget()
+        self._watch_start = watch_start(algorithm, self.server)
         self.use_executor(cfg.executor)
 
     def _budget_and_folder(self) -> tuple[int | None, Path | None]:
@@ -303,6 +324,7 @@ class Simulation:
             "first_loss": self._first_loss, "per_client": self.per_client,
             "elapsed": self._elapsed + time.perf_counter() - self._t0,
             "schedule": self.schedule.state_dict(), "schedule_log": self._log, "hparams": self.algo.cfg.model_dump(),
+            "watch_start": self._watch_start,
         }, self.checkpoint_path)
         self.checkpoint_round = next_round
 
@@ -341,6 +363,7 @@ class Simulation:
             self.set_hparams(**ck["hparams"])   # a schedule changed them (e.g. lambda along a path)
         self.schedule.load_state_dict(self, ck.get("schedule", {}))
         self._log = dict(ck.get("schedule_log", {}))
+        self._watch_start = ck.get("watch_start", self._watch_start)
 
     def _check_checkpoint(self, ck: dict[str, Any], path: Path) -> None:
         """Refuse a checkpoint of another run: algorithm, seed, number of clients, parameter count, and the
@@ -380,16 +403,11 @@ class Simulation:
         ``problem.layout.unflatten(row)`` gives named tensors, ``problem.layout.load_into(model, row)`` a module."""
         ids = torch.arange(self.problem.num_clients)
         msg = self.algo.eval_broadcast(self.server, ids)
-        states = self.clients.state_dict()
-        if self.vectorized_eval:
-            params = torch.func.vmap(self.algo.eval_model)(states, msg)
-        else:
-            params = torch.stack([self.algo.eval_model({k: v[i] for k, v in states.items()},
-                                                       {k: v[i] for k, v in msg.items()}) for i in range(ids.numel())])
         if round_ is None:
             round_ = self.history[-1]["round"] if self.history else 0
         executor = self.cfg.executor if self.cfg.executor in ("sequential", "vectorized") else "auto"
-        return adapt_for_eval(self.algo, params, self.problem, self.rngs, round_, executor)
+        return scored_params(self.algo, self.clients.state_dict(), msg, self.problem, self.rngs, round_,
+                             self.vectorized_eval, executor)
 
     @_on_run_device
     def evaluate(self, round_: int, train_loss: float | None) -> dict[str, Any]:
@@ -400,13 +418,14 @@ class Simulation:
         if train_loss is not None:
             rec["train_loss"] = train_loss
         rec.update(summary)
-        rec.update(self.algo.diagnostics(self.server, self.clients))
+        for key, value in self.algo.report(self.server, self.clients).items():
+            if isinstance(value, torch.Tensor) and value.dim() == 2:   # more models to score, logged under the key
+                s, _ = evaluate(self.problem, value, self.vectorized_eval, ())
+                rec.update({key + k.removeprefix("test_"): v for k, v in s.items()
+                            if k in ("test_accuracy", "test_loss", "test_rmse")})
+            else:
+                rec[key] = value
         rec.update(self._log)
-        extra_evals = getattr(self.algo, "extra_evals", None)   # optional: more models to score, {prefix: [m, d]}
-        for prefix, other in (extra_evals(self.server, self.clients) if extra_evals else {}).items():
-            s, _ = evaluate(self.problem, other, self.vectorized_eval, ())
-            rec.update({prefix + k.removeprefix("test_"): v for k, v in s.items()
-                        if k in ("test_accuracy", "test_loss", "test_rmse")})
         rec["uplink_bytes"] = self.ledger.uplink_bytes
         rec["downlink_bytes"] = self.ledger.downlink_bytes
         # wall-clock time goes to ``timings``, not into the record: two identical runs give identical metrics
@@ -415,9 +434,12 @@ class Simulation:
 
     # ------------------------------------------------------------ checks
     def _check(self, round_: int, train_loss: float | None, uploads: dict[str, torch.Tensor]) -> None:
-        self._first_loss = check_round(round_, train_loss, self.server, uploads, self.algo.finite_check_keys,
+        watch_loss = train_loss if self.algo.watch == "train_loss" else None
+        if not (train_loss is None or math.isfinite(train_loss)):
+            watch_loss = train_loss   # a non-finite loss is always an error
+        self._first_loss = check_round(round_, watch_loss, self.server, uploads, self.algo.finite_check_keys,
                                        self._first_loss, self.cfg.divergence_factor,
-                                       self.algo.divergence(self.server, self.cfg.divergence_factor))
+                                       watched(self.algo, self.server, self._watch_start, self.cfg.divergence_factor))
 
     # ------------------------------------------------------------ main loop
     def participants(self, t: int, ids: torch.Tensor) -> torch.Tensor:
@@ -562,7 +584,7 @@ class Simulation:
         for cb in self.callbacks:
             cb.on_end(self)
         with self.on_device():
-            extras = self.algo.finalize(self.server, self.clients)
+            extras = self.algo.report(self.server, self.clients, final=True)
         extras.update(self.schedule.summary())
         return RunResult(self.history, self.server, self.clients, self.ledger, wall, self.round_times,
                          extras, self.per_client, self.timings, self)
