@@ -76,7 +76,7 @@ def test_cli_run_resume_compare_report(tmp_path, capsys):
     s = json.loads((out / "summary.json").read_text())
     for k in ("algorithm", "dataset", "seed", "rounds", "wall_time_s", "round_time_s_median"):
         assert k in s
-    assert s["executor"] == "vectorized"   # what "auto" chose: a small logreg with minibatches
+    assert s["executor"] == "batched"   # what "auto" chose: FedADMM states plain SGD with a dual and a pull
     assert {"final", "best"} <= set(s["metrics"]) and "test_accuracy" in s["metrics"]["final"]
     assert s["communication"]["uplink_bytes"] > 0 and s["communication"]["downlink_bytes"] > 0
     resolved = yaml.safe_load((out / "config.yaml").read_text())

@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 from fedsolve.engine.algorithm import eval_phases
 from fedsolve.core.context import LocalContext
+from fedsolve.core.executor import carry_out
 from fedsolve.core.plans import Plan, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.engine.metrics import client_metrics
@@ -120,7 +121,7 @@ def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x
     """
     ctx = _client_context(algorithm, algorithm.work(t), cid, num_clients, weight, train_x, train_y, rngs, t,
                           scale, pad, groups)
-    new_state, upload = algorithm.local_update(dict(state), dict(msg), ctx)
+    new_state, upload = carry_out(algorithm.local_update(dict(state), dict(msg), ctx), ctx)
     return new_state, upload, ctx.train_loss
 
 
