@@ -234,6 +234,9 @@ def test_per_client_datasets_and_transform_from_yaml(work):
     s = run_ok({"target": "fd_user:per_client", "num_clients": None, "test_fraction": 0.2,
                 "sample_transform": "fd_user:jitter"}, {"target": "fd_user:net"})
     assert s["clients"] == 3 and s["dataset"] == "fd_user:per_client"
+    cfg = {"data": {"target": "fd_user:per_client", "num_clients": None, "partition": "dirichlet"},
+           "simulation": SIM, "algorithm": ALGO}
+    assert run_cli(cfg, "split") == 2   # a partition of data the target already split: refused, not ignored
 
 
 def test_a_transform_is_applied_once_with_the_seed():

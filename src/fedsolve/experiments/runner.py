@@ -90,6 +90,7 @@ def build_data(cfg: ExperimentConfig, seed: int):
 
 def _build_federated(d, seed: int):
     from fedsolve.data.datasets import build_federated, federate
+    from fedsolve.data.federated import FederatedData
     from fedsolve.data.imports import call_target, resolve_target
     from fedsolve.data.torch_data import as_source
 
@@ -105,6 +106,11 @@ def _build_federated(d, seed: int):
     fill = {"seed": seed, **({"num_clients": d.num_clients} if d.num_clients is not None else {})}
     built = call_target(resolve_target(d.target, "data.target"), dict(d.params), "data.target", d.target, fill)
     source = as_source(built, test_fraction=d.test_fraction, seed=seed, name=d.target)
+    if isinstance(source, FederatedData) and (d.partition not in ("iid", "natural") or d.partition_params):
+        raise ValueError(f"data.partition: {d.target} gave data already split over clients ({source.num_clients}), "
+                         f"so partition {d.partition!r}{f' with {d.partition_params}' if d.partition_params else ''} "
+                         f"would be ignored; allowed: leave "
+                         f"data.partition and data.partition_params unset, or return one pooled Dataset")
     return federate(source, d.num_clients, dataset=d.target, **common)
 
 
