@@ -29,8 +29,8 @@ with client state in ``context.state``.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, ClassVar, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal, Mapping
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +44,18 @@ from fedsolve.core.statements import Descend
 from fedsolve.engine.phases import PhaseTable
 
 Record = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class Averages:
+    """What an averaging solver declares for server pieces and DP (``engine/server.py``): the server key of the
+    global model, the upload key, whether an upload is the client's ``model`` or its ``delta`` from the global one,
+    and the weights of the average (``samples``: n_i shares; ``uniform``)."""
+
+    key: str
+    upload: str
+    kind: Literal["model", "delta"] = "model"
+    weights: Literal["samples", "uniform"] = "samples"
 
 
 class AlgorithmConfig(BaseModel):
@@ -76,10 +88,8 @@ class Algorithm:
     watch: ClassVar[str | None] = "train_loss"
     #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
-    #: how the server averages, for server pieces and DP (``engine/server.py``): ``(server key of the global model,
-    #: upload key, "model" | "delta")`` (the upload is the client's model, or its change from the global model);
-    #: None: the algorithm keeps no single averaged global model
-    averages: ClassVar[tuple[str, str, str] | None] = None
+    #: how the server averages, for server pieces and DP (``engine/server.py``); None: no single averaged model
+    averages: ClassVar[Averages | None] = None
     #: the protocol's phases (``engine/phases.py``), for a protocol with several message types or nested loops
     phases: ClassVar[PhaseTable | None] = None
     #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine

@@ -222,6 +222,8 @@ class AlgorithmSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
     tune: TuneSpec | None = Field(None, description="choose one of `params` on validation data per seed "
                                                     "(`fedsolve compare`); null = no tuning")
+    wrap: list[dict[str, Any]] = Field(default_factory=list, description="wrappers around the solver, in order: "
+                                       "{kind: server_opt | dp | attack ..., params...} (fedsolve list wrappers)")
 
     def with_param(self, key: str, value: Any) -> "AlgorithmSpec":
         """This spec with ``params[key] = value`` and no tuning (the run a tuned value is trained with)."""

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 import yaml
 
+from fedsolve.engine.wrappers import wrap
 from fedsolve.families import get_algorithm
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
@@ -217,8 +218,9 @@ def recorded_dataset(cfg: ExperimentConfig, problem: FederatedProblem) -> str:
 
 
 def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: FederatedProblem):
+    """The solver of ``spec`` on ``problem``, inside the wrappers ``spec.wrap`` names (``engine/wrappers.py``)."""
     cls = get_algorithm(spec.name)
-    return cls(cls.Config(**merged_params(cls, cfg.defaults, spec.params)), problem)
+    return wrap(cls(cls.Config(**merged_params(cls, cfg.defaults, spec.params)), problem), spec.wrap)
 
 
 # ------------------------------------------------------------------ one run

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, shared_mask, weighted_mean
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, register, shared_mask, weighted_mean
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -23,7 +23,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     description = "FedAvg: local SGD, sample-size weighted averaging (McMahan et al. 2017)"
     Config = FedAvgConfig
-    averages = ("w", "w", "model")
+    averages = Averages("w", "w", "model", "samples")
 
     def init(self, x0, rngs):
         return {"w": x0.clone()}, ClientStates(self.num_clients)

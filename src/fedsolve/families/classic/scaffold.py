@@ -12,7 +12,7 @@ from pydantic import Field
 
 from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, register
 
 
 class ScaffoldConfig(AlgorithmConfig):
@@ -24,7 +24,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     description = "SCAFFOLD: local SGD corrected by control variates (Karimireddy et al. 2020)"
     Config = ScaffoldConfig
-    averages = ("x", "dy", "delta")
+    averages = Averages("x", "dy", "delta", "uniform")
 
     def init(self, x0, rngs):
         m, d = self.num_clients, x0.numel()

@@ -1,0 +1,130 @@
+"""Wrappers: behaviour added to ANY solver by composition, never by registering copies of it.
+
+A wrapper is an :class:`~fedsolve.engine.algorithm.Algorithm` that holds another (``inner``) and passes every
+function on to it, changing only what it is about: an attack corrupts some uploads before the inner ``aggregate``,
+differential privacy clips the uploads and adds noise to the average (``engine/server.py``), a server optimizer
+turns the average into a momentum or Adam step. Wrappers nest (``wrap(wrap(FedAvg, dp), server_opt)``); a config
+names them in order under an algorithm's ``wrap:`` list::
+
+    algorithms:
+      - name: fedavg
+        params: {lr: 0.05}
+        wrap:
+          - {kind: dp, clip: 1.0, noise_multiplier: 0.5}
+          - {kind: server_opt, optimizer: adam, lr: 0.01}
+
+:func:`register_wrapper` adds a kind (families register theirs, e.g. the Byzantine attacks); ``fedsolve list``
+shows them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from fedsolve.engine.algorithm import Algorithm
+
+#: kind -> (build(inner, params) -> wrapped algorithm, one-line description)
+WRAPPERS: dict[str, tuple[Callable[[Algorithm, dict[str, Any]], Algorithm], str]] = {}
+
+
+def register_wrapper(kind: str, description: str):
+    """Decorator: register ``build(inner, params) -> Algorithm`` as wrapper ``kind``."""
+    def deco(build):
+        if kind in WRAPPERS and WRAPPERS[kind][0] is not build:
+            raise ValueError(f"wrapper {kind!r} registered twice")
+        WRAPPERS[kind] = (build, description)
+        return build
+    return deco
+
+
+def wrap(algo: Algorithm, specs: list[Mapping[str, Any]] | None) -> Algorithm:
+    """``algo`` wrapped by each of ``specs`` in turn (``{kind: <name>, ...params}``)."""
+    for i, spec in enumerate(specs or []):
+        spec = dict(spec)
+        kind = spec.pop("kind", None)
+        if kind not in WRAPPERS:
+            raise ValueError(f"wrap[{i}].kind: unknown {kind!r}; allowed: {sorted(WRAPPERS)}")
+        algo = WRAPPERS[kind][0](algo, spec)
+    return algo
+
+
+class Wrapper(Algorithm):
+    """An algorithm that passes every function on to ``inner`` (override what the wrapper changes). Its name,
+    config, declarations and problem are the inner algorithm's; attributes it does not have are looked up on
+    ``inner`` (e.g. a family's helper methods)."""
+
+    def __init__(self, inner: Algorithm):   # noqa: D107  (no Algorithm.__init__: nothing of its own to set up)
+        self.inner = inner
+        self.cfg = inner.cfg
+        self.problem = inner.problem
+        self.layout = inner.layout
+        self.num_clients = inner.num_clients
+        self.client_weights = inner.client_weights
+        self.name = inner.name
+        self.description = inner.description
+        self.Config = inner.Config
+        for attr in ("communicates", "reports_train_loss", "watch", "finite_check_keys", "averages", "phases"):
+            setattr(self, attr, getattr(inner, attr))
+
+    def __getattr__(self, attr: str):
+        if attr == "inner":   # not yet set (e.g. while unpickling)
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    @property
+    def kernel(self) -> str:
+        return self.inner.kernel
+
+    @kernel.setter
+    def kernel(self, value: str) -> None:
+        self.inner.kernel = value
+
+    def setup(self) -> None:
+        if "inner" in vars(self):
+            self.inner.setup()
+
+    def init(self, x0, rngs):
+        return self.inner.init(x0, rngs)
+
+    def broadcast(self, server, ids, round_):
+        return self.inner.broadcast(server, ids, round_)
+
+    def local_update(self, state, msg, ctx):
+        return self.inner.local_update(state, msg, ctx)
+
+    def aggregate(self, server, ids, uploads, round_):
+        return self.inner.aggregate(server, ids, uploads, round_)
+
+    def eval_model(self, state, msg):
+        return self.inner.eval_model(state, msg)
+
+    def work(self, round_=0):
+        return self.inner.work(round_)
+
+    def report(self, server, clients, final: bool = False):
+        return self.inner.report(server, clients, final)
+
+    # transitional: the former interface, passed on while the families move
+    def eval_broadcast(self, server, ids):
+        return self.inner.eval_broadcast(server, ids)
+
+    def finished(self, server):
+        return self.inner.finished(server)
+
+    def divergence(self, server, factor):
+        return self.inner.divergence(server, factor)
+
+    def sampling_round(self, server, round_):
+        return self.inner.sampling_round(server, round_)
+
+    def eval_work(self):
+        return self.inner.eval_work()
+
+    def stacked_update(self, msgs):
+        return self.inner.stacked_update(msgs)
+
+    def stacked_batches(self, msgs):
+        return self.inner.stacked_batches(msgs)
+
+    def local_objective(self):
+        return self.inner.local_objective()
