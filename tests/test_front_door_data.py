@@ -223,6 +223,8 @@ def test_a_list_of_datasets_is_one_client_each():
         assert torch.all(d.client_train(k)[0] == k) and torch.all(d.client_test(k)[0] == k)
     given = federate({"train": parts, "test": parts}, None, test_fraction=None)
     assert given.train_sizes.tolist() == list(sizes) == given.test_sizes.tolist()
+    pooled = federate({"train": parts, "test": parts}, None, test_fraction=0.25)   # as a registry test set
+    assert pooled.train_sizes.tolist() == [18, 30, 12] and pooled.test_sizes.tolist() == [6, 10, 4]
     with pytest.raises(ValueError, match="num_clients for dataset"):
         federate(parts, 4)
     with pytest.raises(ValueError, match="test_fraction null"):

@@ -131,21 +131,23 @@ def pooled_from_dataset(dataset: Any, test: Any = None, name: str = "dataset") -
 def federated_from_client_datasets(train: Sequence[Any], test: Sequence[Any] | None = None, *,
                                    test_fraction: float | None = 0.25, seed: int = 0,
                                    name: str = "dataset") -> FederatedData:
-    """One Dataset per client (``train[i]`` is client ``i``'s): with ``test`` (one per client) kept as the test
-    splits, else each client's samples split into train/test by ``test_fraction`` (stratified by label,
-    drawn from ``seed``, as :func:`~fedsolve.data.datasets.build_federated` splits)."""
+    """One Dataset per client (``train[i]`` is client ``i``'s) with its test split: ``test[i]`` when ``test`` is
+    given and ``test_fraction`` is None; otherwise the client's samples (with ``test[i]``'s, when given, as a
+    registry dataset's own test set is pooled) split into train/test by ``test_fraction`` (stratified by
+    label, drawn from ``seed``, as :func:`~fedsolve.data.datasets.build_federated` splits)."""
     if not train:
         raise ValueError(f"{name}: the list of client Datasets is empty")
     if test is not None and len(test) != len(train):
         raise ValueError(f"{name}: {len(train)} client training Datasets but {len(test)} test Datasets; allowed: "
                          f"one test Dataset per client")
     tr = [materialize(d, f"{name} client {i}") for i, d in enumerate(train)]
-    if test is not None:
-        te = [materialize(d, f"{name} client {i} (test)") for i, d in enumerate(test)]
-    elif test_fraction is None:
+    te = None if test is None else [materialize(d, f"{name} client {i} (test)") for i, d in enumerate(test)]
+    if test_fraction is None and te is None:
         raise ValueError(f"{name}: test_fraction null keeps given test data, and only training Datasets were "
                          f"given; allowed: a number in (0, 1), or return {{'train': [...], 'test': [...]}}")
-    else:
+    if test_fraction is not None:
+        if te is not None:   # pooled per client, then split like the rest
+            tr = [(np.concatenate([x, xt]), np.concatenate([y, yt])) for (x, y), (xt, yt) in zip(tr, te)]
         rng = seed_streams(seed)[2]
         te, kept = [], []
         for x, y in tr:
@@ -160,7 +162,7 @@ def federated_from_client_datasets(train: Sequence[Any], test: Sequence[Any] | N
     return FederatedData.from_client_arrays(
         tr, te, task=task, num_classes=classes, name=name,
         meta={"source": f"{len(train)} client Datasets ({type(train[0]).__name__})", "materialized": True,
-              "test": "given" if test is not None else {"test_fraction": test_fraction, "seed": seed}})
+              "test": "given" if test_fraction is None else {"test_fraction": test_fraction, "seed": seed}})
 
 
 def as_source(obj: Any, *, test_fraction: float | None, seed: int, name: str,
