@@ -151,7 +151,7 @@ class Algorithm:
     # Kept while the families move to the functions above; removed when none uses them (a test then holds the
     # base class to eight public methods).
     def sampling_round(self, server: Record, round_: int) -> int:
-        return self.phases.sampling_round(server, round_) if self.phases is not None else round_
+        return self.phases.sampling_round(server, round_) if isinstance(self.phases, PhaseTable) else round_
 
     def divergence(self, server: Record, factor: float) -> str | None:
         return None
@@ -160,7 +160,7 @@ class Algorithm:
         return None
 
     def finished(self, server: Record) -> bool:
-        return self.phases.finished(server) if self.phases is not None else False
+        return self.phases.finished(server) if isinstance(self.phases, PhaseTable) else False
 
     def stacked_update(self, msgs: Record) -> bool:
         return False

@@ -25,13 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsolve.engine.algorithm import place_algorithm, scored_params
 from fedsolve.core.comm import CommLedger
-from fedsolve.core.plans import build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
 from fedsolve.core.statements import stated
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
-from fedsolve.engine.metrics import evaluate
+from fedsolve.engine.metrics import evaluate, summarize
+from fedsolve.engine.transport import InProcess, Transport
 from fedsolve.engine.schedules import Schedule
 from fedsolve.engine.sampling import SamplingConfig, sample_clients
 
@@ -244,8 +244,11 @@ class Simulation:
     """Runs one algorithm on one problem for ``cfg.rounds`` rounds."""
 
     def __init__(self, problem, algorithm, cfg: SimulationConfig, seed: int, out_dir: str | Path | None = None,
-                 callbacks: list[Callback] | None = None, schedule: Schedule | None = None):
+                 callbacks: list[Callback] | None = None, schedule: Schedule | None = None,
+                 transport: Transport | None = None):
         self.problem = problem
+        #: how the clients' work reaches them (``engine/transport.py``): in this process, or a Flower grid
+        self.transport = transport if transport is not None else InProcess()
         #: the protocol that steers the run round by round (``engine/schedules.py``); the plain schedule changes nothing
         self.schedule = schedule if schedule is not None else Schedule()
         self._log: dict[str, float] = {}   # the schedule's numbers for the next evaluation record
@@ -283,8 +286,12 @@ class Simulation:
             place_algorithm(algorithm, self.device)
             self.server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in self.server.items()}
             self.clients = self.clients.to(self.device)
-        self._state_budget()
         self._watch_start = watch_start(algorithm, self.server)
+        if not self.transport.holds_clients:   # the nodes hold their client's rows: the server keeps none
+            self.clients = None
+            self.executor = None
+            return
+        self._state_budget()
         self.use_executor(cfg.executor)
 
     def _budget_and_folder(self) -> tuple[int | None, Path | None]:
@@ -411,20 +418,24 @@ class Simulation:
 
     @_on_run_device
     def evaluate(self, round_: int, train_loss: float | None) -> dict[str, Any]:
-        params = self.eval_params(round_)
-        summary, per = evaluate(self.problem, params, self.vectorized_eval, tuple(self.cfg.metrics))
+        """THE evaluator: the transport scores every reachable client; the record holds the summary of their
+        metrics (:func:`~fedsolve.engine.metrics.summarize`), the algorithm's report (where the client states are
+        here), the schedule's numbers and the bytes communicated so far."""
+        per, extra = self.transport.score(self, round_)
         self.per_client = per
         rec: dict[str, Any] = {"round": round_}
         if train_loss is not None:
             rec["train_loss"] = train_loss
-        rec.update(summary)
-        for key, value in self.algo.report(self.server, self.clients).items():
-            if isinstance(value, torch.Tensor) and value.dim() == 2:   # more models to score, logged under the key
-                s, _ = evaluate(self.problem, value, self.vectorized_eval, ())
-                rec.update({key + k.removeprefix("test_"): v for k, v in s.items()
-                            if k in ("test_accuracy", "test_loss", "test_rmse")})
-            else:
-                rec[key] = value
+        rec.update(summarize(per, prefix="test_"))
+        rec.update(extra)
+        if self.clients is not None:
+            for key, value in self.algo.report(self.server, self.clients).items():
+                if isinstance(value, torch.Tensor) and value.dim() == 2:   # more models to score, under the key
+                    s, _ = evaluate(self.problem, value, self.vectorized_eval, ())
+                    rec.update({key + k.removeprefix("test_"): v for k, v in s.items()
+                                if k in ("test_accuracy", "test_loss", "test_rmse")})
+                else:
+                    rec[key] = value
         rec.update(self._log)
         rec["uplink_bytes"] = self.ledger.uplink_bytes
         rec["downlink_bytes"] = self.ledger.downlink_bytes
@@ -443,13 +454,13 @@ class Simulation:
 
     # ------------------------------------------------------------ main loop
     def participants(self, t: int, ids: torch.Tensor) -> torch.Tensor:
-        """The sampled clients that take part in round ``t`` (hook: a deployment replay drops the
-        clients whose uploads never arrived, treating them as not selected)."""
-        return ids
+        """The sampled clients that take part in round ``t`` (the transport's say: a deployment drops the clients
+        without a live node; a deployment replay those whose uploads never arrived)."""
+        return self.transport.participants(self, t, ids)
 
     def run_round(self, t: int, ids: torch.Tensor | None = None) -> dict[str, Any]:
-        """Communication round ``t`` with the clients ``ids`` (default: drawn by ``cfg.sampling``; a scheduler
-        such as asyncFPFC's passes the clients whose uploads arrive)."""
+        """THE round body, whatever the transport: communication round ``t`` with the clients ``ids`` (default:
+        drawn by ``cfg.sampling``; a schedule such as asyncFPFC's passes the clients whose uploads arrive)."""
         m = self.problem.num_clients
         data = self.problem.data
         if ids is None:
@@ -468,13 +479,13 @@ class Simulation:
         dids = ids.to(self.device)
         with self.on_device():
             msgs = self.algo.broadcast(self.server, dids, t)
-        # a round whose client update reads no data (Algorithm.stacked_update) draws no minibatch plan
-        plans = ({} if self.algo.stacked_update(msgs) else
-                 build_plans(self.algo.work(t), data.train_offsets, ids, self.rngs, t, scale, data.row_groups))
-        with self.on_device():
-            rows = self.clients.gather(dids)
-            new_rows, uploads, losses = self.executor.run(self.algo, rows, msgs, dids, plans, data, t)
-            self.clients.scatter(dids, new_rows)
+            answered, uploads, losses = self.transport.train(self, t, dids, msgs, scale)
+            if answered is not None:   # the clients whose uploads arrived are the round's participants
+                ids, dids = ids[answered.cpu()], dids[answered]
+                msgs = {k: v[answered] for k, v in msgs.items()}
+                if ids.numel() == 0:
+                    self.round = t + 1
+                    return {"round": t, "clients": 0, "train_loss": float("nan"), "ids": ids}
             self.server = self.algo.aggregate(self.server, dids, uploads, t)
         if self.algo.communicates:
             self.ledger.add_round(t, msgs, uploads)
@@ -559,6 +570,7 @@ class Simulation:
             self.load_checkpoint()
         torch.set_grad_enabled(True)
         self._t0 = time.perf_counter()
+        self.transport.start(self)
         for cb in self.callbacks:
             cb.on_start(self)
         if self.start_round == 0 and not self.history:
@@ -584,7 +596,7 @@ class Simulation:
         for cb in self.callbacks:
             cb.on_end(self)
         with self.on_device():
-            extras = self.algo.report(self.server, self.clients, final=True)
+            extras = self.algo.report(self.server, self.clients, final=True) if self.clients is not None else {}
         extras.update(self.schedule.summary())
         return RunResult(self.history, self.server, self.clients, self.ledger, wall, self.round_times,
                          extras, self.per_client, self.timings, self)

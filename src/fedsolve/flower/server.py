@@ -1,4 +1,4 @@
-"""The fedsolve ServerApp: ``Simulation.run_round`` as synchronous Flower rounds.
+"""The fedsolve ServerApp: the engine's round body (``Simulation.run_round``) with the Flower grid as its transport.
 
 Per round ``t`` (same order as the simulator):
 
@@ -25,7 +25,6 @@ weights (sampling, weighted means) and the run's bookkeeping only.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -36,14 +35,12 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedsolve.engine.algorithm import eval_phases
-from fedsolve.core.comm import CommLedger
-from fedsolve.core.rng import RngStreams
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
-from fedsolve.flower.rounds import initial_state, plan_shapes, sample_round, weighted_train_loss, work_scales
+from fedsolve.flower.rounds import plan_shapes
 from fedsolve.flower.task import load_task, run_config_value
 from fedsolve.engine.io import atomic_write_text
-from fedsolve.engine.loop import check_round, drive_rounds, eval_due
-from fedsolve.engine.metrics import summarize
+from fedsolve.engine.loop import JsonlLogger, Simulation
+from fedsolve.engine.transport import Transport
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`
     from flwr.common.logger import log as _flog
@@ -141,39 +138,25 @@ class NodeRegistry:
         return {c: n for c, n in self.client_node.items() if n in self.online}
 
 
-class FlowerRun:
-    """One fedsolve run driven through a Flower ``Grid``."""
+class GridTransport(Transport):
+    """The clients on Flower SuperNodes (module docstring): the engine's round body and evaluator run here on the
+    server; each selected client's message goes to its node, which keeps the client's state and data."""
 
-    def __init__(self, grid: Grid, context: Context):
+    holds_clients = False
+    name = "flower"
+
+    def __init__(self, grid: Grid, rc: dict[str, Any], m: int):
         self.grid = grid
-        self.rc = dict(context.run_config)
-        rd = str(run_config_value(self.rc, "results-dir"))
-        self.out = Path(rd).expanduser() if rd else None
-        self.task = None
-        self.history: list[dict[str, Any]] = []
+        self.registry = NodeRegistry(grid, m)
+        self.round_timeout = float(run_config_value(rc, "round-timeout"))
+        self.eval_timeout = float(run_config_value(rc, "eval-timeout"))
+        self.wait_for_nodes = float(run_config_value(rc, "wait-for-nodes"))
+        self.accepted = [-1] * m   # last round whose upload of client i was aggregated
         self.participation: list[dict[str, Any]] = []
-        self.per_client: dict[int, dict[str, float]] = {}
-        self.round_times: list[float] = []
-        self.timings: list[dict[str, float]] = []   # {"round", "time_s"} per evaluation (timings.jsonl)
-        self.ledger = CommLedger()
-        self.registry: NodeRegistry | None = None
-        self._first_loss: float | None = None
+        self._sampled: list[int] = []
 
-    def setup(self) -> None:
-        torch.set_num_threads(int(run_config_value(self.rc, "threads")))
-        self.task = load_task(self.rc, role="server")
-        self.algo = self.task.algorithm
-        self.cfg = self.task.simulation
-        self.problem = self.task.problem
-        self.m = self.problem.num_clients
-        self.weights = self.problem.data.weights
-        self.rngs = RngStreams(self.task.seed)
-        self.round_timeout = float(run_config_value(self.rc, "round-timeout"))
-        self.eval_timeout = float(run_config_value(self.rc, "eval-timeout"))
-        self.server, clients = initial_state(self.problem, self.algo, self.task.seed)
-        del clients  # each node rebuilds its own rows; the server keeps no client state
-        self.registry = NodeRegistry(self.grid, self.m)
-        self.accepted = [-1] * self.m  # last round whose upload of client i was aggregated
+    def start(self, sim) -> None:
+        self.registry.wait_all(self.wait_for_nodes)
 
     # ---------------------------------------------------------------- messages
     def _config(self, cid: int, round_: int, **extra) -> ConfigRecord:
@@ -193,149 +176,186 @@ class FlowerRun:
         except KeyError:
             return None
 
-    # ---------------------------------------------------------------- one round
-    def run_round(self, t: int) -> dict[str, Any]:
+    # ---------------------------------------------------------------- the transport
+    def participants(self, sim, t: int, ids: torch.Tensor) -> torch.Tensor:
+        """The sampled clients with a live node (the others count as not selected)."""
         self.registry.refresh(wait=2.0)
         live = self.registry.live_clients()
-        sampled = sample_round(self.cfg, self.m, self.weights, self.rngs, self.algo.sampling_round(self.server, t))
-        scales = work_scales(self.cfg, self.m, self.rngs, t)
-        ids = torch.as_tensor([i for i in sampled.tolist() if i in live], dtype=torch.long)
-        info: dict[str, Any] = {"round": t, "sampled": sampled.tolist(), "sent": ids.tolist(), "participants": []}
-        if ids.numel() == 0:
-            self.participation.append(info)
-            return {"round": t, "clients": 0, "train_loss": float("nan")}
-        msgs = self.algo.broadcast(self.server, ids, t)
-        shapes = plan_shapes(self.algo, self.problem.data.train_offsets, ids, self.rngs, t,
-                             None if scales is None else scales[ids], groups=self.problem.data.row_groups)
+        self._sampled = ids.tolist()
+        sent = [i for i in self._sampled if i in live]
+        if not sent:
+            self.participation.append({"round": t, "sampled": self._sampled, "sent": [], "participants": []})
+        return torch.as_tensor(sent, dtype=torch.long)
+
+    def train(self, sim, t, ids, msgs, scale):
+        live = self.registry.live_clients()
+        data = sim.problem.data
+        shapes = plan_shapes(sim.algo, data.train_offsets, ids.cpu(), sim.rngs, t, scale, groups=data.row_groups)
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
+        sent = ids.tolist()
         out = []
-        for k, cid in enumerate(ids.tolist()):
-            extra = dict(pad) if scales is None else {**pad, "scale": float(scales[cid])}
+        for k, cid in enumerate(sent):
+            extra = dict(pad) if scale is None else {**pad, "scale": float(scale[k])}
             out.append(self._message(live[cid], MessageType.TRAIN, row(msgs, k), self._config(cid, t, **extra), t,
                                      2 * self.round_timeout))
         replies = send_and_receive(self.grid, out, self.round_timeout)
         got: dict[int, Message] = {}
         for rep in replies:
             cid = self._client_of(rep)
-            if cid is not None and cid in ids.tolist():
+            if cid is not None and cid in sent:
                 got[cid] = rep
         errors = [r.error.reason for r in replies if r.has_error()]
         if errors:
             log("round %s: %s error replies (treated as not selected): %s", t + 1, len(errors), errors[:3],
                 level=WARNING)
         part = sorted(got)
-        info["participants"] = part
-        self.participation.append(info)
-        if len(part) < ids.numel():
+        self.participation.append({"round": t, "sampled": self._sampled, "sent": sent, "participants": part})
+        if len(part) < len(sent):
             log("round %s: clients %s did not answer within %.0f s; treated as not selected", t + 1,
-                sorted(set(ids.tolist()) - set(part)), self.round_timeout, level=WARNING)
-        if not part:
-            return {"round": t, "clients": 0, "train_loss": float("nan")}
-        pid = torch.as_tensor(part, dtype=torch.long)
-        uploads = stack_rows([from_array_record(got[c].content["upload"]) for c in part])
-        self.server = self.algo.aggregate(self.server, pid, uploads, t)
+                sorted(set(sent) - set(part)), self.round_timeout, level=WARNING)
         for c in part:
             self.accepted[c] = t
-        if self.algo.communicates:
-            keep = torch.as_tensor([ids.tolist().index(c) for c in part], dtype=torch.long)
-            self.ledger.add_round(t, {k: v.index_select(0, keep) for k, v in msgs.items()}, uploads)
-        train_loss = None   # an algorithm that minimises no training loss reports none (Algorithm.reports_train_loss)
-        if self.algo.reports_train_loss:
-            losses = torch.tensor([float(got[c].content["metrics"]["train_loss"]) for c in part], dtype=torch.float64)
-            train_loss = weighted_train_loss(losses, self.weights[pid])
-        self._first_loss = check_round(t, train_loss, self.server, uploads, self.algo.finite_check_keys,
-                                       self._first_loss, self.cfg.divergence_factor,
-                                       self.algo.divergence(self.server, self.cfg.divergence_factor))
-        return {"round": t, "clients": len(part), "train_loss": float("nan") if train_loss is None else train_loss}
+        answered = torch.as_tensor([sent.index(c) for c in part], dtype=torch.long)
+        uploads = stack_rows([from_array_record(got[c].content["upload"]) for c in part]) if part else {}
+        losses = torch.tensor([float(got[c].content["metrics"].get("train_loss", float("nan"))) for c in part],
+                              dtype=torch.float64)
+        return answered, uploads, losses
 
-    # ---------------------------------------------------------------- evaluation
-    def evaluate(self, done: int, train_loss: float | None) -> dict[str, Any]:
+    def score(self, sim, round_):
         self.registry.refresh(wait=2.0)
         live = self.registry.live_clients()
-        ids = torch.arange(self.m)
-        emsg = self.algo.eval_broadcast(self.server, ids)
-        phases = eval_phases(self.algo)   # evaluation-time adaptation: plans padded as the simulator's
-        shapes = plan_shapes(self.algo, self.problem.data.train_offsets, ids, self.rngs, done, None,
-                             phases, self.problem.data.row_groups) if phases else {}
+        m = sim.problem.num_clients
+        ids = torch.arange(m)
+        emsg = sim.algo.eval_broadcast(sim.server, ids)
+        phases = eval_phases(sim.algo)   # evaluation-time adaptation: plans padded as the simulator's
+        shapes = plan_shapes(sim.algo, sim.problem.data.train_offsets, ids, sim.rngs, round_, None,
+                             phases, sim.problem.data.row_groups) if phases else {}
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
-        out = [self._message(live[c], MessageType.EVALUATE, row(emsg, c), self._config(c, done, **pad), done,
+        out = [self._message(live[c], MessageType.EVALUATE, row(emsg, c), self._config(c, round_, **pad), round_,
                              2 * self.eval_timeout) for c in sorted(live)]
         per: dict[int, dict[str, float]] = {}
         for rep in send_and_receive(self.grid, out, self.eval_timeout):
             cid = self._client_of(rep)
             if cid is not None:
                 per[cid] = {k: float(v) for k, v in rep.content["metrics"].items()}
-        missing = sorted(set(range(self.m)) - set(per))
+        missing = sorted(set(range(m)) - set(per))
         if missing:
-            log("evaluation after round %s: no metrics from clients %s", done, missing, level=WARNING)
+            log("evaluation after round %s: no metrics from clients %s", round_, missing, level=WARNING)
         self.per_client = per
-        rec: dict[str, Any] = {"round": done}
-        if train_loss is not None:
-            rec["train_loss"] = train_loss
-        rec.update(summarize([per[c] for c in sorted(per)], prefix="test_"))
-        rec["eval_clients"] = len(per)
-        rec["uplink_bytes"] = self.ledger.uplink_bytes
-        rec["downlink_bytes"] = self.ledger.downlink_bytes
-        # wall-clock time goes to timings.jsonl, as in simulation: metrics.jsonl holds only the run's numbers
-        self.timings.append({"round": done, "time_s": time.perf_counter() - self._t0})
-        return rec
+        return [per[c] for c in sorted(per)], {"eval_clients": len(per)}
 
-    # ---------------------------------------------------------------- results
+
+class FlowerRun:
+    """One fedsolve run driven through a Flower ``Grid``: the engine's :class:`~fedsolve.engine.Simulation` (its
+    round body, evaluator, checks and callbacks) with the :class:`GridTransport`; the server writes the run's files
+    under ``results-dir`` (metrics.jsonl and timings.jsonl as a simulation does, participation.json,
+    per_client.json and summary.json)."""
+
+    def __init__(self, grid: Grid, context: Context):
+        self.grid = grid
+        self.rc = dict(context.run_config)
+        rd = str(run_config_value(self.rc, "results-dir"))
+        self.out = Path(rd).expanduser() if rd else None
+        self.task = None
+        self.sim: Simulation | None = None
+        self.transport: GridTransport | None = None
+
+    @property
+    def participation(self) -> list[dict[str, Any]]:
+        return self.transport.participation if self.transport else []
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.sim.history if self.sim else []
+
+    @property
+    def server(self) -> dict[str, torch.Tensor]:
+        """The server state (the simulation's, on the server)."""
+        return self.sim.server
+
+    def setup(self) -> None:
+        torch.set_num_threads(int(run_config_value(self.rc, "threads")))
+        self.task = load_task(self.rc, role="server")
+        problem = self.task.problem
+        self.transport = GridTransport(self.grid, self.rc, problem.num_clients)
+        callbacks = [_Log(self.task.simulation), _Files(self)]
+        if self.out is not None:
+            callbacks.insert(0, JsonlLogger(self.out / "metrics.jsonl", self.out / "timings.jsonl"))
+        self.sim = Simulation(problem, self.task.algorithm, self.task.simulation, self.task.seed,
+                              callbacks=callbacks, transport=self.transport)
+
     def _write(self, status: str, message: str = "") -> None:
         if self.out is None:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in self.history))
-        atomic_write_text(self.out / "timings.jsonl", "".join(json.dumps(r) + "\n" for r in self.timings))
+        t = self.transport
         atomic_write_text(self.out / "participation.json", json.dumps(self.participation))
-        atomic_write_text(self.out / "per_client.json", json.dumps({str(k): v for k, v in self.per_client.items()}))
+        per = t.per_client if t is not None and hasattr(t, "per_client") else {}
+        atomic_write_text(self.out / "per_client.json", json.dumps({str(k): v for k, v in per.items()}))
         if status != "running":
+            sim, task = self.sim, self.task
             atomic_write_text(self.out / "summary.json", json.dumps({
                 "status": status, "message": message,
-                "task": self.task.name if self.task else None, "seed": self.task.seed if self.task else None,
-                "algorithm": self.task.algorithm.name if self.task else None,
-                "rounds": self.task.simulation.rounds if self.task else None,
+                "task": task.name if task else None, "seed": task.seed if task else None,
+                "algorithm": task.algorithm.name if task else None,
+                "rounds": task.simulation.rounds if task else None,
                 "final": self.history[-1] if self.history else {},
-                "communication": self.ledger.state_dict(), "round_times": self.round_times,
-                "nodes": {str(c): n for c, n in self.registry.client_node.items()} if self.registry else {},
+                "communication": sim.ledger.state_dict() if sim else {},
+                "round_times": sim.round_times if sim else [],
+                "nodes": {str(c): n for c, n in t.registry.client_node.items()} if t else {},
             }, indent=2))
 
-    def _timed_round(self, t: int) -> dict[str, Any]:
-        t1 = time.perf_counter()
-        info = self.run_round(t)
-        self.round_times.append(time.perf_counter() - t1)
-        return info
-
-    def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
-        """After ``done`` rounds: log, evaluate when due (the simulator's cadence), write the run's files."""
-        # algorithms that minimise no training loss (Prox-AL, cProx-AL) log none
-        loss = f", train loss {info['train_loss']}" if self.algo.reports_train_loss else ""
-        log("round %s/%s: %s participants%s", done, self.cfg.rounds, info["clients"], loss)
-        if eval_due(done, self.cfg, info["finished"]):
-            rec = self.evaluate(done, last_loss)
-            self.history.append(rec)
-            log("eval round %s: %s", done, {k: round(v, 4) for k, v in rec.items()
-                                             if k.startswith("test_") and not k.endswith(("_std", "_worst10"))})
-        self._write("running")
-
     def run(self) -> list[dict[str, Any]]:
-        self._t0 = time.perf_counter()
         try:
             self.setup()
-            log("task %s: %s clients, %s rounds, seed %s", self.task.name, self.m, self.cfg.rounds, self.task.seed)
-            self.registry.wait_all(float(run_config_value(self.rc, "wait-for-nodes")))
-            rec0 = self.evaluate(0, None)
-            if math.isfinite(rec0.get("test_loss", float("nan"))):   # the reference for "exploding", as Simulation
-                self._first_loss = max(abs(rec0["test_loss"]), 1e-8)
-            self.history.append(rec0)
-            self._write("running")
-            drive_rounds(0, self.cfg.rounds, self._timed_round, self._after_round,
-                         finished=lambda: self.algo.finished(self.server))
+            log("task %s: %s clients, %s rounds, seed %s", self.task.name, self.task.problem.num_clients,
+                self.task.simulation.rounds, self.task.seed)
+            self.sim.run()
         except BaseException as e:
             self._write("failed", f"{type(e).__name__}: {e}")
             raise
         self._write("completed")
         return self.history
+
+
+class _Log:
+    """Callback: the server's log lines, a line per round and per evaluation."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def on_start(self, sim):
+        pass
+
+    def on_round(self, sim, round_, info):
+        loss = f", train loss {info['train_loss']}" if sim.algo.reports_train_loss else ""
+        log("round %s/%s: %s participants%s", round_ + 1, self.cfg.rounds, info["clients"], loss)
+
+    def on_eval(self, sim, record):
+        log("eval round %s: %s", record["round"], {k: round(v, 4) for k, v in record.items()
+                                                    if k.startswith("test_") and not k.endswith(("_std", "_worst10"))})
+
+    def on_end(self, sim):
+        pass
+
+
+class _Files:
+    """Callback: participation.json and per_client.json after every evaluation."""
+
+    def __init__(self, run: FlowerRun):
+        self.run = run
+
+    def on_start(self, sim):
+        pass
+
+    def on_round(self, sim, round_, info):
+        pass
+
+    def on_eval(self, sim, record):
+        self.run._write("running")
+
+    def on_end(self, sim):
+        pass
 
 
 def build_server_app() -> ServerApp:
