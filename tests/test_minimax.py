@@ -19,7 +19,7 @@ from fedsolve.core.executor import build_plans
 from fedsolve.core.selection import make_executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.minimax.problem import saddle_problem
+from fedsolve.families.minimax.saddle import saddle_problem
 
 N, DX, DY = 4, 3, 2
 

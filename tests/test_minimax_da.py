@@ -12,7 +12,8 @@ from torch.func import functional_call
 from fedsolve.families import get_algorithm
 from fedsolve.data.datasets import build_federated
 from fedsolve.data.domains import domain_split, mnistm_blend, toy_domains
-from fedsolve.families.minimax.problem import adversarial_problem, minimax_of
+from fedsolve.families.minimax.problem import adversarial_problem
+from fedsolve.families.minimax.saddle import minimax_of
 from tests.test_minimax import run_rounds
 
 torch.set_num_threads(1)
@@ -312,7 +313,7 @@ def test_authors_init_and_its_error():
 
 
 def test_auto_calibrates_on_the_saddle_objective(moons, tmp_path, monkeypatch):
-    """``executor: auto`` times the executors on the algorithm's local objective: on domain data the model's
+    """``executor: auto`` times the executors on the objective of the algorithm's stated update: on domain data the model's
     plain loss cannot run (target rows carry y = -1; under CUDA the failed index is a device-side assert that
     ends the process), so timing it gave every candidate inf. With the objective, both candidates run and the
     cache entry (keyed by it) holds finite times; a calibration where nothing runs is not cached."""
@@ -334,5 +335,7 @@ def test_auto_calibrates_on_the_saddle_objective(moons, tmp_path, monkeypatch):
     (key, entry), = cache.items()
     assert "objective" in key and all(math.isfinite(entry["seconds"][c]) for c in cands)
     monkeypatch.setattr(bm, "measure", lambda *a, **k: {c: math.inf for c in cands})
-    assert bm.calibrated_choice(pr, cands, 16, loss=algo.local_objective()) is None
+    from fedsolve.core.statements import initial_statement
+
+    assert bm.calibrated_choice(pr, cands, 16, loss=initial_statement(algo).objective) is None
     assert len(json.loads((tmp_path / "executor_calibration.json").read_text())) == 1

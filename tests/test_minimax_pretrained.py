@@ -11,7 +11,8 @@ from torch.func import functional_call
 from fedsolve.data.domains import toy_domains
 from fedsolve.experiments.config import parse_config
 from fedsolve.experiments.runner import build_problem
-from fedsolve.families.minimax.problem import Pretrain, adversarial_problem, minimax_of, pretrain_on_source
+from fedsolve.families.minimax.problem import Pretrain, adversarial_problem, pretrain_on_source
+from fedsolve.families.minimax.saddle import minimax_of
 from tests.test_minimax import make, run_rounds
 
 torch.set_num_threads(1)

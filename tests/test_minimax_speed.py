@@ -19,7 +19,8 @@ from fedsolve.families import get_algorithm
 from fedsolve.families.minimax.fedmm import FedMM
 from fedsolve.core.context import TensorLoss
 from fedsolve.data.domains import toy_domains
-from fedsolve.families.minimax.problem import DomainAdversarialNet, adversarial_problem, minimax_of
+from fedsolve.families.minimax.problem import DomainAdversarialNet, adversarial_problem
+from fedsolve.families.minimax.saddle import minimax_of
 from tests.test_minimax import run_rounds
 
 torch.set_num_threads(1)

@@ -3,11 +3,17 @@
 With ``l_omega = f_i`` and ``l_psi = -f_i`` every parameter block follows the same rule (spec fedmm.md sec. 2,
 "uniform minimizer form")::
 
-    theta <- theta - eta_theta * [ grad l_theta + extra(theta) ]
+    theta <- theta - eta_theta * [ sign_theta * grad f_i(theta) + correction(theta) ]
 
-``extra`` is the algorithm's difference: nothing (FedAvgGDA, FedSGDA), ``mu (theta - theta_0^t)`` (FedProxGDA),
-``mu (theta - theta_0^t) + dual`` (FedMM). Both gradients are taken at the SAME point on the same fresh
-minibatch (simultaneous, not alternating GDA), plain SGD, no momentum.
+``sign`` is +1 on omega (descent) and -1 on psi (ascent); ``eta`` is a per-coordinate step size (eta_1 on omega,
+eta_2 on psi, a smaller one on the feature extractor in the pretrained regime). The correction is the
+algorithm's difference: nothing (FedAvgGDA, FedSGDA), ``mu (theta - theta_0^t)`` (FedProxGDA),
+``mu (theta - theta_0^t) + dual`` (FedMM). Both gradients are taken at the SAME point on the same fresh minibatch
+(simultaneous, not alternating GDA), plain SGD, no momentum. :meth:`MinimaxAlgorithm.descent_ascent` states
+this loop as a :class:`~fedsolve.core.statements.Descend` on the saddle objective.
+
+A saddle objective near zero or negative says nothing about progress, so the divergence guard watches the
+server's model ``w`` (its largest entry) instead of the train loss.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, weighted_mean
-from fedsolve.core.executor import Work
+from fedsolve.core.plans import Work
 from fedsolve.core.states import ClientStates
-from fedsolve.families.minimax.problem import OMEGA, minimax_of, player_signs
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand, weighted_mean
+from fedsolve.families.minimax.saddle import OMEGA, minimax_of, player_signs
 
 
 class GDAConfig(AlgorithmConfig):
@@ -48,9 +55,11 @@ class GDAConfig(AlgorithmConfig):
 
 
 class MinimaxAlgorithm(Algorithm):
-    """Base of FedMM and the GDA baselines: server state ``{"w": (omega_0, psi_0)}`` as one flat vector."""
+    """Base of FedMM and the GDA baselines: server state ``{"w": (omega_0, psi_0)}`` as one flat vector; the
+    divergence guard watches it (a saddle objective near zero or negative is no train loss to watch)."""
 
     Config = GDAConfig
+    watch = "w"
 
     def setup(self) -> None:
         mm = minimax_of(self.problem)
@@ -68,46 +77,42 @@ class MinimaxAlgorithm(Algorithm):
             lr = torch.where(self.layout.mask("features"), feature_lr, lr)
         self.lr_vec = lr
 
-    def block_vector(self, on_omega: float, on_psi: float) -> Tensor:
-        """``[d]`` vector: ``on_omega`` on omega, ``on_psi`` on psi (mu_1/mu_2 of the local terms)."""
-        return torch.where(self.layout.mask(OMEGA), float(on_omega), float(on_psi))
-
-    def work(self, round_: int = 0) -> dict[str, Work]:
+    def work(self, round_: int | None = 0) -> dict[str, Work]:
+        if round_ is None:   # the global model is scored as it is
+            return {}
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
-    def local_objective(self):
-        """The saddle objective f_i (the local steps' loss; ``auto`` calibrates on it)."""
-        return self.objective
-
-    def descent_ascent(self, ctx, start: Tensor, extra=None) -> Tensor:
-        """The local loop: ``theta <- theta - eta * [sign * grad f_i(theta) + extra(theta)]`` over the planned
-        steps (simultaneous GDA on one fresh minibatch per step; ``sign`` = +1 on omega, ``-psi_scale`` on psi).
-        The objective is a ``TensorLoss``: its gradient is taken per parameter tensor (no backward through slices
-        of the flat vector); ``extra`` is evaluated as written (the same rounding as the paper's update)."""
-        like = dict(dtype=start.dtype, device=start.device)
-        return ctx.sgd(start, self.lr_vec.to(**like), "train", extra=extra, scale=self.sign.to(**like),
-                       loss=self.objective)
-
-    def mean(self, rows: Tensor, ids: Tensor) -> Tensor:
-        """The server average: 1/N over the clients of the round (the paper), or sample-size weighted."""
-        if self.cfg.aggregation == "uniform":
-            return rows.mean(0)
-        return weighted_mean(rows, self.client_weights[ids])
-
-    # ----------------------------------------------------------- the five functions (shared parts)
     def init(self, x0, rngs):
         return {"w": x0.clone()}, ClientStates(self.num_clients)
 
     def broadcast(self, server, ids, round_):
-        return {"w": self.expand(server["w"], ids)}
+        return {"w": expand(server["w"], ids)}
 
     def aggregate(self, server, ids, uploads, round_):
-        return {"w": self.mean(uploads["w"], ids)}
-
-    def eval_broadcast(self, server, ids):
-        return {"w": self.expand(server["w"], ids)}
+        """The server average: 1/N over the clients of the round (the paper), or sample-size weighted."""
+        rows = uploads["w"]
+        if self.cfg.aggregation == "uniform":
+            return {"w": rows.mean(0)}
+        return {"w": weighted_mean(rows, self.client_weights[ids])}
 
     def eval_model(self, state, msg):
         """The global (omega_0, psi_0); scored with omega_0's label predictor on the target test data."""
         return msg["w"]
+
+
+def descent_ascent(algo: MinimaxAlgorithm, start: Tensor, then, prox: Tensor | float = 0.0,
+                   linear: Tensor | None = None) -> Descend:
+    """The local loop of ``algo`` as a statement: ``theta <- theta - eta * [sign * grad f_i(theta) + linear +
+    prox * (theta - start)]`` over the planned steps (simultaneous GDA on one fresh minibatch per step; ``sign`` =
+    +1 on omega, ``-psi_scale`` on psi; ``eta`` per coordinate); ``then(theta, steps)`` gives the new client rows
+    and the upload. The objective is a ``TensorLoss`` (its gradient is taken per parameter tensor)."""
+    like = dict(dtype=start.dtype, device=start.device)
+    pull = not (isinstance(prox, float) and prox == 0.0)
+    return Descend(start=start, lr=algo.lr_vec.to(**like), scale=algo.sign.to(**like), objective=algo.objective,
+                   prox=prox, anchor=start if pull else None, linear=linear, then=then)
+
+
+def block_vector(layout, on_omega: float, on_psi: float) -> Tensor:
+    """``[d]`` vector: ``on_omega`` on omega, ``on_psi`` on psi (mu_1/mu_2 of FedMM's local terms)."""
+    return torch.where(layout.mask(OMEGA), float(on_omega), float(on_psi))

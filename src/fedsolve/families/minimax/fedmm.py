@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 
 from fedsolve.engine.algorithm import register
-from fedsolve.families.minimax.common import GDAConfig, MinimaxAlgorithm
+from fedsolve.families.minimax.common import GDAConfig, MinimaxAlgorithm, block_vector, descent_ascent
 from fedsolve.core.states import ClientStates
 
 
@@ -39,7 +39,7 @@ class FedMM(MinimaxAlgorithm):
 
     def setup(self) -> None:
         super().setup()
-        self.mu = self.block_vector(self.cfg.mu1, self.cfg.mu2)
+        self.mu = block_vector(self.layout, self.cfg.mu1, self.cfg.mu2)
 
     def init(self, x0, rngs):
         return {"w": x0.clone()}, ClientStates(self.num_clients, {"dual": torch.zeros(self.num_clients, x0.numel(),
@@ -48,6 +48,10 @@ class FedMM(MinimaxAlgorithm):
     def local_update(self, state, msg, ctx):
         w0, dual = msg["w"], state["dual"]               # round-start global and duals: frozen in the loop
         mu = self.mu.to(dtype=w0.dtype, device=w0.device)
-        w = self.descent_ascent(ctx, w0, lambda th: mu * (th - w0) + dual)       # eqs. 11-12
-        dual = dual + mu * (w - w0)                                               # eqs. 13-14
-        return {"dual": dual}, {"w": w + (self.cfg.eta3 ** ctx.round) * dual / mu}  # eq. 15
+        upload = self.cfg.eta3 ** ctx.round               # eta_3^t
+
+        def then(w, steps):
+            new = dual + mu * (w - w0)                                            # eqs. 13-14
+            return {"dual": new}, {"w": w + upload * new / mu}                     # eq. 15
+
+        return descent_ascent(self, w0, then, prox=mu, linear=dual)               # eqs. 11-12

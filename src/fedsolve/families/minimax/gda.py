@@ -19,7 +19,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedsolve.engine.algorithm import register
-from fedsolve.families.minimax.common import GDAConfig, MinimaxAlgorithm
+from fedsolve.families.minimax.common import GDAConfig, MinimaxAlgorithm, descent_ascent
 
 
 @register
@@ -27,12 +27,8 @@ class FedAvgGDA(MinimaxAlgorithm):
     name = "fedavggda"
     description = "FedAvgGDA: M local simultaneous descent-ascent steps, plain averaging (FedMM paper, Alg. 2)"
 
-    def local_extra(self, msg):
-        """The algorithm's extra gradient term in minimizer form (None: plain GDA on f_i)."""
-        return None
-
     def local_update(self, state, msg, ctx):
-        return {}, {"w": self.descent_ascent(ctx, msg["w"], self.local_extra(msg))}
+        return descent_ascent(self, msg["w"], upload_model)
 
 
 class FedSGDAConfig(GDAConfig):
@@ -57,7 +53,11 @@ class FedProxGDA(FedAvgGDA):
     description = "FedProxGDA: FedAvgGDA with +/-(mu/2)||. - global||^2 proximal terms (FedMM paper, Alg. 2)"
     Config = FedProxGDAConfig
 
-    def local_extra(self, msg):
-        """``mu (theta - theta_0^t)`` on both players (minimizer form of the +/- prox terms)."""
-        w0, mu = msg["w"], self.cfg.mu
-        return lambda th: mu * (th - w0)
+    def local_update(self, state, msg, ctx):
+        """The minimizer form of the +/- prox terms: ``mu (theta - theta_0^t)`` on both players."""
+        return descent_ascent(self, msg["w"], upload_model, prox=float(self.cfg.mu))
+
+
+def upload_model(w, steps):
+    """No client state; the upload is the local model ``(omega_i^{t+1}, psi_i^{t+1})``."""
+    return {}, {"w": w}

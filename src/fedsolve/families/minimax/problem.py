@@ -1,30 +1,23 @@
-"""Federated minimax problems: ``min_omega max_psi f(omega, psi) = (1/N) sum_i f_i(omega, psi)`` (FedMM eq. 3).
+"""Adversarial domain adaptation as a federated saddle problem (FedMM, spec fedmm.md sec. 1.1).
 
-A minimax problem is a :class:`~fedsolve.problems.FederatedProblem` whose model parameters fall into two named
-blocks of its ``ParamLayout``: ``omega`` (the MIN player: feature extractor + label classifier) and ``psi``
-(the MAX player: the domain discriminator, or MDD's auxiliary head). ``problem.extras["minimax"]`` holds the
-saddle objective ``f_i`` as a function of the whole flat parameter vector and one minibatch ``(x, y, w)``
-(weighted mean over the batch: ``alpha_i = 1/|D_i|`` of eq. 4, estimated on minibatches).
-
-Two ways to get one:
-
-* :func:`saddle_problem` wraps a user objective ``objective(omega, psi, batch) -> scalar`` (``omega``/``psi``
-  the flat block vectors, ``batch = (x, y, w)``); any data, any model whose parameters the two blocks cover.
-* :func:`adversarial_problem` builds adversarial domain adaptation (spec fedmm.md sec. 1.1) with the DANN,
-  CDAN or MDD loss, selected by name, on :class:`DomainAdversarialNet`, from scratch or in the "pretrained"
-  regime (:class:`Pretrain`: the label predictor first trained on the labelled source alone, then a 20x smaller
-  step on the feature extractor; spec 2.5 and 6.3). ``psi_gradient="authors_code"`` scales psi's gradient of
-  ``f_i`` as the authors' code does (:func:`psi_gradient_scale`); the default ``"paper"`` leaves it as in eq. 12.
+:func:`adversarial_problem` builds it on domain data: omega (the MIN player) = the feature extractor + the label
+classifier of :class:`DomainAdversarialNet`, psi (the MAX player) = its domain head, and the saddle objective
+``f_i = mean over the batch of [CE on source rows - nu * L_dom]`` with the DANN, CDAN or MDD loss, selected by name
+(:func:`adversarial_loss`); from scratch or in the "pretrained" regime (:class:`Pretrain`: the label predictor
+first trained on the labelled source alone, then a 20x smaller step on the feature extractor; spec 2.5 and 6.3).
+``psi_gradient="authors_code"`` scales psi's gradient of ``f_i`` as the authors' code does
+(:func:`psi_gradient_scale`); the default ``"paper"`` leaves it as in eq. 12.
 
 Domain data convention (``fedsolve.data.domains``): labelled source rows carry their class ``y >= 0``,
-unlabelled target rows carry ``y = -1``; the data's row groups are ``("source", "target")``.
+unlabelled target rows carry ``y = -1``; the data's row groups are ``("source", "target")``. Every client's train
+and test data are checked finite when the problem is built.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,21 +26,17 @@ from torch.func import functional_call
 
 from fedsolve.core.context import TensorLoss
 from fedsolve.data.federated import FederatedData
+from fedsolve.families.minimax.saddle import OMEGA, PSI, check_finite_data, with_saddle_objective
 from fedsolve.problems import FederatedProblem
 
-__all__ = ["OMEGA", "PSI", "Minimax", "Pretrain", "DomainAdaptationProblem", "pretrain_on_source", "minimax_of",
-           "player_signs", "saddle_problem", "adversarial_problem", "adversarial_loss", "DomainAdversarialNet",
-           "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU", "DOMAIN_GROUPS", "PSI_GRADIENTS",
-           "psi_gradient_scale"]
+__all__ = ["Pretrain", "DomainAdaptationProblem", "pretrain_on_source", "adversarial_problem", "adversarial_loss",
+           "DomainAdversarialNet", "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU", "DOMAIN_GROUPS",
+           "PSI_GRADIENTS", "psi_gradient_scale"]
 
-OMEGA, PSI = "omega", "psi"
 #: row-group names of domain data (``FederatedData.group_names``)
 DOMAIN_GROUPS = ("source", "target")
-Batch = tuple[Tensor, Tensor, Tensor]
-#: ``f_i(params, x, y, w)``: the saddle objective on one weighted minibatch, ``params`` the flat vector
-FlatObjective = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-#: a user's saddle objective ``objective(omega, psi, (x, y, w)) -> scalar``
-SaddleObjective = Callable[[Tensor, Tensor, Batch], Tensor]
+#: how the domain-data check names the fields
+DOMAIN_ROLES = {"train_x": "source and target training images", "test_x": "target test images"}
 
 ADVERSARIAL_LOSSES = ("dann", "cdan", "mdd")
 #: nu of the from-scratch MNIST runs in the authors' code (the paper is silent; spec 2.5)
@@ -56,46 +45,6 @@ DEFAULT_NU = {"dann": 1.0, "cdan": 1.0, "mdd": 0.5}
 PRETRAINED_NU = {"dann": 0.25, "cdan": 0.25, "mdd": 0.1}
 #: how psi's gradient of f_i enters its step: as in the paper (eq. 12), or scaled as in the authors' code
 PSI_GRADIENTS = ("paper", "authors_code")
-
-
-@dataclass(frozen=True)
-class Minimax:
-    """What a minimax solver needs besides the layout's ``omega``/``psi`` blocks.
-
-    ``loss(params, x, y, w)``: ``f_i`` on one minibatch; omega descends it, psi ascends it.
-    ``feature_scale``: factor on the step size of the ``features`` block where the solver has no explicit
-    ``feature_lr`` (1 from scratch; 0.05 in the pretrained regime: 0.01 x 0.05 = the paper's 0.0005).
-    ``psi_scale``: factor on psi's GRADIENT of ``f_i`` only (not on a solver's penalty or dual terms):
-    1 in the paper; :func:`psi_gradient_scale` for the authors' code."""
-
-    loss: FlatObjective
-    name: str = "saddle"
-    feature_scale: float = 1.0
-    psi_scale: float = 1.0
-
-
-def minimax_of(problem) -> Minimax:
-    """The problem's minimax objective; a clear error for a problem that is not a minimax problem."""
-    mm = getattr(problem, "extras", {}).get("minimax")
-    if not isinstance(mm, Minimax):
-        raise ValueError("this algorithm needs a minimax problem (problem.extras['minimax']): use "
-                         "problem: {kind: domain_adaptation} in the config, or fedsolve.families.minimax.problem.saddle_problem / "
-                         "adversarial_problem")
-    return mm
-
-
-def player_signs(layout) -> Tensor:
-    """``[d]`` vector: +1 on omega (descent), -1 on psi (ascent); checks that the blocks split the model."""
-    for b in (OMEGA, PSI):
-        if not layout.has_block(b):
-            raise ValueError(f"minimax problem: the layout has no {b!r} block; blocks: {layout.block_names()}")
-    om, ps = layout.mask(OMEGA), layout.mask(PSI)
-    if bool((om & ps).any()):
-        raise ValueError(f"minimax problem: blocks 'omega' and 'psi' overlap on {int((om & ps).sum())} parameters")
-    if not bool((om | ps).all()):
-        left = [n for n in layout.names if n not in layout.block_params(OMEGA) + layout.block_params(PSI)]
-        raise ValueError(f"minimax problem: parameters in neither 'omega' nor 'psi': {left}")
-    return torch.where(om, 1.0, -1.0)
 
 
 def psi_gradient_scale(psi_gradient: str, nu: float, pretrained: bool) -> float:
@@ -113,39 +62,23 @@ def psi_gradient_scale(psi_gradient: str, nu: float, pretrained: bool) -> float:
     return 1.0 / (nu + 0.01) if pretrained else 1.0 / nu
 
 
-def _with_blocks(problem: FederatedProblem, loss_of_layout, name: str, feature_scale: float = 1.0,
-                 psi_scale: float = 1.0) -> FederatedProblem:
-    player_signs(problem.layout)
-    problem.extras["minimax"] = Minimax(loss_of_layout(problem.layout), name, feature_scale, psi_scale)
-    return problem
-
-
-def saddle_problem(data: FederatedData, model_fn: Callable[[], nn.Module], objective: SaddleObjective,
-                   omega: Sequence[str], psi: Sequence[str], *, name: str = "saddle",
-                   eval_loss: str = "squared_error", extra_blocks: dict | None = None) -> FederatedProblem:
-    """A minimax problem from a user objective ``objective(omega, psi, (x, y, w))`` (``omega``/``psi``: the
-    flat block vectors; a weighted mean over the batch rows). ``omega``/``psi``: parameter-name patterns of the
-    two players (together all of ``model_fn()``'s parameters). ``eval_loss`` scores ``model(x)`` on test data."""
-    blocks = {OMEGA: list(omega), PSI: list(psi), **(extra_blocks or {})}
-    problem = FederatedProblem(data=data, model_fn=model_fn, loss=eval_loss, blocks=blocks, name=name)
-
-    def lift(layout):
-        io = torch.nonzero(layout.mask(OMEGA)).flatten()
-        ip = torch.nonzero(layout.mask(PSI)).flatten()
-        return lambda params, x, y, w: objective(params[..., io.to(params.device)], params[..., ip.to(params.device)],
-                                                 (x, y, w))
-
-    return _with_blocks(problem, lift, name)
-
-
 # ------------------------------------------------------------------ adversarial domain adaptation
-def _mlp(d_in: int, hidden: Sequence[int], d_out: int) -> nn.Sequential:
+class Chain(nn.ModuleList):
+    """Layers applied in order (children named ``0``, ``1``, ...)."""
+
+    def forward(self, h: Tensor) -> Tensor:
+        for layer in self:
+            h = layer(h)
+        return h
+
+
+def _mlp(d_in: int, hidden: Sequence[int], d_out: int) -> Chain:
     layers: list[nn.Module] = []
     for h in hidden:
         layers += [nn.Linear(d_in, h), nn.ReLU()]
         d_in = h
     layers.append(nn.Linear(d_in, d_out))
-    return nn.Sequential(*layers)
+    return Chain(layers)
 
 
 class DomainAdversarialNet(nn.Module):
@@ -155,7 +88,7 @@ class DomainAdversarialNet(nn.Module):
     shape with 3x3 kernels for small images, spec 6.3); ``"mlp"``: one ReLU layer of ``feature_dim``.
     Domain head (spec 1.1): DANN ``D -> domain_hidden -> 2`` on the features; CDAN the same on the flattened
     outer product softmax(logits) x features (no stop-gradient); MDD a K-way auxiliary classifier with the
-    classifier's shape. No batch-norm and no dropout (the vectorized executor runs it; spec 6.3).
+    classifier's shape. No batch-norm and no dropout (no buffers: every client runs it alike; spec 6.3).
 
     ``forward(x)`` gives the class logits (evaluation); ``forward(x, adversarial=True)`` gives
     ``(logits, domain_logits)``.
@@ -173,11 +106,11 @@ class DomainAdversarialNet(nn.Module):
             if len(in_shape) != 3:
                 raise ValueError(f"features 'cnn' needs image inputs [C, H, W], got shape {in_shape}")
             c, h, w = in_shape
-            self.features = nn.Sequential(nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                          nn.Conv2d(32, 48, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
+            self.features = Chain([nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                   nn.Conv2d(32, 48, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()])
             d = 48 * (h // 4) * (w // 4)
         elif features == "mlp":
-            self.features = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), feature_dim), nn.ReLU())
+            self.features = Chain([nn.Flatten(), nn.Linear(math.prod(in_shape), feature_dim), nn.ReLU()])
             d = feature_dim
         else:
             raise ValueError(f"features: unknown {features!r}; allowed: ['cnn', 'mlp']")
@@ -335,18 +268,21 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
     Blocks: ``omega`` = features + classifier, ``psi`` = domain head, ``features`` = the feature extractor
     (its own learning rate in the pretrained regime). ``pretrain``: the pretrained regime (source-only stage,
     :class:`Pretrain`); then ``nu`` defaults to :data:`PRETRAINED_NU` and ``feature_scale`` (the factor on the
-    features' step size, :class:`Minimax`) to 0.05, else :data:`DEFAULT_NU` and 1. ``psi_gradient``: the
+    features' step size, ``saddle.Minimax``) to 0.05, else :data:`DEFAULT_NU` and 1. ``psi_gradient``: the
     factor on psi's gradient of ``f_i``, :func:`psi_gradient_scale` ("paper": 1). ``init``: the network's
     initialization, PyTorch's default or the authors' code's (:func:`authors_init`)."""
     if loss not in ADVERSARIAL_LOSSES:
         raise ValueError(f"loss: unknown {loss!r}; allowed: {list(ADVERSARIAL_LOSSES)}")
     if data.task != "classification" or data.num_classes is None:
-        raise ValueError("domain adaptation needs classification data (labelled source rows)")
+        raise ValueError("data: domain adaptation needs classification data (labelled source rows); allowed: a "
+                         "domain dataset (fedsolve.data.domains)")
     if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:
-        raise ValueError(f"domain adaptation needs domain data: row groups {DOMAIN_GROUPS} (train_groups), got "
-                         f"{tuple(data.group_names) or None}; use a dataset from fedsolve.data.domains")
+        raise ValueError(f"data: domain adaptation needs domain data, row groups {DOMAIN_GROUPS} (train_groups), got "
+                         f"{tuple(data.group_names) or None}; allowed: a dataset of fedsolve.data.domains or one "
+                         f"built with its domain_split")
     if bool(((data.train_groups == 1) != (data.train_y < 0)).any()):
-        raise ValueError("domain data: target rows (group 'target') must carry y = -1 and source rows y >= 0")
+        raise ValueError("data: target rows (group 'target') must carry y = -1 and source rows y >= 0")
+    check_finite_data(data, DOMAIN_ROLES)
     nu = (PRETRAINED_NU if pretrain is not None else DEFAULT_NU)[loss] if nu is None else float(nu)
     if nu <= 0:
         raise ValueError(f"nu must be > 0, got {nu}")
@@ -368,5 +304,5 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
                                            "regime": "scratch" if pretrain is None else "pretrained",
                                            "feature_scale": feature_scale, "psi_gradient": psi_gradient,
                                            "psi_scale": psi_scale, "init": init}
-    return _with_blocks(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}",
-                        feature_scale, psi_scale)
+    return with_saddle_objective(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}",
+                                 feature_scale, psi_scale, checked=True)
