@@ -204,8 +204,9 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
 
         try:
             problem = get_problem_kind(cfg.problem.kind)(problem, dict(cfg.problem.params), seed)
-        except ValueError as e:
-            raise ConfigError(f"problem.params: {e}") from None
+        except ValueError as e:   # a message that names its field (data..., problem...) keeps it
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith(("data", "problem")) else f"problem.params: {msg}") from None
     return problem
 
 
@@ -220,7 +221,15 @@ def recorded_dataset(cfg: ExperimentConfig, problem: FederatedProblem) -> str:
 def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: FederatedProblem):
     """The solver of ``spec`` on ``problem``, inside the wrappers ``spec.wrap`` names (``engine/wrappers.py``)."""
     cls = get_algorithm(spec.name)
-    return wrap(cls(cls.Config(**merged_params(cls, cfg.defaults, spec.params)), problem), spec.wrap)
+    config = cls.Config(**merged_params(cls, cfg.defaults, spec.params))
+    try:
+        algo = cls(config, problem)
+    except ConfigError:
+        raise
+    except ValueError as e:   # the problem does not fit the solver, e.g. a family's solver with no problem: section
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(("data", "problem")) else f"algorithms: {spec.name}: {msg}") from None
+    return wrap(algo, spec.wrap)
 
 
 # ------------------------------------------------------------------ one run
