@@ -5,11 +5,14 @@
                      [--track csv,tensorboard,wandb,mlflow]
     fedsolve list [algorithms|datasets|partitioners|models]
     fedsolve report DIR
+    fedsolve verify DIR [--full] [--cell LABEL|KEY] [--rounds R] [--rtol X] [--atol X]
+    fedsolve ledger DIR [--check]
     fedsolve examples [NAME]       (the example configs shipped with fedsolve: their paths)
     fedsolve --version
 
-Exit codes: 0 done, 2 bad input (a one-line message naming the field and what is allowed), 3 the run
-diverged, 130 interrupted (Ctrl-C; continue with ``--resume``).
+Exit codes: 0 done, 1 ``verify`` found a difference (or ``ledger --check`` a problem), 2 bad input (a one-line
+message naming the field and what is allowed), 3 the run diverged, 130 interrupted (Ctrl-C; continue with
+``--resume``).
 
 Process settings happen in :func:`main`, when a command starts (never on import): ``OMP_WAIT_POLICY=PASSIVE``
 unless the environment sets it (before torch loads; see docs/getting-started.md, "Threads").
@@ -24,7 +27,7 @@ import signal
 import sys
 from pathlib import Path
 
-EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 2, 3, 130
+EXIT_DIFFERS, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
 def _out_dir(path: Path) -> Path:
@@ -200,6 +203,31 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_verify(args) -> int:
+    from fedsolve.experiments.verify import verify
+
+    if args.rounds is not None and args.rounds < 0:
+        print(f"error: --rounds: expected a whole number >= 0, got {args.rounds}", file=sys.stderr)
+        return EXIT_CONFIG
+    found = verify(args.dir, full=args.full, cell=args.cell, rounds=args.rounds, rtol=args.rtol, atol=args.atol)
+    print("\n".join(found.lines))
+    return 0 if found.agrees else EXIT_DIFFERS
+
+
+def _cmd_ledger(args) -> int:
+    from fedsolve.experiments.ledger import check_ledger, stamp_commits, write_ledger
+
+    if args.check:
+        problems = check_ledger(args.dir)
+        print("\n".join(problems) or f"{args.dir}: the ledger agrees with claims.json and every evidence path exists")
+        return EXIT_DIFFERS if problems else 0
+    stamped = stamp_commits(args.dir)
+    readme = write_ledger(args.dir)
+    print(f"{readme}: ledger written from {Path(args.dir) / 'claims.json'}"
+          + (f"; {len(stamped)} summary.json given the commit that added them" if stamped else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fedsolve import __version__
 
@@ -247,6 +275,23 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rebuild report.md and plots of a run or compare folder")
     rp.add_argument("dir", help="a run or compare folder (holds summary.json)")
     rp.set_defaults(fn=_cmd_report)
+    vf = sub.add_parser("verify", help="re-run one reported cell of a run, compare or suite folder and compare "
+                                       "with its recorded numbers (exit 1 when they differ)")
+    vf.add_argument("dir", help="a run, compare or suite folder, e.g. one under results/")
+    vf.add_argument("--full", action="store_true", help="re-run the whole cell (default: up to a reduced round)")
+    vf.add_argument("--cell", help="which cell: an algorithm label of a compare folder, a cells/ file name of a "
+                                   "suite (default: the first)")
+    vf.add_argument("--rounds", type=int, help="a reduced re-run stops at the first recorded evaluation at or "
+                                               "after this round (default 10)")
+    vf.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    vf.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (default 1e-8)")
+    vf.set_defaults(fn=_cmd_verify)
+    lg = sub.add_parser("ledger", help="write the claims ledger table of a results/<family> folder from its "
+                                       "claims.json (and stamp summaries that name no commit)")
+    lg.add_argument("dir", help="a results/<family> folder with a claims.json")
+    lg.add_argument("--check", action="store_true", help="only check: exit 1 when the README's table is not the "
+                                                         "generated one or an evidence path is missing")
+    lg.set_defaults(fn=_cmd_ledger)
     ex = sub.add_parser("examples", help="the example configs shipped with fedsolve (their paths)")
     ex.add_argument("name", nargs="?", help="print only this example's path (e.g. demo)")
     ex.set_defaults(fn=_cmd_examples)

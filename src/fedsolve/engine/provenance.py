@@ -70,23 +70,42 @@ def source_commit() -> tuple[str, bool | None]:
     return head, None if status is None else bool(status)
 
 
-def source_changed(commit: str, other: str = "HEAD") -> bool | None:
+def source_changed(commit: str, other: str = "HEAD", checkout: tuple[Path, str] | None = None) -> bool | None:
     """Whether the package source (its folder's git tree) differs between ``commit`` and ``other``; None when
-    that cannot be told (no checkout, an unknown commit)."""
-    where = source_checkout()
+    that cannot be told (no checkout, an unknown commit). ``checkout``: (a work tree, the package's path in it)
+    to look in instead of the one this package runs from (:func:`source_checkout`)."""
+    where = checkout or source_checkout()
     if where is None or not commit or commit == "unknown":
         return None
-    _, pkg = where
-    a, b = _git("rev-parse", f"{commit}:{pkg}"), _git("rev-parse", f"{other}:{pkg}")
+    top, pkg = where
+    a, b = _git("rev-parse", f"{commit}:{pkg}", cwd=top), _git("rev-parse", f"{other}:{pkg}", cwd=top)
     return None if a is None or b is None else a != b
 
 
-def added_by(path: str | Path) -> str | None:
-    """The commit that added ``path`` to the repository (``git log --diff-filter=A``; the oldest if the file
-    was added more than once), or None when it is not tracked."""
-    path = Path(path).resolve()
-    out = _git("log", "--diff-filter=A", "--format=%H", "--", path.name, cwd=path.parent)
-    return out.splitlines()[-1] if out else None
+def head_of(path: str | Path) -> str | None:
+    """The HEAD commit of the git work tree that holds ``path``, or None."""
+    return _git("rev-parse", "HEAD", cwd=Path(path).resolve())
+
+
+def added_in(folder: str | Path) -> dict[Path, str]:
+    """For every file under ``folder`` that git tracks: the commit that added it (a file moved since keeps the
+    commit that added it under its first name), from one ``git log``; {} outside a checkout."""
+    folder = Path(folder).resolve()
+    top = _git("rev-parse", "--show-toplevel", cwd=folder)
+    out = _git("log", "--reverse", "-M", "--diff-filter=AR", "--format=%x00%H", "--name-status", "--", ".",
+               cwd=folder)
+    if top is None or not out:
+        return {}
+    first: dict[str, str] = {}
+    for block in out.split("\x00")[1:]:               # oldest commit first
+        commit, *changes = block.strip().splitlines()
+        for change in changes:
+            status, *names = change.split("\t")
+            if status == "A":
+                first.setdefault(names[0], commit)
+            elif status.startswith("R") and len(names) == 2:
+                first[names[1]] = first.get(names[0], commit)
+    return {Path(top) / name: commit for name, commit in first.items()}
 
 
 def versions() -> dict[str, str]:
@@ -138,5 +157,5 @@ def command_line(argv: list[str] | None) -> str:
     return shlex.join(["fedsolve", *(sys.argv[1:] if argv is None else argv)])
 
 
-__all__ = ["COMMAND", "added_by", "command_line", "config_hash", "device_info", "provenance", "source_changed",
+__all__ = ["COMMAND", "added_in", "head_of", "command_line", "config_hash", "device_info", "provenance", "source_changed",
            "source_commit", "versions"]
