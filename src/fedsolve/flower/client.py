@@ -30,7 +30,7 @@ from fedsolve.core.rng import RngStreams
 from fedsolve.flower.records import from_array_record, to_array_record
 from fedsolve.flower.rounds import (client_adapt, client_eval_metrics, client_eval_params, client_update,
                                     initial_state)
-from fedsolve.flower.task import DeploymentTask, load_task, run_config_value
+from fedsolve.flower.task import DeploymentTask, app_threads, load_task, run_config_value
 
 META, STATE, PENDING = "fedsolve-meta", "fedsolve-state", "fedsolve-pending"
 
@@ -101,8 +101,8 @@ class ClientStore:
 
 
 def _setup(msg: Message, context: Context) -> tuple[DeploymentTask, int, ClientStore, Any]:
-    torch.set_num_threads(int(run_config_value(context.run_config, "threads")))
     task = load_task(context.run_config, role="client")
+    torch.set_num_threads(app_threads(context.run_config, task))
     cid = partition_id(context, task)
     cfg = msg.content["config"]
     if int(cfg["client"]) != cid:

@@ -37,7 +37,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedsolve.engine.algorithm import eval_phases
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
 from fedsolve.flower.rounds import plan_shapes
-from fedsolve.flower.task import load_task, run_config_value
+from fedsolve.flower.task import app_threads, load_task, run_config_value
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.loop import JsonlLogger, Simulation
 from fedsolve.engine.transport import Transport
@@ -274,8 +274,8 @@ class FlowerRun:
         return self.sim.server
 
     def setup(self) -> None:
-        torch.set_num_threads(int(run_config_value(self.rc, "threads")))
         self.task = load_task(self.rc, role="server")
+        torch.set_num_threads(app_threads(self.rc, self.task))
         problem = self.task.problem
         self.transport = GridTransport(self.grid, self.rc, problem.num_clients)
         callbacks = [_Log(self.task.simulation), _Files(self)]

@@ -40,7 +40,7 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {
     "eval-timeout": 120.0,   # seconds the server waits for evaluation replies
     "wait-for-nodes": 300.0,  # seconds to wait at start until every client's node has joined
     "results-dir": "",       # where the ServerApp writes metrics.jsonl, participation.json, summary.json
-    "threads": 1,            # torch threads in the ServerApp / ClientApp processes
+    "threads": 0,            # torch threads per app process; 0: the experiment's `threads`, as the simulation
 }
 
 
@@ -55,6 +55,8 @@ class DeploymentTask:
     simulation: SimulationConfig
     seed: int
     name: str = "fedsolve"
+    #: the experiment's ``threads`` (None: the machine's physical cores, the simulation's default)
+    threads: int | None = None
 
 
 def run_config_value(cfg: Mapping[str, Any], key: str) -> Any:
@@ -120,7 +122,7 @@ def _from_experiment(path: str, algorithm: str, seed: int, overrides: str) -> De
     s = cfg.seeds[0] if seed is None or int(seed) < 0 else int(seed)
     problem = build_problem(cfg, s)
     algo = build_algorithm(cfg, spec, problem)
-    return DeploymentTask(problem, algo, cfg.simulation, s, name=f"{cfg.name}/{spec.display}")
+    return DeploymentTask(problem, algo, cfg.simulation, s, name=f"{cfg.name}/{spec.display}", threads=cfg.threads)
 
 
 def _from_factory(ref: str) -> DeploymentTask:
@@ -165,3 +167,13 @@ def load_task(run_config: Mapping[str, Any], role: str = "any") -> DeploymentTas
     check_supported(task.algorithm)
     _CACHE[key] = task
     return task
+
+
+def app_threads(run_config: Mapping[str, Any], task: DeploymentTask) -> int:
+    """The torch threads of a ServerApp / ClientApp process: the run config's ``threads``, or (0, the default) the
+    experiment's ``threads`` as a simulation of it uses (the machine's physical cores when unset), so that a
+    deployment computes with the simulation's thread count and gives its numbers."""
+    from fedsolve.core.cpus import physical_cores
+
+    n = int(run_config_value(run_config, "threads"))
+    return n if n > 0 else (task.threads or physical_cores())
