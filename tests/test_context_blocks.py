@@ -3,7 +3,8 @@ block's parameter tensors only and an update of the block's slice only, with an 
 
 References: the masked full-vector step (``LocalContext.sgd(mask=...)``) on random blocks of a small MLP, under
 the sequential and the vectorized executor; and FedAPM through the masked path as it was before the block step
-(``MaskedFedAPM`` below keeps that code), a few rounds on a small MLP problem.
+(``MaskedFedAPM`` below states it as masked ``Descend`` statements on the whole vector), a few rounds on a small MLP
+problem.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fedsolve.families.personalized.baselines import FedAlt
 from fedsolve.core.context import LocalContext, ParamBlock
 from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor, Work, build_plans
 from fedsolve.core.rng import RngStreams
+from fedsolve.core.statements import Descend
 from fedsolve.data.federated import FederatedData
 from fedsolve.models import MLP
 from fedsolve.problems import FederatedProblem
@@ -73,9 +75,6 @@ class _Step:
         self.extra_cubic, self.mode = extra_cubic, mode   # a non-affine extra term on top (cubic), or None
         self.c_full = torch.zeros(block.mask.numel())
         self.c_full[block.mask] = c
-
-    def stacked_update(self, msgs):
-        return False
 
     def local_update(self, state, msg, ctx: LocalContext):
         blk, full, q = self.block, state["full"], self.extra_cubic
@@ -160,11 +159,11 @@ def test_block_sgd_until_stops_on_the_block_gradient():
 # ------------------------------------------------------------------ FedAPM: block path vs the masked path
 class MaskedFedAPM(FedAPM):
     """FedAPM's client round through the masked full-vector step, as the code was before the block step (the
-    reference: ``local_sgd`` over ``join(v, u)`` with the phase's mask, extra terms as callables on ``[d]``)."""
+    reference: a ``Descend`` over ``join(v, u)`` with the phase's mask, extra terms as callables on ``[d]``)."""
 
     def _masked(self, ctx, v, u, phase, mask, extra, lr, until):
-        full = self.local_sgd(ctx, self.join(v, u), phase, extra=extra, mask=mask, lr=lr, scale=self.alpha(ctx),
-                              until=until)
+        full = ctx.descend(Descend(start=self.join(v, u), lr=lr, phase=phase, extra=extra, mask=mask,
+                                   scale=self.alpha(ctx), weight_decay=self.cfg.weight_decay, until=until, then=None))
         return self.split(full)
 
     def shared_full(self, u):
@@ -185,7 +184,7 @@ class MaskedFedAPM(FedAPM):
                              (lambda p: pi_full + rho * (p - ut_full)) if (c.dual or rho > 0) else None, c.lr,
                              (lambda p, g: (g * g).sum() <= xi) if xi_ctl else None)[1]
         pi_new = pi + rho * (u_new - u_t) if c.dual else pi
-        rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi, "drift": self.drift(u_new, u_t)}
+        rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi, "drift": (u_new - u_t).norm()}
         return rows, self.upload(state, rows)
 
 
@@ -248,8 +247,9 @@ def test_fedalt_block_path_matches_masked_path():
         ctx = LocalContext(prob, {p: pl.row(k) for p, pl in plans.items()}, torch.tensor(1.0), torch.tensor(1.0),
                            ids[k], prob.data.train_x, prob.data.train_y)
         ctx.eager = True
-        full = algo.local_sgd(ctx, algo.join(rows["v"][k], u_t), "v", mask=algo.pmask)
-        full = algo.local_sgd(ctx, full, "u", mask=algo.smask)
+        for phase, mask in (("v", algo.pmask), ("u", algo.smask)):
+            full = ctx.descend(Descend(start=full if phase == "u" else algo.join(rows["v"][k], u_t), lr=0.2,
+                                       phase=phase, mask=mask, weight_decay=0.01, then=None))
         torch.testing.assert_close(algo.join(new["v"][k], new["u"][k]), full, rtol=1e-6, atol=1e-6)
 
 

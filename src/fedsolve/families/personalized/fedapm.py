@@ -26,9 +26,9 @@ Without a ``personal`` block FedAPM is inexact consensus ADMM (FedADMM without p
 With ``dual: false`` (pi fixed at 0) and ``rho = 0`` it reduces to FedAlt with stale all-client
 averaging (sec. 3); then ``z_i = u_i`` (never divides by rho = 0).
 
-Diagnostics: ``model_deviation = sum_i ||u_i - u||``; ``local_drift`` = mean ||u_i^{t+1} - u^t|| at
-each client's latest participation (Fig. 5); and the stationarity measure dist(0, dL) of Lemma 6,
-whose zero set is Definition 1 / eq. (6):
+Reported at each evaluation (``report``): ``model_deviation = sum_i ||u_i - u||``; ``local_drift`` =
+mean ||u_i^{t+1} - u^t|| at each client's latest participation (Fig. 5); and the stationarity measure
+dist(0, dL) of Lemma 6, whose zero set is Definition 1 / eq. (6):
 ``||alpha_i grad_v f_i||, ||alpha_i grad_u f_i + pi_i + rho(u_i - u)||, ||u_i - u||, ||sum_i (pi_i + rho(u_i - u))||``.
 """
 
@@ -41,9 +41,9 @@ import torch
 from pydantic import Field, model_validator
 from torch.func import functional_call, grad
 
+from fedsolve.core.plans import Work
 from fedsolve.engine.algorithm import register
-from fedsolve.families.personalized.baselines import PartialAlgorithm, PartialConfig
-from fedsolve.core.executor import Work
+from fedsolve.families.personalized.partial import PartialAlgorithm, PartialConfig
 
 
 class FedAPMConfig(PartialConfig):
@@ -85,7 +85,9 @@ class FedAPM(PartialAlgorithm):
     description = "FedAPM: ADMM with partial personalization, prox v-step, inexact u-step, z=u+pi/rho (Zhu 2025)"
     Config = FedAPMConfig
 
-    def work(self, round_: int = 0):
+    def work(self, round_: int | None = 0):
+        if round_ is None:
+            return {}
         if self.cfg.solver == "xi_controlled":
             return {"v": Work(steps=self.cfg.max_steps, batch_size=None),
                     "u": Work(steps=self.cfg.max_steps, batch_size=None)}
@@ -101,29 +103,39 @@ class FedAPM(PartialAlgorithm):
         c = self.cfg
         u_t, v, u_i, pi, rho = msg["u"], state["v"], state["u"], state["pi"], c.rho
         xi_ctl = c.solver == "xi_controlled"
-        # (9) proximal v-step anchored at v_i^t: sigma (p - v_i^t) as the affine term (sigma, -sigma v_i^t)
-        v_new = self.v_step(ctx, v, u_i if c.v_shared == "local" else u_t,
-                            affine=(c.sigma, -c.sigma * v) if c.sigma > 0 else None,
-                            until=(lambda p, g: (g * g).sum() <= c.v_tol) if xi_ctl else None)
+        # (9) proximal v-step anchored at v_i^t: the pull sigma (p - v_i^t) as sigma p + (-sigma v_i^t)
+        v_new = v
+        if self.d_v:
+            v_new = ctx.descend(self.block_descent(
+                ctx, "v", v, u_i if c.v_shared == "local" else u_t, prox=c.sigma,
+                linear=-c.sigma * v if c.sigma > 0 else None,
+                until=(lambda p, g: (g * g).sum() <= c.v_tol) if xi_ctl else None))
         # (10) tolerance decay
         xi = c.xi_decay * state["xi"]
-        # (11) inexact u-step: pi_i^t + rho (u - u^t) enters every step, as the affine term (rho, pi_i^t - rho u^t)
-        u_new = self.u_step(ctx, v_new, u_t if c.warm_start == "server" else u_i,
-                            affine=(rho, torch.add(pi, u_t, alpha=-rho)) if (c.dual or rho > 0) else None,
-                            until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None)
-        # (12) dual ascent with u^t; (13) upload z_i^{t+1} - z_i^t (the server keeps sum_i z_i)
-        du = u_new - u_t
-        pi_new = torch.add(pi, du, alpha=rho) if c.dual else pi
-        rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi, "drift": du.norm()}   # drift ||u_i^{t+1} - u^t||
-        return rows, self.upload(state, rows)
+        # (11) inexact u-step: pi_i^t + rho (u - u^t) enters every step, as rho u + (pi_i^t - rho u^t)
+        admm = c.dual or rho > 0
+
+        def then(u_new, steps):
+            # (12) dual ascent with u^t; (13) upload z_i^{t+1} - z_i^t (the server keeps sum_i z_i)
+            du = u_new - u_t
+            pi_new = torch.add(pi, du, alpha=rho) if c.dual else pi
+            rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi,
+                    "drift": torch.linalg.vector_norm(du, dim=-1)}   # ||u_i^{t+1} - u^t||
+            return rows, self.upload(state, rows)
+
+        return self.block_descent(ctx, "u", u_t if c.warm_start == "server" else u_i, v_new,
+                                  prox=rho if admm else 0.0, linear=torch.add(pi, u_t, alpha=-rho) if admm else None,
+                                  until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None, then=then)
 
     def z_of(self, state):
         """(13) ``z_i = u_i + pi_i / rho`` (``u_i`` with ``dual: false``)."""
         return state["u"] + state["pi"] / self.cfg.rho if self.cfg.dual else state["u"]
 
-    # ------------------------------------------------------------------ diagnostics
-    def diagnostics(self, server, clients):
-        out = super().diagnostics(server, clients)
+    # ------------------------------------------------------------------ report
+    def report(self, server, clients, final: bool = False):
+        out = super().report(server, clients, final)
+        if final:
+            return out
         out["dual_sum_norm"] = float(clients["pi"].sum(0).norm())
         if self.cfg.log_stationarity:
             out.update(self.stationarity(server, clients))
