@@ -270,7 +270,8 @@ class BatchedMLPExecutor:
 
     # ---------------------------------------------------------------- the steps of a chunk of clients
     def _sgd_chunk(self, P: Tensor, Z: Tensor | None, Xf: Tensor, ty: Tensor, idx: Tensor, wts: Tensor,
-                   active: Tensor, fixed: bool, lr: float, rho: float, wd: float, L: Tensor | None = None) -> Tensor:
+                   active: Tensor, fixed: bool, lr: float | Tensor, rho: float | Tensor, wd: float | Tensor,
+                   L: Tensor | None = None) -> Tensor:
         """All steps of the clients of one chunk, in place on their rows ``P`` ``[k, d]``; their summed loss.
 
         The chunk's minibatches are gathered a block of steps at a time (:attr:`gather_bytes`) into a buffer
@@ -278,13 +279,17 @@ class BatchedMLPExecutor:
         per block; each step is trimmed to the longest batch of the chunk at that step (the rest is weight-0
         padding). Plain SGD steps where every client of the chunk is active are fused into the kernel's
         backward pass where it can (``fuses_update``); otherwise ``P -= lr (G + wd P + L + rho (P - anchor))``
-        over the stacked rows (``L``: the clients' constant linear terms ``[k, d]``), inactive clients unchanged."""
+        over the stacked rows (``L``: the clients' constant linear terms ``[k, d]``), inactive clients unchanged.
+        ``lr``, ``rho`` and ``wd`` are numbers, or one value per client ``[k]`` (runs of a sweep batched together,
+        ``engine/sweep.py``)."""
         kern = self.kernel
         K, (S, B) = P.shape[0], idx.shape[1:]
         G = torch.empty_like(P)
         lens = (wts > 0).sum(-1).amax(0).clamp_min(1).tolist()   # per step: the chunk's longest batch
         live_all = active.all(0).tolist()
-        fuse = kern.fuses_update and wd == 0 and Z is None and L is None
+        per_row = lambda v: isinstance(v, Tensor) and v.dim() == 1   # noqa: E731
+        col = {name: v.to(P.dtype).unsqueeze(1) for name, v in (("lr", lr), ("rho", rho), ("wd", wd)) if per_row(v)}
+        fuse = kern.fuses_update and not col and wd == 0 and Z is None and L is None
         loss_sum = P.new_zeros(K)
         bufs: dict[int, object] = {}
         row = Xf.shape[1] * Xf.element_size()
@@ -310,13 +315,20 @@ class BatchedMLPExecutor:
             loss_sum += loss * live
             if fused:
                 continue
-            if wd > 0:
+            if "wd" in col:
+                G.addcmul_(P, col["wd"])
+            elif wd > 0:
                 G.add_(P, alpha=wd)
             if L is not None:
                 G.add_(L)
             if Z is not None:
-                G.add_(P - Z, alpha=rho)
-            if live_all[s]:   # the update of the chunk's stacked flat rows
+                if "rho" in col:
+                    G.addcmul_(P - Z, col["rho"])
+                else:
+                    G.add_(P - Z, alpha=rho)
+            if "lr" in col:   # one step size per client: -lr_k on the live rows
+                P.addcmul_(G, col["lr"] * live.to(P.dtype).unsqueeze(1), value=-1.0)
+            elif live_all[s]:   # the update of the chunk's stacked flat rows
                 P.add_(G, alpha=-lr)
             else:
                 P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-lr)
@@ -345,8 +357,8 @@ class BatchedMLPExecutor:
         out.append(torch.tensor(cur))
         return out
 
-    def sgd(self, start: Tensor, lr: float, plan: Plan, data, anchor: Tensor | None = None, rho: float = 0.0,
-            wd: float = 0.0, linear: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def sgd(self, start: Tensor, lr: float | Tensor, plan: Plan, data, anchor: Tensor | None = None,
+            rho: float | Tensor = 0.0, wd: float | Tensor = 0.0, linear: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
 
         On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default: the
@@ -362,7 +374,7 @@ class BatchedMLPExecutor:
         steps = active.sum(1).to(dtype)
         if not S:
             return P, P.new_zeros(K)
-        Z = anchor.to(dtype) if anchor is not None and rho > 0 else None
+        Z = anchor.to(dtype) if anchor is not None and (isinstance(rho, Tensor) or rho > 0) else None
         L = linear.to(dtype) if linear is not None else None
         Xf = data.train_x.reshape(data.train_x.shape[0], -1).to(dtype)
         ty = data.train_y if self.ce else data.train_y.reshape(data.train_y.shape[0], -1)
@@ -394,8 +406,10 @@ class BatchedMLPExecutor:
             if workers > 1:
                 torch.set_num_threads(1)   # this pool thread's intra-op count
             Pc = rows(P, g)
+            own = lambda v: rows(v, g) if isinstance(v, Tensor) and v.dim() == 1 else v   # noqa: E731
             loss = self._sgd_chunk(Pc, None if Z is None else rows(Z, g), Xf, ty, rows(idx, g), rows(wts, g),
-                                   rows(active, g), plan.fixed, lr, rho, wd, None if L is None else rows(L, g))
+                                   rows(active, g), plan.fixed, own(lr), own(rho), own(wd),
+                                   None if L is None else rows(L, g))
             if not contiguous:
                 P[g] = Pc
             return loss
