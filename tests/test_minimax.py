@@ -19,7 +19,7 @@ from fedsolve.core.executor import build_plans
 from fedsolve.core.selection import make_executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.minimax.saddle import saddle_problem
+from fedsolve.families.minimax import quadratic_saddle_problem, saddle_problem
 
 N, DX, DY = 4, 3, 2
 
@@ -69,12 +69,21 @@ class Pair(nn.Module):
 
 
 def quadratic_problem(seed: int = 0):
+    """The testbed from each client's matrices (``quadratic_saddle_problem``) and its coefficients."""
+    coeffs = quadratic_coeffs(seed)
+    A, B, C, a, c = ([torch.tensor(cf[k]) for cf in coeffs] for k in range(5))
+    return quadratic_saddle_problem(A, B, C, a, c, name="quadratic"), coeffs
+
+
+def rows_problem(seed: int = 0):
+    """The same testbed as an objective on data rows (``saddle_problem``): each client's one row holds its
+    coefficients."""
     coeffs = quadratic_coeffs(seed)
     rows = torch.tensor(np.stack([np.concatenate([p.ravel() for p in cf]) for cf in coeffs]))
     off = torch.arange(N + 1)
     data = FederatedData(rows, torch.zeros(N, dtype=torch.float64), off, rows.clone(),
                          torch.zeros(N, dtype=torch.float64), off.clone(), task="regression", name="quadratic")
-    return saddle_problem(data, Pair, quad_objective, omega=["omega"], psi=["psi"], name="quadratic"), coeffs
+    return saddle_problem(data, Pair, quad_objective, omega=["omega"], psi=["psi"], name="quadratic")
 
 
 def saddle_point(coeffs):
@@ -243,3 +252,17 @@ def test_eta3_is_a_power_of_the_round(quad):
     mu = torch.tensor([1.0] * DX + [2.0] * DY, dtype=torch.float64)
     torch.testing.assert_close(outs[1.0][1]["w"] - outs[0.5][1]["w"], (1 - 0.5 ** 3) * dual / mu)
     assert dual.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["fedmm", "fedavggda"])
+def test_an_objective_on_data_rows_gives_the_client_matrices_iterates(quad, name):
+    """The same quadratic stated as an objective on data rows (``saddle_problem``) and from the clients' matrices
+    (``quadratic_saddle_problem``): the same server model after 5 rounds, the same duals."""
+    problem, _ = quad
+    x0 = torch.linspace(-1, 1, DX + DY, dtype=torch.float64)
+    a, ca, _ = run_rounds(make(name, problem, lr=LR, lr_psi=LR, local_steps=4), 5, x0=x0)
+    b, cb, _ = run_rounds(make(name, rows_problem(0), lr=LR, lr_psi=LR, local_steps=4), 5, x0=x0)
+    torch.testing.assert_close(a["w"], b["w"], rtol=0, atol=1e-12)
+    for k in ca:
+        torch.testing.assert_close(ca[k], cb[k], rtol=0, atol=1e-12)
+    assert float((a["w"] - x0).abs().max()) > 1e-2

@@ -313,9 +313,9 @@ def test_authors_init_and_its_error():
 
 
 def test_auto_calibrates_on_the_saddle_objective(moons, tmp_path, monkeypatch):
-    """``executor: auto`` times the executors on the objective of the algorithm's stated update: on domain data the model's
-    plain loss cannot run (target rows carry y = -1; under CUDA the failed index is a device-side assert that
-    ends the process), so timing it gave every candidate inf. With the objective, both candidates run and the
+    """``executor: auto`` times the executors on the objective of the algorithm's stated update: on domain data the
+    model's plain loss cannot run (target rows carry y = -1; under CUDA the failed index is a device-side assert
+    that ends the process), so timing it gave every candidate inf. With the objective, both candidates run and the
     cache entry (keyed by it) holds finite times; a calibration where nothing runs is not cached."""
     import json
     import math

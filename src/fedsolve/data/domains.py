@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 from .federated import FederatedData
 
-__all__ = ["domain_split", "toy_domains", "mnist_mnistm", "mnist_digits", "digit_domains", "mnistm_blend",
-           "skimage_photos", "DIGIT_DOMAINS", "DOMAIN_DATASETS"]
+__all__ = ["domain_split", "check_domains", "toy_domains", "mnist_mnistm", "mnist_digits", "digit_domains",
+           "mnistm_blend", "skimage_photos", "DIGIT_DOMAINS", "DOMAIN_DATASETS"]
 
 GROUPS = ("source", "target")
 
@@ -66,12 +66,46 @@ def _class_parts(y: np.ndarray, k: int, c: int, num_classes: int, rng: np.random
     return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in out]
 
 
+def check_domains(pairs: dict[str, tuple], num_classes: int) -> None:
+    """Every domain's ``(x, y)`` pair (``pairs``: name -> pair): as many labels as rows, one sample shape for all,
+    finite values, integer labels ``0 .. num_classes - 1``. A ``ValueError`` names the pair and what is allowed."""
+    if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise ValueError(f"num_classes: expected a positive integer, got {num_classes!r}")
+    shapes = {}
+    for name, pair in pairs.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"{name}: expected an (x, y) pair of arrays")
+        x, y = (np.asarray(a.cpu() if isinstance(a, torch.Tensor) else a) for a in pair)
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+            raise ValueError(f"{name}: x of shape {x.shape} and y of shape {y.shape}; allowed: x [n, ...] with one "
+                             f"label per row, y [n]")
+        shapes[name] = x.shape[1:]
+        first = next(iter(shapes))
+        if shapes[name] != shapes[first]:
+            raise ValueError(f"{name}: samples of shape {shapes[name]} but {first}'s are {shapes[first]}; allowed: "
+                             f"one shape for every domain (resize the images to one size)")
+        if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+            raise ValueError(f"{name}: x of type {x.dtype}; allowed: real numbers")
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if len(x) else np.zeros(0, bool)
+        if bad.any():
+            raise ValueError(f"{name}: {int(bad.sum())} sample(s) hold NaN/inf values (row {int(np.argmax(bad))} "
+                             f"first); allowed: finite values only")
+        if len(y) and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes):
+            what = f"labels of type {y.dtype}" if not np.issubdtype(y.dtype, np.integer) else \
+                f"label {int(y.max()) if y.max() >= num_classes else int(y.min())}"
+            raise ValueError(f"{name}: {what} outside the {num_classes} classes; allowed: integer labels 0 to "
+                             f"{num_classes - 1} (num_classes = {num_classes})")
+
+
 def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray, np.ndarray],
                  target_test: tuple[np.ndarray, np.ndarray], num_classes: int, num_clients: int = 2,
                  p: float | None = None, source_clients: int | None = None, classes_per_client: int | None = None,
                  seed: int = 0, name: str = "domains", meta: dict | None = None) -> FederatedData:
-    """Federate a domain pair (see the module docstring). ``target``'s labels are used only to split by class
-    (``classes_per_client``); they are replaced by -1 in the result."""
+    """Federate a domain pair (see the module docstring). ``source``, ``target``, ``target_test``: ``(x, y)`` array
+    pairs (images ``[n, C, H, W]`` or feature rows ``[n, d]``, one shape for all three; labels ``0 ..
+    num_classes - 1``). ``target``'s labels are used only to split by class (``classes_per_client``); they are
+    replaced by -1 in the result. Each pair is checked (:func:`check_domains`)."""
+    check_domains({"source": source, "target": target, "target_test": target_test}, num_classes)
     rng = np.random.default_rng(seed)
     xs, ys = source
     xt, yt = target

@@ -5,6 +5,7 @@ from fedsolve.families.minimax import fedmm  # noqa: F401
 from fedsolve.families.minimax import gda  # noqa: F401
 from fedsolve.families.minimax import kind  # noqa: F401  (the problem kind)
 from fedsolve.families.minimax.problem import adversarial_problem
-from fedsolve.families.minimax.saddle import client_saddle_problem, quadratic_saddle_problem, saddle_problem
+from fedsolve.families.minimax.clients import client_saddle_problem, quadratic_saddle_problem
+from fedsolve.families.minimax.saddle import saddle_problem
 
 __all__ = ["adversarial_problem", "client_saddle_problem", "quadratic_saddle_problem", "saddle_problem"]
