@@ -157,5 +157,5 @@ def command_line(argv: list[str] | None) -> str:
     return shlex.join(["fedsolve", *(sys.argv[1:] if argv is None else argv)])
 
 
-__all__ = ["COMMAND", "added_in", "head_of", "command_line", "config_hash", "device_info", "provenance", "source_changed",
-           "source_commit", "versions"]
+__all__ = ["COMMAND", "added_in", "command_line", "config_hash", "device_info", "head_of", "provenance",
+           "source_changed", "source_commit", "versions"]
