@@ -119,7 +119,9 @@ def test_kill_9_leaves_an_incomplete_folder_that_resumes_to_the_same_metrics(tmp
 
 def test_stray_temporary_files_are_removed_when_the_folder_is_opened(tmp_path):
     (tmp_path / "plots").mkdir()
-    stray = [".checkpoint.pt.a1b2c3d4", ".metrics.jsonl.zzzzzzzz.tmp", "plots/.test_loss.png.abcdefgh.tmp"]
+    (tmp_path / "cells").mkdir()
+    stray = [".checkpoint.pt.a1b2c3d4", ".metrics.jsonl.zzzzzzzz.tmp", "plots/.test_loss.png.abcdefgh.tmp",
+             "cells/.attack_0.4_5e3f.json.k2j4h6g8.tmp"]
     kept = [".hidden_note", "notes.txt", ".checkpoint.pt"]
     for f in stray + kept:
         (tmp_path / f).write_text("x")

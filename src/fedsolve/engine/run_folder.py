@@ -2,7 +2,7 @@
 temporary files.
 
 * **Lock** (``.fedsolve.lock``): held with ``flock(2)`` while a run, a compare or a suite writes into the
-  folder. The kernel drops it when the holder ends, however it ends (``kill -9`` included), so a lock file left
+  folder (on a system without ``fcntl`` folders are not locked). The kernel drops it when the holder ends, however it ends (``kill -9`` included), so a lock file left
   by a dead process is simply taken over by the next run; the file names the holder's pid for the message a
   second writer gets (:class:`FolderBusy`).
 * **Marker** (``run.json``): ``{"kind", "status", "pid", "started", "ended", "message", "provenance"}``.
@@ -136,10 +136,10 @@ def busy_above(path: str | Path) -> FolderBusy | None:
 
 
 def clean_temps(folder: str | Path) -> list[Path]:
-    """Remove the temporary files of interrupted atomic writes in ``folder`` and its ``plots/`` (see the module
-    docstring); returns what was removed."""
+    """Remove the temporary files of interrupted atomic writes in ``folder``, its ``plots/`` and a suite's
+    ``cells/`` (see the module docstring); returns what was removed."""
     gone = []
-    for d in (Path(folder), Path(folder) / "plots"):
+    for d in (Path(folder), Path(folder) / "plots", Path(folder) / "cells"):
         if not d.is_dir():
             continue
         for f in d.iterdir():
