@@ -266,3 +266,18 @@ def test_an_objective_on_data_rows_gives_the_client_matrices_iterates(quad, name
     for k in ca:
         torch.testing.assert_close(ca[k], cb[k], rtol=0, atol=1e-12)
     assert float((a["w"] - x0).abs().max()) > 1e-2
+
+
+def test_an_objective_on_data_rows_not_concave_in_psi_is_refused():
+    """One client's C_i flipped so that the mean C is indefinite: the max part is not concave, so no step size
+    helps; the problem is refused with that cause (before, the run diverged with the hint of a smaller step)."""
+    coeffs = quadratic_coeffs(0)
+    A, B, C, a, c = coeffs[1]
+    coeffs[1] = (A, B, C - 3 * N * np.eye(DY), a, c)
+    rows = torch.tensor(np.stack([np.concatenate([p.ravel() for p in cf]) for cf in coeffs]))
+    off = torch.arange(N + 1)
+    data = FederatedData(rows, torch.zeros(N, dtype=torch.float64), off, rows.clone(),
+                         torch.zeros(N, dtype=torch.float64), off.clone(), task="regression")
+    with pytest.raises(ValueError, match=r"^objective: the max part is not concave: at the start point the Hessian "
+                                         r"in y of the clients' mean has the eigenvalue \d"):
+        saddle_problem(data, Pair, quad_objective, omega=["omega"], psi=["psi"])
