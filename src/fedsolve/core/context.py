@@ -21,10 +21,11 @@ from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
-from torch.func import functional_call, grad_and_value
+from torch.func import functional_call, grad, grad_and_value
 
+from fedsolve.core.newton import newton
 from fedsolve.core.plans import Plan
-from fedsolve.core.statements import Descend, Solved
+from fedsolve.core.statements import Descend, Minimize, Solved
 
 
 class ParamBlock:
@@ -137,12 +138,26 @@ class LocalContext:
         self.eager = False
         #: False: one client's slice (see :class:`StackedContext` for the other case)
         self.stacked = False
+        #: the model's BatchNorm layers (``core/norm.py``; None without any): every forward pass here normalizes
+        #: with the statistics of the minibatch rows that carry weight and never touches the layers' own buffers
+        self._stats = getattr(problem, "running_stats", None) or None
+        #: this client's running statistics ``{buffer name: tensor}`` when the engine keeps them (each step's batch
+        #: statistics are folded in by :meth:`record_loss`), else None
+        self.buffers: dict[str, Tensor] | None = None
+        self._seen: list = []   # batch statistics of the forward passes since the last recorded step
 
     # -------------------------------------------------------------- gradients
     def loss_on(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """Weighted mean loss of the model with flat ``params`` on ``(x, y)``."""
-        out = functional_call(self._model, self._layout.unflatten(params), (x,))
-        return (self._loss(out, y) * w).sum()
+        def f(p):
+            return (self._loss(functional_call(self._model, self._layout.unflatten(p), (x,)), y) * w).sum()
+
+        if self._stats is None:
+            return f(params)
+        g = self._normed(f, w)
+        v, seen = g(params)
+        self._seen += [(j, m, s) for j, (m, s) in zip(g.layers, seen)]
+        return v
 
     def loss_grad(self, params: Tensor, phase: str = "train", step: int = 0,
                   loss: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
@@ -154,6 +169,8 @@ class LocalContext:
         x, y, w = self._batch(phase, step)
         if loss is None or isinstance(loss, TensorLoss):
             return self._model_loss_grad(params, x, y, w, None if loss is None else loss.fn)
+        if self._stats is not None:   # the objective may run the model: batch statistics as for the model's loss
+            return self._normed_grad(self._normed(lambda q: loss(q, x, y, w), w), params)
         if self.eager:   # one client: plain autograd (torch.func's transform costs about 2x on small models)
             q = params.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -213,6 +230,9 @@ class LocalContext:
                 return fn({**const, **pd}, x, y, w)
             return (lossf(functional_call(model, {**const, **pd}, (x,)), y) * w).sum()
 
+        if self._stats is not None:
+            const = {k: t.detach() for k, t in const.items()} if self.eager else const
+            return self._normed_grad(self._normed(f, w), var)
         if self.eager:
             leaves = {k: t.detach().requires_grad_(True) for k, t in var.items()}
             const = {k: t.detach() for k, t in const.items()}
@@ -241,10 +261,48 @@ class LocalContext:
     def is_active(self, phase: str, step: int) -> Tensor:
         return self.plans[phase].active[step]
 
+    def _normed(self, f: Callable, w: Tensor) -> Callable:
+        """``f`` with the model's BatchNorm layers normalizing by the statistics of the rows that carry weight ``w``
+        (all rows of a trimmed, one-client batch): ``p -> (f(p), [(layer, mean, unbiased variance), ...])``. The
+        layer indices are plain ints held beside the tensors (a transform's auxiliary output holds tensors only)."""
+        mask = None if self.eager else w > 0
+        layers: list[int] = []
+
+        def g(p):
+            with self._stats.batch_statistics(mask) as seen:
+                v = f(p)
+            layers[:] = [j for j, _, _ in seen]
+            return v, [(m, s) for _, m, s in seen]
+
+        g.layers = layers
+        return g
+
+    def _normed_grad(self, g: Callable, var):
+        """``(value, gradient)`` of :meth:`_normed`'s ``g`` at ``var`` (a tensor or a dict of tensors); the batch
+        statistics wait in ``_seen`` for :meth:`record_loss`."""
+        if self.eager:
+            leaves = ({k: t.detach().requires_grad_(True) for k, t in var.items()} if isinstance(var, dict)
+                      else var.detach().requires_grad_(True))
+            with torch.enable_grad():
+                v, seen = g(leaves)
+                gs = torch.autograd.grad(v, list(leaves.values()) if isinstance(var, dict) else [leaves])
+            grads = dict(zip(leaves, gs)) if isinstance(var, dict) else gs[0]
+            v = v.detach()
+        else:
+            grads, (v, seen) = grad_and_value(g, has_aux=True)(var)
+        self._seen += [(j, m, s) for j, (m, s) in zip(g.layers, seen)]
+        return v, grads
+
     def record_loss(self, loss: Tensor, active: Tensor) -> None:
+        """The end of a step: its loss counts toward :attr:`train_loss` where ``active``, and the batch statistics of
+        the step's forward passes move :attr:`buffers` (where tracked) where ``active``."""
         a = active.to(torch.float32)
         self._loss_sum = self._loss_sum + loss.detach() * a
         self._loss_cnt = self._loss_cnt + a
+        if self._seen:
+            if self.buffers is not None:
+                self.buffers = self._stats.fold(self.buffers, self._seen, active)
+            self._seen = []
 
     @property
     def train_loss(self) -> Tensor:
@@ -258,8 +316,20 @@ class LocalContext:
         if isinstance(stmt, Descend):
             p = self.descend(stmt)
             return stmt.then(p, self.num_steps(stmt.phase).to(p.dtype))
+        if isinstance(stmt, Minimize):
+            return self.minimize(stmt)
         raise TypeError(f"local_update returned {type(stmt).__name__}: expected a statement of "
                         f"fedsolve.core.statements or a (new rows, upload) pair")
+
+    def minimize(self, s: Minimize) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """:class:`~fedsolve.core.statements.Minimize` for this client: Newton on its full batch of ``s.phase`` until
+        its tolerance is met (run alone, as soon as it is; under ``vmap``, the masked caps), then ``s.then``."""
+        if not self.plans[s.phase].fixed:
+            raise ValueError(f"Minimize: phase {s.phase!r} must be planned as one full batch (Work(batch_size=None))")
+        x, y, w = self._batch(s.phase, 0)
+        u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, eager=self.eager, args=(x, y, w, *s.args),
+                           modified=s.modified)
+        return s.then(u, res, lambda fn, v, *fargs: grad(fn)(v, x, y, w, *fargs))
 
     def descend(self, s: Descend) -> Tensor:
         """The parameters after :class:`~fedsolve.core.statements.Descend`'s steps (its docstring has the rule)."""
@@ -460,8 +530,14 @@ class StackedContext:
             raise ValueError(f"a stacked local update reads full batches only; phase {phase!r} is planned in "
                              f"minibatches (Work(batch_size=None) plans one full batch)")
         if phase not in self._batches:
-            w = p.w[:, 0]
-            B = max(int((w > 0).sum(-1).max()), 1)
-            ix = p.idx[:, 0, :B]
-            self._batches[phase] = (self._x[ix], self._y[ix], w[:, :B])
+            self._batches[phase] = full_batches(p, self._x, self._y)
         return self._batches[phase]
+
+
+def full_batches(plan: Plan, train_x: Tensor, train_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The full batches of the K clients of a one-full-batch ``plan``, stacked: ``(x [K, B, ...], y [K, B],
+    w [K, B])``, padded with weight 0 to the longest client (as under ``vmap``)."""
+    w = plan.w[:, 0]
+    B = max(int((w > 0).sum(-1).max()), 1)
+    ix = plan.idx[:, 0, :B]
+    return train_x[ix], train_y[ix], w[:, :B]

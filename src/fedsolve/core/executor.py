@@ -11,7 +11,8 @@ stream, so every executor sees exactly the same minibatches:
   where the algorithm declares its update batch-agnostic and data-free (``Algorithm.stacked_update``),
   calls it once on the stacked rows, and likewise with the clients' full batches stacked
   (``Algorithm.stacked_batches``, :class:`~fedsolve.core.context.StackedContext`) for an update that loops until
-  every client is done;
+  every client is done; a :class:`~fedsolve.core.statements.Minimize` statement (Newton to each client's
+  tolerance) runs once on the stacked clients and their full batches (:func:`minimize_stacked`);
 * ``batched`` (``core/batched_mlp.py``) runs stacked MLPs with hand-written ``bmm`` passes;
 * ``auto`` picks the fastest by a calibration cached per machine and model (``core/batched_mlp.py``).
 
@@ -26,11 +27,12 @@ from typing import Mapping
 
 import torch
 from torch import Tensor
-from torch.func import vmap
+from torch.func import grad, vmap
 
-from fedsolve.core.context import LocalContext, StackedContext
+from fedsolve.core.context import LocalContext, StackedContext, full_batches
+from fedsolve.core.newton import newton
 from fedsolve.core.plans import Plan, Work, build_plans
-from fedsolve.core.statements import Solved, is_statement, stated
+from fedsolve.core.statements import Minimize, Solved, is_statement, stated
 
 __all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "LocalContext", "Plan", "Work", "build_plans",
            "on_data_device", "linear_gd_owner_ok"]
@@ -134,11 +136,15 @@ class VectorizedExecutor(Executor):
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         if not algo.problem.vmappable:
-            raise ValueError("executor: 'vectorized' needs a model without buffers (e.g. no batch-norm running "
-                             "stats); use executor: sequential or auto")
+            raise ValueError("executor: 'vectorized' needs a model whose only buffers are BatchNorm running "
+                             "statistics (which the engine keeps per client or averaged); use executor: sequential "
+                             "or auto")
         probe = stated(algo, rows, msgs, round_)   # the update stated for the stacked rows, or None
         if isinstance(probe, Solved):   # closed form, batch-agnostic: the probe computed every client's update
             return probe.rows, probe.upload, torch.zeros(ids.numel(), dtype=torch.float32)
+        if isinstance(probe, Minimize):   # Newton on the stacked clients, each until its own tolerance is met
+            s, u = minimize_stacked(probe, plans, data)
+            return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
         stacked = getattr(algo, "stacked_update", None)   # an Algorithm's hook (plain work objects have none)
         if stacked is not None and stacked(msgs):   # batch-agnostic and data-free this round: one call on the rows
             s, u = algo.local_update(rows, msgs, None)
@@ -181,6 +187,20 @@ class VectorizedExecutor(Executor):
         inv[torch.cat(groups)] = torch.arange(K)
         cat = lambda i: {k: torch.cat([o[i][k] for o in outs])[inv] for k in outs[0][i]}
         return cat(0), cat(1), torch.cat([o[2] for o in outs])[inv]
+
+
+def minimize_stacked(s: Minimize, plans: Mapping[str, Plan], data) -> tuple[Record, Record]:
+    """A :class:`~fedsolve.core.statements.Minimize` stated for the stacked clients (rows ``[K, ...]``): Newton on
+    their stacked full batches, its function vmapped and its loops in Python until every client has met its own
+    tolerance (``core/newton.py``: the numbers of solving them one by one), then ``s.then`` once on the stacked
+    solutions."""
+    plan = plans[s.phase]
+    if not plan.fixed:
+        raise ValueError(f"Minimize: phase {s.phase!r} must be planned as one full batch (Work(batch_size=None))")
+    x, y, w = full_batches(plan, data.train_x, data.train_y)
+    u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, args=(x, y, w, *s.args), stacked=True,
+                       modified=s.modified)
+    return s.then(u, res, lambda fn, v, *fargs: vmap(grad(fn))(v, x, y, w, *fargs))
 
 
 def carry_out(out, ctx: LocalContext):

@@ -13,6 +13,10 @@ the statement fit them. So the algorithm states its update once and gets the fas
 * :class:`Solved`: the new rows and the upload, computed from the state rows and the message alone with
   batch-agnostic tensor operations (leading dimensions broadcast, reductions over the last axis): an executor
   may evaluate the same code once on the stacked rows of all selected clients.
+* :class:`Minimize`: Newton's method on a smooth objective of the client's full batch, from ``start`` until the
+  client's own tolerance ``||grad||_inf <= tol`` is met (an inexact subproblem solve, e.g. Prox-AL FL's Eq. 19);
+  then ``then(u, residual, gradient)`` gives (new state rows, upload). Every client stops at its own tolerance,
+  whether the clients run one by one or all at once (``core/newton.py``).
 
 Written for ONE client (``[d]`` rows); the same statement built from stacked rows (``[K, d]``) states the update of
 K clients, which is how the fast executors read it (:func:`stated`).
@@ -82,11 +86,34 @@ class Solved:
     upload: Record
 
 
-Statement = Descend | Solved
+@dataclass(frozen=True, eq=False)
+class Minimize:
+    """Newton's method (:func:`~fedsolve.core.newton.newton`) on ONE client's smooth objective
+    ``fun(u, x, y, w, *args)`` over its full batch ``(x, y, w)`` of ``phase`` (planned as one full batch:
+    ``Work(batch_size=None)``; ``w`` is 0 on padding rows), from ``start`` until ``||grad_u fun||_inf <= tol`` or
+    ``max_iter`` steps (``modified``: an indefinite Hessian shifted to positive definite, towards a local minimiser).
+
+    ``then(u, residual, gradient) -> (new state rows, upload)``: ``u`` the solution, ``residual`` its
+    ``||grad||_inf`` (the solve is verified, never assumed), ``gradient(fn, v, *fargs)`` the gradient in ``v`` of
+    another function ``fn(v, x, y, w, *fargs)`` of the same client's batch (e.g. a residual evaluated at the
+    server's point). Written for one client; the same statement from stacked rows states the solves of K clients,
+    each stopping at its own tolerance."""
+
+    fun: Callable[..., Tensor]
+    start: Tensor
+    tol: float | Tensor
+    then: Callable[..., tuple[Record, Record]]
+    args: tuple = ()
+    phase: str = "train"
+    max_iter: int = 200
+    modified: bool = True
+
+
+Statement = Descend | Solved | Minimize
 
 
 def is_statement(obj: Any) -> bool:
-    return isinstance(obj, (Descend, Solved))
+    return isinstance(obj, (Descend, Solved, Minimize))
 
 
 class NotStated(Exception):

@@ -2,8 +2,12 @@
 
 from fedsolve.families.constrained import baselines  # noqa: F401  (register)
 from fedsolve.families.constrained import kind, proxal  # noqa: F401  (register)
-from fedsolve.families.constrained.cproxal import CProxALResult, cproxal
+from fedsolve.families.constrained.config import CProxALConfig, ProxALConfig
+from fedsolve.families.constrained.cproxal import CProxAL, CProxALResult, cproxal
 from fedsolve.families.constrained.kkt import certificate
-from fedsolve.families.constrained.proxal import ProxAL, ProxALConfig
+from fedsolve.families.constrained.parties import party_problem, quadratic_problem
+from fedsolve.families.constrained.problem import PartyData
+from fedsolve.families.constrained.proxal import ProxAL
 
-__all__ = ["ProxAL", "ProxALConfig", "cproxal", "CProxALResult", "certificate"]
+__all__ = ["ProxAL", "ProxALConfig", "CProxAL", "CProxALConfig", "cproxal", "CProxALResult", "certificate",
+           "party_problem", "quadratic_problem", "PartyData"]

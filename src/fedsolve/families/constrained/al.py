@@ -27,12 +27,12 @@ def penalty(mu: Tensor, c: Tensor, eq: Tensor, beta: float) -> Tensor:
     return (z.pow(2).sum() - mu.pow(2).sum()) / (2.0 * beta)
 
 
-def client_P(spec: ConstrainedSpec, u: Tensor, rows: tuple[Tensor, Tensor, Tensor], mu: Tensor, wk: Tensor,
-             beta: float, sigma: float) -> Tensor:
-    """``P_{i,k}(u)`` (Eq. 14) of one client from its rows ``(x, y, mask)``; ``sigma = 1/((n+1) beta)``."""
-    val = spec.objective(u, *rows) + 0.5 * sigma * (u - wk).pow(2).sum()
+def client_P(spec: ConstrainedSpec, u: Tensor, part, mu: Tensor, wk: Tensor, beta: float, sigma: float) -> Tensor:
+    """``P_{i,k}(u)`` (Eq. 14) of one client from its :class:`~fedsolve.families.constrained.problem.Part` (or
+    rows ``(x, y, mask)`` of a row-form problem); ``sigma = 1/((n+1) beta)``."""
+    val = spec.f(u, part) + 0.5 * sigma * (u - wk).pow(2).sum()
     if spec.client_constraint is not None:
-        val = val + penalty(mu, spec.client_constraint.fn(u, *rows), spec.client_constraint.eq_mask, beta)
+        val = val + penalty(mu, spec.c(u, part), spec.client_constraint.eq_mask, beta)
     return val
 
 

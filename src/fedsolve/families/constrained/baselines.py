@@ -3,11 +3,12 @@ with the same certificate as Prox-AL FL, so a report shows what ignoring the con
 
 from __future__ import annotations
 
+from fedsolve.core.statements import Descend
 from fedsolve.engine.algorithm import register
-from fedsolve.families.constrained.kkt import certificate, final_record
 from fedsolve.families.classic.fedavg import FedAvg
 from fedsolve.families.classic.fedprox import FedProx
-from fedsolve.families.constrained.problem import get_spec
+from fedsolve.families.constrained.kkt import certificate, final_record
+from fedsolve.families.constrained.problem import Part, get_spec
 
 
 class _ObjectiveOnly:
@@ -16,22 +17,23 @@ class _ObjectiveOnly:
     def setup(self) -> None:
         super().setup()
         self.spec = get_spec(self.problem, self.name)
+        if self.spec.per_party:
+            raise ValueError(f"{self.name}: a problem of per-party functions is not supported by this baseline "
+                             f"(it reads the clients' rows only); use proxal or cproxal")
 
     def _objective(self, p, x, y, w):
-        return self.spec.objective(p, x.double(), y.double(), (w > 0).double())
-
-    def supports_linear_gd(self) -> bool:  # the linear executor would train the model loss instead of f_i
-        return False
+        return self.spec.f(p, Part(x.double(), y.double(), (w > 0).double(), w.new_zeros((), dtype=int), {}))
 
     def local_update(self, state, msg, ctx):
-        w = ctx.sgd(msg["w"], self.cfg.lr, extra=self.prox_term(msg), loss=self._objective)
-        return {}, {"w": w}
+        c = self.cfg
+        return Descend(start=msg["w"], lr=c.lr, weight_decay=c.weight_decay, prox=getattr(c, "mu", 0.0),
+                       anchor=msg["w"], objective=self._objective, then=lambda w, steps: ({}, {"w": w}))
 
-    def diagnostics(self, server, clients):
-        return certificate(self.spec, self.problem.data, server["w"])
-
-    def finalize(self, server, clients):
-        return {"constrained": {**self.diagnostics(server, clients), "status": "unconstrained baseline",
+    def report(self, server, clients, final: bool = False):
+        cert = certificate(self.spec, self.problem.data, server["w"])
+        if not final:
+            return cert
+        return {"constrained": {**cert, "status": "unconstrained baseline",
                                 **final_record(self.spec, self.problem.data, server["w"])}}
 
 

@@ -16,21 +16,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
-from torch.func import vmap
 
-from fedsolve.engine.algorithm import Algorithm, register
+from fedsolve.core.newton import newton, over_parties
+from fedsolve.core.plans import Work
+from fedsolve.core.states import ClientStates
+from fedsolve.core.statements import Solved
+from fedsolve.data.federated import FederatedData
+from fedsolve.engine.algorithm import Algorithm, expand, register
+from fedsolve.engine.phases import Phase, PhaseTable
+from fedsolve.families.constrained import kkt
 from fedsolve.families.constrained import subproblem as sp
 from fedsolve.families.constrained.al import penalty, shifted
-from fedsolve.families.constrained.kkt import certificate, final_record
-from fedsolve.families.constrained.problem import ConstrainedSpec, get_spec, stack_rows
-from fedsolve.core.executor import Work
-from fedsolve.core.states import ClientStates
-from fedsolve.data.federated import FederatedData
+from fedsolve.families.constrained.config import CProxALConfig, initial_point
+from fedsolve.families.constrained.problem import ConstrainedSpec, Part, get_spec, stack_rows
+from fedsolve.problems import parse_params
 
 
 class CProxALStep:
@@ -40,21 +43,24 @@ class CProxALStep:
                  newton_step: str = "modified"):
         self.spec, self.data, self.beta, self.newton_max_iter = spec, data, beta, newton_max_iter
         self.modified = newton_step == "modified"
-        self.X, self.Y, self.M = stack_rows([data.client_train(i) for i in range(data.num_clients)])
+        n = data.num_clients
+        X, Y, M = stack_rows([data.client_train(i) for i in range(n)])
+        self.parts = Part(X, Y, M, torch.arange(n), {k: v.double() if v.is_floating_point() else v
+                                                      for k, v in spec.party_tensors.items()})
         none = torch.zeros(0, dtype=torch.bool)
-        self.eq = spec.client_constraint.eq_mask if spec.client_constraint is not None else none
+        self.eq = spec.client_eq
         self.eq0 = spec.server.constraint.eq_mask if spec.server.constraint is not None else none
-        self.f_all = vmap(spec.objective, in_dims=(None, 0, 0, 0))
-        self.c_all = vmap(spec.c_client, in_dims=(None, 0, 0, 0))
+        self.f_all = over_parties(spec.f)
+        self.c_all = over_parties(spec.c)
         self._factor: Tensor | None = None
 
     def __call__(self, w: Tensor, mu: Tensor, m0: Tensor, tau: float) -> tuple[Tensor, Tensor, Tensor]:
-        spec, beta, (X, Y, M) = self.spec, self.beta, (self.X, self.Y, self.M)
+        spec, beta, parts = self.spec, self.beta, self.parts
 
         def smooth(v):
-            val = self.f_all(v, X, Y, M).sum() + 0.5 / beta * (v - w).pow(2).sum()
+            val = self.f_all(v, parts).sum() + 0.5 / beta * (v - w).pow(2).sum()
             if spec.m_client:
-                val = val + sum(penalty(mu[i], cc, self.eq, beta) for i, cc in enumerate(self.c_all(v, X, Y, M)))
+                val = val + sum(penalty(mu[i], cc, self.eq, beta) for i, cc in enumerate(self.c_all(v, parts)))
             if spec.m_server:
                 val = val + penalty(m0, spec.server.c(v), self.eq0, beta)
             return val
@@ -67,8 +73,8 @@ class CProxALStep:
                 self._factor = sp.quadratic_factor(smooth, w)
             w_new, _ = sp.quadratic_step(smooth, w, self._factor)
         else:
-            w_new, _, _ = sp.newton(smooth, w, tau, self.newton_max_iter, eager=True, modified=self.modified)
-        mu_new = shifted(mu, self.c_all(w_new, X, Y, M), self.eq, beta) if spec.m_client else mu
+            w_new, _, _ = newton(smooth, w, tau, self.newton_max_iter, eager=True, modified=self.modified)
+        mu_new = shifted(mu, self.c_all(w_new, parts), self.eq, beta) if spec.m_client else mu
         m0_new = shifted(m0, spec.server.c(w_new).double(), self.eq0, beta) if spec.m_server else m0
         return w_new, mu_new, m0_new
 
@@ -88,53 +94,50 @@ class CProxALResult:
     converged: bool
     wall_s: float
     history: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        return "converged (Eq. 11 passed)" if self.converged else "did not converge: outer cap reached"
+    status: str = ""
 
 
 def cproxal(spec: ConstrainedSpec, data: FederatedData, w0: Tensor, *, beta: float, s_bar: float, eps1: float = 1e-3,
             eps2: float = 1e-3, mu0: float = 0.0, max_outer: int = 100, newton_max_iter: int = 100,
             newton_step: str = "modified", certify: bool = True) -> CProxALResult:
-    """Run Algorithm 3 from ``w0`` with every multiplier at ``mu0``."""
+    """Run Algorithm 3 from ``w0`` with every multiplier at ``mu0``. The arguments are checked as the registered
+    algorithm's config (:class:`~fedsolve.families.constrained.config.CProxALConfig`): a bad one is a ValueError
+    naming it. ``status`` follows the certificate (computed when ``certify``)."""
+    try:
+        c = parse_params(CProxALConfig, dict(beta=beta, s_bar=s_bar, eps1=eps1, eps2=eps2, mu0=mu0,
+                                             max_outer=max_outer, newton_max_iter=newton_max_iter,
+                                             newton_step=newton_step))
+    except ValueError as e:
+        raise ValueError(f"cproxal: {e}") from None
     t0 = time.perf_counter()
-    step = CProxALStep(spec, data, beta, newton_max_iter, newton_step)
+    step = CProxALStep(spec, data, c.beta, c.newton_max_iter, c.newton_step)
     w = w0.detach().double().clone()
-    mu = torch.full((data.num_clients, spec.m_client), mu0, dtype=torch.float64)
-    m0 = torch.full((spec.m_server,), mu0, dtype=torch.float64)
+    mu = torch.full((data.num_clients, spec.m_client), c.mu0, dtype=torch.float64)
+    m0 = torch.full((spec.m_server,), c.mu0, dtype=torch.float64)
     hist: list[dict[str, Any]] = []
     converged, k = False, 0
-    for k in range(max_outer):
-        tau = s_bar / (k + 1) ** 2
+    for k in range(c.max_outer):
+        tau = c.s_bar / (k + 1) ** 2
         w_new, mu_new, m0_new = step(w, mu, m0, tau)
         dw, dmu = step.changes(w, w_new, mu, mu_new, m0, m0_new)
         w, mu, m0 = w_new, mu_new, m0_new
         hist.append({"k": k + 1, "dw": dw, "dmu": dmu, "tau": tau})
-        if dw + beta * tau <= beta * eps1 and dmu <= beta * eps2:
+        if dw + c.beta * tau <= c.beta * c.eps1 and dmu <= c.beta * c.eps2:
             converged = True
             break
     res = CProxALResult(w, m0, mu, k + 1, converged, time.perf_counter() - t0, hist)
+    ended = f"outer cap max_outer={c.max_outer} reached"
     if certify:
-        res.history.append({"certificate": certificate(spec, data, w, m0, mu)})
+        cert = kkt.certificate(spec, data, w, m0, mu)
+        res.history.append({"certificate": cert})
+        res.status = kkt.status(cert, c.eps1, c.eps2, converged, ended)
+    else:
+        res.status = "Eq. 11 passed (not certified)" if converged else f"did not converge: {ended}"
     return res
 
 
-class CProxALConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    beta: float = Field(300.0, gt=0, description="fixed AL penalty beta (the same as Prox-AL FL's)")
-    s_bar: float = Field(1e-3, gt=0, description="subproblem tolerances tau_k = s_bar / (k+1)^2")
-    eps1: float = Field(1e-3, gt=0, lt=1, description="stationarity target of the stop test")
-    eps2: float = Field(1e-3, gt=0, lt=1, description="feasibility target of the stop test")
-    max_outer: int = Field(100, ge=1, description="safety cap on outer iterations (then: did not converge)")
-    mu0: float = Field(0.0, ge=0, description="initial multipliers")
-    w0: str = Field("unit_sphere", pattern="^(unit_sphere|positive_sphere|engine|zero)$",
-                    description="w^0, drawn as Prox-AL FL draws it (same seed: the same w^0)")
-    newton_max_iter: int = Field(100, ge=1, description="Newton steps per subproblem (cap)")
-    newton_step: Literal["modified", "plain"] = Field(
-        "modified", description="Newton step where the subproblem's Hessian is not positive definite (as Prox-AL "
-                                "FL's newton_step)")
+PHASES = PhaseTable(Phase("step", then=("step", "done"), doc="one outer iteration of Algorithm 3 on the pooled data"),
+                    Phase("done", doc="the stop test passed or max_outer reached"), start="step", done="done")
 
 
 @register
@@ -146,6 +149,8 @@ class CProxAL(Algorithm):
     Config = CProxALConfig
     communicates = False
     reports_train_loss = False
+    watch = "w"
+    phases = PHASES
     server_reads_client_state = True   # centralized: refused by the Flower adapter
 
     def setup(self) -> None:
@@ -153,56 +158,49 @@ class CProxAL(Algorithm):
         self.step = CProxALStep(self.spec, self.problem.data, self.cfg.beta, self.cfg.newton_max_iter,
                                 self.cfg.newton_step)
 
-    def work(self, round_: int = 0) -> dict[str, Work]:
-        return {"train": Work(epochs=None, steps=1, batch_size=None)}
+    def work(self, round_: int | None = 0) -> dict[str, Work]:
+        return {} if round_ is None else {"train": Work(epochs=None, steps=1, batch_size=None)}
 
     def init(self, x0, rngs):
-        from fedsolve.families.constrained.proxal import initial_point
-
         w0 = initial_point(self.cfg.w0, x0, rngs.torch("proxal_w0"))
         z = torch.zeros((), dtype=torch.float64)
-        return {"w": w0, "mu": torch.full((self.num_clients, self.spec.m_client), self.cfg.mu0, dtype=torch.float64),
+        return {**PHASES.init(), "w": w0,
+                "mu": torch.full((self.num_clients, self.spec.m_client), self.cfg.mu0, dtype=torch.float64),
                 "mu0": torch.full((self.spec.m_server,), self.cfg.mu0, dtype=torch.float64),
-                "k": torch.zeros((), dtype=torch.long), "done": torch.zeros((), dtype=torch.long),
-                "converged": torch.zeros((), dtype=torch.long), "dw": z, "dmu": z}, ClientStates(self.num_clients)
+                "k": torch.zeros((), dtype=torch.long), "converged": torch.zeros((), dtype=torch.long), "dw": z,
+                "dmu": z}, ClientStates(self.num_clients)
 
     def broadcast(self, server, ids, round_):
-        return {}
+        if round_ is None:
+            return {"w": expand(server["w"], ids)}
+        return PHASES.message(PHASES.current(server), ids)
 
     def local_update(self, state, msg, ctx):
-        return {}, {}
-
-    def finished(self, server) -> bool:
-        """Eq. 11 has passed or the outer cap ``max_outer`` is reached: every later round is idle."""
-        return bool(int(server["done"]))
+        return Solved({}, {})
 
     def aggregate(self, server, ids, uploads, round_):
-        if int(server["done"]):
+        if PHASES.finished(server):
             return server
         c, k = self.cfg, int(server["k"])
         tau = c.s_bar / (k + 1) ** 2
         w, mu, m0 = self.step(server["w"], server["mu"], server["mu0"], tau)
         dw, dmu = self.step.changes(server["w"], w, server["mu"], mu, server["mu0"], m0)
         conv = dw + c.beta * tau <= c.beta * c.eps1 and dmu <= c.beta * c.eps2
-        return {"w": w, "mu": mu, "mu0": m0, "k": server["k"] + 1,
-                "done": torch.tensor(int(conv or k + 1 >= c.max_outer)), "converged": torch.tensor(int(conv)),
-                "dw": torch.tensor(dw, dtype=torch.float64), "dmu": torch.tensor(dmu, dtype=torch.float64)}
-
-    def eval_broadcast(self, server, ids):
-        return {"w": self.expand(server["w"], ids)}
+        s = {**server, "w": w, "mu": mu, "mu0": m0, "k": server["k"] + 1, "converged": torch.tensor(int(conv)),
+             "dw": torch.tensor(dw, dtype=torch.float64), "dmu": torch.tensor(dmu, dtype=torch.float64)}
+        return PHASES.enter(s, "done", round_) if conv or k + 1 >= c.max_outer else s
 
     def eval_model(self, state, msg):
         return msg["w"].to(next(self.problem.model.parameters()).dtype)
 
-    def diagnostics(self, server, clients):
-        out = certificate(self.spec, self.problem.data, server["w"], server["mu0"], server["mu"])
+    def report(self, server, clients, final: bool = False) -> dict[str, Any]:
+        out = kkt.certificate(self.spec, self.problem.data, server["w"], server["mu0"], server["mu"])
         out.update(outer_iterations=int(server["k"]), converged=int(server["converged"]))
-        return out
-
-    def finalize(self, server, clients):
-        out = self.diagnostics(server, clients)
-        out["status"] = ("converged (Eq. 11 passed)" if int(server["converged"]) else
-                         f"did not converge: outer cap max_outer={self.cfg.max_outer} reached" if int(server["done"])
-                         else "did not converge: the run ended (simulation.rounds) first")
-        out.update(final_record(self.spec, self.problem.data, server["w"]))
+        if not final:
+            return out
+        c = self.cfg
+        ended = (f"outer cap max_outer={c.max_outer} reached" if PHASES.finished(server)
+                 else "the run ended (simulation.rounds) first")
+        out["status"] = kkt.status(out, c.eps1, c.eps2, bool(int(server["converged"])), ended)
+        out.update(kkt.final_record(self.spec, self.problem.data, server["w"], server["mu0"], server["mu"]))
         return {"constrained": out}

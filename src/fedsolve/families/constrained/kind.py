@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedsolve.families.constrained.problem import (ConstrainedSpec, Constraint, ServerParty, constrained_problem, logistic_loss,
-                                  masked_mean)
 from fedsolve.data.federated import FederatedData
+from fedsolve.families.constrained.parties import quadratic_problem
+from fedsolve.families.constrained.problem import (ConstrainedSpec, Constraint, ServerParty, constrained_problem,
+                                                   logistic_loss, masked_mean)
 from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
 __all__ = ["qp_instance", "qp_problem", "qp_exact_solution", "np_problem", "fairness_problem", "rows_data",
@@ -32,8 +33,22 @@ def _offsets(sizes: list[int]) -> torch.Tensor:
 
 def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.ndarray, np.ndarray]] | None = None,
               task: str = "classification", name: str = "data", meta: dict | None = None) -> FederatedData:
-    """FederatedData with float64 rows (the constrained solvers work in double precision)."""
+    """FederatedData with float64 rows (the constrained solvers work in double precision), one ``(x, y)`` pair per
+    client. ``task="classification"`` (integer labels 0/1, scored as a binary classifier) refuses targets that
+    are not whole numbers, naming the client: real-valued targets need ``task="regression"`` (and the problem
+    ``classes=None``)."""
     test = test if test is not None else train
+    if task not in ("classification", "regression"):
+        raise ValueError(f"rows_data: task must be 'classification' or 'regression', got {task!r}")
+    if task == "classification":
+        for split, parts in (("train", train), ("test", test)):
+            for i, (_, y) in enumerate(parts):
+                y = np.asarray(y, dtype=np.float64)
+                frac = y[np.isfinite(y) & (y != np.round(y))]
+                if frac.size:
+                    raise ValueError(f"rows_data: client {i}'s {split} targets are not class labels (e.g. "
+                                     f"{frac[0]:g}) under task='classification'; pass task='regression' for "
+                                     f"real-valued targets")
     ydt = torch.long if task == "classification" else torch.float64
     cat = lambda parts, j, dt: torch.cat([torch.as_tensor(np.asarray(p[j])) for p in parts]).to(dt)  # noqa: E731
     return FederatedData(train_x=cat(train, 0, torch.float64), train_y=cat(train, 1, ydt),
@@ -63,56 +78,13 @@ def qp_instance(d: int, n: int, m: int, seed: int = 10, d0_zero: bool = False) -
     return {"A": np.stack(A), "R": np.stack(R), "b": np.stack(b), "C": np.stack(C), "d": np.stack(dd)}
 
 
-def _qp_rows(R, b, C, dvec):
-    """A party's rows: [coefficients | constant], y = role (0: R row, 1: b, 2 + j: constraint j)."""
-    d = C.shape[1]
-    xs, ys = [], []
-    if R is not None:
-        xs += [np.hstack([R, np.zeros((d, 1))]), np.hstack([b[None], np.zeros((1, 1))])]
-        ys += [np.zeros(d), np.ones(1)]
-    xs.append(np.hstack([C, dvec[:, None]]))
-    ys.append(2.0 + np.arange(C.shape[0]))
-    return np.vstack(xs), np.concatenate(ys)
-
-
-def _qp_objective(d: int):
-    def f(w, x, y, mask):
-        s = x[:, :d] @ w
-        return 0.5 * (s.pow(2) * mask * (y == 0)).sum() + (s * mask * (y == 1)).sum()
-    return f
-
-
-def _qp_hessian(d: int):
-    """grad^2 f_i = R_i^T R_i = A_i in closed form from the party's R rows (role 0)."""
-    def hess(x, y, mask):
-        R = x[:, :d]
-        return (R * (mask * (y == 0)).unsqueeze(-1)).mT @ R   # sum_j m_j r_j r_j^T, as the objective weighs rows
-    return hess
-
-
-def _qp_constraint(d: int, m: int):
-    def c(w, x, y, mask):
-        s = x[:, :d] @ w + x[:, d]
-        return torch.stack([(s * mask * (y == 2 + j)).sum() for j in range(m)])
-    return c
-
-
 def qp_problem(d: int, n: int, m: int, seed: int = 10, d0_zero: bool = False) -> FederatedProblem:
-    """Eq. 86 as a constrained problem (exact subproblem solves: ``quadratic=True``)."""
+    """Eq. 86 as a constrained problem (:func:`~fedsolve.families.constrained.parties.quadratic_problem`: the
+    clients' A_i, b_i, C_i, d_i and the server's C_0, d_0; exact subproblem solves)."""
     inst = qp_instance(d, n, m, seed, d0_zero)
-    train = [_qp_rows(inst["R"][i], inst["b"][i], inst["C"][i + 1], inst["d"][i + 1]) for i in range(n)]
-    x0, y0 = _qp_rows(None, None, inst["C"][0], inst["d"][0])
-    cfun = _qp_constraint(d, m)
-    spec = ConstrainedSpec(
-        objective=_qp_objective(d),
-        client_constraint=Constraint(cfun, m, ("eq",) * m, label="C_i w + d_i"),
-        server=ServerParty(Constraint(cfun, m, ("eq",) * m, label="C_0 w + d_0"), torch.as_tensor(x0),
-                           torch.as_tensor(y0)),
-        quadratic=True, name=f"qp_d{d}_n{n}_m{m}", hessian=_qp_hessian(d))
-    test = [(x[:1], np.full(1, -1.0)) for x, _ in train]
-    data = rows_data(train, test, task="regression", name=spec.name, meta={"qp": {"d": d, "n": n, "m": m,
-                                                                                  "seed": seed}})
-    prob = constrained_problem(data, spec, d, classes=None)
+    prob = quadratic_problem(inst["A"], inst["b"], inst["C"][1:], inst["d"][1:], C0=inst["C"][0], e0=inst["d"][0],
+                             name=f"qp_d{d}_n{n}_m{m}")
+    prob.data.meta["qp"] = {"d": d, "n": n, "m": m, "seed": seed}
     prob.extras["qp_instance"] = inst
     return prob
 

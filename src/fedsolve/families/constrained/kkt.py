@@ -6,12 +6,13 @@
 plus the objective, every party's constraint values (mean / max over clients, the server apart) and the
 worst violation. This is an evaluation of the harness (it reads every party's data, as a test-set
 evaluation does), not part of the federated protocol; any algorithm's output can be certified
-(FedAvg's with ``mu = 0``).
+(FedAvg's with ``mu = 0``). :func:`status` says what a run's end means in words, following the certificate:
+a stopping test that passed is not called converged while the certificate misses its targets.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -21,8 +22,9 @@ from fedsolve.data.federated import FederatedData
 
 
 def client_rows(data: FederatedData, i: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Client ``i``'s training rows ``(x, y, mask)`` in float64 (a row-form problem's arguments)."""
     x, y = data.client_train(i)
-    return x.double(), y.double(), torch.ones(x.shape[0], dtype=torch.float64)
+    return x.double(), y.double(), torch.ones(x.shape[0], dtype=torch.float64, device=x.device)
 
 
 def violation(c: Tensor, eq: Tensor) -> Tensor:
@@ -39,9 +41,10 @@ def evaluate_parties(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> d
     """Objective values ``f_i(w)`` ``[n]``, client constraints ``[n, m]`` and server constraint ``[m0]``."""
     w = w.detach().double()
     n = data.num_clients
+    parts = [spec.part(data, i) for i in range(n)]
     with torch.no_grad():
-        f = torch.stack([spec.objective(w, *client_rows(data, i)) for i in range(n)])
-        cc = (torch.stack([spec.c_client(w, *client_rows(data, i)) for i in range(n)]) if spec.m_client
+        f = torch.stack([spec.f(w, p) for p in parts])
+        cc = (torch.stack([spec.c(w, p) for p in parts]) if spec.m_client
               else torch.zeros(n, 0, dtype=torch.float64))
         c0 = spec.server.c(w).double()
     return {"f": f, "c_clients": cc, "c_server": c0}
@@ -52,12 +55,18 @@ def client_objectives(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> 
     return evaluate_parties(spec, data, w)["f"].tolist()
 
 
-def final_record(spec: ConstrainedSpec, data: FederatedData, w: Tensor, limit: int = 64) -> dict[str, Any]:
+def final_record(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,
+                 mu_clients: Tensor | None = None) -> dict[str, Any]:
     """What a summary records of a run's output beyond its certificate: every client's ``f_i(w)``
-    (``objective_clients``, for paper 002's per-client relative difference) and ``w`` itself (small models only:
-    ``None`` above ``limit`` weights)."""
-    return {"objective_clients": client_objectives(spec, data, w),
-            "w": w.detach().double().cpu().tolist() if w.numel() <= limit else None}
+    (``objective_clients``, for paper 002's per-client relative difference), the answer ``w`` (all d entries) and,
+    where the solver has them, the multipliers: ``mu_server`` ``[m_0]`` and ``mu_clients`` ``[n][m]``."""
+    out: dict[str, Any] = {"objective_clients": client_objectives(spec, data, w),
+                           "w": w.detach().double().cpu().tolist()}
+    if mu0 is not None:
+        out["mu_server"] = mu0.detach().double().cpu().tolist()
+    if mu_clients is not None:
+        out["mu_clients"] = mu_clients.detach().double().cpu().tolist()
+    return out
 
 
 def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,
@@ -72,10 +81,10 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
     g = torch.zeros_like(w)
     with torch.enable_grad():
         for i in range(n):
-            rows = client_rows(data, i)
-            lag = spec.objective(wr, *rows)
+            part = spec.part(data, i)
+            lag = spec.f(wr, part)
             if spec.m_client:
-                lag = lag + (mu_c[i] * spec.c_client(wr, *rows)).sum()
+                lag = lag + (mu_c[i] * spec.c(wr, part)).sum()
             g = g + torch.autograd.grad(lag, wr)[0]
         if spec.m_server:
             g = g + torch.autograd.grad((mu0 * spec.server.c(wr)).sum(), wr)[0]
@@ -111,3 +120,34 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
     for j in range(spec.m_server):
         out[f"c_server[{spec.server.constraint.names[j]}]"] = float(c0[j])
     return out
+
+
+#: relative slack of the certificate test against (eps1, eps2): the residuals are sums over the clients, rounded
+CERT_SLACK = 1e-6
+
+
+def certified(cert: dict[str, Any], eps1: float, eps2: float) -> bool:
+    """The certificate meets Definition 1's targets: ``kkt_eps1 <= eps1`` and ``kkt_eps2 <= eps2`` (up to
+    :data:`CERT_SLACK`)."""
+    return cert["kkt_eps1"] <= eps1 * (1 + CERT_SLACK) and cert["kkt_eps2"] <= eps2 * (1 + CERT_SLACK)
+
+
+def status(cert: dict[str, Any], eps1: float, eps2: float, passed: bool, ended: str, premise: str | None = None,
+           caveats: Sequence[str] = ()) -> str:
+    """A run's end in words, following its certificate ``cert``: ``passed`` (the stopping test, Eq. 11), ``ended``
+    (why the run stopped otherwise: a cap, the round budget), ``premise`` (why Theorem 3 does not apply although
+    Eq. 11 passed, e.g. capped inner loops) and ``caveats`` (appended). "converged" only where the stopping test
+    passed, its premise held AND the measured certificate meets (eps1, eps2)."""
+    ok = certified(cert, eps1, eps2)
+    measured = (f"kkt_eps1 = {cert['kkt_eps1']:.3g} (eps1 = {eps1:g}), kkt_eps2 = {cert['kkt_eps2']:.3g} "
+                f"(eps2 = {eps2:g})")
+    if not passed:
+        out = f"did not converge: {ended}"
+    elif premise is not None:
+        out = (f"Eq. 11 passed, but {premise}, so Theorem 3 does not certify it; the measured certificate "
+               f"{'meets' if ok else 'misses'} its targets: {measured}")
+    elif ok:
+        out = "converged (Eq. 11 passed)"
+    else:
+        out = f"Eq. 11 passed, but the certificate misses its targets: {measured}; not converged"
+    return "; ".join([out, *caveats])

@@ -7,19 +7,26 @@
 
 A party's data ``Z`` is a set of rows ``(x, y)``: a client's are its training rows of the
 :class:`~fedsolve.data.federated.FederatedData`, the server's are held by :class:`ServerParty`.
-The user writes ``f`` and ``c`` as torch functions of the flat parameter ``w`` ``[d]`` and the
-party's rows ``(x [N, p], y [N], mask [N])``; ``mask`` is 1 on real rows and 0 on padding (a
-vectorized call pads clients to the same number of rows), so sums must be masked. The same
-functions serve every client (per-client differences are data), which is what lets all clients'
-subproblems be solved at once. Gradients come from autograd. ``h`` is given by its prox
-(:class:`Prox`). Constraints are data of the problem, attached to a
-:class:`~fedsolve.problems.FederatedProblem` as ``problem.extras["constraints"]``.
+``f`` and ``c`` are torch functions of the flat parameter ``w`` ``[d]``, in one of two forms:
+
+* per party (``per_party=True``; the front door, ``parties.py``): ``f(w, i, data)`` with the client's index
+  ``i`` (a 0-d integer tensor, clients 0..n-1) and its :class:`PartyData` (its rows and its slice of the
+  problem's per-party tensors ``party_tensors``, e.g. its own matrix ``data.A``): each client its own function;
+* on rows (the paper's problem kinds): ``f(w, x, y, mask)``, one function for every client, the clients
+  differing by their rows.
+
+``mask`` is 1 on real rows and 0 on padding (the clients' rows may be padded to one length), so sums must be
+masked. Inside the solvers a party's arguments travel as one :class:`Part`. Gradients come from autograd. ``h``
+is given by its prox (:class:`Prox`). Constraints are data of the problem, attached to a
+:class:`~fedsolve.problems.FederatedProblem` as ``problem.extras["constraints"]``; :func:`validate`
+(``validate.py``) checks them on every client.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from types import SimpleNamespace
+from typing import Callable, Literal, NamedTuple, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +35,7 @@ from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem
 
 __all__ = ["PartyFn", "Prox", "Constraint", "ServerParty", "ConstrainedSpec", "ConstraintError", "LinearScore",
-           "constrained_problem", "get_spec", "masked_mean", "logistic_loss"]
+           "Part", "PartyData", "constrained_problem", "get_spec", "masked_mean", "logistic_loss"]
 
 #: ``fn(w, x, y, mask) -> Tensor``: a scalar (objective) or a ``[m]`` vector (constraints)
 PartyFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -37,6 +44,35 @@ Kind = Literal["ineq", "eq"]
 
 class ConstraintError(ValueError):
     """A constraint (or the objective) was given in a form the solvers cannot use; the message names it."""
+
+
+# ------------------------------------------------------------------ a party's arguments
+class PartyData(SimpleNamespace):
+    """What a per-party function receives as ``data``: ``x``, ``y``, ``mask`` (the party's rows; ``mask`` is 0 on
+    padding) and the party's slice of each per-party tensor of the problem (``data.A`` = ``A[i]``)."""
+
+
+class Part(NamedTuple):
+    """One client's arguments to the problem's functions inside the solvers: its rows (float64), its index ``i``
+    (0-d integer tensor) and its slices of the per-party tensors. A tuple of tensors, so it is stacked and sliced
+    like any client row."""
+
+    x: Tensor
+    y: Tensor
+    mask: Tensor
+    i: Tensor
+    tensors: dict[str, Tensor]
+
+    def data(self) -> PartyData:
+        return PartyData(x=self.x, y=self.y, mask=self.mask, **self.tensors)
+
+
+def as_part(rows) -> Part:
+    """A :class:`Part` from a Part or from the rows ``(x, y, mask)`` of a client of a row-form problem."""
+    if isinstance(rows, Part):
+        return rows
+    x, y, mask = rows
+    return Part(x, y, mask, torch.zeros((), dtype=torch.long), {})
 
 
 # ------------------------------------------------------------------ helpers for user functions
@@ -172,21 +208,27 @@ class ServerParty:
 
 @dataclass
 class ConstrainedSpec:
-    """The constraint structure of a problem: ``f_i``, ``c_i`` (same functions for every client), server.
+    """The constraint structure of a problem: ``f_i``, ``c_i`` of the clients, the server's party.
 
+    ``per_party=False``: ``objective(w, x, y, mask)`` and ``client_constraint.fn(w, x, y, mask)``, the same
+    functions for every client; ``per_party=True``: ``objective(w, i, data)`` and ``client_constraint.fn(w, i,
+    data)`` (module docstring), with ``party_tensors`` (``{name: [n, ...]}``) sliced per client into ``data``.
     ``quadratic=True`` declares every ``f_i`` quadratic and every constraint affine with ``kind="eq"``, so
-    the proximal-AL subproblems are quadratics solved exactly by one linear solve (App. E.2). A quadratic
-    problem may also give ``hessian(x, y, mask) -> [d, d]``, the (constant) Hessian of ``f_i`` from the party's
-    rows in closed form; without it the solver builds it by automatic differentiation (about 4 d^3-sized
-    products per client instead of one). It is checked against automatic differentiation at a test point.
+    the proximal-AL subproblems are quadratics solved exactly by one linear solve (App. E.2); the declaration is
+    checked on every client (``validate.py``). A quadratic problem may also give ``hessian``, the (constant)
+    Hessian ``[d, d]`` of ``f_i`` in closed form (``hessian(x, y, mask)``, or ``hessian(i, data)`` per party);
+    without it the solver builds it by automatic differentiation (about 4 d^3-sized products per client instead
+    of one). It is checked against automatic differentiation on every client.
     """
 
-    objective: PartyFn
+    objective: Callable[..., Tensor]
     client_constraint: Constraint | None = None
     server: ServerParty = field(default_factory=ServerParty)
     quadratic: bool = False
     name: str = "constrained"
-    hessian: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    hessian: Callable[..., Tensor] | None = None
+    per_party: bool = False
+    party_tensors: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not callable(self.objective):
@@ -196,6 +238,8 @@ class ConstrainedSpec:
                                   "quadratic=True (f_i quadratic, constraints affine equalities) or drop it")
         if self.hessian is not None and not callable(self.hessian):
             raise ConstraintError("hessian: must be callable (x, y, mask) -> [d, d] tensor")
+        if self.party_tensors and not self.per_party:
+            raise ConstraintError("party_tensors: per-party tensors reach per-party functions only (per_party=True)")
         if self.quadratic:
             for c in (self.client_constraint, self.server.constraint):
                 if c is not None and any(k != "eq" for k in c.kinds):
@@ -210,78 +254,46 @@ class ConstrainedSpec:
     def m_server(self) -> int:
         return 0 if self.server.constraint is None else self.server.constraint.num
 
+    @property
+    def client_eq(self) -> Tensor:
+        """The equality mask ``[m]`` of the client constraint (empty without one)."""
+        return self.client_constraint.eq_mask if self.client_constraint is not None else torch.zeros(0, dtype=bool)
+
     def c_client(self, w: Tensor, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+        """The client constraint of a row-form problem on the rows ``(x, y, mask)``."""
+        return self.c(w, (x, y, mask))
+
+    # -------------------------------------------------------------- a client's functions, either form
+    def f(self, w: Tensor, part) -> Tensor:
+        """``f_i(w)`` of the client whose :class:`Part` (or rows ``(x, y, mask)``) is ``part``."""
+        p = as_part(part)
+        return self.objective(w, p.i, p.data()) if self.per_party else self.objective(w, p.x, p.y, p.mask)
+
+    def c(self, w: Tensor, part) -> Tensor:
+        """``c_i(w)`` ``[m]`` of that client (``[0]`` without a client constraint)."""
         if self.client_constraint is None:
             return w.new_zeros(0)
-        return self.client_constraint.fn(w, x, y, mask)
+        p = as_part(part)
+        fn = self.client_constraint.fn
+        return fn(w, p.i, p.data()) if self.per_party else fn(w, p.x, p.y, p.mask)
 
-    # -------------------------------------------------------------- validation
+    def hess(self, part) -> Tensor:
+        """The closed-form Hessian ``[d, d]`` of that client's ``f_i`` (``hessian`` must be given)."""
+        p = as_part(part)
+        return self.hessian(p.i, p.data()) if self.per_party else self.hessian(p.x, p.y, p.mask)
+
+    def part(self, data: FederatedData, i: int) -> Part:
+        """Client ``i``'s :class:`Part`: its training rows (float64, mask 1) and its per-party tensor slices."""
+        x, y = data.client_train(i)
+        dev = x.device
+        return Part(x.double(), y.double(), torch.ones(x.shape[0], dtype=torch.float64, device=dev),
+                    torch.tensor(i, device=dev), {k: v[i].to(dev) for k, v in self.party_tensors.items()})
+
     def validate(self, data: FederatedData, d: int) -> None:
-        """Check shapes, finiteness and dependence on ``w`` at a random point; errors name the constraint."""
-        g = torch.Generator().manual_seed(0)
-        w = torch.randn(d, generator=g, dtype=torch.float64) / d ** 0.5
-        x, y = data.client_train(0)
-        rows = (x.double(), y.double(), torch.ones(x.shape[0], dtype=torch.float64))
-        _check_fn("objective", lambda v: self.objective(v, *rows), w, None, need_w=True)
-        if self.client_constraint is not None:
-            c = self.client_constraint
-            _check_fn(c.label, lambda v: c.fn(v, *rows), w, c.num, need_w=True, names=c.names)
-        if self.server.constraint is not None:
-            c = self.server.constraint
-            _check_fn(c.label, self.server.c, w, c.num, need_w=True, names=c.names)
-        if self.hessian is not None:
-            _check_hessian(self.hessian, self.objective, rows, w)
+        """Shapes, finiteness, dependence on ``w`` and the declarations, on every client (``validate.py``)."""
+        from fedsolve.families.constrained.validate import validate
 
-
-def _check_hessian(hessian, objective: PartyFn, rows: tuple[Tensor, Tensor, Tensor], w: Tensor) -> None:
-    """``hessian(*rows)``: a finite, symmetric ``[d, d]`` tensor whose product with a test vector equals the
-    Hessian-vector product of ``objective`` by automatic differentiation (relative 1e-8)."""
-    d = w.numel()
-    try:
-        H = hessian(*rows)
-    except Exception as e:  # noqa: BLE001 - re-raised with the field's name
-        raise ConstraintError(f"hessian: evaluating it on client 0's rows failed: {type(e).__name__}: {e}") from e
-    if not isinstance(H, Tensor) or tuple(H.shape) != (d, d):
-        got = tuple(H.shape) if isinstance(H, Tensor) else type(H).__name__
-        raise ConstraintError(f"hessian: expected a [{d}, {d}] tensor (d x d), got {got}")
-    H = H.double()
-    if not torch.isfinite(H).all():
-        raise ConstraintError("hessian: non-finite entries on client 0's rows")
-    v = torch.sin(torch.arange(d, dtype=torch.float64) + 1.0)
-    _, hv = torch.func.jvp(torch.func.grad(lambda u: objective(u, *rows)), (w,), (v,))
-    scale = max(float(hv.abs().max()), float((H @ v).abs().max()), 1e-12)
-    if float((H @ v - hv).abs().max()) > 1e-8 * scale or float((H - H.mT).abs().max()) > 1e-10 * max(
-            float(H.abs().max()), 1e-12):
-        raise ConstraintError("hessian: does not match the objective's Hessian by automatic differentiation "
-                              "(or is not symmetric) on client 0's rows: it must be grad^2 f_i for the party's rows")
-
-
-def _check_fn(label: str, fn, w: Tensor, num: int | None, need_w: bool, names=()) -> None:
-    wr = w.clone().requires_grad_(True)
-    try:
-        out = fn(wr)
-    except Exception as e:  # noqa: BLE001 - re-raised with the constraint's name
-        raise ConstraintError(f"{label}: evaluating it at a test point failed: {type(e).__name__}: {e}") from e
-    if not isinstance(out, Tensor):
-        raise ConstraintError(f"{label}: must return a torch tensor, got {type(out).__name__}")
-    want = () if num is None else (num,)
-    if tuple(out.shape) != want:
-        raise ConstraintError(f"{label}: expected shape {want} ({'scalar' if num is None else f'{num} values'}), "
-                              f"got {tuple(out.shape)}")
-    if not torch.isfinite(out).all():
-        bad = [names[j] for j in range(len(names)) if not torch.isfinite(out[j])] if names else []
-        raise ConstraintError(f"{label}: non-finite value at a test point {bad or ''}".rstrip())
-    if need_w:
-        if not out.requires_grad:
-            raise ConstraintError(f"{label}: is not a function of w (no autograd path from w to its value)")
-        for j in range(out.numel()):
-            (gj,) = torch.autograd.grad(out.reshape(-1)[j], wr, retain_graph=True, allow_unused=True)
-            if gj is None:
-                nm = names[j] if names else label
-                raise ConstraintError(f"{nm}: is not a function of w (its gradient is missing)")
-            if not torch.isfinite(gj).all():
-                nm = names[j] if names else label
-                raise ConstraintError(f"{nm}: non-finite gradient at a test point")
+        validate(self, data, d)
 
 
 # ------------------------------------------------------------------ the model: w itself

@@ -202,23 +202,11 @@ def qp_errors(inst: dict[str, np.ndarray], w, objective: float) -> dict[str, flo
             "rel_solution_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star))}
 
 
-def run_to_eq11(ctx, problem, algo):
-    """Prox-AL FL's rounds until its outer loop ends (Eq. 11 passed or ``max_outer`` reached), at most the
-    experiment's ``simulation.rounds``; returns (simulation, rounds run, wall seconds, process CPU seconds)."""
-    from fedsolve.engine import Simulation
-
-    sim = Simulation(problem, algo, ctx.sim_config(), seed=ctx.seed)
-    budget = ctx.experiment().simulation.rounds
-    wall, cpu = time.perf_counter(), time.process_time()
-    while sim.round < budget and not algo.finished(sim.state()[0]):
-        sim.step()
-    return sim, sim.round, time.perf_counter() - wall, time.process_time() - cpu
-
-
 def qp_run(ctx, base: dict[str, Any]) -> dict[str, Any]:
-    """One Table-4 cell (Eq. 86, (d, m~) from ``problem.params``): Prox-AL FL to Eq. 11 (:func:`run_to_eq11`);
-    the row of :func:`certificate_row` (KKT eps1/eps2, ``violation_max`` over all n + 1 parties, K, converged)
-    with ``rounds`` (to Eq. 11), ``cpu_time_s``, the errors of :func:`qp_errors` and ``instance`` (d, m~)."""
+    """One Table-4 cell (Eq. 86, (d, m~) from ``problem.params``): Prox-AL FL until its phase table reaches
+    ``done`` (Eq. 11 passed, or ``max_outer``; at most ``simulation.rounds``): the row of :func:`certificate_row`
+    (KKT eps1/eps2, ``violation_max`` over all n + 1 parties, K, converged) with ``rounds`` (to Eq. 11),
+    ``cpu_time_s``, the errors of :func:`qp_errors` and ``instance`` (d, m~)."""
     from fedsolve.families.constrained.kind import QPParams
 
     if ctx.args.adopt or ctx.args.adopt_only:
@@ -230,19 +218,16 @@ def qp_run(ctx, base: dict[str, Any]) -> dict[str, Any]:
     qp = QPParams(**dict(ctx.experiment().problem.params))
     base = {**base, "instance": f"d={qp.d}, m~={qp.m}", "d": qp.d, "m": qp.m, "adopted": 0, "source": "run"}
     problem = ctx.problem()
-    algo = ctx.algorithm(problem)
+    cpu = time.process_time()
     try:
-        sim, rounds, wall, cpu = run_to_eq11(ctx, problem, algo)
+        sim, res = ctx.run(problem, ctx.algorithm(problem))
     except DivergenceError as e:   # a finding, not a crash
         return {**base, "diverged": str(e).split(":")[0]}
-    server, clients = sim.state()
-    with sim.on_device():
-        extras = algo.finalize(server, clients)
-    summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": wall,
-               "extras": extras}
+    summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": res.wall_time_s,
+               "extras": res.extras}
     row = certificate_row(summary, QP_KIND, 0.0)
-    errors = qp_errors(problem.extras["qp_instance"], server["w"].detach().cpu().numpy(), row["objective"])
-    return {**base, **row, **errors, "rounds": rounds, "cpu_time_s": cpu}
+    errors = qp_errors(problem.extras["qp_instance"], res.server["w"].detach().cpu().numpy(), row["objective"])
+    return {**base, **row, **errors, "rounds": sim.round, "cpu_time_s": time.process_time() - cpu}
 
 
 # ------------------------------------------------------------------ the protocol
