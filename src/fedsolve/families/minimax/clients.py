@@ -195,10 +195,11 @@ def _client_problem(f, x0, y0, data, num_clients, name, concave: bool) -> Client
         check_concave(lambda yv: torch.stack([value(x0, yv.reshape(shape), r).reshape(())
                                               for r in rows.unbind(0)]).mean(), y0, "f")
 
-    def objective(layout):
-        return TensorLoss(layout, lambda p, r, _, w: (w * values(value, p["x"], p["y"], r).reshape(-1)).sum())
+    def saddle(p: dict[str, Tensor], r: Tensor, _: Tensor, w: Tensor) -> Tensor:
+        return (w * values(value, p["x"], p["y"], r).reshape(-1)).sum()
 
-    return with_saddle_objective(problem, objective, name)
+    saddle.__qualname__ = f"client_saddle[{getattr(f, '__qualname__', type(f).__name__)}]"   # names the objective
+    return with_saddle_objective(problem, lambda layout: TensorLoss(layout, saddle), name)
 
 
 def _name(dtype: torch.dtype) -> str:
