@@ -183,6 +183,20 @@ def test_a_max_part_that_is_not_concave_is_refused_naming_the_cause():
     client_saddle_problem(f(0.75), *_zeros(), num_clients=2)     # mean -1/4 y'y: concave
 
 
+def test_a_large_max_part_is_checked_by_its_curvature_along_directions():
+    """Beyond 256 entries of y the Hessian is not formed: power iteration with Hessian-vector products finds the one
+    direction of positive curvature among 300 (the other eigenvalues -0.5 .. -2, the dominant ones)."""
+    c = torch.linspace(0.5, 2.0, 300, dtype=torch.float64)
+    x0, y0 = torch.zeros(2, dtype=torch.float64), torch.zeros(300, dtype=torch.float64)
+    client_saddle_problem(lambda i, x, y, d: (x * x).sum() + x.sum() * y.sum() - 0.5 * (d * y * y).sum(), x0, y0,
+                          [c, c.flip(0)])
+    bad = c.clone()
+    bad[37] = -0.3
+    with pytest.raises(ValueError, match=r"f: the max part is not concave: .* eigenvalue 0\.3 > 0"):
+        client_saddle_problem(lambda i, x, y, d: (x * x).sum() + x.sum() * y.sum() - 0.5 * (d * y * y).sum(), x0, y0,
+                              [bad, bad])
+
+
 def test_quadratic_matrices_are_checked():
     eye2, eye3 = torch.eye(2, dtype=torch.float64), torch.eye(3, dtype=torch.float64)
     B = [torch.ones(3, 2, dtype=torch.float64)] * 2

@@ -146,8 +146,8 @@ def client_saddle_problem(f: SaddleFunction, x0: Tensor, y0: Tensor, data: Seque
     built).
 
     Checked on every client: ``f`` gives a finite real scalar with finite gradients at the start point, and the
-    data are finite; ``f``'s mean over the clients is concave in y at the start point (the Hessian in y, for up to
-    :data:`CONCAVITY_CHECK_MAX` entries of y): the solvers need a concave max part."""
+    data are finite; ``f``'s mean over the clients is concave in y at the start point (``saddle.check_concave``):
+    the solvers need a concave max part."""
     return _client_problem(f, x0, y0, data, num_clients, name, concave=True)
 
 
