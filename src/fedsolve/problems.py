@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedsolve.core.layout import ParamLayout
+from fedsolve.core.norm import RunningStats
 from fedsolve.data.federated import FederatedData
 
 PerSampleLoss = Callable[[Tensor, Tensor], Tensor]
@@ -46,6 +47,9 @@ class FederatedProblem:
         loss: per-sample loss name (``cross_entropy`` | ``squared_error``) or callable.
         blocks: named parameter blocks ``{name: [patterns]}`` (e.g. ``{"personal": ["fc2.*"]}``).
         extras: family-specific pieces (constraints, bilevel splits, domain roles, ...).
+        buffers: who keeps the running statistics of the model's BatchNorm layers: ``average`` (the server
+            averages them, every client is scored with the average) or ``local`` (each client its own, FedBN);
+            see ``fedsolve.engine.buffers``. Ignored for a model without BatchNorm layers.
     """
 
     data: FederatedData
@@ -54,8 +58,11 @@ class FederatedProblem:
     blocks: Mapping[str, Sequence[str]] = field(default_factory=dict)
     name: str = "problem"
     extras: dict[str, Any] = field(default_factory=dict)
+    buffers: str = "average"
 
     def __post_init__(self) -> None:
+        if self.buffers not in ("average", "local"):
+            raise ValueError(f"buffers: unknown {self.buffers!r}; allowed: 'average', 'local'")
         if isinstance(self.loss, str):
             if self.loss not in LOSSES:
                 raise ValueError(f"loss: unknown {self.loss!r}; allowed: {sorted(LOSSES)}")
@@ -67,7 +74,11 @@ class FederatedProblem:
         self.model = self.model_fn()
         self._check_dtype()
         self.layout = ParamLayout(self.model, self.blocks)
-        self.vmappable = not any(len(list(m.buffers(recurse=False))) for m in self.model.modules())
+        #: the model's BatchNorm layers and the names of their running statistics (``core/norm.py``)
+        self.running_stats = RunningStats(self.model)
+        #: clients may run under ``vmap``: the model holds no state besides its parameters and the BatchNorm
+        #: running statistics, which the engine keeps explicitly
+        self.vmappable = self.running_stats.handles_all
 
     def _check_dtype(self) -> None:
         """A model whose floating-point parameters are more precise than the features (float32 data with a float64

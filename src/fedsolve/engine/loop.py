@@ -29,6 +29,7 @@ from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
 from fedsolve.core.statements import stated
 from fedsolve.core.states import ClientStates
+from fedsolve.engine.buffers import run_buffers, with_buffers
 from fedsolve.engine.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 from fedsolve.engine.metrics import evaluate, summarize
 from fedsolve.engine.transport import InProcess, Transport
@@ -252,6 +253,7 @@ class Simulation:
         #: the protocol that steers the run round by round (``engine/schedules.py``); the plain schedule changes nothing
         self.schedule = schedule if schedule is not None else Schedule()
         self._log: dict[str, float] = {}   # the schedule's numbers for the next evaluation record
+        algorithm = with_buffers(algorithm)   # BatchNorm running statistics kept as state (engine/buffers.py)
         self.algo = algorithm
         self.cfg = cfg
         self.seed = seed
@@ -417,6 +419,14 @@ class Simulation:
                              self.vectorized_eval, executor)
 
     @_on_run_device
+    def eval_buffers(self) -> dict[str, torch.Tensor] | None:
+        """Every client's BatchNorm running statistics ``{buffer name: [num_clients, ...]}``, the ones it is scored
+        with beside :meth:`eval_params` (``problem.buffers``: its own, or the server's average); None for a model
+        without them. A module of client ``i``: ``model.load_state_dict({**layout.unflatten(params[i]),
+        **{name: v[i] for name, v in buffers.items()}})``."""
+        return run_buffers(self.algo, self.server, self.clients, self.problem.num_clients)
+
+    @_on_run_device
     def evaluate(self, round_: int, train_loss: float | None) -> dict[str, Any]:
         """THE evaluator: the transport scores every reachable client; the record holds the summary of their
         metrics (:func:`~fedsolve.engine.metrics.summarize`), the algorithm's report (where the client states are
@@ -431,7 +441,7 @@ class Simulation:
         if self.clients is not None:
             for key, value in self.algo.report(self.server, self.clients).items():
                 if isinstance(value, torch.Tensor) and value.dim() == 2:   # more models to score, under the key
-                    s, _ = evaluate(self.problem, value, self.vectorized_eval, ())
+                    s, _ = evaluate(self.problem, value, self.vectorized_eval, (), buffers=self.eval_buffers())
                     rec.update({key + k.removeprefix("test_"): v for k, v in s.items()
                                 if k in ("test_accuracy", "test_loss", "test_rmse")})
                 else:

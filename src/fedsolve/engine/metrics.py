@@ -8,6 +8,7 @@ the spread across clients (std, mean of the worst 10%).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numpy as np
 import torch
@@ -16,13 +17,15 @@ from torch.func import functional_call, vmap
 
 
 def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[int], vectorized: bool,
-             chunk: int = 64) -> list[Tensor]:
-    """Model outputs of each client on its own rows of ``x_all`` (on the device of ``x_all`` and ``params``)."""
+             chunk: int = 64, buffers: dict[str, Tensor] | None = None) -> list[Tensor]:
+    """Model outputs (evaluation mode) of each client on its own rows of ``x_all`` (on the device of ``x_all`` and
+    ``params``); ``buffers``: each client's BatchNorm running statistics ``{name: [m, ...]}`` (None: the model's)."""
     model, layout = problem.model, problem.layout
+    bufs = buffers or {}
     outs: list[Tensor] = []
-    with torch.no_grad():
+    with torch.no_grad(), _eval_mode(model):
         if vectorized:
-            f = vmap(lambda p, x: functional_call(model, layout.unflatten(p), (x,)))
+            f = vmap(lambda p, b, x: functional_call(model, {**layout.unflatten(p), **b}, (x,)))
             for a in range(0, len(ids), chunk):
                 cs = ids[a:a + chunk]
                 sizes = [int(offsets[i + 1] - offsets[i]) for i in cs]
@@ -32,15 +35,24 @@ def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[
                     s = int(offsets[i])
                     idx[k, :sizes[k]] = torch.arange(s, s + sizes[k], device="cpu")
                     idx[k, sizes[k]:] = min(s, max(x_all.shape[0] - 1, 0))   # padding (a client may have none)
-                o = f(params[cs], x_all[idx.to(x_all.device)])
+                o = f(params[cs], {n: v[cs] for n, v in bufs.items()}, x_all[idx.to(x_all.device)])
                 outs.extend(o[k, :sizes[k]] for k in range(len(cs)))
         else:
-            model.eval()
             for i in ids:
                 a, b = int(offsets[i]), int(offsets[i + 1])
-                outs.append(functional_call(model, layout.unflatten(params[i]), (x_all[a:b],)))
-            model.train()
+                state = {**layout.unflatten(params[i]), **{n: v[i] for n, v in bufs.items()}}
+                outs.append(functional_call(model, state, (x_all[a:b],)))
     return outs
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    """``model`` in evaluation mode inside the block (BatchNorm layers read their running statistics)."""
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
 
 
 def weighted_f1(y: np.ndarray, pred: np.ndarray, num_classes: int) -> float:
@@ -119,12 +131,14 @@ def summarize(per_client: list[dict[str, float]], prefix: str = "test_") -> dict
 
 
 def evaluate(problem, params: Tensor, vectorized: bool, which: tuple[str, ...] = ("f1", "auc"),
-             split: str = "test") -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client)."""
+             split: str = "test", buffers: dict[str, Tensor] | None = None
+             ) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client). ``buffers``:
+    the BatchNorm running statistics client ``i`` is scored with, ``{name: [m, ...]}`` (None: the model's own)."""
     d = problem.data
     x, y, off = (d.test_x, d.test_y, d.test_offsets) if split == "test" else (d.train_x, d.train_y, d.train_offsets)
     ids = list(range(d.num_clients))
-    outs = _outputs(problem, params, x, off, ids, vectorized)
+    outs = _outputs(problem, params, x, off, ids, vectorized, buffers=buffers)
     if x.device.type != "cpu":   # scored on the CPU: one transfer, not several per client
         outs = list(torch.cat(outs).cpu().split([o.shape[0] for o in outs])) if outs else outs
         y = y.cpu()

@@ -70,5 +70,6 @@ class InProcess(Transport):
 
     def score(self, sim, round_):
         params = sim.eval_params(round_)
-        _, per = evaluate(sim.problem, params, sim.vectorized_eval, tuple(sim.cfg.metrics))
+        _, per = evaluate(sim.problem, params, sim.vectorized_eval, tuple(sim.cfg.metrics),
+                          buffers=sim.eval_buffers())
         return per, {}

@@ -129,6 +129,10 @@ class ModelConfig(BaseModel):
                                          description="named parameter blocks {name: [patterns]}, e.g. personal")
     personalization: str | None = Field(None, description="preset for the 'personal' block: input | output | "
                                                           "split-input (see fedsolve.families.personalized.blocks)")
+    buffers: Literal["average", "local"] = Field(
+        "average", description="BatchNorm running statistics: 'average' (the server averages the participants' "
+                               "and scores every client with the average) or 'local' (each client keeps its own, "
+                               "FedBN); no effect on a model without BatchNorm layers")
 
     @field_validator("name")
     @classmethod

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 import yaml
 
+from fedsolve.engine.buffers import with_buffers
 from fedsolve.engine.wrappers import wrap
 from fedsolve.families import get_algorithm
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
@@ -193,7 +194,8 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
             from fedsolve.families.personalized.blocks import personal_patterns
 
             blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
-        problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name)
+        problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name,
+                                   buffers=cfg.model.buffers)
     except ValueError as e:   # an unknown personalization preset, a block pattern that matches nothing
         field = "model.personalization" if str(e).startswith("personalization") else "model.blocks"
         msg = str(e).removeprefix("personalization: ")
@@ -229,7 +231,7 @@ def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: Federat
     except ValueError as e:   # the problem does not fit the solver, e.g. a family's solver with no problem: section
         msg = str(e)
         raise ConfigError(msg if msg.startswith(("data", "problem")) else f"algorithms: {spec.name}: {msg}") from None
-    return wrap(algo, spec.wrap)
+    return with_buffers(wrap(algo, spec.wrap))   # BatchNorm running statistics as state (engine/buffers.py)
 
 
 # ------------------------------------------------------------------ one run

@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from fedsolve.core.rng import RngStreams
+from fedsolve.engine.buffers import scored_buffers
 from fedsolve.flower.records import from_array_record, to_array_record
 from fedsolve.flower.rounds import (client_adapt, client_eval_metrics, client_eval_params, client_update,
                                     initial_state)
@@ -161,14 +162,16 @@ def build_client_app() -> ClientApp:
     def evaluate(msg: Message, context: Context) -> Message:
         task, cid, store, cfg = _setup(msg, context)
         store.save()
-        params = client_eval_params(task.algorithm, store.state, from_array_record(msg.content["msg"]))
+        eval_msg = from_array_record(msg.content["msg"])
+        params = client_eval_params(task.algorithm, store.state, eval_msg)
         data = task.problem.data
         pad = _plan_pads(cfg)
         params = client_adapt(task.algorithm, params, cid, task.problem.num_clients, data.weights[cid],
                               *data.client_train(cid), RngStreams(task.seed), int(cfg["round"]), pad,
                               _groups(data, cid))
         x, y = data.client_test(cid)
-        metrics = client_eval_metrics(task.problem, params, x, y, tuple(task.simulation.metrics))
+        metrics = client_eval_metrics(task.problem, params, x, y, tuple(task.simulation.metrics),
+                                      scored_buffers(task.algorithm, store.state, eval_msg))
         return Message(RecordDict({"metrics": MetricRecord(metrics), "info": _info(cid, int(cfg["round"]))}),
                        reply_to=msg)
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence  # noqa: F401
 
 import torch
 
+from fedsolve.engine.buffers import without_buffers
 from fedsolve.engine.loop import Simulation
 
 
@@ -40,7 +41,8 @@ def simulate_with_participation(task, participation: Sequence[Mapping[str, Any]]
     Returns ``(RunResult, simulation)``. The task's algorithm object is re-created from its class
     and config so the run starts fresh.
     """
-    algo = type(task.algorithm)(task.algorithm.cfg, task.problem)
+    base = without_buffers(task.algorithm)   # the simulation keeps the running statistics itself
+    algo = type(base)(base.cfg, task.problem)
     cfg = task.simulation.model_copy(update={"executor": executor})
     allowed = None if participation is None else {int(p["round"]): p["participants"] for p in participation}
     sim = ParticipationSimulation(task.problem, algo, cfg, task.seed, allowed=allowed)

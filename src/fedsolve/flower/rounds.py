@@ -142,13 +142,14 @@ def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: 
 
 
 def client_eval_metrics(problem, params: Tensor, test_x: Tensor, test_y: Tensor,
-                        which: tuple[str, ...]) -> dict[str, float]:
-    """Per-client test metrics (``simulation.metrics.client_metrics``) of flat ``params``."""
+                        which: tuple[str, ...], buffers: Mapping[str, Tensor] | None = None) -> dict[str, float]:
+    """Per-client test metrics (``simulation.metrics.client_metrics``) of flat ``params`` (and the client's
+    BatchNorm running statistics ``buffers``, ``engine.buffers.scored_buffers``; None: the model's own)."""
     model, layout = problem.model, problem.layout
     with torch.no_grad():
         model.eval()
         try:
-            out = functional_call(model, layout.unflatten(params), (test_x,))
+            out = functional_call(model, {**layout.unflatten(params), **(buffers or {})}, (test_x,))
         finally:
             model.train()
     return client_metrics(problem, out, test_y, which)

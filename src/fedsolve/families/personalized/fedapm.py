@@ -154,7 +154,8 @@ class FedAPM(PartialAlgorithm):
 
         kv = ku = 0.0
         srv = torch.zeros_like(u)
-        with torch.enable_grad():
+        # BatchNorm layers normalize by the client's batch statistics, as in its local steps, and keep their buffers
+        with torch.enable_grad(), prob.running_stats.batch_statistics():
             for i in range(m):
                 x, y = data.client_train(i)
                 full = self.join(clients["v"][i], clients["u"][i])
