@@ -157,10 +157,10 @@ def _cost_curve(histories: list[list[dict]], metric: str, cost: str):
 
 
 def _draw(ax, k: int, n: int, label: str, x, mat) -> None:
-    """Method ``k`` of ``n``: its mean over seeds (the rows of ``mat``) against ``x``, and a ± std band."""
+    """Method ``k`` of ``n``: its mean over seeds (the rows of ``mat``) against ``x``, and a ± sample-SD band."""
     with np.errstate(all="ignore"):
         mean = np.nanmean(mat, 0)
-        std = np.nanstd(mat, 0)
+        std = np.nanstd(mat, 0, ddof=1)
     # hollow markers at staggered points and a line width that shrinks with the order: two methods with the
     # same curve (FedProx with a small mu on FedAvg) both stay visible
     step = max(1, len(x) // 8)
