@@ -193,7 +193,7 @@ def _figure(base: Path, cfg, algos: list[str], histories: dict[str, list[list[di
     if m in LOG_SCALE and positive:
         ax.set_yscale("log")
     against = "" if cost is None else f" against {cost[2]}"
-    ax.set_title(f"{cfg.name}: {NICE.get(m, m)}{against} (mean ± std over {len(cfg.seeds)} seeds)")
+    ax.set_title(f"{cfg.name}: {NICE.get(m, m)}{against} (mean ± sample SD over {len(cfg.seeds)} seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     name = m if cost is None else f"{m}_vs_{cost[2]}"
