@@ -45,6 +45,7 @@ def test_your_own_pair_of_domains_runs_as_written(tmp_path, monkeypatch, capsys)
     assert ns["problem"].num_clients == 2 and ns["data"].input_shape == (3, 8, 8)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "mydomains", raising=False)   # the module written here, not an earlier one
     for _, code in blocks[1:3]:
         name = code.splitlines()[0].removeprefix("# ").strip()
         (tmp_path / name).write_text(code)

@@ -3,6 +3,7 @@ traceback or a silent acceptance; and a divergence guard that fits a saddle obje
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import numpy as np
@@ -39,9 +40,11 @@ DOMAINS = textwrap.dedent('''\
 
 
 def _cli(tmp_path, monkeypatch, capsys, config: str, *sets: str) -> tuple[int, str]:
-    (tmp_path / "mydomains.py").write_text(DOMAINS)
+    (tmp_path / "faulty_domains.py").write_text(DOMAINS)
     (tmp_path / "run.yaml").write_text(config)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "faulty_domains", raising=False)   # this folder's module, not another test's
     rc = main(["run", "run.yaml", "--out", str(tmp_path / "out"), "--quiet", *[f"--set={s}" for s in sets]])
     err = capsys.readouterr().err.strip()
     return rc, err
@@ -49,7 +52,7 @@ def _cli(tmp_path, monkeypatch, capsys, config: str, *sets: str) -> tuple[int, s
 
 OWN = f"""\
 name: own
-data: {{target: "mydomains:pair", num_clients: 2}}
+data: {{target: "faulty_domains:pair", num_clients: 2}}
 {PROBLEM}
 simulation: {{rounds: 1}}
 algorithm: {{name: fedmm, params: {{batch_size: 8, local_steps: 2}}}}
@@ -68,7 +71,7 @@ def test_a_bad_pair_of_domains_is_one_line_naming_the_domain(tmp_path, monkeypat
     different sizes, labels beyond the classes: exit 2 and one line that names the domain."""
     rc, err = _cli(tmp_path, monkeypatch, capsys, OWN, fault)
     assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("config error: data.target: mydomains:pair(") and words in err, err
+    assert err.startswith("config error: data.target: faulty_domains:pair(") and words in err, err
 
 
 def test_the_same_pair_without_a_fault_runs(tmp_path, monkeypatch, capsys):
@@ -77,7 +80,7 @@ def test_the_same_pair_without_a_fault_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_a_config_with_no_problem_section_is_one_line(tmp_path, monkeypatch, capsys):
-    config = OWN.replace(PROBLEM + "\n", "").replace('{target: "mydomains:pair", num_clients: 2}',
+    config = OWN.replace(PROBLEM + "\n", "").replace('{target: "faulty_domains:pair", num_clients: 2}',
                                                      "{dataset: toy_domains, num_clients: 2, params: {n: 30}}")
     assert "problem:" not in config
     rc, err = _cli(tmp_path, monkeypatch, capsys, config)
