@@ -185,8 +185,9 @@ def test_lg_code_trains_as_fedavg_and_scores_before_the_aggregation():
 
 def test_perfedavg_code_train_from_adapted_is_the_fpfc_synthetic_code():
     """train_from='adapted' (FPFC synthetic code): a participant starts its local GD from
-    a_i = w - alpha grad f_i(w), so one round with one local step gives sum_i p_i (a_i - lr grad f_i(a_i));
-    the linear executor gives the same; 'adapted' with variant 'fo' is a config error naming the field."""
+    a_i = w - alpha grad f_i(w), so one round with one local step gives sum_i p_i (a_i - lr grad f_i(a_i)),
+    under the sequential and the vectorized executor (two phases of descent: not one statement the linear executor
+    runs, which refuses it with a reason); 'adapted' with variant 'fo' is a config error naming the field."""
     from fedsolve.data.synthetic import clustered_regression
 
     data = clustered_regression(seed=1, cluster_sizes=(3, 3), dim=3, samples_per_client=25, noise_std=0.1)
@@ -194,7 +195,7 @@ def test_perfedavg_code_train_from_adapted_is_the_fpfc_synthetic_code():
     cfg = dict(variant="code", lr=0.05, alpha=0.2, local_steps=1, local_epochs=None, batch_size=None,
                train_from="adapted")
     out = {}
-    for ex in ["sequential", "linear"]:
+    for ex in ["sequential", "vectorized"]:
         algo = PerFedAvg(cfg, prob)
         sim = Simulation(prob, algo, SimulationConfig(rounds=1, eval_every=1, executor=ex, metrics=[],
                                                       sampling={"fraction": 1.0}), seed=0)
@@ -214,7 +215,9 @@ def test_perfedavg_code_train_from_adapted_is_the_fpfc_synthetic_code():
         a = w0 - 0.2 * grad(i, w0)
         want += float(n[i] / n.sum()) * (a - 0.05 * grad(i, a))
     torch.testing.assert_close(out["sequential"], want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out["linear"], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["vectorized"], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="executor: 'linear' does not run perfedavg"):
+        Simulation(prob, PerFedAvg(cfg, prob), SimulationConfig(rounds=1, executor="linear", metrics=[]), seed=0)
     with pytest.raises(ValueError, match="train_from"):
         PerFedAvg(dict(variant="fo", train_from="adapted"), prob)
 

@@ -417,7 +417,7 @@ def test_async_fpfc_event_simulation():
 
     prob = regression(sizes=(3, 3), dim=3, n=40)
     cfg = AsyncConfig(delay_high=20.0, horizon=600.0, eval_every=100.0, delay_mode="redraw")
-    out = run_async_fpfc(prob, dict(lam=0.5, lr=0.1), cfg, seed=0, executor="linear")
+    out = run_async_fpfc(prob, dict(lam=0.5, lr=0.1), cfg, seed=0, simulation={"executor": "linear"})
     h = out["history"]
     assert [r["virtual_time"] for r in h[:3]] == [0.0, 100.0, 200.0]
     assert out["events"] > 6 * 600 / 20  # each node updates about every 10 s on average
@@ -427,7 +427,7 @@ def test_async_fpfc_event_simulation():
     th, v = algo.theta_v(out["server"])
     assert torch.allclose(out["server"]["R"], (th - v / algo.cfg.rho).sum(1), atol=1e-4)
     sync = run_sync_fpfc_timed(prob, dict(lam=0.5, lr=0.1), clients_per_round=2,
-                               cfg=AsyncConfig(delay_high=20.0, horizon=300.0), executor="linear")
+                               cfg=AsyncConfig(delay_high=20.0, horizon=300.0), simulation={"executor": "linear"})
     assert sync["history"][-1]["virtual_time"] >= 300.0 - 20.0
 
 
@@ -438,7 +438,7 @@ def test_async_and_newcomer_servers_give_the_same_numbers_on_every_executor():
 
     prob = regression(sizes=(3, 3), dim=3, n=40)
     cfg = AsyncConfig(delay_high=20.0, horizon=80.0, eval_every=40.0, delay_mode="redraw")
-    outs = {ex: run_async_fpfc(prob, dict(lam=0.5, lr=0.1), cfg, seed=1, executor=ex)
+    outs = {ex: run_async_fpfc(prob, dict(lam=0.5, lr=0.1), cfg, seed=1, simulation={"executor": ex})
             for ex in ("sequential", "vectorized", "linear")}
     for ex in ("vectorized", "linear"):
         assert outs[ex]["events"] == outs["sequential"]["events"] > 6
@@ -448,7 +448,8 @@ def test_async_and_newcomer_servers_give_the_same_numbers_on_every_executor():
     p_old = FederatedProblem(d.subset([0, 1, 3, 4]), prob.model_fn, loss="squared_error")
     p_new = FederatedProblem(d.subset([2, 5]), prob.model_fn, loss="squared_error")
     base, sim, _ = run(p_old, dict(lam=0.5, lr=0.1), rounds=15, fraction=1.0, fast=True)
-    nc = {ex: fpfc_newcomers(base, sim.server, p_new, rounds=4, executor=ex) for ex in ("sequential", "vectorized")}
+    nc = {ex: fpfc_newcomers(base, sim.server, p_new, rounds=4, simulation={"executor": ex})
+          for ex in ("sequential", "vectorized")}
     torch.testing.assert_close(nc["sequential"]["params"], nc["vectorized"]["params"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(nc["sequential"]["theta_norms"], nc["vectorized"]["theta_norms"], rtol=1e-4, atol=1e-5)
 

@@ -1,14 +1,23 @@
-"""Byzantine model-update attacks (fedsolve.families.clustered.byzantine; FPFC Sec. 6.4.1)."""
+"""Byzantine model-update attacks (fedsolve.families.clustered.byzantine; FPFC Sec. 6.4.1): the wrapper ``attack``,
+composed with any solver that declares its attack surface."""
 
 import pytest
 import torch
+import yaml
 
-from fedsolve.families import get_algorithm
-from fedsolve.families.clustered.byzantine import attack_rows, benign_mask, malicious_set
+from fedsolve.cli import main
 from fedsolve.data.synthetic import fpfc_synthetic
+from fedsolve.engine import Simulation, SimulationConfig
+from fedsolve.engine.wrappers import wrap
+from fedsolve.families import ALGORITHMS, get_algorithm
+from fedsolve.families.clustered.byzantine import OWN, HAS_OWN, Attack, attack_rows, benign_mask, malicious_set
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
-from fedsolve.engine import Simulation, SimulationConfig
+
+
+def attacked(name, prob, params, **attack):
+    """``name`` with ``params`` on ``prob``, wrapped by ``{kind: attack, **attack}`` as a config's ``wrap`` list."""
+    return wrap(get_algorithm(name)(params, prob), [{"kind": "attack", **attack}])
 
 
 def test_attack_rows_definitions():
@@ -30,15 +39,28 @@ def test_malicious_set_size_and_determinism():
     assert int(malicious_set(50, 0.0, 3).sum()) == 0
 
 
+def test_no_registered_copies_and_every_solver_declares_its_surface_as_data():
+    """Attacks are a wrapper, not registered ``byz_*`` copies; what they corrupt is each solver's declaration."""
+    assert not [n for n in ALGORITHMS if n.startswith("byz_")]
+    surf = {n: get_algorithm(n).attack_surface for n in ("fpfc", "fpfc_l1", "async_fpfc", "fedavg", "fedprox",
+                                                           "ifca", "cfl", "pacfl", "local")}
+    assert (surf["fpfc"].model, surf["fpfc"].view, surf["fpfc"].view_columns) == ("w", "zeta", "fidx")
+    assert surf["fpfc_l1"] == surf["async_fpfc"] == surf["fpfc"]
+    assert (surf["fedavg"].model, surf["fedavg"].view) == (surf["fedprox"].model, surf["fedprox"].view) == ("w", "w")
+    assert (surf["ifca"].model, surf["ifca"].view) == ("w", "models")
+    assert (surf["cfl"].model, surf["cfl"].view) == ("dw", None)
+    assert surf["local"].model is None and surf["pacfl"].view == "w"
+
+
 def test_attacked_fpfc_corrupts_only_malicious_uploads():
     data = fpfc_synthetic("S1", seed=0, features="uniform", size_scale=0.05, max_size=60)
     prob = FederatedProblem(data, build_model_fn("logreg", (60,), 10))
     cfg = SimulationConfig(rounds=2, eval_every=2, executor="auto", sampling={"fraction": 1.0}, metrics=[])
     base = dict(lam=0.6, init_std=1.0, local_epochs=2, batch_size=None)
-    clean = get_algorithm("byz_fpfc")(dict(base), prob)
+    clean = attacked("fpfc", prob, base)
     s0 = Simulation(prob, clean, cfg, seed=0)
     s0.run()
-    bad = get_algorithm("byz_fpfc")(dict(base, attack="gaussian", malicious_fraction=0.2, attack_seed=1), prob)
+    bad = attacked("fpfc", prob, base, attack="gaussian", malicious_fraction=0.2, attack_seed=1)
     s1 = Simulation(prob, bad, cfg, seed=0)
     s1.run()
     mal = ~benign_mask(bad)
@@ -48,18 +70,18 @@ def test_attacked_fpfc_corrupts_only_malicious_uploads():
     # clients keep training on their own true state
     assert float(s1.clients["w"][mal].abs().mean()) < 30
     # LOCAL uploads nothing: an attack cannot change it
-    loc = get_algorithm("byz_local")(dict(lr=0.1, local_epochs=1, attack="gaussian", malicious_fraction=0.5), prob)
+    loc = attacked("local", prob, dict(lr=0.1, local_epochs=1), attack="gaussian", malicious_fraction=0.5)
     Simulation(prob, loc, cfg, seed=0).run()
 
 
-@pytest.mark.parametrize("name", ["byz_fpfc", "byz_fedavg", "byz_ifca"])
+@pytest.mark.parametrize("name", ["fpfc", "fedavg", "ifca"])
 def test_no_malicious_device_no_attack(name):
-    """At malicious_fraction 0 every attack leaves the run exactly as without one: the robustness driver
+    """At malicious_fraction 0 every attack leaves the run exactly as without one: the robustness suite
     runs fraction 0 once per method and seed for all three attacks."""
     prob = _small_s1()
     runs = [_attacked_run(prob, name, 3, malicious_fraction=0.0, attack=att, attacker_view=view)[1]
             for att, view in (("none", "server"), ("sign_flip", "own"), ("gaussian", "own"), ("same_value", "own"))]
-    keys = [k for k in runs[0].server if not k.startswith("byz_")]
+    keys = [k for k in runs[0].server if not k.startswith("attack.")]
     for sim in runs[1:]:
         for k in keys:
             assert torch.equal(sim.server[k], runs[0].server[k]), k
@@ -70,7 +92,7 @@ def test_no_malicious_device_no_attack(name):
 def test_local_is_the_same_under_every_attack():
     """LOCAL uploads nothing, so the attack never acts on it; only the benign set moves with the fraction."""
     prob = _small_s1()
-    runs = [_attacked_run(prob, "byz_local", 3, attack=att) for att in ("none", "sign_flip", "gaussian")]
+    runs = [_attacked_run(prob, "local", 3, attack=att) for att in ("none", "sign_flip", "gaussian")]
     for algo, sim, _ in runs[1:]:
         assert torch.equal(benign_mask(algo), benign_mask(runs[0][0]))
         for k, v in runs[0][1].clients.items():
@@ -85,10 +107,12 @@ def _small_s1():
 def _attacked_run(prob, name, rounds, out_dir=None, resume=False, **kw):
     cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="auto", sampling={"fraction": 0.5},
                            metrics=[])
-    base = dict(local_epochs=5, batch_size=None, malicious_fraction=0.4, attack_seed=2)
-    if name == "byz_fpfc":
+    base = dict(local_epochs=5, batch_size=None)
+    if name == "fpfc":
         base.update(lam=0.6, init_std=0.1)
-    algo = get_algorithm(name)(dict(base, **kw), prob)
+    if name == "ifca":
+        base.update(num_clusters=kw.pop("num_clusters", 4))
+    algo = attacked(name, prob, base, **dict(dict(malicious_fraction=0.4, attack_seed=2), **kw))
     sim = Simulation(prob, algo, cfg, seed=0, out_dir=out_dir)
     return algo, sim, sim.run(resume=resume)
 
@@ -99,7 +123,7 @@ def test_sign_flip_blows_up_the_attackers_own_model_only_when_it_follows_the_ser
     prob = _small_s1()
     scale = {}
     for view in ("server", "own"):
-        algo, sim, _ = _attacked_run(prob, "byz_fpfc", 8, attack="sign_flip", attacker_view=view)
+        algo, sim, _ = _attacked_run(prob, "fpfc", 8, attack="sign_flip", attacker_view=view)
         mal = ~benign_mask(algo)
         w = sim.clients["w"]
         scale[view] = float(w[mal].abs().mean() / w[~mal].abs().mean())
@@ -111,7 +135,7 @@ def test_own_view_attacker_trains_independently_of_the_attack_and_the_others():
     """With attacker_view 'own', FPFC's malicious device minimizes f_k + rho/2 ||w - w_k^prev||^2 from its
     own model: its trajectory cannot depend on what it uploads nor on the other devices."""
     prob = _small_s1()
-    runs = {att: _attacked_run(prob, "byz_fpfc", 6, attack=att, attacker_view="own")
+    runs = {att: _attacked_run(prob, "fpfc", 6, attack=att, attacker_view="own")
             for att in ("sign_flip", "gaussian", "same_value")}
     mal = ~benign_mask(runs["gaussian"][0])
     ref = runs["gaussian"][1].clients["w"][mal]
@@ -121,40 +145,46 @@ def test_own_view_attacker_trains_independently_of_the_attack_and_the_others():
     assert not torch.allclose(runs["sign_flip"][1].clients["w"][~mal], runs["gaussian"][1].clients["w"][~mal])
     # the server keeps each attacker's last true upload: it is the attacker's current model
     srv, cl = runs["gaussian"][1].server, runs["gaussian"][1].clients["w"]
-    has = srv["byz_has_own"]
+    has = srv[HAS_OWN]
     assert bool(has.any()) and not bool(has[~mal].any())
-    assert torch.allclose(srv["byz_own"][has], cl[has])
+    assert torch.allclose(srv[OWN][has], cl[has])
 
 
 def test_own_view_messages_for_fedavg_and_ifca_and_errors():
-    from fedsolve.families.clustered.byzantine import own_view
     prob = _small_s1()
-    for name, kw in (("byz_fedavg", {}), ("byz_ifca", {"num_clusters": 4})):
-        algo, sim, res = _attacked_run(prob, name, 4, attack="sign_flip", attacker_view="own", **kw)
+    for name in ("fedavg", "ifca"):
+        algo, sim, res = _attacked_run(prob, name, 4, attack="sign_flip", attacker_view="own")
         assert all(torch.isfinite(v).all() for v in sim.server.values() if v.is_floating_point())
         ids = torch.arange(prob.num_clients)
         msg = algo.broadcast(sim.server, ids, 4)
-        has = sim.server["byz_has_own"]
+        has = sim.server[HAS_OWN]
         assert bool(has.any())
-        key = "w" if name == "byz_fedavg" else "models"
+        key = "w" if name == "fedavg" else "models"
         got = msg[key][has] if key == "w" else msg[key][has][:, 0]
-        assert torch.equal(got, sim.server["byz_own"][has])
+        assert torch.equal(got, sim.server[OWN][has])
         if key == "models":      # every cluster model sent to an attacker is its own
             assert torch.equal(msg[key][has][:, 1], got)
-    cfl = get_algorithm("byz_cfl")(dict(attack="sign_flip"), prob)   # CFL declares no own view (uploads updates)
-    assert cfl.attack_keys == ("dw",)                                   # its declared model key, not guessed
-    with pytest.raises(ValueError, match="attacker_view: 'own' is not defined for byz_cfl"):
-        own_view(cfl, {"w": torch.zeros(2, 3)}, torch.tensor([True, False]), torch.zeros(1, 3))
-    with pytest.raises(ValueError, match="attacker_view"):
-        get_algorithm("byz_cfl")(dict(attack="sign_flip", attack_keys=("dw",), attacker_view="own"), prob)
+        scored = algo.broadcast(sim.server, ids, None)   # the scoring message is the solver's own, unchanged
+        plain = algo.inner.broadcast({k: v for k, v in sim.server.items() if k not in (OWN, HAS_OWN)}, ids, None)
+        assert scored.keys() == plain.keys() and all(torch.equal(v, plain[k]) for k, v in scored.items())
+    cfl = attacked("cfl", prob, {}, attack="sign_flip")   # CFL declares no own view (it uploads updates)
+    assert cfl.attack_keys == ("dw",)                      # its declared model key, not guessed
+    with pytest.raises(ValueError, match="wrap.attack.attacker_view: 'own' is not defined for cfl"):
+        attacked("cfl", prob, {}, attack="sign_flip", attacker_view="own")
+    with pytest.raises(ValueError, match="wrap.attack.attacker_view: 'own' needs the uploaded model"):
+        attacked("fedavg", prob, {}, attack="sign_flip", attack_keys=["w", "x"], attacker_view="own")
+    with pytest.raises(ValueError, match=r"wrap\.attack\.malicious_fraction: .*1\.5"):
+        attacked("fedavg", prob, {}, attack="gaussian", malicious_fraction=1.5)
+    with pytest.raises(ValueError, match=r"wrap\.attack\.attack: "):
+        attacked("fedavg", prob, {}, attack="sign-flip")
 
 
 def test_own_view_state_survives_resume(tmp_path):
     prob = _small_s1()
     kw = dict(attack="sign_flip", attacker_view="own")
-    _, full, _ = _attacked_run(prob, "byz_fpfc", 6, **kw)
-    _attacked_run(prob, "byz_fpfc", 3, out_dir=tmp_path, **kw)
-    _, resumed, _ = _attacked_run(prob, "byz_fpfc", 6, out_dir=tmp_path, resume=True, **kw)
+    _, full, _ = _attacked_run(prob, "fpfc", 6, **kw)
+    _attacked_run(prob, "fpfc", 3, out_dir=tmp_path, **kw)
+    _, resumed, _ = _attacked_run(prob, "fpfc", 6, out_dir=tmp_path, resume=True, **kw)
     for k in full.server:
         assert torch.equal(full.server[k], resumed.server[k]), k
 
@@ -169,7 +199,7 @@ def test_attack_block_corrupts_only_that_block():
     runs = {}
     for key, extra in {"clean": {}, "block": dict(attack="gaussian", malicious_fraction=0.4, attack_block="fused"),
                        "all": dict(attack="gaussian", malicious_fraction=0.4)}.items():
-        sim = Simulation(prob, get_algorithm("byz_fedavg")(dict(base, **extra), prob), cfg, seed=0)
+        sim = Simulation(prob, attacked("fedavg", prob, base, **extra), cfg, seed=0)
         sim.run()
         runs[key] = sim.server["w"]
     bias = prob.layout.mask("fused")
@@ -177,50 +207,76 @@ def test_attack_block_corrupts_only_that_block():
     assert torch.allclose(runs["block"][~bias], runs["clean"][~bias], atol=1e-6)
     assert float((runs["block"][bias] - runs["clean"][bias]).abs().max()) > 1.0
     assert float((runs["all"][~bias] - runs["clean"][~bias]).abs().max()) > 1.0
-    with pytest.raises(ValueError, match="attack_block: the model has no block 'head'"):
-        get_algorithm("byz_fedavg")(dict(base, attack="gaussian", attack_block="head"), prob)
+    with pytest.raises(ValueError, match="wrap.attack.attack_block: the model has no block 'head'"):
+        attacked("fedavg", prob, base, attack="gaussian", attack_block="head")
 
 
-def test_wrapper_composes_with_any_declared_algorithm_and_equals_the_registered_name():
-    """``Byzantine(inner, attack=...)`` wraps an algorithm object: the same run as the registered ``byz_<name>``,
-    the inner algorithm's config, methods and full-batch executor pass through, and set_hparams reaches it."""
-    from fedsolve.families.clustered.byzantine import Byzantine
+def test_wrapper_composes_in_python_as_in_a_config_and_passes_the_solver_through():
+    """``Attack(inner, ...)`` is the run a config's ``wrap: [{kind: attack, ...}]`` gives; the inner solver's name,
+    config, methods and full-batch fast path pass through, and set_hparams reaches it."""
     from fedsolve.families.clustered.fpfc import FPFC
 
     prob = _small_s1()
     cfg = SimulationConfig(rounds=3, eval_every=3, executor="auto", sampling={"fraction": 0.5}, metrics=[])
     base = dict(lam=0.6, init_std=0.1, local_epochs=5, batch_size=None)
     attack = dict(attack="gaussian", malicious_fraction=0.4, attack_seed=2, attacker_view="own")
-    wrapped = Byzantine(FPFC(base, prob), **attack)
-    named = get_algorithm("byz_fpfc")(dict(base, **attack), prob)
-    sims = [Simulation(prob, a, cfg, seed=0) for a in (wrapped, named)]
+    composed = Attack(FPFC(base, prob), **attack)
+    configured = attacked("fpfc", prob, base, **attack)
+    sims = [Simulation(prob, a, cfg, seed=0) for a in (composed, configured)]
     for s in sims:
         s.run()
     assert type(sims[0].executor).__name__ == type(sims[1].executor).__name__ == "LinearGDExecutor"
     for k, v in sims[1].server.items():
         assert torch.equal(sims[0].server[k], v), k
-    assert wrapped.name == "byz_fpfc" and wrapped.cfg.lam == 0.6
-    assert torch.equal(benign_mask(wrapped), benign_mask(named))
-    assert wrapped.cluster_labels(sims[0].server).shape == (prob.num_clients,)     # the inner algorithm's method
+    assert composed.name == "fpfc" and composed.cfg.lam == 0.6
+    assert torch.equal(benign_mask(composed), benign_mask(configured))
+    assert composed.cluster_labels(sims[0].server).shape == (prob.num_clients,)     # the inner algorithm's method
     sims[0].set_hparams(lam=0.3)
-    assert wrapped.inner.cfg.lam == 0.3 and int((~benign_mask(wrapped)).sum()) == 40
-    with pytest.raises(ValueError, match="malicious_fraction"):
-        Byzantine(FPFC(base, prob), attack="gaussian", malicious_fraction=1.5)
+    assert composed.inner.cfg.lam == 0.3 and int((~benign_mask(composed)).sum()) == 40
+    assert "malicious" in sims[0].history[-1] and "malicious" not in sims[0].algo.report(sims[0].server,
+                                                                                         sims[0].clients, True)
 
 
 def test_wrapper_runs_the_same_under_sequential_and_vectorized_executors():
-    from fedsolve.families.clustered.byzantine import Byzantine
     from fedsolve.families.classic.fedavg import FedAvg
 
     prob = _small_s1()
     out = {}
     for ex in ("sequential", "vectorized"):
-        algo = Byzantine(FedAvg(dict(lr=0.1, local_epochs=1, batch_size=8), prob), attack="sign_flip",
-                         malicious_fraction=0.3, attack_seed=1, attacker_view="own")
+        algo = Attack(FedAvg(dict(lr=0.1, local_epochs=1, batch_size=8), prob), attack="sign_flip",
+                      malicious_fraction=0.3, attack_seed=1, attacker_view="own")
         sim = Simulation(prob, algo, SimulationConfig(rounds=3, eval_every=3, executor=ex, sampling={"fraction": 0.5},
                                                       metrics=[]), seed=0)
         sim.run()
         out[ex] = sim.server
-    assert bool(out["sequential"]["byz_has_own"].any())
+    assert bool(out["sequential"][HAS_OWN].any())
     for k, v in out["sequential"].items():
         assert torch.allclose(out["vectorized"][k].double(), v.double(), atol=1e-5), k
+
+
+def _cli_config(tmp_path, wrap_spec) -> str:
+    cfg = {"name": "attacked", "data": {"dataset": "synthetic_fpfc", "num_clients": None,
+                                        "params": {"scenario": "S1", "size_scale": 0.05, "max_size": 60}},
+           "model": {"name": "logreg"},
+           "simulation": {"rounds": 2, "eval_every": 1, "metrics": [], "sampling": {"fraction": 0.5}},
+           "algorithm": {"name": "fedavg", "params": {"lr": 0.1, "batch_size": None, "local_epochs": 2},
+                         "wrap": [wrap_spec]}}
+    p = tmp_path / "attacked.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return str(p)
+
+
+def test_a_config_names_the_attack_under_wrap_and_bad_settings_are_one_line(tmp_path, capsys):
+    spec = {"kind": "attack", "attack": "sign_flip", "malicious_fraction": 0.4, "attacker_view": "own"}
+    out = tmp_path / "run"
+    assert main(["run", _cli_config(tmp_path, spec), "--out", str(out), "--quiet"]) == 0
+    assert "malicious" in (out / "metrics.jsonl").read_text()
+    assert yaml.safe_load((out / "config.yaml").read_text())["algorithm"]["wrap"] == [spec]
+    for bad, words in (({"malicious_fraction": 2.0}, "wrap.attack.malicious_fraction"),
+                       ({"attacker_view": "mine"}, "wrap.attack.attacker_view"),
+                       ({"attack_block": "head"}, "wrap.attack.attack_block")):
+        capsys.readouterr()
+        assert main(["run", _cli_config(tmp_path, dict(spec, **bad)), "--out", str(tmp_path / "bad"),
+                     "--quiet", "--overwrite"]) == 2, bad
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -12,6 +12,7 @@ from fedsolve.data.synthetic import clustered_regression, fpfc_synthetic
 from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine import Simulation, SimulationConfig
+from fedsolve.engine.wrappers import wrap
 
 
 def s1_small(seed=0):
@@ -28,19 +29,24 @@ CASES = {   # name: full-batch configuration
     "local": dict(lr=0.1, batch_size=None, local_epochs=3, weight_decay=0.01),
     "fedavg": dict(lr=0.1, batch_size=None, local_epochs=3),
     "fedprox": dict(lr=0.1, batch_size=None, local_epochs=3, mu=0.5),
-    "ifca": dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3),
     "cfl": dict(lr=0.1, local_epochs=3, warmup_rounds=2, eps1=10.0, eps2=0.0),
     "pacfl": dict(lr=0.1, local_epochs=3),
     "perfedavg": dict(lr=0.1, local_epochs=3, variant="code", alpha=0.05),
     "lg_code": dict(lr=0.1, batch_size=None, local_epochs=3),
     "fpfc": dict(lam=0.4, local_epochs=3),
-    "byz_fedavg": dict(lr=0.1, batch_size=None, local_epochs=3, attack="sign_flip", malicious_fraction=0.25,
-                       attacker_view="own"),
+    "fedavg+attack": dict(lr=0.1, batch_size=None, local_epochs=3),
 }
+#: wrappers around a case's solver (the name before '+')
+WRAPS = {"fedavg+attack": [{"kind": "attack", "attack": "sign_flip", "malicious_fraction": 0.25,
+                            "attacker_view": "own"}]}
+
+
+def make(name, prob):
+    return wrap(get_algorithm(name.split("+")[0])(CASES[name], prob), WRAPS.get(name))
 
 
 def _run(prob, name, executor, rounds=6, work=None, kernel="auto"):
-    algo = get_algorithm(name)(CASES[name], prob)
+    algo = make(name, prob)
     sim = Simulation(prob, algo, SimulationConfig(rounds=rounds, eval_every=rounds, executor=executor, metrics=[],
                                                   sampling={"fraction": 0.5}, work=work or {},
                                                   linear_kernel=kernel), seed=3)
@@ -70,10 +76,10 @@ def test_linear_executor_matches_sequential(name, make, kernel):
     assert ha["train_loss"] == pytest.approx(hb["train_loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["local", "fedavg", "ifca", "cfl", "pacfl", "perfedavg", "fpfc"])
+@pytest.mark.parametrize("name", ["local", "fedavg", "cfl", "pacfl", "perfedavg", "fpfc"])
 def test_auto_picks_linear_for_full_batch_one_layer_models(name):
     prob = s1_small()
-    algo = get_algorithm(name)(CASES[name], prob)
+    algo = make(name, prob)
     sim = Simulation(prob, algo, SimulationConfig(rounds=1, metrics=[]), seed=0)
     assert isinstance(sim.executor, LinearGDExecutor)
 
@@ -93,6 +99,13 @@ def test_auto_falls_back_and_explicit_linear_is_refused_with_a_reason():
     per = get_algorithm("perfedavg")(dict(variant="fo"), prob)
     with pytest.raises(ValueError, match="executor: 'linear' does not run perfedavg"):
         Simulation(prob, per, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
+    # IFCA picks its start by the lowest loss among the cluster models: not one stated descent, so auto runs it
+    # on a generic executor (tests/test_clustering_baselines.py: sequential == vectorized) and linear refuses it
+    ifca = get_algorithm("ifca")(dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3), prob)
+    assert not isinstance(Simulation(prob, ifca, SimulationConfig(rounds=1, metrics=[]), seed=0).executor,
+                          LinearGDExecutor)
+    with pytest.raises(ValueError, match="executor: 'linear' does not run ifca"):
+        Simulation(prob, ifca, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
     # a model that is not one nn.Linear
     mlp = FederatedProblem(prob.data, build_model_fn("mlp", (60,), 10))
     with pytest.raises(ValueError, match="one nn.Linear"):
@@ -126,5 +139,5 @@ def test_linear_baselines_benchmark_smoke():
     spec = importlib.util.spec_from_file_location("bench_linear_baselines", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    out = mod.main(["--rounds", "2", "--size-scale", "0.02", "--algorithms", "local", "ifca"])
-    assert set(out) == {"local", "ifca"} and all(v > 0 for v in out.values())
+    out = mod.main(["--rounds", "2", "--size-scale", "0.02", "--algorithms", "local", "cfl"])
+    assert set(out) == {"local", "cfl"} and all(v > 0 for v in out.values())

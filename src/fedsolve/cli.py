@@ -3,7 +3,7 @@
     fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--seed N] [--track csv,...]
     fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume | --overwrite]
                      [--track csv,tensorboard,wandb,mlflow]
-    fedsolve list [algorithms|datasets|partitioners|models]
+    fedsolve list [algorithms|datasets|partitioners|models|schedules|wrappers]
     fedsolve report DIR
     fedsolve verify DIR [--full] [--cell LABEL|KEY] [--rounds R] [--rtol X] [--atol X]
     fedsolve ledger DIR [--check]
@@ -162,6 +162,8 @@ def _cmd_list(args) -> int:
     from fedsolve.families import ALGORITHMS
     from fedsolve.data.datasets import DATASETS
     from fedsolve.data.partition import PARTITIONERS
+    from fedsolve.engine.schedules import SCHEDULES
+    from fedsolve.engine.wrappers import WRAPPERS
     from fedsolve.models import MODELS
 
     tables = {
@@ -169,6 +171,8 @@ def _cmd_list(args) -> int:
         "datasets": {k: v[1] for k, v in DATASETS.items()},
         "partitioners": {k: v[1] for k, v in PARTITIONERS.items()},
         "models": {k: v[1] for k, v in MODELS.items()},
+        "schedules": {k: v.description for k, v in SCHEDULES.items()},   # protocols: algorithm.schedule.kind
+        "wrappers": {k: v[1] for k, v in WRAPPERS.items()},               # algorithm.wrap[].kind
     }
     try:
         from fedsolve.models import multimodal
@@ -268,8 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the algorithm x seed runs in this many processes at once, each with threads/jobs torch "
                         "threads (default 1)")
     c.set_defaults(fn=_cmd_compare)
-    ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models")
-    ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models"],
+    ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models, schedules (protocols), wrappers")
+    ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models", "schedules",
+                                                "wrappers"],
                     help="which registry to list (default: all)")
     ls.set_defaults(fn=_cmd_list)
     rp = sub.add_parser("report", help="rebuild report.md and plots of a run or compare folder")

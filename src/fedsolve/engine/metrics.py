@@ -130,11 +130,14 @@ def summarize(per_client: list[dict[str, float]], prefix: str = "test_") -> dict
     return out
 
 
-def evaluate(problem, params: Tensor, vectorized: bool, which: tuple[str, ...] = ("f1", "auc"),
+def evaluate(problem, params: Tensor, vectorized: bool | None = None, which: tuple[str, ...] = ("f1", "auc"),
              split: str = "test", buffers: dict[str, Tensor] | None = None
              ) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client). ``buffers``:
-    the BatchNorm running statistics client ``i`` is scored with, ``{name: [m, ...]}`` (None: the model's own)."""
+    the BatchNorm running statistics client ``i`` is scored with, ``{name: [m, ...]}`` (None: the model's own).
+    ``vectorized``: all clients' outputs in one ``vmap`` call (None: where the problem's model allows it)."""
+    if vectorized is None:
+        vectorized = problem.vmappable
     d = problem.data
     x, y, off = (d.test_x, d.test_y, d.test_offsets) if split == "test" else (d.train_x, d.train_y, d.train_offsets)
     ids = list(range(d.num_clients))

@@ -17,8 +17,9 @@ hyper-parameters) must restore it exactly. Everything random comes from ``run.rn
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
+from pydantic import ValidationError
 from torch import Tensor
 
 
@@ -35,8 +36,14 @@ class Decision:
 class Schedule:
     """Base of the schedules (see the module docstring); the default changes nothing."""
 
-    #: the name a config gives (``simulation.schedule: {kind: <name>, ...}``)
+    #: the name a config gives (``algorithm.schedule: {kind: <name>, ...}``)
     name: ClassVar[str] = "plain"
+    #: one line for ``fedsolve list schedules``
+    description: ClassVar[str] = "the configured rounds, sampling and evaluation cadence"
+
+    def check(self, algo, cfg) -> None:
+        """Raise ``ValueError`` (one line naming the field) when this schedule cannot steer ``algo`` under the
+        simulation settings ``cfg`` (called before the run is built)."""
 
     def start(self, run) -> None:
         """Before round 0 of a fresh run (not on resume)."""
@@ -67,3 +74,23 @@ def register_schedule(cls: type[Schedule]) -> type[Schedule]:
         raise ValueError(f"schedule {cls.name!r} registered twice")
     SCHEDULES[cls.name] = cls
     return cls
+
+
+def make_schedule(spec: Mapping[str, Any], algo, cfg) -> Schedule:
+    """The schedule ``spec`` names (``{kind: <name>, ...its parameters}``), checked against the algorithm ``algo``
+    and the simulation settings ``cfg``; ``ValueError`` with one line naming the field (``schedule.<field>``) when
+    the kind is unknown, a parameter is wrong or the schedule cannot steer this run."""
+    params = dict(spec)
+    kind = params.pop("kind", None)
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule.kind: unknown {kind!r}; allowed: {sorted(SCHEDULES)}")
+    try:
+        schedule = SCHEDULES[kind](**params)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ValueError(f"schedule.{where}: {err['msg']} (got {err.get('input')!r})") from None
+    except TypeError as e:   # a parameter the schedule does not take
+        raise ValueError(f"schedule: {kind} {e}") from None
+    schedule.check(algo, cfg)
+    return schedule

@@ -19,6 +19,7 @@ shows them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from fedsolve.engine.algorithm import Algorithm
@@ -48,18 +49,30 @@ def wrap(algo: Algorithm, specs: list[Mapping[str, Any]] | None) -> Algorithm:
     return algo
 
 
+@dataclass(frozen=True)
+class AttackSurface:
+    """What a solver declares (class attribute ``attack_surface``) for attacks on its uploads (e.g. the ``attack``
+    wrapper of the clustered family): ``model``, the upload key that holds a client's model (None: it uploads no
+    model); ``view``, the message key that a client which ignores the server fills with its own model (None: not
+    defined); ``view_columns``, the name of the solver's index attribute listing the model coordinates that key
+    carries (None: the whole model)."""
+
+    model: str | None
+    view: str | None = None
+    view_columns: str | None = None
+
+
 class Wrapper(Algorithm):
     """An algorithm that passes every function on to ``inner`` (override what the wrapper changes). Its name,
     config, declarations and problem are the inner algorithm's; attributes it does not have are looked up on
-    ``inner`` (e.g. a family's helper methods)."""
+    ``inner`` (e.g. a family's helper methods). ``cfg`` and ``client_weights`` are the inner algorithm's own, so
+    ``Simulation.set_hparams`` and a move to a GPU reach it."""
 
     def __init__(self, inner: Algorithm):   # noqa: D107  (no Algorithm.__init__: nothing of its own to set up)
         self.inner = inner
-        self.cfg = inner.cfg
         self.problem = inner.problem
         self.layout = inner.layout
         self.num_clients = inner.num_clients
-        self.client_weights = inner.client_weights
         self.name = inner.name
         self.description = inner.description
         self.Config = inner.Config
@@ -70,6 +83,22 @@ class Wrapper(Algorithm):
         if attr == "inner":   # not yet set (e.g. while unpickling)
             raise AttributeError(attr)
         return getattr(self.inner, attr)
+
+    @property
+    def cfg(self):
+        return self.inner.cfg
+
+    @cfg.setter
+    def cfg(self, value) -> None:
+        self.inner.cfg = value
+
+    @property
+    def client_weights(self):
+        return self.inner.client_weights
+
+    @client_weights.setter
+    def client_weights(self, value) -> None:
+        self.inner.client_weights = value
 
     @property
     def kernel(self) -> str:

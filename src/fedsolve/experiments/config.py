@@ -228,6 +228,9 @@ class AlgorithmSpec(BaseModel):
                                                     "(`fedsolve compare`); null = no tuning")
     wrap: list[dict[str, Any]] = Field(default_factory=list, description="wrappers around the solver, in order: "
                                        "{kind: server_opt | dp | attack ..., params...} (fedsolve list wrappers)")
+    schedule: dict[str, Any] | None = Field(None, description="a protocol that steers the run round by round: "
+                                            "{kind: warmup_path | lambda_grid | async_fpfc | virtual_clock ..., "
+                                            "params...} (fedsolve list schedules); null = the configured rounds")
 
     def with_param(self, key: str, value: Any) -> "AlgorithmSpec":
         """This spec with ``params[key] = value`` and no tuning (the run a tuned value is trained with)."""

@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from fedsolve.engine.buffers import with_buffers
+from fedsolve.engine.schedules import make_schedule
 from fedsolve.engine.wrappers import wrap
 from fedsolve.families import get_algorithm
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
@@ -231,7 +232,22 @@ def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: Federat
     except ValueError as e:   # the problem does not fit the solver, e.g. a family's solver with no problem: section
         msg = str(e)
         raise ConfigError(msg if msg.startswith(("data", "problem")) else f"algorithms: {spec.name}: {msg}") from None
-    return with_buffers(wrap(algo, spec.wrap))   # BatchNorm running statistics as state (engine/buffers.py)
+    try:
+        algo = wrap(algo, spec.wrap)
+    except ValueError as e:   # an unknown wrapper kind or a wrapper's bad setting: its message names the field
+        raise ConfigError(f"algorithm.{e}") from None
+    return with_buffers(algo)   # BatchNorm running statistics as state (engine/buffers.py)
+
+
+def build_schedule(cfg: ExperimentConfig, spec: AlgorithmSpec, algo):
+    """The schedule ``spec.schedule`` names for ``algo`` (``engine/schedules.py``); None: the configured rounds."""
+    if spec.schedule is None:
+        return None
+    try:
+        return make_schedule(spec.schedule, algo, cfg.simulation)
+    except ValueError as e:   # its message names the field (schedule.<field>, or simulation.<field>)
+        msg = str(e)
+        raise ConfigError(f"algorithm.{msg}" if msg.startswith("schedule") else msg) from None
 
 
 # ------------------------------------------------------------------ one run
@@ -240,6 +256,7 @@ def resolved_config(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int) -> di
     algo_cfg = cls.Config(**merged_params(cls, cfg.defaults, spec.params))
     raw = cfg.model_dump(mode="json", exclude={"algorithms"})
     raw["algorithm"] = {"name": spec.name, "label": spec.display, "params": algo_cfg.model_dump(mode="json")}
+    raw["algorithm"].update({k: v for k, v in (("wrap", spec.wrap), ("schedule", spec.schedule)) if v})
     raw["seeds"] = [seed]
     return raw
 
@@ -399,11 +416,13 @@ def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Pat
     _check_sampling(cfg, problem.num_clients)
     algo = build_algorithm(cfg, spec, problem)
     watch = _Participation()
+    schedule = build_schedule(cfg, spec, algo)
     trackers = make_trackers(track, run_dir, f"{cfg.name}/{spec.display}/seed{seed}", resolved, cfg.name)
     try:
         sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
                          callbacks=[start, JsonlLogger(run_dir / "metrics.jsonl"), watch,
-                                    ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers])
+                                    ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers],
+                         schedule=schedule)
     except ValueError as e:   # e.g. an executor that cannot run this model or algorithm
         msg = str(e)
         raise ConfigError(msg if msg.startswith("simulation.") else f"simulation.{msg}") from None
@@ -469,9 +488,10 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
     problem = build_problem(cfg, seed)
     _check_sampling(cfg, problem.num_clients)
     algo = build_algorithm(cfg, spec, problem)
+    schedule = build_schedule(cfg, spec, algo)
     own: list = [ProgressBar(f"{spec.display} s{seed}", disable=not progress)]
     if out is None:
-        return Simulation(problem, algo, cfg.simulation, seed, callbacks=[*own, *callbacks]).run()
+        return Simulation(problem, algo, cfg.simulation, seed, callbacks=[*own, *callbacks], schedule=schedule).run()
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file; allowed: a folder (new, or one that holds a run of this config "
@@ -481,7 +501,8 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
         resolved = resolved_config(cfg, spec, seed)
         start = folder.starter(resolved, remove=tuple(f for f in RUN_FILES if f not in ("run.json", "config.yaml")))
         sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=out,
-                         callbacks=[start, *own, JsonlLogger(out / "metrics.jsonl"), *callbacks])
+                         callbacks=[start, *own, JsonlLogger(out / "metrics.jsonl"), *callbacks],
+                         schedule=schedule)
         atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
         res = sim.run()
         folder.finish("completed")

@@ -23,6 +23,7 @@ from fedsolve.core.context import LocalContext
 from fedsolve.core.executor import carry_out
 from fedsolve.core.plans import Plan, build_plans
 from fedsolve.core.rng import RngStreams
+from fedsolve.core.statements import Descend
 from fedsolve.engine.metrics import client_metrics
 from fedsolve.engine.sampling import sample_clients
 
@@ -132,8 +133,13 @@ def client_eval_params(algorithm, state: Mapping[str, Tensor], eval_msg: Mapping
 def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
                  train_y: Tensor, rngs: RngStreams, t: int, pad: Mapping[str, tuple[int, int]] | None = None,
                  groups=None) -> Tensor:
-    """ONE client's evaluation-time adaptation after ``t`` rounds (the algorithm's optional ``eval_work``, e.g.
-    Per-FedAvg's), as ``Simulation.eval_params`` runs it; ``params`` itself when there is none."""
+    """ONE client's evaluation-time adaptation after ``t`` rounds, as ``Simulation.eval_params`` runs it: ``params``
+    is what ``eval_model`` returned, a ``Descend`` statement (e.g. Per-FedAvg's) carried out on the phases of
+    ``work(None)``, or the parameters themselves (adapted by the former ``eval_work`` hook where one is defined)."""
+    if isinstance(params, Descend):
+        ctx = _client_context(algorithm, algorithm.work(None), cid, num_clients, weight, train_x, train_y, rngs, t,
+                              None, pad, groups)
+        return ctx.descend(params)
     phases = eval_phases(algorithm)
     if not phases:
         return params

@@ -11,6 +11,7 @@ from pydantic import Field
 from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
 from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, register, shared_mask, weighted_mean
+from fedsolve.engine.wrappers import AttackSurface
 
 
 class FedAvgConfig(AlgorithmConfig):
@@ -24,6 +25,8 @@ class FedAvg(Algorithm):
     description = "FedAvg: local SGD, sample-size weighted averaging (McMahan et al. 2017)"
     Config = FedAvgConfig
     averages = Averages("w", "w", "model", "samples")
+    #: the upload ``w`` is the client's model; a client that ignores the server starts from its own model
+    attack_surface = AttackSurface(model="w", view="w")
 
     def init(self, x0, rngs):
         return {"w": x0.clone()}, ClientStates(self.num_clients)
@@ -50,9 +53,6 @@ class FedAvg(Algorithm):
 
     def aggregate(self, server, ids, uploads, round_):
         return {"w": weighted_mean(uploads["w"], self.client_weights[ids])}
-
-    def eval_broadcast(self, server, ids):
-        return {"w": self.expand(server["w"], ids)}
 
     def eval_model(self, state, msg):
         return msg["w"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fedsolve.core.states import ClientStates, repeat_rows
 from fedsolve.core.statements import Descend
 from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
+from fedsolve.engine.wrappers import AttackSurface
 
 
 @register
@@ -13,6 +14,7 @@ class Local(Algorithm):
     description = "Local: each client trains alone from a common init, no communication"
     Config = AlgorithmConfig
     communicates = False
+    attack_surface = AttackSurface(model=None)   # uploads nothing: immune to upload attacks
 
     def init(self, x0, rngs):
         return {}, ClientStates(self.num_clients, {"w": repeat_rows(x0, self.num_clients)})

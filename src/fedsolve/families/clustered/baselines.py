@@ -19,12 +19,15 @@
 * **Per-FedAvg** (Fallah et al. 2020): ``variant='fo'`` first-order MAML local steps
   (w' = w - alpha g(w); w <- w - beta g(w')); ``variant='code'``: FedAvg local steps (what the FPFC
   reference code does). Evaluation: every device adapts the current global model before it is scored
-  (``eval_work``): one full-batch GD step of size ``alpha``, as Fallah et al. and the reference code's
-  synthetic scripts do after every aggregation, or ``adapt_epochs`` epochs of SGD (its label-swap scripts).
+  (``eval_model`` states the adaptation, ``work(None)`` plans it): one full-batch GD step of size ``alpha``, as
+  Fallah et al. and the reference code's synthetic scripts do after every aggregation, or ``adapt_epochs`` epochs
+  of SGD (its label-swap scripts).
 
 LG-FedAvg lives in ``families/personalized/baselines.py``; on a one-layer model it has no lower layer to keep local,
 and the FPFC reference code's "LG" is FedAvg with every device scored before the aggregation
-(``lg_code``, :class:`LGCode`). The clustering methods report ``num_clusters`` and ``ari``.
+(``lg_code``, :class:`LGCode`). The clustering methods report ``num_clusters`` and ``ari``. Each solver declares
+its ``attack_surface`` (the upload key of its model, the message key an attacker ignoring the server fills with its
+own model) for the ``attack`` wrapper (``byzantine.py``).
 
 Newcomers (FPFC Sec. 6.4.2 / Table 3: "each method's own procedure"; the rules are in
 ``fedsolve.families.clustered.protocols.newcomers``):
@@ -45,19 +48,28 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, weighted_mean
-from fedsolve.families.clustered.clusters import adjusted_rand
-from fedsolve.families.classic.fedavg import FedAvg
-from fedsolve.core.executor import Work
-from fedsolve.core.linear import GDStep
+from fedsolve.core.plans import Work
+from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand, register, weighted_mean
+from fedsolve.engine.wrappers import AttackSurface
+from fedsolve.families.classic.fedavg import FedAvg
+from fedsolve.families.clustered.clusters import adjusted_rand
 
 
-def _clustering_diag(labels: np.ndarray, problem) -> dict[str, float]:
-    out = {"num_clusters": float(len(np.unique(labels)))}
+def _clustering_report(labels: np.ndarray, problem, final: bool) -> dict:
+    """The clusters found: their number and ARI against the true clusters (where known); ``final``: also every
+    client's label."""
+    out: dict = {"clusters": labels.tolist()} if final else {}
+    out["num_clusters"] = float(len(np.unique(labels)))
     if problem.data.clusters is not None:
         out["ari"] = adjusted_rand(labels, problem.data.clusters.cpu().numpy())
     return out
+
+
+def _train(cfg: AlgorithmConfig, start, then) -> Descend:
+    """Local SGD on the client's loss from ``start`` with the config's step size and weight decay."""
+    return Descend(start=start, lr=cfg.lr, weight_decay=cfg.weight_decay, then=then)
 
 
 # ====================================================================== IFCA
@@ -79,9 +91,14 @@ class IFCA(Algorithm):
     name = "ifca"
     description = "IFCA: L cluster models, clients pick the lowest-loss one (Ghosh et al. 2020)"
     Config = IFCAConfig
+    #: the upload ``w`` is the client's model; a client that ignores the server is sent its own model as every
+    #: cluster model
+    attack_surface = AttackSurface(model="w", view="models")
 
-    def work(self, round_: int = 0):
+    def work(self, round_: int | None = 0):
         c = self.cfg
+        if round_ is None:
+            return {}
         return {"assign": Work(steps=1, batch_size=None),
                 "train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
 
@@ -101,27 +118,17 @@ class IFCA(Algorithm):
         return {"models": torch.stack(models)}, ClientStates(m, {"assign": assign})
 
     def broadcast(self, server, ids, round_):
-        return {"models": server["models"].unsqueeze(0).expand(ids.numel(), *server["models"].shape)}
+        return {"models": expand(server["models"], ids)}
 
     def local_update(self, state, msg, ctx):
+        """IFCA's client: the cluster model with the lowest loss on its full training set (phase ``assign``),
+        then local SGD from it; it keeps and uploads its one-hot choice."""
         models = msg["models"]
         L = models.shape[0]
         losses = torch.stack([ctx.loss(models[l], "assign", 0) for l in range(L)])
         onehot = torch.nn.functional.one_hot(torch.argmin(losses), L).to(models.dtype)
         w0 = (onehot.unsqueeze(1) * models).sum(0)
-        w = self.local_sgd(ctx, w0)
-        return {"assign": onehot}, {"w": w, "assign": onehot}
-
-    def supports_linear_gd(self) -> bool:
-        return True
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        models = msgs["models"]                                       # [k, L, d]
-        L = models.shape[1]
-        losses = torch.stack([full.loss(models[:, l]) for l in range(L)], 1)
-        onehot = torch.nn.functional.one_hot(losses.argmin(1), L).to(models.dtype)
-        w0 = (onehot.unsqueeze(2) * models).sum(1)
-        return GDStep(start=w0, lr=self.cfg.lr, finish=lambda w: ({"assign": onehot}, {"w": w, "assign": onehot}))
+        return _train(self.cfg, w0, lambda w, steps: ({"assign": onehot}, {"w": w, "assign": onehot}))
 
     def aggregate(self, server, ids, uploads, round_):
         models = server["models"].clone()
@@ -133,40 +140,29 @@ class IFCA(Algorithm):
         models[upd] = models[upd] + delta[upd] / den[upd].unsqueeze(1)
         return {"models": models}
 
-    def eval_broadcast(self, server, ids):
-        return self.broadcast(server, ids, 0)
-
     def eval_model(self, state, msg):
         return (state["assign"].unsqueeze(1) * msg["models"]).sum(0)
 
     def labels(self, clients) -> np.ndarray:
         return clients["assign"].argmax(1).cpu().numpy()
 
-    def diagnostics(self, server, clients):
-        return _clustering_diag(self.labels(clients), self.problem)
-
-    def finalize(self, server, clients):
-        lab = self.labels(clients)
-        return {"clusters": lab.tolist(), **_clustering_diag(lab, self.problem)}
+    def report(self, server, clients, final: bool = False):
+        return _clustering_report(self.labels(clients), self.problem, final)
 
 
 # ====================================================================== CFL
 class _ClusterModels(Algorithm):
     """Shared server read-out of CFL and PACFL: server rows ``W`` (each client's cluster model) and
-    ``cluster`` labels; clients are scored with their cluster's model."""
+    ``cluster`` labels; each client is sent, and scored with, its cluster's model."""
 
-    def eval_broadcast(self, server, ids):
+    def broadcast(self, server, ids, round_):
         return {"w": server["W"][ids]}
 
     def eval_model(self, state, msg):
         return msg["w"]
 
-    def diagnostics(self, server, clients):
-        return _clustering_diag(server["cluster"].cpu().numpy(), self.problem)
-
-    def finalize(self, server, clients):
-        lab = server["cluster"].cpu().numpy()
-        return {"clusters": lab.tolist(), **_clustering_diag(lab, self.problem)}
+    def report(self, server, clients, final: bool = False):
+        return _clustering_report(server["cluster"].cpu().numpy(), self.problem, final)
 
 
 class CFLConfig(AlgorithmConfig):
@@ -184,6 +180,8 @@ class CFL(_ClusterModels):
     name = "cfl"
     description = "CFL: FedAvg within clusters, recursive cosine bipartition (Sattler et al. 2021)"
     Config = CFLConfig
+    #: uploads are model changes ``dw``; no own view is defined
+    attack_surface = AttackSurface(model="dw")
 
     def init(self, x0, rngs):
         """Server: cluster models and labels, every client's latest update, and the parameter tree, one
@@ -197,18 +195,8 @@ class CFL(_ClusterModels):
                  "tree_dir": torch.zeros(0, 2, d, dtype=x0.dtype)},
                 ClientStates(m))
 
-    def broadcast(self, server, ids, round_):
-        return {"w": server["W"][ids]}
-
     def local_update(self, state, msg, ctx):
-        w = self.local_sgd(ctx, msg["w"])
-        return {}, {"dw": w - msg["w"]}
-
-    def supports_linear_gd(self) -> bool:
-        return True
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"dw": w - msgs["w"]}))
+        return _train(self.cfg, msg["w"], lambda w, steps: ({}, {"dw": w - msg["w"]}))
 
     def aggregate(self, server, ids, uploads, round_):
         from sklearn.cluster import AgglomerativeClustering
@@ -257,12 +245,12 @@ class PACFLConfig(AlgorithmConfig):
     linkage: Literal["weighted", "average"] = Field(
         "weighted", description="'weighted' (WPGMA: merged rows averaged, the PACFL/FPFC code's 'average') or "
                                 "'average' (UPGMA: mean over all member pairs)")
-    per_class: bool = Field(True, description="per-class data matrices stacked (classification; code)")
+    per_class: bool = Field(True, description="per-class data matrices side by side (classification; code)")
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg weights within a cluster")
 
 
 def pacfl_bases(data, n_basis: int, per_class: bool) -> list[np.ndarray]:
-    """Each client's stacked top-``n_basis`` left singular vectors (features x basis)."""
+    """Each client's top-``n_basis`` left singular vectors, side by side (features x basis)."""
     out = []
     for i in range(data.num_clients):
         x, y = data.client_train(i)
@@ -306,6 +294,8 @@ class PACFL(_ClusterModels):
     name = "pacfl"
     description = "PACFL: one-shot principal-angle clustering, then FedAvg per cluster (Vahidian et al. 2023)"
     Config = PACFLConfig
+    #: the upload ``w`` is the client's model; a client that ignores the server starts from its own model
+    attack_surface = AttackSurface(model="w", view="w")
 
     def init(self, x0, rngs):
         c = self.cfg
@@ -315,17 +305,8 @@ class PACFL(_ClusterModels):
         m = self.num_clients
         return {"W": repeat_rows(x0, m), "cluster": torch.as_tensor(lab)}, ClientStates(m)
 
-    def broadcast(self, server, ids, round_):
-        return {"w": server["W"][ids]}
-
     def local_update(self, state, msg, ctx):
-        return {}, {"w": self.local_sgd(ctx, msg["w"])}
-
-    def supports_linear_gd(self) -> bool:
-        return True
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        return GDStep(start=msgs["w"], lr=self.cfg.lr, finish=lambda w: ({}, {"w": w}))
+        return _train(self.cfg, msg["w"], lambda w, steps: ({}, {"w": w}))
 
     def aggregate(self, server, ids, uploads, round_):
         W, cl = server["W"].clone(), server["cluster"]
@@ -338,8 +319,11 @@ class PACFL(_ClusterModels):
             W[cl == c] = (wts.unsqueeze(1) * uploads["w"][sel]).sum(0)
         return {"W": W, "cluster": cl}
 
-    def finalize(self, server, clients):
-        return {**super().finalize(server, clients), "one_shot_upload_floats": getattr(self, "upload_floats", 0)}
+    def report(self, server, clients, final: bool = False):
+        out = super().report(server, clients, final)
+        if final:
+            out["one_shot_upload_floats"] = getattr(self, "upload_floats", 0)
+        return out
 
 # ====================================================================== Per-FedAvg
 class PerFedAvgConfig(AlgorithmConfig):
@@ -366,25 +350,34 @@ class PerFedAvgConfig(AlgorithmConfig):
 @register
 class PerFedAvg(FedAvg):
     """Per-FedAvg: FedAvg's server, MAML-style (``fo``) or plain (``code``) local steps; every device is
-    scored with the current global model after its own adaptation (:meth:`eval_work`)."""
+    scored with the current global model after its own adaptation (:meth:`eval_model`)."""
 
     name = "perfedavg"
     description = "Per-FedAvg (FO): MAML-style local steps, personalized by one local GD step (Fallah et al. 2020)"
     Config = PerFedAvgConfig
 
-    def work(self, round_: int = 0):
+    def work(self, round_: int | None = 0):
+        """The round's local work; ``round_=None``: the adaptation before scoring, one full-batch GD step of size
+        alpha (Fallah et al.; the FPFC code on synthetic data, every device after every aggregation), or
+        ``adapt_epochs`` epochs of SGD (the FPFC label-swap code)."""
+        c = self.cfg
+        if round_ is None:
+            if c.adapt_epochs is None:
+                return {"adapt": Work(steps=1, batch_size=None)}
+            return {"adapt": Work(epochs=c.adapt_epochs, batch_size=c.batch_size)}
         phases = super().work(round_)
-        if self.cfg.train_from == "adapted":
+        if c.train_from == "adapted":
             phases["start"] = Work(steps=1, batch_size=None)
         return phases
 
     def local_update(self, state, msg, ctx):
         c = self.cfg
         w = msg["w"]
+        keep = lambda w, steps: ({}, {"w": w})   # noqa: E731
         if c.variant == "code":
-            if c.train_from == "adapted":
-                w = self.local_sgd(ctx, w, phase="start", lr=c.alpha)
-            return {}, {"w": self.local_sgd(ctx, w)}
+            if c.train_from == "adapted":   # the FPFC synthetic code: start from the one-step adaptation
+                w = ctx.descend(Descend(start=w, lr=c.alpha, phase="start", weight_decay=c.weight_decay, then=keep))
+            return _train(c, w, keep)
         for s in range(ctx.max_steps("train")):
             _, g = ctx.loss_grad(w, "train", s)
             tmp = w - c.alpha * g
@@ -394,27 +387,12 @@ class PerFedAvg(FedAvg):
             w = torch.where(live, w - c.lr * g2, w)
         return {}, {"w": w}
 
-    def supports_linear_gd(self) -> bool:
-        return self.cfg.variant == "code"
-
-    def linear_gd(self, rows, msgs, ids, round_, full):
-        """Variant 'code': FedAvg steps from w^t (or from w^t - alpha grad f_i(w^t), ``train_from: adapted``)."""
-        c, w0 = self.cfg, msgs["w"]
-        if c.train_from == "adapted":
-            w0 = w0 - c.alpha * (full.grad(w0) + c.weight_decay * w0)
-        return GDStep(start=w0, lr=c.lr, finish=lambda w: ({}, {"w": w}))
-
-    def eval_work(self):
-        """The adaptation each device runs from the global model before it is scored: one full-batch GD
-        step of size alpha (Fallah et al.; the FPFC code on synthetic data, every device after every
-        aggregation), or ``adapt_epochs`` epochs of SGD (the FPFC label-swap code)."""
+    def eval_model(self, state, msg):
+        """The adaptation each device runs from the global model right before it is scored (phase ``adapt`` of
+        ``work(None)``), at step size alpha."""
         c = self.cfg
-        if c.adapt_epochs is None:
-            return {"adapt": Work(steps=1, batch_size=None)}
-        return {"adapt": Work(epochs=c.adapt_epochs, batch_size=c.batch_size)}
-
-    def eval_adapt(self, params, ctx):
-        return self.local_sgd(ctx, params, phase="adapt", lr=self.cfg.alpha)
+        return Descend(start=msg["w"], lr=c.alpha, phase="adapt", weight_decay=c.weight_decay,
+                       then=lambda w, steps: ({}, {"w": w}))
 
 # ---------------------------------------------------------------------- LG as the FPFC code runs it
 @register
@@ -447,8 +425,10 @@ class LGCode(FedAvg):
         return {"w": weighted_mean(uploads["w"], self.client_weights[ids]), "w_start": server["w"],
                 "round": torch.tensor(float(round_))}
 
-    def eval_broadcast(self, server, ids):
-        return {"w": self.expand(server["w_start"], ids), "round": server["round"].expand(ids.numel())}
+    def broadcast(self, server, ids, round_):
+        if round_ is None:   # scored with the model before the last aggregation, or the local one trained from it
+            return {"w": expand(server["w_start"], ids), "round": server["round"].expand(ids.numel())}
+        return super().broadcast(server, ids, round_)
 
     def eval_model(self, state, msg):
         return torch.where(state["last"] == msg["round"], state["local"], msg["w"])

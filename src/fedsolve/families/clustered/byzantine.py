@@ -1,4 +1,5 @@
-"""Byzantine model-update attacks (FPFC paper Sec. 6.4.1, following Lin et al. 2022; spec 4.5).
+"""Byzantine model-update attacks (FPFC paper Sec. 6.4.1, following Lin et al. 2022; spec 4.5): the wrapper kind
+``attack``, which composes with any solver that declares its attack surface.
 
 A fixed set of malicious devices (a fraction ``malicious_fraction`` of the m devices, drawn once
 from ``attack_seed``) uploads a corrupted vector w~_k instead of its true upload, every round it
@@ -22,35 +23,38 @@ the threat model's other half, which the paper does not state (``attacker_view``
 ``attack_block`` restricts the corruption to one named block of the model (the CNN's ``fused`` last layer,
 the "personalization layers" the paper's text names); the other coordinates are uploaded truly.
 
-:class:`Byzantine` wraps an algorithm (``Byzantine(FedAvg(cfg, problem), attack="gaussian",
-malicious_fraction=0.4)``, composed like an optax transformation): it implements the five functions by
-delegating to the wrapped algorithm, with an ``aggregate`` that corrupts the malicious participants' uploads
-before the wrapped algorithm's own aggregation. ``byzantine(cls)`` registers the same wrapper under
-``byz_<name>`` for configs (``<name>``'s hyper-parameters plus :class:`AttackConfig`'s). What the attack needs
-to know about the algorithm is declared once per algorithm class with
-:func:`declare_attack_surface` (never guessed from message keys): which upload key holds the device's model
-(``w`` for FPFC, FedAvg, IFCA; ``dw`` for CFL, whose uploads are updates; none for LOCAL) and, for
-``attacker_view='own'``, how the server's message is replaced by what a device that ignores the server trains
-from. ``attack_keys`` (default: the declared model key) can name other upload keys. Registered here:
-``byz_fpfc``, ``byz_fpfc_l1``, ``byz_fedavg``, ``byz_local`` (no uploads: immune, a reference),
-``byz_ifca``, ``byz_cfl``. The metric of the paper is the mean test accuracy of the *benign*
-devices: ``benign_mask(algo)`` gives them.
+What the attack needs to know about a solver is the solver's own declaration ``attack_surface`` (an
+:class:`~fedsolve.engine.wrappers.AttackSurface`; never guessed from message keys): the upload key that holds a
+device's model (``w`` for FPFC, FedAvg, IFCA, PACFL; ``dw`` for CFL, whose uploads are updates; none for LOCAL,
+which is immune) and the message key that a device ignoring the server fills with its own model (FedAvg ``w``,
+IFCA ``models``, FPFC ``zeta`` on its fused coordinates). ``attack_keys`` (default: the declared model key) can
+name other upload keys. A config names the attack under the algorithm's ``wrap`` list::
+
+    algorithm:
+      name: fpfc
+      wrap: [{kind: attack, attack: sign_flip, malicious_fraction: 0.4, attacker_view: own}]
+
+and Python composes it like any wrapper: ``Attack(FedAvg(cfg, problem), attack="gaussian",
+malicious_fraction=0.4)``. The metric of the paper is the mean test accuracy of the *benign* devices:
+``benign_mask(algo)`` gives them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import Tensor
 
-from fedsolve.engine.algorithm import ALGORITHMS, Algorithm, register
+from fedsolve.engine.algorithm import Algorithm
+from fedsolve.engine.wrappers import AttackSurface, Wrapper, register_wrapper
 
 PAPER_SIGMA = {"same_value": 100.0, "sign_flip": 10.0, "gaussian": 100.0}
-Attack = Literal["none", "same_value", "sign_flip", "gaussian"]
+AttackKind = Literal["none", "same_value", "sign_flip", "gaussian"]
+#: the wrapper's own server-state keys (the inner solver never sees them)
+OWN, HAS_OWN = "attack.own", "attack.has_own"
 
 
 def attack_rows(rows: Tensor, attack: str, sigma: float, gen: torch.Generator) -> Tensor:
@@ -80,89 +84,27 @@ def malicious_set(m: int, fraction: float, seed: int) -> Tensor:
 
 
 def benign_mask(algo: Algorithm) -> Tensor:
+    """``[m]``: True for the devices that are not malicious (every device of an algorithm under no attack)."""
     return ~getattr(algo, "malicious", torch.zeros(algo.num_clients, dtype=torch.bool))
 
 
-@dataclass(frozen=True)
-class AttackSurface:
-    """What an attack needs to know about one algorithm: ``model_key``, the upload key that holds a device's model
-    (None: it uploads no model); ``own_view(algo, msg, sel, own)``, the message with the rows ``sel`` replaced by
-    what a device that ignores the server trains from, its own model ``own`` ``[k_sel, d]`` (None: undefined)."""
-
-    model_key: str | None
-    own_view: Callable[[Algorithm, dict, Tensor, Tensor], dict] | None = None
-
-
-SURFACES: dict[type[Algorithm], AttackSurface] = {}
-
-
-def declare_attack_surface(cls: type[Algorithm], surface: AttackSurface) -> None:
-    """Declare ``cls``'s attack surface (its subclasses inherit it unless they declare their own)."""
-    SURFACES[cls] = surface
-
-
-def attack_surface(algo: Algorithm | type[Algorithm]) -> AttackSurface:
-    if isinstance(algo, Byzantine):
-        algo = algo.inner
-    cls = algo if isinstance(algo, type) else type(algo)
-    surface = next((SURFACES[k] for k in cls.__mro__ if k in SURFACES), None)
-    if surface is None:
-        raise ValueError(f"{cls.name} declares no attack surface (byzantine.declare_attack_surface)")
-    return surface
-
-
-def _replace_rows(msg: dict, key: str, sel: Tensor, val: Tensor) -> dict:
-    rows = msg[key].clone()
-    rows[sel] = val.to(rows.dtype)
-    return dict(msg, **{key: rows})
-
-
-def own_view(algo: Algorithm, msg: dict, sel: Tensor, own: Tensor) -> dict:
-    """``msg`` with the rows ``sel`` replaced by what a device that ignores the server trains from (its own model
-    ``own`` ``[k_sel, d]``), by ``algo``'s declared attack surface."""
-    view = attack_surface(algo).own_view
-    if view is None:
-        raise ValueError(f"attacker_view: 'own' is not defined for {algo.name}; use attacker_view 'server'")
-    return view(algo.inner if isinstance(algo, Byzantine) else algo, msg, sel, own)
-
-
-def _start_from_own(algo, msg, sel, own):       # FedAvg-type: the start point w is the device's own model
-    return _replace_rows(msg, "w", sel, own)
-
-
-def _own_cluster_models(algo, msg, sel, own):   # IFCA: every cluster model it is sent is its own
-    return _replace_rows(msg, "models", sel, own.unsqueeze(1).expand(-1, msg["models"].shape[1], -1))
-
-
-def _own_proximal_centre(algo, msg, sel, own):  # FPFC: the proximal centre zeta is its own fused block
-    return _replace_rows(msg, "zeta", sel, own[:, algo.fidx])
-
-
-def _declare_surfaces() -> None:
-    from fedsolve.families.clustered.baselines import CFL, IFCA
-    from fedsolve.families.classic.fedavg import FedAvg
-    from fedsolve.families.clustered.fpfc import FPFC
-    from fedsolve.families.classic.local import Local
-
-    declare_attack_surface(FPFC, AttackSurface("w", _own_proximal_centre))
-    declare_attack_surface(FedAvg, AttackSurface("w", _start_from_own))
-    declare_attack_surface(IFCA, AttackSurface("w", _own_cluster_models))
-    declare_attack_surface(CFL, AttackSurface("dw"))
-    declare_attack_surface(Local, AttackSurface(None))
+def attack_surface(algo: Algorithm | type[Algorithm]) -> AttackSurface | None:
+    """The attack surface a solver (class or instance, wrapped or not) declares; None: it declares none."""
+    return getattr(algo, "attack_surface", None)
 
 
 class AttackConfig(BaseModel):
-    """The attack's settings (the fields a ``byz_<name>`` config adds to ``<name>``'s)."""
+    """The settings of the ``attack`` wrapper."""
 
     model_config = ConfigDict(extra="forbid")
-    attack: Attack = Field("none", description="Byzantine attack of the malicious devices' uploads")
+    attack: AttackKind = Field("none", description="Byzantine attack of the malicious devices' uploads")
     malicious_fraction: float = Field(0.0, ge=0, le=1, description="share of malicious devices (paper: "
                                                                    "0, 0.2, 0.4, 0.6, 0.8)")
     attack_sigma: float | None = Field(None, gt=0, description="noise level sigma; null = the paper's "
                                                                "(100 same-value, 10 sign-flip, 100 gaussian)")
     attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
     attack_keys: tuple[str, ...] | None = Field(None, description="upload keys that are corrupted (null: the "
-                                                                "algorithm's declared model key)")
+                                                                "solver's declared model key)")
     attack_block: str | None = Field(
         None, description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
                           "last layer: the paper attacks the personalization layers); null = all of it")
@@ -171,44 +113,27 @@ class AttackConfig(BaseModel):
                               "its own last true model (see the module docstring)")
 
 
-class Byzantine(Algorithm):
-    """``inner`` under attack: the five functions delegate to ``inner``; ``broadcast`` gives an attacker that
-    ignores the server its own view, ``aggregate`` corrupts the malicious participants' declared upload keys
-    before ``inner``'s aggregation. Everything else (``cfg``, ``cluster_labels``, ...) is ``inner``'s.
+class Attack(Wrapper):
+    """``inner`` under attack: every function is ``inner``'s, except that ``broadcast`` gives an attacker that
+    ignores the server its own view and ``aggregate`` corrupts the malicious participants' declared upload keys
+    before ``inner``'s aggregation (see the module docstring).
 
-    ``Byzantine(FPFC(cfg, problem), attack="sign_flip", malicious_fraction=0.4)``."""
+    ``Attack(FPFC(cfg, problem), attack="sign_flip", malicious_fraction=0.4)``."""
 
     def __init__(self, inner: Algorithm, attack: AttackConfig | Mapping[str, Any] | str | None = None, **kw):
         if isinstance(attack, str) or attack is None:
             attack = AttackConfig(**({"attack": attack} if attack else {}), **kw)
         elif not isinstance(attack, AttackConfig):
             attack = AttackConfig(**dict(attack), **kw)
-        vars(self).update(inner=inner, attack_cfg=attack, name=f"byz_{inner.name}",
-                          description=f"{inner.description} -- under a Byzantine model-update attack "
-                                      f"(FPFC Sec. 6.4.1)")
-        self.problem, self.layout, self.num_clients = inner.problem, inner.layout, inner.num_clients
-        self.communicates, self.finite_check_keys = inner.communicates, inner.finite_check_keys
+        super().__init__(inner)
+        self.attack_cfg = attack
+        self.description = f"{inner.description} -- under a Byzantine model-update attack (FPFC Sec. 6.4.1)"
         self._setup_attack()
-
-    def __getattr__(self, name: str):         # what the wrapper does not define is the inner algorithm's
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    # the inner algorithm's config and kernel choice (Simulation.set_hparams replaces cfg, then calls setup)
-    cfg = property(lambda self: self.inner.cfg, lambda self, v: setattr(self.inner, "cfg", v))
-    kernel = property(lambda self: self.inner.kernel, lambda self, v: setattr(self.inner, "kernel", v))
-    client_weights = property(lambda self: self.inner.client_weights)
 
     def setup(self) -> None:
-        self.inner.setup()
-        self._setup_attack()
-
-    def to(self, device):
-        self.inner.to(device)
-        with torch.device(device):
+        super().setup()
+        if "attack_cfg" in vars(self):
             self._setup_attack()
-        return self
 
     def _setup_attack(self) -> None:
         c = self.attack_cfg
@@ -217,106 +142,98 @@ class Byzantine(Algorithm):
         self.attack_cols: slice | Tensor = slice(None)     # the coordinates an attack corrupts
         if c.attack_block is not None:
             if not self.layout.has_block(c.attack_block):
-                raise ValueError(f"attack_block: the model has no block {c.attack_block!r}; allowed: "
+                raise ValueError(f"wrap.attack.attack_block: the model has no block {c.attack_block!r}; allowed: "
                                  f"{self.layout.block_names()} or null (the whole upload)")
             self.attack_cols = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
-        surface = attack_surface(self)
-        self.model_key = surface.model_key
+        surface = attack_surface(self.inner)
+        if surface is None:
+            raise ValueError(f"wrap.attack: {self.name} declares no attack surface (the upload key of its model); "
+                             f"allowed: a solver that declares attack_surface")
+        self.surface = surface
         self.attack_keys = c.attack_keys if c.attack_keys is not None else \
-            ((surface.model_key,) if surface.model_key else ())
-        if c.attacker_view == "own" and surface.model_key is not None and (   # no uploads (LOCAL): immune
-                surface.own_view is None or self.attack_keys != (surface.model_key,)):
-            raise ValueError(f"attacker_view: 'own' needs a declared own view and the uploaded model as the "
-                             f"attacked key ({self.name}: model key {surface.model_key!r}, attack_keys "
-                             f"{self.attack_keys}); use attacker_view 'server'")
+            ((surface.model,) if surface.model else ())
+        if c.attacker_view == "own" and surface.model is not None:   # no uploads (LOCAL): immune, nothing to view
+            if surface.view is None:
+                raise ValueError(f"wrap.attack.attacker_view: 'own' is not defined for {self.name} (it declares no "
+                                 f"message key a device could fill with its own model); allowed: 'server'")
+            if self.attack_keys != (surface.model,):
+                raise ValueError(f"wrap.attack.attacker_view: 'own' needs the uploaded model {surface.model!r} as "
+                                 f"the attacked key ({self.name}: attack_keys {list(self.attack_keys)}); allowed: "
+                                 f"'server', or attack_keys null")
 
-    # ----------------------------------------------------------- the five functions
+    @property
+    def own_view(self) -> bool:
+        """Malicious devices train from their own last true model (``attacker_view: own``, and a model to view)."""
+        return self.attack_cfg.attacker_view == "own" and self.surface.model is not None
+
+    # ----------------------------------------------------------- the functions
     def init(self, x0, rngs):
         server, clients = self.inner.init(x0, rngs)
-        if self.attack_cfg.attacker_view == "own":   # kept in the server record, so checkpoints carry it
-            server = dict(server, byz_own=torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
-                          byz_has_own=torch.zeros(self.num_clients, dtype=torch.bool))
+        if self.own_view:   # kept in the server record, so checkpoints carry it
+            server = dict(server, **{OWN: torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
+                                     HAS_OWN: torch.zeros(self.num_clients, dtype=torch.bool)})
         return server, clients
 
     def broadcast(self, server, ids, round_):
-        msg = self.inner.broadcast(self._inner_server(server), ids, round_)
-        if self.attack_cfg.attacker_view == "own":
-            sel = self.malicious[ids] & server["byz_has_own"][ids]
+        msg = self.inner.broadcast(_inner_server(server), ids, round_)
+        if round_ is not None and self.own_view:
+            sel = self.malicious[ids] & server[HAS_OWN][ids]
             if bool(sel.any()):
-                msg = own_view(self, msg, sel, server["byz_own"][ids[sel]])
+                msg = self._view(msg, sel, server[OWN][ids[sel]])
         return msg
 
-    def local_update(self, state, msg, ctx):
-        return self.inner.local_update(state, msg, ctx)
+    def _view(self, msg: dict, sel: Tensor, own: Tensor) -> dict:
+        """``msg`` with the rows ``sel`` of the declared view key filled with the devices' own models ``own``
+        ``[k_sel, d]`` (their declared coordinates, repeated over any middle dimension, e.g. IFCA's L models)."""
+        key, cols = self.surface.view, self.surface.view_columns
+        val = own if cols is None else own[:, getattr(self.inner, cols)]
+        rows = msg[key].clone()
+        shape = rows[sel].shape
+        rows[sel] = val.reshape(val.shape[0], *([1] * (rows.dim() - 2)), val.shape[-1]).expand(shape).to(rows.dtype)
+        return dict(msg, **{key: rows})
 
     def aggregate(self, server, ids, uploads, round_):
         c = self.attack_cfg
         bad = self.malicious[ids]
-        keep = {k: server[k] for k in ("byz_own", "byz_has_own") if k in server}
+        keep = {k: server[k] for k in (OWN, HAS_OWN) if k in server}
         if c.attack != "none" and bool(bad.any()) and uploads:   # LOCAL uploads nothing
             gen = torch.Generator().manual_seed(c.attack_seed * 1_000_003 + int(round_))
             uploads = dict(uploads)
             if keep:   # remember the true uploads before they are corrupted
-                keep["byz_own"][ids[bad]] = uploads[self.model_key][bad].to(keep["byz_own"].dtype)
-                keep["byz_has_own"][ids[bad]] = True
+                keep[OWN][ids[bad]] = uploads[self.surface.model][bad].to(keep[OWN].dtype)
+                keep[HAS_OWN][ids[bad]] = True
             for key in self.attack_keys:
                 if key not in uploads:
-                    raise ValueError(f"attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
+                    raise ValueError(f"wrap.attack.attack_keys: {self.name} uploads {sorted(uploads)}, not {key!r}")
                 rows = uploads[key].clone()
                 sub = rows[bad].reshape(int(bad.sum()), -1)
                 sub[:, self.attack_cols] = attack_rows(sub[:, self.attack_cols], c.attack, self.sigma, gen)
                 rows[bad] = sub.reshape(rows[bad].shape)
                 uploads[key] = rows
-        out = self.inner.aggregate(self._inner_server(server), ids, uploads, round_)
+        out = self.inner.aggregate(_inner_server(server), ids, uploads, round_)
         return dict(out, **keep) if keep else out
 
-    def eval_broadcast(self, server, ids):
-        return self.inner.eval_broadcast(self._inner_server(server), ids)
-
-    def eval_model(self, state, msg):
-        return self.inner.eval_model(state, msg)
-
-    def work(self, round_: int = 0):
-        return self.inner.work(round_)
-
-    def diagnostics(self, server, clients):
-        out = dict(self.inner.diagnostics(self._inner_server(server), clients))
-        out["malicious"] = float(self.malicious.sum())
+    def report(self, server, clients, final: bool = False):
+        out = dict(self.inner.report(_inner_server(server), clients, final))
+        if not final:
+            out["malicious"] = float(self.malicious.sum())
         return out
 
-    def finalize(self, server, clients):
-        return self.inner.finalize(self._inner_server(server), clients)
 
-    @staticmethod
-    def _inner_server(server: dict) -> dict:
-        """The server record without the wrapper's own keys (the inner algorithm never sees them)."""
-        if "byz_own" not in server:
-            return server
-        return {k: v for k, v in server.items() if k not in ("byz_own", "byz_has_own")}
+def _inner_server(server: dict) -> dict:
+    """The server record without the wrapper's own keys (the inner solver never sees them)."""
+    if OWN not in server:
+        return server
+    return {k: v for k, v in server.items() if k not in (OWN, HAS_OWN)}
 
 
-def byzantine(cls: type[Algorithm]) -> type[Algorithm]:
-    """The registered ``byz_<name>`` of ``cls`` (for configs and ``fedsolve compare``): its config is ``cls``'s
-    plus :class:`AttackConfig`'s fields; an instance is ``Byzantine(cls(...), attack=...)``."""
-    attack_fields = {k: (f.annotation, f) for k, f in AttackConfig.model_fields.items()}
-    config = create_model(f"Byzantine{cls.Config.__name__}", __base__=cls.Config, **attack_fields)
-
-    class Attacked(Byzantine):
-        name = f"byz_{cls.name}"
-        description = f"{cls.description} -- under a Byzantine model-update attack (FPFC Sec. 6.4.1)"
-        Config = config
-
-        def __init__(self, config: Any, problem):
-            cfg = config if isinstance(config, self.Config) else self.Config(**dict(config or {}))
-            values = cfg.model_dump()
-            inner = cls({k: v for k, v in values.items() if k not in AttackConfig.model_fields}, problem)
-            super().__init__(inner, AttackConfig(**{k: values[k] for k in AttackConfig.model_fields}))
-
-    Attacked.__name__ = Attacked.__qualname__ = f"Byzantine{cls.__name__}"
-    return Attacked
-
-
-_declare_surfaces()
-for _base in ("fpfc", "fpfc_l1", "fedavg", "local", "ifca", "cfl"):
-    if _base in ALGORITHMS and f"byz_{_base}" not in ALGORITHMS:
-        register(byzantine(ALGORITHMS[_base]))
+@register_wrapper("attack", "Byzantine model-update attack on a share of devices' uploads (FPFC Sec. 6.4.1): "
+                            "same_value, sign_flip, gaussian")
+def _attack(inner: Algorithm, params: dict[str, Any]) -> Attack:
+    try:
+        cfg = AttackConfig(**params)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"wrap.attack.{'.'.join(str(x) for x in err['loc'])}: {err['msg']} "
+                         f"(got {err.get('input')!r})") from None
+    return Attack(inner, cfg)

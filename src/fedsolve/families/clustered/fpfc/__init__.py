@@ -33,14 +33,15 @@ d_f = 610: 24.4 MB (the paper's theta + v upper triangle would be 2 * m(m-1)/2 *
 that is 4 * P * d_f; P <= m(m-1)/2 (half the dense size once every pair is touched), and
 P = k(m - k) + k(k-1)/2 after one round of k participants (useful for large m / few rounds /
 newcomers). Both: + 4 * m * (d + d_f) for ``W`` and ``R``.
-Server compute per round: O(|A_k| * m * d_f), vectorized (no Python loop over pairs).
+Server compute per round: O(|A_k| * m * d_f), in tensor operations (no Python loop over pairs).
 
 Options: FPFC-l1 (``penalty='l1'`` or the registered ``fpfc_l1``), last-layer-only fusion (problem
 block ``fused``: the rest is averaged FedAvg-style over the participants, spec 2.13), per-device
 work (``SimulationConfig.work``), a growing number of local steps (``local_schedule``, Sec. 6.4.4),
 all-pairs server updates (``update_pairs='all'``, the proof's convention). The protocols that drive FPFC runs
-live in ``fedsolve.families.clustered.protocols``: the warmup lambda path (Sec. 4.3), asyncFPFC (Algorithm 3) and newcomers
-(Sec. 6.4.2); their server rules are here (``async_server.py``, ``newcomers.py``).
+are schedules in ``fedsolve.families.clustered.protocols``: the warmup lambda path (Sec. 4.3), asyncFPFC
+(Algorithm 3); newcomers (Sec. 6.4.2) are a run of their own server. The server rules are here
+(``async_server.py``, ``newcomers.py``).
 
 Evaluation (spec 1.7 / 3.1, the reference code's choice): ||theta_ij|| <= nu -> graph -> connected
 components; each device is scored with its cluster's n_i-weighted average model

@@ -9,7 +9,8 @@ Round k with active devices A_k:
   server, pairs with an end in A_k:  delta_ij = w_i - w_j + v_ij/rho,  theta_ij = prox(delta_ij),
                         v_ij += rho (w_i - w_j - theta_ij)                                (eq. 6, aggregate)
 Read-out: ||theta_ij|| <= nu -> graph -> connected components; a device is scored with its cluster's
-n_i-weighted average model (``eval_with='cluster'``) or its own w_i.
+n_i-weighted average model (``eval_with='cluster'``: the message ``broadcast`` gives with ``round_=None``) or its
+own w_i; ``report`` gives the clusters found (number, ARI against the true ones where known).
 
 The pair variables live in a store of ``pairs.py`` (dense or sparse), the penalties in ``penalties.py``;
 the package docstring has the storage layout, memory and cost.
@@ -30,9 +31,10 @@ from fedsolve.families.clustered.clusters import adjusted_rand, cluster_average,
 from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs
 from fedsolve.families.clustered.fpfc.penalties import prox_scale
 from fedsolve.core import native
-from fedsolve.core.executor import Work
+from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.engine.wrappers import AttackSurface
 
 
 class FPFCConfig(AlgorithmConfig):
@@ -85,6 +87,9 @@ class FPFC(Algorithm):
     description = "FPFC: clustered FL by smoothed-SCAD pairwise fusion, inexact ADMM (Yu et al. 2023)"
     Config = FPFCConfig
     finite_check_keys = ("W", "R")
+    #: the upload ``w`` is the device's model; a device that ignores the server takes its own fused block as the
+    #: proximal centre ``zeta``
+    attack_surface = AttackSurface(model="w", view="zeta", view_columns="fidx")
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -139,8 +144,10 @@ class FPFC(Algorithm):
             return max(1, math.ceil((k + c.growth_offset) / c.growth_rounds))
         return c.local_steps
 
-    def work(self, round_: int = 0) -> dict[str, Work]:
+    def work(self, round_: int | None = 0) -> dict[str, Work]:
         c = self.cfg
+        if round_ is None:   # scored as they are: no adaptation before evaluation
+            return {}
         return {"train": Work(epochs=c.local_epochs, steps=self.local_steps_at(round_), batch_size=c.batch_size)}
 
     def lr_at(self, k: int) -> float:
@@ -170,6 +177,8 @@ class FPFC(Algorithm):
         return (Wf.mean(0).unsqueeze(0) + server["R"][ids] / m).to(server["W"].dtype)
 
     def broadcast(self, server, ids, round_):
+        if round_ is None:
+            return self.scored(server, ids)
         msg = {"zeta": self.zeta(server, ids)}
         if not self.all_fused:
             msg["shared"] = server["W"][ids][:, self.sidx]
@@ -213,7 +222,7 @@ class FPFC(Algorithm):
         return self.store.norms(server, self.num_clients)
 
     def theta_v(self, server) -> tuple[Tensor, Tensor]:
-        """Dense ``[m, m, d_f]`` theta and v (materialized; for tests and diagnostics)."""
+        """Dense ``[m, m, d_f]`` theta and v (materialized; for tests and checks)."""
         return self.store.theta_v(server, self.num_clients, self.cfg.rho)
 
     def cluster_labels(self, server, nu: float | None = None) -> np.ndarray:
@@ -233,7 +242,8 @@ class FPFC(Algorithm):
         W[:, self.fidx] = cluster_average(W[:, self.fidx], labels, self.sizes)
         return W
 
-    def eval_broadcast(self, server, ids):
+    def scored(self, server, ids: Tensor) -> dict[str, Tensor]:
+        """The message devices ``ids`` are scored with: their cluster's model (``eval_with='cluster'``) or w_i."""
         if self.cfg.eval_with == "local":
             return {"w": server["W"][ids]}
         return {"w": self.cluster_models(server)[ids]}
@@ -241,18 +251,14 @@ class FPFC(Algorithm):
     def eval_model(self, state, msg):
         return msg["w"]
 
-    def diagnostics(self, server, clients):
+    def report(self, server, clients, final: bool = False) -> dict[str, Any]:
+        """The clusters found: their number and ARI against the true clusters (where known); ``final``: also
+        every device's label, the cluster sizes and the pair store's layout."""
         lab = self.cluster_labels(server)
-        out = {"num_clusters": float(lab.max() + 1)}
-        truth = self.problem.data.clusters
-        if truth is not None:
-            out["ari"] = adjusted_rand(lab, truth.numpy())
-        return out
-
-    def finalize(self, server, clients):
-        lab = self.cluster_labels(server)
-        out: dict[str, Any] = {"clusters": lab.tolist(), "num_clusters": int(lab.max() + 1),
-                               "cluster_sizes": np.bincount(lab).tolist(), "pair_layout": self.pair_layout}
+        out: dict[str, Any] = {"num_clusters": float(lab.max() + 1)}
+        if final:
+            out = {"clusters": lab.tolist(), "num_clusters": int(lab.max() + 1),
+                   "cluster_sizes": np.bincount(lab).tolist(), "pair_layout": self.pair_layout}
         truth = self.problem.data.clusters
         if truth is not None:
             out["ari"] = adjusted_rand(lab, truth.numpy())

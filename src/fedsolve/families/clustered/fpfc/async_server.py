@@ -4,16 +4,19 @@ The same device update (eq. 5) and pair update (eq. 6) as FPFC; what changes is 
 the server: device i trains on the zeta_i it was sent when its previous update arrived, and right after
 its next update the server updates only the pairs (i, j), j != i, and sends zeta_i back. The server keeps the
 last zeta it sent every device in ``Z`` ``[m, d_f]``. A round of this algorithm is the arrival of the
-uploads of ``ids`` (one device in the event scheduler ``fedsolve.families.clustered.protocols.async_fpfc``).
+uploads of ``ids``: one device under the schedule ``async_fpfc`` (``fedsolve.families.clustered.protocols.async_fpfc``),
+the sampled devices otherwise.
 """
 
 from __future__ import annotations
 
 import torch
 
+from fedsolve.engine.algorithm import register
 from fedsolve.families.clustered.fpfc.algorithm import FPFC
 
 
+@register
 class AsyncFPFC(FPFC):
     """FPFC with stale proximal centres: server state ``Z`` holds the zeta_i last sent to each device."""
 
@@ -26,6 +29,8 @@ class AsyncFPFC(FPFC):
         return server, clients
 
     def broadcast(self, server, ids, round_):
+        if round_ is None:
+            return self.scored(server, ids)
         msg = {"zeta": server["Z"][ids]}
         if not self.all_fused:
             msg["shared"] = server["W"][ids][:, self.sidx]

@@ -35,7 +35,7 @@ def penalty_value(t: Tensor, lam: float, a: float, xi: float, penalty: str) -> T
 
 def prox_scale(r: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e-4,
                penalty: Literal["scad", "l1", "l2sq"] = "scad") -> Tensor:
-    """Scalar s(r) with prox(delta) = s(||delta||) * delta (eq. 6; spec 2.4), vectorized over ``r``.
+    """Scalar s(r) with prox(delta) = s(||delta||) * delta (eq. 6; spec 2.4), elementwise over ``r``.
 
     ``scad``: argmin_theta P~_a(||theta||, lam) + rho/2 ||delta - theta||^2, 4 branches:
         r <= xi + lam/rho            s = xi rho / (lam + xi rho)

@@ -1,9 +1,10 @@
-"""FPFC's protocols, driven through ``Simulation``'s public API (``step``, ``state``/``set_state``,
-``set_hparams``, ``elapsed``):
+"""FPFC's protocols: schedules that the engine's one loop runs (``engine/schedules.py``), so evaluation, checkpoints,
+``--resume`` and Ctrl-C cover them, and the suites' per-cell protocols built on them:
 
-* ``path``: FPFC's warmup lambda path (Sec. 4.3) and a warm-started lambda grid (Fig. 1);
-* ``async_fpfc``: asyncFPFC as an event scheduler over ``Simulation.step`` and synchronous FPFC on the same
-  virtual clock (Fig. 8);
+* ``path``: FPFC's warmup lambda path (Sec. 4.3, schedule ``warmup_path``) and a warm-started lambda grid
+  (Fig. 1, schedule ``lambda_grid``);
+* ``async_fpfc``: asyncFPFC's event loop on a virtual clock (schedule ``async_fpfc``) and synchronous FPFC on the
+  same clock (schedule ``virtual_clock``, Fig. 8);
 * ``newcomers``: each method's rule for clients that join after training (Sec. 6.4.2 / Table 3);
 * ``tables``: the per-cell protocols of the FPFC suites (``fedsolve suite experiments/fpfc/<x>.yaml``).
 """

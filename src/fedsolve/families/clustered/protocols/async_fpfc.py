@@ -1,17 +1,27 @@
-"""asyncFPFC (Algorithm 3 of Yu et al., arXiv:2211.04218v3; spec fpfc.md 2.9) as an event scheduler over
-``Simulation.step``, and synchronous FPFC on the same virtual clock (Fig. 8).
+"""asyncFPFC (Algorithm 3 of Yu et al., arXiv:2211.04218v3; spec fpfc.md 2.9) and synchronous FPFC on the same
+virtual clock (Fig. 8), as schedules of the engine's one loop (``engine/schedules.py``).
 
 Every device runs eq. (5) with the zeta_i it last received; when device i_k finishes (virtual time
 = start + ``compute_time`` + delay) the server updates only the pairs (i_k, j), j != i_k, and sends
-zeta_{i_k} back; i_k immediately starts again. The server rule is ``algorithms.fpfc.AsyncFPFC``; here a
-heap of finish times is the virtual clock and each event is one ``Simulation.step`` with the one device
-whose upload arrives (nothing sleeps). Delays are U[delay_low, delay_high] seconds (paper: [0, 20] for
-H&BF / synthetic, [0, 800] for MNIST / FMNIST), fixed per node (``delay_mode='fixed'``) or redrawn for every
-update (``'redraw'``); the paper does not say which.
+zeta_{i_k} back; i_k immediately starts again. The server rule is ``fpfc.AsyncFPFC``; the schedule
+:class:`AsyncEvents` (``async_fpfc``) keeps a heap of finish times as the virtual clock, and each round of the run
+is one server event: the one device whose upload arrives (nothing sleeps). Delays are U[delay_low, delay_high]
+seconds (paper: [0, 20] for H&BF / synthetic, [0, 800] for MNIST / FMNIST), fixed per node (``delay_mode='fixed'``)
+or redrawn for every update (``'redraw'``); the paper does not say which. The run is evaluated every
+``eval_every`` virtual seconds (one record when several such times pass between two events, at the last of
+them) and ends at the ``horizon`` or after ``simulation.rounds`` events.
 
-``run_sync_fpfc_timed`` is the synchronous baseline on the same clock: FPFC with ``clients_per_round``
-sampled devices per round, each round lasting max over the selected devices of (compute + delay).
-Both return histories of (virtual time, accuracy / RMSE, clusters, ARI).
+:class:`VirtualClock` (``virtual_clock``) is the synchronous baseline on the same clock: FPFC with its configured
+sampling, each round lasting max over the selected devices of (compute + delay), run until the ``horizon``.
+
+Both log ``virtual_time`` in the evaluation records and keep the clock (the heap, the delay draws) in every
+checkpoint, so an interrupted run resumes to the uninterrupted run's numbers. A config::
+
+    algorithm:
+      name: async_fpfc
+      schedule: {kind: async_fpfc, delay_high: 20.0, horizon: 1000.0, eval_every: 50.0}
+
+:func:`run_async_fpfc` and :func:`run_sync_fpfc_timed` run them from Python.
 """
 
 from __future__ import annotations
@@ -22,29 +32,44 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsolve.families.clustered.fpfc import FPFC, AsyncFPFC, FPFCConfig
 from fedsolve.core.rng import RngStreams
 from fedsolve.engine.loop import Simulation, SimulationConfig
-from fedsolve.engine.metrics import evaluate
+from fedsolve.engine.schedules import Decision, Schedule, register_schedule
+from fedsolve.engine.wrappers import Wrapper
+from fedsolve.families.clustered.fpfc import FPFC, AsyncFPFC, FPFCConfig
+
+#: the rounds of a run that ends at its horizon (no run reaches them)
+UNTIL_HORIZON = 10**12
 
 
-class AsyncConfig(BaseModel):
+class ClockConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     delay_low: float = Field(0.0, ge=0, description="delay ~ U[delay_low, delay_high] virtual seconds")
-    delay_high: float = Field(20.0, ge=0)
+    delay_high: float = Field(20.0, ge=0, description="upper end of the delay (paper: 20 synthetic, 800 MNIST)")
     delay_mode: Literal["fixed", "redraw"] = Field("fixed", description="one delay per node, or a new one per update")
     compute_time: float = Field(0.0, ge=0, description="virtual seconds of local computation per update")
     horizon: float = Field(1000.0, gt=0, description="stop at this virtual time")
+
+    @model_validator(mode="after")
+    def _delays(self):
+        if self.delay_high < self.delay_low:
+            raise ValueError(f"delay_high {self.delay_high} is below delay_low {self.delay_low}; allowed: "
+                             f"delay_high >= delay_low")
+        return self
+
+
+class AsyncConfig(ClockConfig):
     max_events: int | None = Field(None, ge=1, description="stop after this many server events")
     eval_every: float = Field(50.0, gt=0, description="evaluate every this many virtual seconds")
 
 
 class Delays:
-    """Virtual seconds a device takes per update: ``compute_time`` + its delay."""
+    """Virtual seconds a device takes per update: ``compute_time`` + its delay (drawn from ``rngs``; ``count``: the
+    updates drawn so far per device, the state of the ``redraw`` mode)."""
 
-    def __init__(self, cfg: AsyncConfig, m: int, rngs: RngStreams):
+    def __init__(self, cfg: ClockConfig, m: int, rngs: RngStreams):
         self.cfg, self.rngs = cfg, rngs
         self.fixed = rngs.numpy("async_delay").uniform(cfg.delay_low, cfg.delay_high, size=m)
         self.count = np.zeros(m, dtype=np.int64)
@@ -59,11 +84,95 @@ class Delays:
         return c.compute_time + d
 
 
-def record(sim: Simulation, t: float, events: int) -> dict[str, Any]:
-    """The scores of the current models at virtual time ``t`` (no evaluation-time adaptation in FPFC)."""
-    summary, _ = evaluate(sim.problem, sim.eval_params(events), sim.vectorized_eval, ())
-    server, clients = sim.state()
-    return {"virtual_time": t, "events": events, **summary, **sim.algo.diagnostics(server, clients)}
+def _solver(algo):
+    """``algo`` without its wrappers."""
+    while isinstance(algo, Wrapper):
+        algo = algo.inner
+    return algo
+
+
+@register_schedule
+class AsyncEvents(Schedule):
+    """asyncFPFC's event loop (module docstring): round k is the k-th upload to arrive on the virtual clock."""
+
+    name = "async_fpfc"
+    description = "asyncFPFC (Algorithm 3): each round the one device whose upload arrives next on a virtual clock"
+
+    def __init__(self, **params: Any):
+        self.cfg = AsyncConfig(**params)
+        self.delays: Delays | None = None
+        self.heap: list[tuple[float, int]] = []
+        self.now, self.device = 0.0, -1     # the event being processed
+        self.next_eval = self.cfg.eval_every
+
+    def check(self, algo, cfg) -> None:
+        if not isinstance(_solver(algo), AsyncFPFC):
+            raise ValueError(f"schedule.kind: async_fpfc needs asyncFPFC's server (algorithm async_fpfc), got "
+                             f"{algo.name}; allowed for {algo.name}: virtual_clock")
+
+    def start(self, run) -> None:
+        self.check(run.algo, run.cfg)
+        self.delays = Delays(self.cfg, run.problem.num_clients, run.rngs)
+        self.heap = [(self.delays(i), i) for i in range(run.problem.num_clients)]
+        heapq.heapify(self.heap)
+
+    def before_round(self, run, round_: int):
+        self.now, self.device = heapq.heappop(self.heap)
+        if self.now > self.cfg.horizon:   # nothing arrives before the horizon: an empty round, then the end
+            return torch.zeros(0, dtype=torch.long)
+        return torch.tensor([self.device])
+
+    def after_round(self, run, round_: int, info: dict[str, Any]) -> Decision:
+        c = self.cfg
+        heapq.heappush(self.heap, (self.now + self.delays(self.device), self.device) if info["clients"] else
+                       (self.now, self.device))
+        t_next = self.heap[0][0]
+        if not info["clients"] or t_next > c.horizon or (c.max_events is not None and round_ + 1 >= c.max_events):
+            return Decision(log={"virtual_time": min(t_next, c.horizon)}, evaluate=True, stop=True)
+        if t_next >= self.next_eval and self.next_eval <= c.horizon:
+            while t_next >= self.next_eval and self.next_eval <= c.horizon:
+                at, self.next_eval = self.next_eval, self.next_eval + c.eval_every
+            return Decision(log={"virtual_time": at}, evaluate=True)
+        return Decision(log={"virtual_time": self.now}, evaluate=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"heap": list(self.heap), "count": self.delays.count.tolist(), "now": self.now, "device": self.device,
+                "next_eval": self.next_eval}
+
+    def load_state_dict(self, run, state: dict[str, Any]) -> None:
+        self.delays = Delays(self.cfg, run.problem.num_clients, run.rngs)
+        self.delays.count[:] = state["count"]
+        self.heap = [tuple(e) for e in state["heap"]]
+        self.now, self.device, self.next_eval = state["now"], state["device"], state["next_eval"]
+
+
+@register_schedule
+class VirtualClock(Schedule):
+    """Synchronous rounds on asyncFPFC's virtual clock (Fig. 8): a round lasts max over its devices of
+    (compute + delay); the run ends once the clock passes the ``horizon``."""
+
+    name = "virtual_clock"
+    description = "synchronous rounds on asyncFPFC's virtual clock (Fig. 8): each lasts its slowest device's delay"
+
+    def __init__(self, **params: Any):
+        self.cfg = ClockConfig(**params)
+        self.delays: Delays | None = None
+        self.t = 0.0
+
+    def start(self, run) -> None:
+        self.delays = Delays(self.cfg, run.problem.num_clients, run.rngs)
+
+    def after_round(self, run, round_: int, info: dict[str, Any]) -> Decision:
+        self.t += max((self.delays(i) for i in info["ids"].tolist()), default=0.0)
+        return Decision(log={"virtual_time": self.t}, stop=self.t >= self.cfg.horizon)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "count": self.delays.count.tolist()}
+
+    def load_state_dict(self, run, state: dict[str, Any]) -> None:
+        self.start(run)
+        self.delays.count[:] = state["count"]
+        self.t = state["t"]
 
 
 def _config(algorithm: type[FPFC], algo_cfg) -> dict:
@@ -72,70 +181,38 @@ def _config(algorithm: type[FPFC], algo_cfg) -> dict:
     return {k: v for k, v in full.items() if k in FPFCConfig.model_fields}
 
 
+def _history(res) -> list[dict[str, Any]]:
+    """The evaluation records, the first (before any event) at virtual time 0."""
+    return [dict(r, virtual_time=r.get("virtual_time", 0.0)) for r in res.history]
+
+
 def run_async_fpfc(problem, algo_cfg: dict, cfg: AsyncConfig | dict | None = None, seed: int = 0,
-                   executor: str = "auto", algorithm: type[FPFC] = FPFC) -> dict[str, Any]:
-    """Discrete-event asyncFPFC; returns ``history`` (per evaluation), final ``server`` and the algorithm."""
+                   simulation: dict[str, Any] | None = None, algorithm: type[FPFC] = FPFC) -> dict[str, Any]:
+    """asyncFPFC of ``algorithm``'s config (FPFC or FPFC-l1) on ``problem`` (``simulation``: further simulation
+    settings); returns ``history`` (per evaluation: virtual time, events as ``round``, scores, clusters), the final
+    ``server`` and ``clients``, the algorithm and the number of events."""
     cfg = AsyncConfig(**(cfg or {})) if not isinstance(cfg, AsyncConfig) else cfg
     algo = AsyncFPFC(_config(algorithm, algo_cfg), problem)
-    sim = Simulation(problem, algo, SimulationConfig(rounds=cfg.max_events or 1, metrics=[], executor=executor),
-                     seed=seed)
-    delays = Delays(cfg, algo.num_clients, RngStreams(seed))
-    heap = [(delays(i), i) for i in range(algo.num_clients)]
-    heapq.heapify(heap)
-    history = [record(sim, 0.0, 0)]
-    next_eval = cfg.eval_every
-    t = 0.0
-    while heap:
-        t, i = heapq.heappop(heap)
-        while t >= next_eval and next_eval <= cfg.horizon:
-            history.append(record(sim, next_eval, sim.round))
-            next_eval += cfg.eval_every
-        if t > cfg.horizon or (cfg.max_events is not None and sim.round >= cfg.max_events):
-            break
-        sim.step(torch.tensor([i]))           # device i's upload arrives; zeta_i goes back at once
-        heapq.heappush(heap, (t + delays(i), i))
-    history.append(record(sim, min(t, cfg.horizon), sim.round))
-    server, clients = sim.state()
-    return {"history": history, "server": server, "clients": clients, "algorithm": algo, "events": sim.round,
-            "wall_time_s": sim.elapsed}
+    sim_cfg = SimulationConfig(**{**(simulation or {}), "rounds": cfg.max_events or UNTIL_HORIZON, "metrics": []})
+    sim = Simulation(problem, algo, sim_cfg, seed=seed, schedule=AsyncEvents(**cfg.model_dump()))
+    res = sim.run()
+    return {"history": _history(res), "server": res.server, "clients": res.clients, "algorithm": algo,
+            "events": sim.round, "wall_time_s": sim.elapsed}
 
 
-class VirtualClock:
-    """Simulation callback: round time = max over the round's devices of (compute + delay)."""
-
-    def __init__(self, cfg: AsyncConfig, m: int, seed: int):
-        self.delays = Delays(cfg, m, RngStreams(seed))
-        self.t = 0.0
-
-    def on_start(self, sim):
-        pass
-
-    def on_round(self, sim, round_, info):
-        self.t += max((self.delays(i) for i in info["ids"].tolist()), default=0.0)
-
-    def on_eval(self, sim, record):
-        record["virtual_time"] = self.t
-
-    def on_end(self, sim):
-        pass
-
-
-def run_sync_fpfc_timed(problem, algo_cfg: dict, clients_per_round: int, cfg: AsyncConfig | dict | None = None,
-                        seed: int = 0, eval_every_rounds: int = 5, executor: str = "auto",
+def run_sync_fpfc_timed(problem, algo_cfg: dict, clients_per_round: int, cfg: ClockConfig | dict | None = None,
+                        seed: int = 0, eval_every_rounds: int = 5, simulation: dict[str, Any] | None = None,
                         algorithm: type[FPFC] = FPFC) -> dict[str, Any]:
-    """Synchronous FPFC on the virtual clock, run until ``cfg.horizon`` virtual seconds."""
-    cfg = AsyncConfig(**(cfg or {})) if not isinstance(cfg, AsyncConfig) else cfg
+    """Synchronous FPFC with ``clients_per_round`` devices a round on the virtual clock of ``cfg`` (an
+    :class:`AsyncConfig` serves too), run until its horizon (evaluated every ``eval_every_rounds`` rounds and at
+    the end; ``simulation``: further simulation settings)."""
+    given = cfg.model_dump() if isinstance(cfg, BaseModel) else dict(cfg or {})
+    clock = VirtualClock(**{k: v for k, v in given.items() if k in ClockConfig.model_fields})
+    c = clock.cfg
+    bound = max(1, int(math.ceil(c.horizon / max((c.compute_time + c.delay_high) * 0.5, 1e-9))))
     algo = algorithm(algo_cfg, problem)
-    clock = VirtualClock(cfg, problem.num_clients, seed)
-    mean_round = cfg.compute_time + cfg.delay_high  # upper bound per round -> enough rounds
-    rounds = max(1, int(math.ceil(cfg.horizon / max(mean_round * 0.5, 1e-9))))
-    sim = Simulation(problem, algo, SimulationConfig(rounds=rounds, eval_every=eval_every_rounds, metrics=[],
-                                                     executor=executor,
-                                                     sampling={"clients_per_round": clients_per_round}),
-                     seed=seed, callbacks=[clock])
-    history = [{"round": 0, **record(sim, 0.0, 0)}]
-    while clock.t < cfg.horizon and sim.round < rounds:
-        sim.step()
-        if sim.round % eval_every_rounds == 0:
-            history.append({"round": sim.round, **record(sim, clock.t, sim.round)})
-    return {"history": history, "server": sim.state()[0], "algorithm": algo, "rounds": sim.round}
+    sim_cfg = SimulationConfig(**{**(simulation or {}), "rounds": bound, "eval_every": eval_every_rounds,
+                                  "metrics": [], "sampling": {"clients_per_round": clients_per_round}})
+    sim = Simulation(problem, algo, sim_cfg, seed=seed, schedule=clock)
+    res = sim.run()
+    return {"history": _history(res), "server": res.server, "algorithm": algo, "rounds": sim.round}

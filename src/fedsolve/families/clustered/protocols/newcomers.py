@@ -14,7 +14,8 @@ class) in :data:`RULES`:
 * PACFL: the PACFL code's unseen-client rule (one-shot clustering of all signatures, the cluster's model,
   one round of local training);
 * FPFC / FPFC-l1: asyncFPFC with only the newcomers active against the frozen devices
-  (:func:`fpfc_newcomers`, a ``Simulation`` of ``algorithms.fpfc.FPFCNewcomers``), scored with their own w_i.
+  (:func:`fpfc_newcomers`, a run of ``fpfc.FPFCNewcomers``, whose round 0 is the warm-up), scored with their own
+  w_i.
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedsolve.engine.algorithm import Algorithm, adapt_for_eval, run_plain
-from fedsolve.families.clustered.baselines import (CFL, IFCA, PACFL, LGCode, PerFedAvg, pacfl_bases,
-                                                      pacfl_clusters, pacfl_proximity)
-from fedsolve.families.classic.fedavg import FedAvg
-from fedsolve.families.clustered.fpfc import FPFC, FPFCConfig, FPFCNewcomers
-from fedsolve.families.classic.local import Local
-from fedsolve.core.executor import Work
+from fedsolve.core.plans import Work
 from fedsolve.core.rng import RngStreams
-from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.core.statements import Descend
+from fedsolve.core.states import repeat_rows
+from fedsolve.engine.algorithm import Algorithm, run_statement, shared_mask
 from fedsolve.engine.loop import Simulation, SimulationConfig
+from fedsolve.families.classic.fedavg import FedAvg
+from fedsolve.families.classic.local import Local
+from fedsolve.families.clustered.baselines import (CFL, IFCA, PACFL, LGCode, PerFedAvg, pacfl_bases,
+                                                   pacfl_clusters, pacfl_proximity)
+from fedsolve.families.clustered.fpfc import FPFC, FPFCConfig, FPFCNewcomers
 from fedsolve.engine.metrics import evaluate
 
 Rule = Callable[..., Tensor]
@@ -42,13 +44,21 @@ Rule = Callable[..., Tensor]
 
 # ---------------------------------------------------------------------- shared mechanics
 def train_on(algo: Algorithm, problem, start: Tensor, *, seed: int = 0, work: Work | None = None,
-             lr: float | None = None, executor: str = "auto") -> Tensor:
-    """Plain local training of every client of ``problem`` from ``start`` ``[m, d]``: ``algo``'s ``local_sgd``
-    on ``f_i`` (its lr unless ``lr`` is given, weight decay and mask) for ``work`` (default: one round's
+             lr: float | None = None) -> Tensor:
+    """Plain local training of every client of ``problem`` from ``start`` ``[m, d]``: local SGD on ``f_i`` with
+    ``algo``'s lr (unless ``lr`` is given), weight decay and trained mask, for ``work`` (default: one round's
     ``train`` phase)."""
     work = algo.work(0)["train"] if work is None else work
-    return run_plain(problem, start, {"train": work}, lambda ctx, w: algo.local_sgd(ctx, w, lr=lr),
-                     RngStreams(seed), 0, executor)
+    c = algo.cfg
+    stmt = Descend(start=start.contiguous(), lr=c.lr if lr is None else lr, weight_decay=c.weight_decay,
+                   mask=shared_mask(algo), then=lambda w, steps: ({"w": w}, {}))
+    return run_statement(problem, stmt, {"train": work}, RngStreams(seed), 0)
+
+
+def train_losses(problem, params: Tensor) -> Tensor:
+    """``[m]``: every client's mean training loss f_i with the flat parameters ``params[i]`` (float64)."""
+    per = evaluate(problem, params, which=(), split="train")[1]
+    return torch.tensor([d["loss"] for d in per], dtype=torch.float64)
 
 
 def rounds_of_work(algo: Algorithm, rounds: int) -> Work:
@@ -81,15 +91,16 @@ def lg_code_rule(algo, server, new_problem, *, rounds=100, seed=0):
 
 
 def perfedavg_rule(algo, server, new_problem, *, rounds=100, seed=0):
-    return adapt_for_eval(algo, _global(server, new_problem), new_problem, RngStreams(seed), 0)
+    # the adaptation Per-FedAvg states before scoring (eval_model), from the global model, on work(None)'s phases
+    adapt = algo.eval_model({}, {"w": _global(server, new_problem).contiguous()})
+    return run_statement(new_problem, adapt, algo.work(None), RngStreams(seed), 0)
 
 
 def ifca_rule(algo, server, new_problem, *, rounds=100, seed=0):
     models, mn = server["models"], new_problem.num_clients
-    losses = [[d["loss"] for d in evaluate(new_problem, models[l].unsqueeze(0).expand(mn, -1),
-                                           new_problem.vmappable, (), split="train")[1]]
-              for l in range(models.shape[0])]
-    return models[torch.as_tensor(np.argmin(np.array(losses), axis=0))].clone()
+    losses = torch.stack([train_losses(new_problem, models[l].unsqueeze(0).expand(mn, -1))
+                          for l in range(models.shape[0])])
+    return models[losses.argmin(0)].clone()
 
 
 def cfl_rule(algo, server, new_problem, *, rounds=100, seed=0):
@@ -147,33 +158,28 @@ def newcomer_models(algo: Algorithm, server, new_problem, *, rounds: int = 100, 
 
 # ---------------------------------------------------------------------- FPFC's protocol
 def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: int = 50, seed: int = 0,
-                   init_epochs: float = 10.0, executor: str = "sequential",
+                   init_epochs: float = 10.0, simulation: dict[str, Any] | None = None,
                    denominator: Literal["m_old+1", "m_old"] = "m_old+1",
                    eval_with: Literal["local", "cluster"] = "local") -> dict[str, Any]:
     """Newcomers after training (Sec. 6.4.2, spec 3.2): asyncFPFC with only the newcomer active.
 
-    Each newcomer i (a client of ``new_problem``) first trains locally (``init_epochs`` of plain local
-    steps starting from the mean of the old models; choice documented, the paper is silent), uploads
-    w_i; then ``rounds`` rounds of ``FPFCNewcomers`` (pairs with every frozen old device, v initialized to 0;
-    newcomers never pair with each other) run in a ``Simulation`` with every newcomer active.
+    A run of ``FPFCNewcomers`` with every newcomer (a client of ``new_problem``) active: in round 0 each first
+    trains locally (``init_epochs`` of plain local steps starting from the mean of the old models; choice
+    documented, the paper is silent) and uploads w_i; then ``rounds`` rounds of eq. (5) against the frozen old
+    devices (pairs with every old device, v initialized to 0; newcomers never pair with each other).
     ``eval_with='cluster'`` scores a newcomer with the n_i-weighted average of the old cluster it is fused
     with (||theta_ij|| <= nu for some old j), else its own w_i. Returns the newcomers' models, per-newcomer
     test scores and their summary, the ``[n, m_old]`` ||theta_ij|| and the old cluster each newcomer joined.
     """
     c = algo.cfg
-    new_algo = FPFCNewcomers({k: v for k, v in c.model_dump().items() if k in FPFCConfig.model_fields}, new_problem)
-    mn = new_problem.num_clients
     W_old = server["W"]
-    W = train_on(new_algo, new_problem, repeat_rows(W_old.mean(0), mn), seed=seed,
-                 work=Work(epochs=init_epochs, batch_size=c.batch_size), executor=executor)
-    sim = Simulation(new_problem, new_algo, SimulationConfig(rounds=rounds + 1, metrics=[], executor=executor,
-                                                             sampling={"fraction": 1.0}), seed=seed)
     denom = W_old.shape[0] + 1 if denominator == "m_old+1" else W_old.shape[0]
-    sim.set_state(new_algo.start(W, W_old, denom), ClientStates(mn, {"w": W}))
-    sim.start_round = 1                  # newcomer round r runs as round r + 1 (round 0 was the warm-up)
-    for _ in range(rounds):
-        sim.step()
-    srv, _ = sim.state()
+    new_algo = FPFCNewcomers({k: v for k, v in c.model_dump().items() if k in FPFCConfig.model_fields}, new_problem,
+                             frozen=W_old, denom=denom, init_epochs=init_epochs)
+    mn = new_problem.num_clients
+    cfg = SimulationConfig(**{**(simulation or {}), "rounds": rounds + 1, "eval_every": rounds + 1, "metrics": [],
+                              "sampling": {"fraction": 1.0}})
+    srv = Simulation(new_problem, new_algo, cfg, seed=seed).run().server
     tnorm = new_algo.theta_norms(srv)
     params = srv["W"].clone()
     joined = []
@@ -189,5 +195,5 @@ def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: i
                 joined.append(int(lab_old[j]))
             else:
                 joined.append(-1)
-    summary, per = evaluate(new_problem, params, new_problem.vmappable, ())
+    summary, per = evaluate(new_problem, params, which=())
     return {"params": params, "summary": summary, "per_client": per, "theta_norms": tnorm, "joined": joined}

@@ -1,7 +1,7 @@
 """The per-cell protocols of the FPFC paper's tables and figures (run by ``fedsolve suite``).
 
-Each function runs ONE cell of a suite (an algorithm, a seed, the sweep's values) through ``Simulation``'s
-public API and returns a row (or rows) of metrics; ``ctx`` is the suite's cell context
+Each function runs ONE cell of a suite (an algorithm, a seed, the sweep's values) as runs of ``Simulation`` (their
+protocols as schedules, ``protocols.path`` and ``protocols.async_fpfc``) and returns a row (or rows) of metrics; ``ctx`` is the suite's cell context
 (``fedsolve.experiments.suite.Context``: the cell, the typed ``args``, the experiment's data, problem,
 algorithm parameters and simulation settings). Each ``*Args`` model is the protocol's typed arguments.
 
@@ -22,23 +22,22 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedsolve.families.clustered.byzantine import Byzantine, attack_surface, benign_mask
-from fedsolve.families.clustered.clusters import adjusted_rand
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.clustered.protocols.path import lambda_grid, warmup_lambda_path
-from fedsolve.families.clustered.protocols.newcomers import newcomer_models
 from fedsolve.engine import Simulation
 from fedsolve.engine.metrics import evaluate
+from fedsolve.families.clustered.byzantine import Attack, attack_surface, benign_mask
+from fedsolve.families.clustered.clusters import adjusted_rand
+from fedsolve.families.clustered.protocols.newcomers import newcomer_models, train_losses
+from fedsolve.families.clustered.protocols.path import LambdaGrid, warmup_lambda_path
 
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def test_accuracy(problem, params, vectorized: bool | None = None) -> float:
+def test_accuracy(problem, params) -> float:
     """Mean test accuracy over the clients of ``problem`` with the flat parameters ``params`` ``[m, d]``."""
-    return float(evaluate(problem, params, problem.vmappable if vectorized is None else vectorized, ())[0]
-                 ["test_accuracy"])
+    return float(evaluate(problem, params, which=())[0]["test_accuracy"])
 
 
 def train_validation(data: FederatedData, seed: int, fraction: float = 0.2) -> tuple[FederatedData, FederatedData]:
@@ -67,26 +66,51 @@ class LambdaPathArgs(_Args):
     rounds: int = Field(300, ge=1, description="rounds per lambda")
 
 
+class PathRecord:
+    """Callback of :func:`lambda_path`: at the end of every lambda (an evaluation at a multiple of ``rounds``), the
+    fused groups, their ARI against the true groups, the slopes w_i and their largest spread inside a true group."""
+
+    def __init__(self, algo, rounds: int):
+        problem = algo.problem
+        self.algo, self.rounds = algo, rounds
+        self.truth = problem.data.clusters.numpy()
+        self.start = next(e for e in problem.layout.entries if e.name.endswith("weight")).start
+        self.rows: list[dict] = []
+
+    def on_start(self, sim):
+        pass
+
+    def on_round(self, sim, round_, info):
+        pass
+
+    def on_eval(self, sim, record):
+        if record["round"] == 0 or record["round"] % self.rounds:
+            return
+        server, truth = sim.state()[0], self.truth
+        labels = self.algo.cluster_labels(server)
+        w = server["W"][:, self.start].numpy()
+        groups = np.unique(truth)
+        self.rows.append({"lam": record["lam"], "groups": int(labels.max() + 1),
+                          "ari": float(adjusted_rand(labels, truth)), "slopes": w.tolist(),
+                          "spread": float(max(np.ptp(w[truth == g]) for g in groups)),
+                          "centres": [float(w[truth == g].mean()) for g in groups]})
+
+    def on_end(self, sim):
+        pass
+
+
 def lambda_path(ctx) -> list[dict]:
-    """FPFC (the cell's penalty) with every device active along ``grid``; per lambda the fused groups, their
-    ARI against the true groups, the slopes w_i and their largest spread inside a true group."""
+    """FPFC (the cell's penalty) with every device active along ``grid`` (the schedule ``lambda_grid``); per
+    lambda the fused groups, their ARI against the true groups, the slopes w_i and their largest spread inside a
+    true group."""
     a = ctx.args
     problem = ctx.problem()
     algo = ctx.algorithm(problem)
-    sim = Simulation(problem, algo, ctx.sim_config(a.rounds * len(a.grid)), seed=ctx.seed)
-    truth = problem.data.clusters.numpy()
-    w_entry = next(e for e in problem.layout.entries if e.name.endswith("weight"))
-
-    def record(sim, lam):
-        server, _ = sim.state()
-        labels = algo.cluster_labels(server)
-        w = server["W"][:, w_entry.start].numpy()
-        groups = np.unique(truth)
-        return {"lam": lam, "groups": int(labels.max() + 1), "ari": float(adjusted_rand(labels, truth)),
-                "slopes": w.tolist(), "spread": float(max(np.ptp(w[truth == g]) for g in groups)),
-                "centres": [float(w[truth == g].mean()) for g in groups]}
-
-    return lambda_grid(sim, a.grid, a.rounds, record)
+    rec = PathRecord(algo, a.rounds)
+    sim = Simulation(problem, algo, ctx.sim_config(a.rounds * len(a.grid), eval_every=a.rounds), seed=ctx.seed,
+                     callbacks=[rec], schedule=LambdaGrid(grid=a.grid, rounds=a.rounds))
+    sim.run()
+    return rec.rows
 
 
 # ------------------------------------------------------------------ Fig. 7 / E.2 / E.3
@@ -104,23 +128,25 @@ def attack_grid_key(ctx) -> dict:
 
 
 def attack_surface_of(ctx):
+    """The upload key of the cell's solver's model (None: it uploads none)."""
     from fedsolve.families import get_algorithm
 
-    return attack_surface(get_algorithm(ctx.spec.name)).model_key
+    surface = attack_surface(get_algorithm(ctx.spec.name))
+    return None if surface is None else surface.model
 
 
 def attack_grid(ctx) -> dict:
-    """The cell's algorithm with a share ``fraction`` of malicious devices running ``attack``; the benign
-    devices' mean test accuracy at the end. An algorithm without an own view (CFL uploads updates) follows
-    the server."""
+    """The cell's algorithm with a share ``fraction`` of malicious devices running ``attack`` (the wrapper
+    ``attack``); the benign devices' mean test accuracy at the end. An algorithm without an own view (CFL uploads
+    updates) follows the server."""
     from fedsolve.families import get_algorithm
 
     c, a = ctx.cell, ctx.args
     problem = ctx.problem()
     surface = attack_surface(get_algorithm(ctx.spec.name))
-    view = a.attacker_view if surface.own_view is not None or surface.model_key is None else "server"
-    algo = Byzantine(ctx.algorithm(problem), attack=c["attack"], malicious_fraction=c["fraction"],
-                     attack_seed=ctx.seed, attacker_view=view, attack_block=a.attack_block)
+    view = a.attacker_view if surface.view is not None or surface.model is None else "server"
+    algo = Attack(ctx.algorithm(problem), attack=c["attack"], malicious_fraction=c["fraction"],
+                  attack_seed=ctx.seed, attacker_view=view, attack_block=a.attack_block)
     _, res = ctx.run(problem, algo)
     acc = np.array([d.get("accuracy", np.nan) for d in res.per_client], dtype=np.float64)
     return {"benign_accuracy": float(np.nanmean(acc[benign_mask(algo).numpy()]))}
@@ -184,8 +210,8 @@ class FPFCTuningArgs(_Args):
 
 
 def _fpfc_score(sim, algo, problem) -> dict:
-    s, _ = evaluate(problem, sim.eval_params(), sim.vectorized_eval, ())
-    own, _ = evaluate(problem, sim.state()[0]["W"], sim.vectorized_eval, ())
+    s, _ = evaluate(problem, sim.eval_params(), which=())
+    own, _ = evaluate(problem, sim.state()[0]["W"], which=())
     lab = algo.cluster_labels(sim.state()[0])
     return {"test_accuracy": s["test_accuracy"], "test_accuracy_own_w": own["test_accuracy"],
             "num_clusters": int(lab.max() + 1), "ari": float(adjusted_rand(lab, problem.data.clusters.numpy())),
@@ -212,7 +238,7 @@ def fpfc_tuning(ctx) -> dict:
         algo = ctx.algorithm(problem, {"lam": lam})
         sim, res = ctx.run(problem, algo, eval_every=a.eval_every)
         out = _fpfc_score(sim, algo, problem)
-        out["val_accuracy"] = evaluate(val, sim.eval_params(), sim.vectorized_eval, ())[0]["test_accuracy"]
+        out["val_accuracy"] = evaluate(val, sim.eval_params(), which=())[0]["test_accuracy"]
         return dict(out, lam=lam)
 
     if strategy == "fixed":
@@ -223,21 +249,19 @@ def fpfc_tuning(ctx) -> dict:
         out["grid"] = [{k: r[k] for k in ("lam", "val_accuracy", "test_accuracy", "num_clusters", "ari")}
                        for r in runs]
     elif strategy == "warmup":
-        rounds = ctx.sim_config().rounds
         r = warmup_lambda_path(problem, grid, ctx.params(extra={"lam": grid[0]}),
                                ctx.sim_config(eval_every=a.eval_every), seed=ctx.seed, val_problem=val, tol=a.tol,
                                check_every=a.check_every, min_rounds=a.check_every,
                                max_rounds_per_lambda=a.max_per_lambda, stop_at_selection=a.refit_full,
                                algorithm=ctx.spec.name)
         sim, algo = r["simulation"], r["algorithm"]
-        if a.refit_full:   # the remaining rounds with the chosen lambda on train + validation data
+        if a.refit_full:   # the remaining rounds with the chosen lambda on train + validation data, from its state
             algo = ctx.algorithm(full, {"lam": r["best_lambda"]})
-            sim2 = Simulation(full, algo, ctx.sim_config(eval_every=a.eval_every), seed=ctx.seed)
-            sim2.set_state(*sim.state())
-            sim2.round = r["rounds_used"]
-            while sim2.round < rounds:
-                sim2.step()
-            sim = sim2
+            refit = Simulation(full, algo, ctx.sim_config(eval_every=a.eval_every), seed=ctx.seed)
+            refit.set_state(*sim.state())
+            refit.start_round = r["rounds_used"]
+            refit.run()
+            sim = refit
         out = _fpfc_score(sim, algo, full)
         out.update(lam=r["best_lambda"], switches=r["switches"],
                    scores=[(float(l), float(s)) for l, s in r["scores"]])
@@ -272,7 +296,7 @@ def tuning(ctx) -> dict:
     def scored(problem, eval_problem, value, rounds):
         algo = ctx.algorithm(problem, {a.param: value})
         sim, res = ctx.run(problem, algo, rounds)
-        acc = evaluate(eval_problem, sim.eval_params(), sim.vectorized_eval, ())[0]["test_accuracy"]
+        acc = evaluate(eval_problem, sim.eval_params(), which=())[0]["test_accuracy"]
         lab = res.extras.get("clusters")
         truth = problem.data.clusters
         return {"acc": float(acc), "num_clusters": int(max(lab) + 1) if lab is not None else None,
@@ -303,10 +327,7 @@ class OracleGap:
     """Callback: at every evaluation, the training-objective gap of the evaluation models to the oracle's."""
 
     def __init__(self, problem, oracle: torch.Tensor):
-        from fedsolve.core.linear import LinearGDExecutor
-
-        m = problem.data.num_clients
-        self.loss = LinearGDExecutor(problem).full_batch(torch.arange(m)).loss     # [m, d] -> f_i, [m]
+        self.loss = lambda params: train_losses(problem, params)                 # [m, d] -> f_i, [m]
         self.oracle_loss = self.loss(oracle)
         self.rows: list[dict] = []
 
