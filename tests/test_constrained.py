@@ -741,9 +741,9 @@ def test_newton_stops_at_the_rounding_floor():
     A = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
     b = torch.tensor([1.0, -1.0], dtype=torch.float64)
     f = lambda u: 0.5 * u @ A @ u - b @ u + 0.1 * torch.nn.functional.softplus(4 * u).sum()  # noqa: E731
-    u, res, steps = sp.newton(f, torch.zeros(2, dtype=torch.float64), 1e-30, 200, eager=True)
+    u, res, steps = sp.newton(f, torch.zeros(2, dtype=torch.float64), 1e-30, 200, alone=True)
     assert float(res) < 1e-14 and int(steps) <= 10, (float(res), int(steps))
-    v, res_v, _ = sp.newton(f, torch.zeros(2, dtype=torch.float64), 1e-12, 200, eager=True)
+    v, res_v, _ = sp.newton(f, torch.zeros(2, dtype=torch.float64), 1e-12, 200, alone=True)
     assert float((u - v).abs().max()) < 1e-12
 
 
@@ -764,11 +764,11 @@ def test_newton_on_a_nonconvex_subproblem_reaches_a_local_minimiser_not_the_sadd
 
     start = torch.tensor([0.5, 0.1], dtype=torch.float64)
     assert float(torch.linalg.eigvalsh(hessian(_saddle_well)(start))[0]) < 0
-    saddle, res_plain, _ = sp.newton(_saddle_well, start, 1e-12, 100, eager=True, modified=False)
+    saddle, res_plain, _ = sp.newton(_saddle_well, start, 1e-12, 100, alone=True, modified=False)
     assert float(res_plain) <= 1e-12 and float(saddle.abs().max()) < 1e-4, saddle
     assert float(torch.linalg.eigvalsh(hessian(_saddle_well)(saddle))[0]) < -1   # not a minimiser
 
-    u, res, _ = sp.newton(_saddle_well, start, 1e-12, 100, eager=True)
+    u, res, _ = sp.newton(_saddle_well, start, 1e-12, 100, alone=True)
     assert float(res) <= 1e-12 and abs(float(u[0])) < 1e-4 and abs(float(u[1]) - 2 ** -0.5) < 1e-9, u
     assert abs(float(_saddle_well(u)) + 0.25) < 1e-12
 

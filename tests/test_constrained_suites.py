@@ -105,7 +105,7 @@ def _fixture_run(root: Path, folder: str, label: str, seed: int, n: int, objecti
 THREE = '["Prox-AL FL", "cProx-AL", "FedAvg (no constraints)"]'
 
 
-def test_finished_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp_path, monkeypatch):
+def test_recorded_runs_serve_their_cells_and_the_tables_compare_seed_by_seed(tmp_path, monkeypatch):
     from fedsolve.families.constrained import runs as constrained_runs
 
     monkeypatch.setattr(constrained_runs, "LISTING_TTL_S", 0.0)   # list the runs again for every cell

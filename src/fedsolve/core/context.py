@@ -327,7 +327,7 @@ class LocalContext:
         if not self.plans[s.phase].fixed:
             raise ValueError(f"Minimize: phase {s.phase!r} must be planned as one full batch (Work(batch_size=None))")
         x, y, w = self._batch(s.phase, 0)
-        u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, eager=self.eager, args=(x, y, w, *s.args),
+        u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, alone=self.eager, args=(x, y, w, *s.args),
                            modified=s.modified)
         return s.then(u, res, lambda fn, v, *fargs: grad(fn)(v, x, y, w, *fargs))
 

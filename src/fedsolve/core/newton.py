@@ -4,7 +4,7 @@
 of :func:`positive_definite`) until ``||grad||_inf <= tol``: the stopping rule of an inexact subproblem solve
 (e.g. Prox-AL FL's Eq. 19). It runs
 
-* for one party, stopping as soon as that party is done (``eager=True``, plain autograd shapes);
+* for one party on its own, stopping as soon as that party is done (``alone=True``);
 * for the stacked parties of ``u0 [K, d]`` (``stacked=True``): the function, its gradient and Hessian vmapped over
   the parties, the loops in Python until every party has met its own tolerance (masked), which gives the numbers
   of solving them one by one;
@@ -31,7 +31,7 @@ def inf_norm(g: Tensor) -> Tensor:
 
 
 def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter: int = 20,
-           ls_steps: int | None = None, c1: float = 1e-4, eager: bool = False,
+           ls_steps: int | None = None, c1: float = 1e-4, alone: bool = False,
            args: tuple = (), stacked: bool = False, modified: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """Minimise the strongly convex ``fun(u, *args)`` from ``u0`` until ``||grad||_inf <= tol``; with ``modified``
     a nonconvex one to a local minimiser (:func:`positive_definite`; ``False``: the Hessian as it is, a scaled
@@ -40,12 +40,12 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
     Returns ``(u, ||grad fun(u)||_inf, newton steps taken)``. One party (``u0`` of shape ``[d]``), or with
     ``stacked=True`` the parties of ``u0 [K, d]`` and ``args`` (leading dimension K) at once: ``fun``, its
     gradient and Hessian are vmapped over the parties, every party stops at its own tolerance (masked) and the
-    loops stop as soon as every party is done -- the numbers of solving them one by one. ``eager=True`` (one
+    loops stop as soon as every party is done -- the numbers of solving them one by one. ``alone=True`` (one
     party, no vmap) likewise stops as soon as the party is done; otherwise (one party under vmap) the caps run,
     masked. Line search: at most ``ls_steps`` halvings, by default 12 under vmap and 60 otherwise (far from the
     minimiser of a locally Lipschitz problem a Newton step can need 2^-13, seen with rho = 0.01 and beta = 300).
     """
-    loops = eager or stacked   # Python may branch on the masks: stop once every party is done
+    loops = alone or stacked   # Python may branch on the masks: stop once every party is done
     if ls_steps is None:
         ls_steps = 60 if loops else 12
     tol = torch.as_tensor(tol, dtype=u0.dtype)

@@ -110,7 +110,23 @@ def write_run_report(run_dir: Path, summary: dict[str, Any], history: list[dict[
               f"{_mb(c['downlink_bytes'])} MB down. Wall time {summary['wall_time_s']:.1f} s, median round "
               f"{(summary.get('round_time_s_median') or 0) * 1000:.1f} ms.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
+    lines += _outer_run_figure(run_dir, history)
     atomic_write_text(run_dir / "report.md", "\n".join(lines) + "\n")
+
+
+def _outer_run_figure(run_dir: Path, history: list[dict[str, Any]]) -> list[str]:
+    """Figure 1/2 of paper 002 for one constrained run (``fedsolve.families.constrained.figures.run_figure``)."""
+    if not (run_dir / "config.yaml").exists():
+        return []
+    from fedsolve.experiments.records import read_yaml
+    from fedsolve.families.constrained.figures import run_figure
+
+    fig = run_figure(read_yaml(run_dir / "config.yaml"), history)
+    if fig is None:
+        return []
+    save_figure(fig, run_dir / "plots" / "outer.png")
+    return ["", "Objective and feasibility per outer iteration (paper 002's Figure 1/2; the first record after outer "
+                "step k stands for w^k):", "", "![outer](plots/outer.png)"]
 
 
 # ------------------------------------------------------------------ compare

@@ -6,7 +6,7 @@ A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs beyond on
   relative to the suite file, or the same fields inline), with ``set`` overrides as in ``--set``;
 * ``protocol``: a registered function (:data:`PROTOCOLS`) that drives simulations for ONE cell through
   ``Simulation``'s public API and returns rows of metrics (``lambda_path``, ``newcomers``, ``attack_grid``,
-  ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``constrained_runs``), with its typed ``args``;
+  ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``constrained_runs``, ``np_optimum``), with its typed ``args``;
 * ``sweep``: a grid of cells, the product of the axes, the ``algorithms`` (labels of the experiment's)
   and the ``seeds``. An axis named ``params.<p>`` sets an algorithm parameter, a dotted name
   (``data.params.scenario``) sets an experiment field, any other name is a protocol input
@@ -218,6 +218,9 @@ def builtin_protocols() -> dict[str, Protocol]:
 
         register_protocol("constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs,
                                                        key=c.constrained_run_key))
+        from fedsolve.families.constrained import optimum as o
+
+        register_protocol("np_optimum", Protocol(o.np_optimum_cell, o.NpOptimumArgs, algorithms=False))
         register_plot("attack_grid", f.attack_grid_figure)
         register_plot("lambda_path", f.lambda_path_figure)
     return PROTOCOLS

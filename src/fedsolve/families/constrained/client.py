@@ -1,4 +1,4 @@
-"""Client i's part of Prox-AL FL, stated for ONE client's state rows (the same code states K clients' stacked rows):
+"""Client i's part of Prox-AL FL, stated for ONE client's state rows (the same code states the rows of K clients):
 
 * :meth:`ClientSide.restart` -- Alg. 1 line 7, ``mu_i^{k+1} = [mu_i^k + beta c_i(w^{k+1})]_+`` (only its change
   ``||mu_i^{k+1} - mu_i^k||_inf`` is uploaded), then Alg. 2 line 1 at w^k: ``u_i^0 = w^k``,

@@ -73,7 +73,7 @@ class CProxALStep:
                 self._factor = sp.quadratic_factor(smooth, w)
             w_new, _ = sp.quadratic_step(smooth, w, self._factor)
         else:
-            w_new, _, _ = newton(smooth, w, tau, self.newton_max_iter, eager=True, modified=self.modified)
+            w_new, _, _ = newton(smooth, w, tau, self.newton_max_iter, alone=True, modified=self.modified)
         mu_new = shifted(mu, self.c_all(w_new, parts), self.eq, beta) if spec.m_client else mu
         m0_new = shifted(m0, spec.server.c(w_new).double(), self.eq0, beta) if spec.m_server else m0
         return w_new, mu_new, m0_new

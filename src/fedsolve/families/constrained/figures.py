@@ -3,7 +3,7 @@
 :func:`outer_figure`: per outer iteration k, the clients' local objective (mean, with the min-max band over
 clients) and their constraint (mean with the band), the server's constraint (Figure 2, dash-dot) and the
 threshold (dashed). The compare report draws it for every Prox-AL-type method of a Neyman-Pearson or fairness
-run; ``experiments/constrained/plot_fig12.py`` draws it for one run folder.
+run, and ``fedsolve report RUN_FOLDER`` for one run (:func:`run_figure`: ``plots/outer.png``).
 
 Plotted quantities (the paper's, without the 1/n of f_i = L_i / n): objective = the client's own loss L_i =
 n f_i. Neyman-Pearson (Eq. 30): class-1 loss = c_i + r against the threshold r. Fairness (Eq. 32): the signed
@@ -101,3 +101,21 @@ def default_title(final: dict[str, Any], n: int, kind: str, dataset: str = "") -
     admm = f"{final['admm_rounds']} ADMM rounds, " if "admm_rounds" in final else ""
     return (f"{head}{kind}, n = {n}: {final.get('outer_iterations', '?')} outer iterations, {admm}"
             + ("Eq. 11 passed" if final.get("converged") else "Eq. 11 not passed (budget ended)"))
+
+
+#: the constraint level r of each problem kind when a config does not give it (Eq. 30: 0.2; Eq. 32: 0.1)
+DEFAULT_R = {"neyman_pearson": 0.2, "fairness": 0.1}
+
+
+def run_figure(config: dict[str, Any], recs: list[dict], x: str = "outer"):
+    """Figure 1/2 of one run from its resolved ``config`` (a run folder's config.yaml) and records, or None where
+    the run is not a Neyman-Pearson or fairness run that records outer iterations. Evaluate more often than an
+    inner loop lasts (e.g. ``--set simulation.eval_every=10``) so that every outer iteration has a record."""
+    problem = config.get("problem") or {}
+    kind = problem.get("kind")
+    if kind not in DEFAULT_R or not has_outer_records(recs):
+        return None
+    params = problem.get("params") or {}
+    n = config["data"]["num_clients"]
+    title = default_title(recs[-1], n, kind, str(params.get("dataset", "")))
+    return outer_figure(recs, n, kind, float(params.get("r", DEFAULT_R[kind])), title=title, x=x)

@@ -54,8 +54,8 @@ class PartyData(SimpleNamespace):
 
 class Part(NamedTuple):
     """One client's arguments to the problem's functions inside the solvers: its rows (float64), its index ``i``
-    (0-d integer tensor) and its slices of the per-party tensors. A tuple of tensors, so it is stacked and sliced
-    like any client row."""
+    (0-d integer tensor) and its slices of the per-party tensors. A tuple of tensors, so the Parts of several
+    clients form one Part with a leading client dimension, like their state rows."""
 
     x: Tensor
     y: Tensor
@@ -154,7 +154,7 @@ class Prox:
 # ------------------------------------------------------------------ constraints and parties
 @dataclass(frozen=True)
 class Constraint:
-    """A party's stacked scalar constraints ``c(w; Z) [m]`` with their kinds and names.
+    """A party's scalar constraints as one vector ``c(w; Z) [m]`` with their kinds and names.
 
     ``fn(w, x, y, mask) -> [m]``; ``kinds[j]`` is ``"ineq"`` (``c_j <= 0``) or ``"eq"`` (``c_j = 0``).
     """
@@ -338,9 +338,9 @@ def constrained_problem(data: FederatedData, spec: ConstrainedSpec, d: int, clas
 def get_spec(problem: FederatedProblem, who: str = "solver") -> ConstrainedSpec:
     spec = problem.extras.get("constraints") if hasattr(problem, "extras") else None
     if not isinstance(spec, ConstrainedSpec):
-        raise ValueError(f"{who}: the problem has no constraints (problem.extras['constraints'] must be a "
-                         f"ConstrainedSpec; build it with fedsolve.families.constrained.problem.constrained_problem or a "
-                         f"'problem: {{kind: ...}}' section)")
+        raise ValueError(f"problem: {who} solves constrained problems and this one has no constraints; allowed: a "
+                         f"'problem: {{kind: constrained_qp | neyman_pearson | fairness}}' section, or a problem built "
+                         f"by fedsolve.families.constrained.quadratic_problem / party_problem")
     return spec
 
 

@@ -64,6 +64,8 @@ class ProxAL(Algorithm):
     reports_train_loss = False   # a round solves Eq. 19 or updates multipliers: the certificate is the record
     watch = "w"                  # the iterate w must stay below divergence_factor x max(1, |w^0|_inf)
     phases = PHASES
+    #: the run's client sampling (``engine.sampling.SamplingConfig``), told before the first round; None: not told
+    sampling = None
 
     def setup(self) -> None:
         spec = self.spec = get_spec(self.problem, self.name)
@@ -82,6 +84,11 @@ class ProxAL(Algorithm):
         return {} if round_ is None else {"train": Work(epochs=None, steps=1, batch_size=None)}   # Z_i in full
 
     def init(self, x0, rngs):
+        s, n = self.sampling, self.num_clients
+        if s is not None and (s.count(n) != n or s.dropout > 0):
+            raise ValueError(f"simulation.sampling: Algorithms 1-2 use every client in every round, got "
+                             f"{s.count(n)} of {n} clients a round (dropout {s.dropout}); allowed: fraction 1.0 (or "
+                             f"clients_per_round {n}) and dropout 0")
         c, z = self.cfg, scalar(0.0)
         w0 = initial_point(c.w0, x0, rngs.torch("proxal_w0"))
         count = lambda: torch.zeros((), dtype=torch.long)  # noqa: E731

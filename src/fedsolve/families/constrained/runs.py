@@ -4,27 +4,28 @@ fairness Eq. 32, the linear-equality-constrained QP of Eq. 86), run by
 
 One cell is one run of the experiment: a method (Prox-AL FL, cProx-AL, FedAvg without constraints), a seed
 and the sweep's values (dataset, n). Its row is the run's certificate, ``extras.constrained`` of the
-algorithm's ``finalize`` (objective, Definition-1 residuals ``kkt_eps1/2``, per-party constraint values, the
+algorithm's ``report(final=True)`` (objective, Definition-1 residuals ``kkt_eps1/2``, per-party constraint values, the
 Eq. 11 flag ``converged``, outer iterations K and ADMM rounds), plus the constrained loss of the worst
 client (class-1 loss, Table 1; loss disparity, Table 2), the run's wall time and where the row came from.
 
 A cell that a ``fedsolve compare`` run has already finished is read instead of run again: ``args.adopt``
 names folders of such runs (e.g. ``runs/constrained``, one ``fedsolve compare --only LABEL`` run per method and seed); a run
 serves the cell when its ``summary.json`` has the same problem kind, dataset, n, data limits, round budget,
-method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice), the rule
-``experiments/constrained/collect.py --list-done`` also uses. Then ``adopted`` is 1 and ``source`` names the
-run's folder; ``adopt_only`` reports a cell with no finished run as missing instead of running it (and
-``--resume`` looks for it again).
+method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice,
+:func:`recorded_runs`). Then ``adopted`` is 1 and ``source`` names the run's folder; ``adopt_only`` reports a cell
+with no finished run as missing instead of running it (and ``--resume`` looks for it again); ``copy_to`` copies
+each adopted run's small files (summary.json, metrics.jsonl) there, as results/constrained/raw keeps them.
 
 A QP cell (problem kind ``constrained_qp``, Table 4) runs Prox-AL FL only until Eq. 11 passes (or ``max_outer``
-is reached; ``simulation.rounds`` is the budget): the rounds after that change nothing, so they are neither run
-nor timed. Its row adds the distance to the exact optimum (w*, f*) of one KKT solve (:func:`qp_errors`), the
+is reached; ``simulation.rounds`` is the budget): its phase table is then ``done``, where the engine's loop
+stops. Its row adds the distance to the exact optimum (w*, f*) of one KKT solve (:func:`qp_errors`), the
 rounds to Eq. 11 and the process CPU seconds; it has no constrained loss (the constraints are equalities).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -73,6 +74,8 @@ class ConstrainedRunsArgs(BaseModel):
     adopt_only: bool = Field(False, description="report a cell with no finished run under `adopt` as missing "
                                                 "instead of running it")
     set_when: list[SetWhen] = Field(default_factory=list, description="experiment settings for some cells only")
+    copy_to: str | None = Field(None, description="copy each adopted run's summary.json and metrics.jsonl to "
+                                                  "COPY_TO/<run folder>/<method>/seed<k>/ (e.g. results/constrained/raw)")
 
 
 # ------------------------------------------------------------------ finished runs
@@ -120,7 +123,7 @@ def _summaries(root: str | Path, fresh: bool) -> list[Path]:
     return hit[1]
 
 
-def finished_runs(roots: list[str | Path], fresh: bool = True) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
+def recorded_runs(roots: list[str | Path], fresh: bool = True) -> dict[tuple, dict[str, dict[int, tuple[Path, dict]]]]:
     """cell (:func:`run_key`) -> method label -> seed -> (seed folder, summary) of every
     ``ROOT/**/seed*/summary.json`` with a ``config.yaml`` beside it; when a seed was run twice, the newest
     summary. Files are parsed once per process (and again when they change); ``fresh=False`` reuses a listing
@@ -231,7 +234,7 @@ def qp_run(ctx, base: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the protocol
-def _cell_context(ctx):
+def cell_context(ctx):
     """The cell's context with the ``set_when`` settings that match its sweep values."""
     extra: dict[str, Any] = {}
     for i, rule in enumerate(ctx.args.set_when):
@@ -242,6 +245,17 @@ def _cell_context(ctx):
         if all(str(ctx.cell.get(k)) == str(v) for k, v in rule.when.items()):
             extra.update(rule.set)
     return ctx.for_cell({**ctx.cell, **extra}) if extra else ctx
+
+
+def copy_run(folder: Path, dest: Path) -> Path:
+    """A run's small files (summary.json, metrics.jsonl) copied to ``dest/<run folder>/<method>/seed<k>/``; returns
+    that folder."""
+    target = dest / folder.parent.parent.name / folder.parent.name / folder.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("summary.json", "metrics.jsonl"):
+        if (folder / name).exists():
+            shutil.copy2(folder / name, target / name)
+    return target
 
 
 def cell_run_key(ctx) -> tuple[tuple, str]:
@@ -257,13 +271,13 @@ def _finished(ctx) -> tuple[Path, dict] | None:
     if not ctx.args.adopt:
         return None
     key, label = cell_run_key(ctx)
-    return finished_runs(ctx.args.adopt, fresh=False).get(key, {}).get(label, {}).get(ctx.seed)
+    return recorded_runs(ctx.args.adopt, fresh=False).get(key, {}).get(label, {}).get(ctx.seed)
 
 
 def constrained_run_key(ctx) -> dict:
     """The suite's record of a cell: the cell; with ``adopt_only`` and no finished run yet, the cell marked
     ``missing``, so that ``--resume`` looks again for a run that has finished since."""
-    if ctx.args.adopt_only and _finished(_cell_context(ctx)) is None:
+    if ctx.args.adopt_only and _finished(cell_context(ctx)) is None:
         return {**ctx.cell, "missing": 1}
     return ctx.cell
 
@@ -282,7 +296,7 @@ def constrained_run(ctx) -> dict[str, Any]:
     """One (method, dataset, n, seed) cell: the finished run under ``args.adopt`` that matches it, else a run
     of the experiment (the same data, w^0 and numbers as ``fedsolve compare --only LABEL --set seeds=[seed]``);
     the row of :func:`certificate_row` with ``n``, ``adopted`` (0/1) and ``source``. A QP cell: :func:`qp_run`."""
-    ctx = _cell_context(ctx)
+    ctx = cell_context(ctx)
     cfg = ctx.experiment()
     if cfg.problem is None or cfg.problem.kind not in KINDS:
         raise ValueError(f"protocol constrained_runs: the experiment's problem.kind must be one of "
@@ -295,6 +309,8 @@ def constrained_run(ctx) -> dict[str, Any]:
     found = _finished(ctx)
     if found is not None:
         folder, summary = found
+        if ctx.args.copy_to:
+            copy_run(folder, Path(ctx.args.copy_to))
         row = certificate_row(summary, kind, r)
         w = (summary.get("extras") or {}).get("constrained", {}).get("w")
         if "objective_clients" not in row and "diverged" not in row and w is not None:

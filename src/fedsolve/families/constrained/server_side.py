@@ -55,7 +55,7 @@ class ServerSide:
         if self.solver == "scipy":
             w, res, _ = scipy_lbfgsb(smooth, start, tol)
         else:
-            w, res, _ = newton(smooth, start, tol, self.cfg.newton_max_iter, eager=True,
+            w, res, _ = newton(smooth, start, tol, self.cfg.newton_max_iter, alone=True,
                                modified=self.cfg.newton_step == "modified")
         return w, float(res)
 

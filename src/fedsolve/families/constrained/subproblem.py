@@ -102,7 +102,7 @@ def _sym_pair_blas(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
 def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, ...]:
     """``(H^{-1} x, H y)`` from :func:`sym_pair`'s ``(T, fix)`` (``[..., d, d]``, ``[..., d]``) in one read of
     ``T``; ``x`` or ``y`` may be None (that product is skipped, its triangle not read). Plain tensors only (one
-    party, or the stacked rows of several)."""
+    party, or the rows of several)."""
     d = T.shape[-1]
     if T.device.type == "cpu" and T.dtype == torch.float64:
         flat = lambda v: None if v is None else v.reshape(-1, d).contiguous()  # noqa: E731
