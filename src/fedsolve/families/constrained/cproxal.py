@@ -195,7 +195,8 @@ class CProxAL(Algorithm):
 
     def report(self, server, clients, final: bool = False) -> dict[str, Any]:
         out = kkt.certificate(self.spec, self.problem.data, server["w"], server["mu0"], server["mu"])
-        out.update(outer_iterations=int(server["k"]), converged=int(server["converged"]))
+        out.update(outer_iterations=int(server["k"]), converged=int(server["converged"]),
+                   certified=int(kkt.certified(out, self.cfg.eps1, self.cfg.eps2)))
         if not final:
             return out
         c = self.cfg
