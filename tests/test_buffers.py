@@ -57,7 +57,7 @@ def bn_problem(buffers="local", personal=None):
 
 
 def simulate(problem, name="fedavg", executor="sequential", rounds=1, **params):
-    algo = get_algorithm(name)(dict(dict(lr=0.1, batch_size=4), **params), problem)
+    algo = get_algorithm(name)({"lr": 0.1, "batch_size": 4, **params}, problem)
     sim = Simulation(problem, algo, SimulationConfig(rounds=rounds, eval_every=1, executor=executor), seed=0)
     return sim, sim.run()
 
@@ -114,7 +114,7 @@ def test_local_buffers_are_not_communicated():
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
 def test_average_buffers_are_the_weighted_mean_of_the_clients(executor):
     problem = bn_problem("average")
-    sim, res = simulate(problem, executor=executor)
+    sim, _ = simulate(problem, executor=executor)
     exp = expected_stats(problem, sim.algo, sim, torch.zeros(1), torch.ones(1), 0)
     w = torch.tensor(SIZES, dtype=torch.float64) / sum(SIZES)
     mean = sum(wk * m for wk, (m, _, _) in zip(w, exp))
@@ -123,7 +123,7 @@ def test_average_buffers_are_the_weighted_mean_of_the_clients(executor):
     torch.testing.assert_close(sim.server[KEY + "bn0.running_mean"].double(), mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sim.server[KEY + "bn0.running_var"].double(), var, rtol=1e-5, atol=1e-6)
     assert int(sim.server[KEY + "bn0.num_batches_tracked"]) == count
-    assert not any(k.startswith(KEY) for k in sim.clients.keys())   # no client keeps a set of its own
+    assert not any(k.startswith(KEY) for k in sim.clients)   # no client keeps a set of its own
     # every client is scored with the server's statistics
     bufs = sim.eval_buffers()
     assert torch.equal(bufs["bn0.running_mean"], sim.server[KEY + "bn0.running_mean"].expand(3, 1))
@@ -151,7 +151,7 @@ def test_sequential_equals_vectorized(buffers, name, params, personal):
     (a, ra), (b, rb) = runs
     for k in a.server:
         torch.testing.assert_close(a.server[k], b.server[k], rtol=1e-5, atol=1e-6)
-    for k in a.clients.keys():
+    for k in a.clients:
         torch.testing.assert_close(a.clients[k], b.clients[k], rtol=1e-5, atol=1e-6)
     for x, y in zip(ra.history, rb.history):
         assert x.keys() == y.keys()
@@ -180,7 +180,7 @@ def test_clients_are_scored_with_their_own_buffers():
 
 def test_checkpoint_carries_the_buffers(tmp_path):
     problem = bn_problem("local")
-    cfg = dict(lr=0.1, batch_size=4)
+    cfg = {"lr": 0.1, "batch_size": 4}
     whole = Simulation(problem, get_algorithm("fedavg")(cfg, problem),
                        SimulationConfig(rounds=3, eval_every=1, executor="sequential"), seed=0)
     whole.run()
@@ -190,7 +190,7 @@ def test_checkpoint_carries_the_buffers(tmp_path):
     again = Simulation(problem, get_algorithm("fedavg")(cfg, problem),
                        SimulationConfig(rounds=3, eval_every=1, executor="sequential"), seed=0, out_dir=tmp_path)
     res = again.run(resume=True)
-    for k in whole.clients.keys():
+    for k in whole.clients:
         assert torch.equal(whole.clients[k], again.clients[k]), k
     assert res.history == whole.history
 

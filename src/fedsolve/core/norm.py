@@ -19,7 +19,7 @@ buffers change during a forward pass is not (``RunningStats.handles_all``).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -28,8 +28,8 @@ from fedsolve.families.personalized.full import Ditto, DittoConfig, PFedMe, PFed
 from fedsolve.families.personalized.partial import (BaselineConfig, PartialAlgorithm, PartialConfig,
                                                     Personalization, drift)
 
-__all__ = ["FedAlt", "FedSim", "FedPer", "LGFedAvg", "FedRep", "FedRepConfig", "Ditto", "DittoConfig", "PFedMe",
-           "PFedMeConfig", "PartialAlgorithm", "PartialConfig", "BaselineConfig", "Personalization"]
+__all__ = ["BaselineConfig", "Ditto", "DittoConfig", "FedAlt", "FedPer", "FedRep", "FedRepConfig", "FedSim",
+           "LGFedAvg", "PFedMe", "PFedMeConfig", "PartialAlgorithm", "PartialConfig", "Personalization"]
 
 
 @register

@@ -19,7 +19,8 @@ otherwise ``input`` = group ``body`` and ``output`` = group ``head``.
 from __future__ import annotations
 
 import fnmatch
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor, nn

@@ -19,8 +19,8 @@ import torch
 from pydantic import Field
 
 from fedsolve.core.plans import Work
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
+from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register, shared_mask
 from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig
 

@@ -16,7 +16,8 @@ groups (``fedsolve.families.personalized.blocks``).
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -24,8 +25,8 @@ from torch import Tensor
 
 from fedsolve.core.context import LocalContext, ParamBlock
 from fedsolve.core.plans import Work
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend, Then
+from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, expand, stale_mean_step,
                                        weighted_mean)
 from fedsolve.families.personalized.blocks import personal_mask
