@@ -1,6 +1,7 @@
 """fedsolve command line: run, compare, list, report.
 
     fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--seed N] [--track csv,...]
+                 [--distributed]   (under torchrun: the clients sharded over its processes)
     fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume | --overwrite]
                      [--track csv,tensorboard,wandb,mlflow]
     fedsolve list [algorithms|datasets|partitioners|models|schedules|wrappers]
@@ -73,11 +74,20 @@ def _cmd_run(args) -> int:
     if args.resume and args.overwrite:
         print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
         return EXIT_CONFIG
-    _not_live(run_dir)
-    track = _track(args)
-    _out_dir(run_dir)
-    summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet, track=track,
-                      overwrite=args.overwrite)
+    if args.distributed:   # every rank torchrun started runs this; rank 0 alone writes the folder and prints
+        from fedsolve.experiments.distributed import run_distributed
+
+        summary = run_distributed(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet,
+                                  track=_track(args), overwrite=args.overwrite,
+                                  prepare=lambda: (_not_live(run_dir), _out_dir(run_dir)))
+        if summary is None:
+            return 0
+    else:
+        _not_live(run_dir)
+        track = _track(args)
+        _out_dir(run_dir)
+        summary = run_one(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet, track=track,
+                          overwrite=args.overwrite)
     fin = summary["metrics"]["final"]
     shown = {k: round(v, 4) for k, v in fin.items() if k in ("test_accuracy", "test_f1", "test_auc", "test_rmse",
                                                                "train_loss", "num_clusters", "ari")}
@@ -262,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(r)
     r.add_argument("--seed", type=int, help="seed (default: the config's first seed)")
     r.add_argument("--algorithm", help="which of the config's algorithms (by label or name)")
+    r.add_argument("--distributed", action="store_true",
+                   help="shard the clients over the processes torchrun starts (torchrun --nproc-per-node N -m "
+                        "fedsolve run CONFIG --distributed; see docs/distributed.md)")
     r.set_defaults(fn=_cmd_run)
     c = sub.add_parser("compare", help="several algorithms x several seeds on one problem")
     common(c)

@@ -131,16 +131,18 @@ def summarize(per_client: list[dict[str, float]], prefix: str = "test_") -> dict
 
 
 def evaluate(problem, params: Tensor, vectorized: bool | None = None, which: tuple[str, ...] = ("f1", "auc"),
-             split: str = "test", buffers: dict[str, Tensor] | None = None
+             split: str = "test", ids: list[int] | None = None, buffers: dict[str, Tensor] | None = None
              ) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client). ``buffers``:
-    the BatchNorm running statistics client ``i`` is scored with, ``{name: [m, ...]}`` (None: the model's own).
-    ``vectorized``: all clients' outputs in one ``vmap`` call (None: where the problem's model allows it)."""
+    """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client). ``ids``: only
+    these clients (``params`` still has a row per client of the problem), per-client metrics in their order.
+    ``vectorized``: all clients' outputs in one ``vmap`` call (None: where the problem's model allows it).
+    ``buffers``: the BatchNorm running statistics client ``i`` is scored with, ``{name: [m, ...]}`` (None: the
+    model's own)."""
     if vectorized is None:
         vectorized = problem.vmappable
     d = problem.data
     x, y, off = (d.test_x, d.test_y, d.test_offsets) if split == "test" else (d.train_x, d.train_y, d.train_offsets)
-    ids = list(range(d.num_clients))
+    ids = list(range(d.num_clients)) if ids is None else [int(i) for i in ids]
     outs = _outputs(problem, params, x, off, ids, vectorized, buffers=buffers)
     if x.device.type != "cpu":   # scored on the CPU: one transfer, not several per client
         outs = list(torch.cat(outs).cpu().split([o.shape[0] for o in outs])) if outs else outs

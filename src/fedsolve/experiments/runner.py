@@ -40,6 +40,7 @@ from fedsolve.experiments.records import (RESUME_FREE, RUN_FILES, check_run_fold
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
                                       Simulation)
+from fedsolve.engine.transport import Transport
 
 _slug, _read_jsonl = slug, read_jsonl   # older names
 
@@ -372,13 +373,14 @@ def _check_sampling(cfg: ExperimentConfig, m: int) -> None:
 def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
             extras: dict | None = None, desc: str | None = None, track: Sequence[str] = (),
-            overwrite: bool = False) -> dict:
+            overwrite: bool = False, transport: Transport | None = None) -> dict:
     """Run one algorithm with one seed into ``run_dir``; returns the summary dict (``extras`` are added to
     its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`). ``resume`` continues the
     checkpoint there after :func:`check_resume`; ``overwrite`` lets a fresh run replace the one the folder
     holds (refused otherwise, :func:`~fedsolve.experiments.records.check_run_folder`); ``desc`` names the
     progress bar; ``track`` names the tracking writers (``--track``,
-    :func:`fedsolve.engine.tracking.make_trackers`).
+    :func:`fedsolve.engine.tracking.make_trackers`); ``transport``: how the clients run (default in this process;
+    rank 0's :class:`~fedsolve.engine.distributed.DistributedTransport` under ``--distributed``).
 
     The folder is locked while the run is live and its ``run.json`` says ``running`` until the run ends
     (:class:`~fedsolve.engine.run_folder.RunFolder`); when the run starts, the files of an earlier run there
@@ -395,7 +397,7 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
         start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
         try:
             summary = _run_one(cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc,
-                               track, start)
+                               track, start, transport)
         except DivergenceError as e:
             folder.finish("diverged", str(e))
             raise
@@ -405,7 +407,7 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
 
 def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path, resume: bool, progress: bool,
              problem: FederatedProblem | None, write_report: bool, extras: dict | None, desc: str | None,
-             track: Sequence[str], start) -> dict:
+             track: Sequence[str], start, transport: Transport | None = None) -> dict:
     """:func:`run_one` in its locked folder; ``start``: the callback that marks the run started."""
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
@@ -422,7 +424,7 @@ def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Pat
         sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
                          callbacks=[start, JsonlLogger(run_dir / "metrics.jsonl"), watch,
                                     ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers],
-                         schedule=schedule)
+                         transport=transport, schedule=schedule)
     except ValueError as e:   # e.g. an executor that cannot run this model or algorithm
         msg = str(e)
         raise ConfigError(msg if msg.startswith("simulation.") else f"simulation.{msg}") from None
