@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from fedsolve.core.rng import RngStreams
 from fedsolve.engine.loop import Simulation, SimulationConfig
@@ -52,12 +52,13 @@ class ClockConfig(BaseModel):
     compute_time: float = Field(0.0, ge=0, description="virtual seconds of local computation per update")
     horizon: float = Field(1000.0, gt=0, description="stop at this virtual time")
 
-    @model_validator(mode="after")
-    def _delays(self):
-        if self.delay_high < self.delay_low:
-            raise ValueError(f"delay_high {self.delay_high} is below delay_low {self.delay_low}; allowed: "
-                             f"delay_high >= delay_low")
-        return self
+    @field_validator("delay_high")
+    @classmethod
+    def _above_low(cls, v: float, info: ValidationInfo) -> float:
+        low = info.data.get("delay_low", 0.0)
+        if v < low:
+            raise ValueError(f"below delay_low {low}; allowed: delay_high >= delay_low")
+        return v
 
 
 class AsyncConfig(ClockConfig):
