@@ -21,8 +21,8 @@ def f(i, u, v, d):   # client i's loss; d = data[i], its own matrices
     return 0.5 * r @ r + 0.5 * lam * (u @ u + v @ v)
 
 
-zeros = lambda n: torch.zeros(n, dtype=torch.float64)
-problem = client_partial_problem(f, u0=zeros(p), v0=zeros(q), data=data)
+f64 = torch.float64
+problem = client_partial_problem(f, u0=torch.zeros(p, dtype=f64), v0=torch.zeros(q, dtype=f64), data=data)
 params = {"solver": "xi_controlled", "alpha": "one", "rho": 2.0, "sigma": 0.1, "lr": 0.1, "max_steps": 50,
           "xi_decay": 0.5, "v_tol": 1e-20, "weight_decay": 0.0}
 sim = Simulation(problem, get_algorithm("fedapm")(params, problem), SimulationConfig(rounds=80, eval_every=80), seed=0)

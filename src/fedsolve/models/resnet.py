@@ -8,8 +8,8 @@ stride 2, then global average pooling and one linear layer. Depth 20 (n = 3) wit
 
 ``norm``: ``group`` (default: GroupNorm with ``groups`` groups per layer, as federated studies use since
 batch statistics differ across clients; it keeps no running statistics, so every executor runs it),
-``batch`` (BatchNorm2d with running statistics, which are module buffers: such a model runs under the
-sequential executor) or ``none``.
+``batch`` (BatchNorm2d with running statistics, which the engine keeps per client or averages:
+``model.buffers``, ``fedsolve.engine.buffers``) or ``none``.
 """
 
 from __future__ import annotations
