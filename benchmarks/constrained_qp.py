@@ -80,7 +80,7 @@ def ours(prob, seed: int, variant: str, cap: int = 20000, visit=None, executor: 
     sim = make_sim(prob, "quadratic", executor, seed, cap, variant)
     t0 = now()
     t = 0
-    while t < cap and not sim.algo.finished(sim.server):
+    while t < cap and not sim.algo.phases.finished(sim.server):
         if visit is not None:
             visit(sim, t)
         sim.run_round(t)

@@ -58,7 +58,7 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
     probe = make()          # how many rounds fedsolve needs to pass Eq. 11 (the timed runs stop there)
     w0 = probe.server["w0"].clone()
     rounds = 0
-    while rounds < CAP and not probe.algo.finished(probe.server):
+    while rounds < CAP and not probe.algo.phases.finished(probe.server):
         probe.run_round(rounds)
         rounds += 1
 
