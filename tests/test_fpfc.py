@@ -233,12 +233,27 @@ def test_growing_schedule_and_lr_decay():
     assert algo.lr_at(10) == pytest.approx(algo.cfg.lr * 0.81)
 
 
-def test_config_validation():
+def test_config_validation(tmp_path, capsys):
+    """The SCAD conditions name the field and what is allowed, also as one line from the CLI (exit 2)."""
+    import yaml
+
+    from fedsolve.cli import main
+
     prob = regression()
-    with pytest.raises(ValueError):
-        FPFC(dict(rho=0.2), prob)  # rho <= 1/(a-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"rho: 0.2 is at most 1/\(a-1\)"):
+        FPFC(dict(rho=0.2), prob)
+    with pytest.raises(ValueError, match="xi: 0.1 is not below lam 0.01; allowed: 0 < xi < lam"):
         FPFC(dict(lam=0.01, xi=0.1), prob)
+    for params, field in ((dict(lam=0.6, xi=1.0), "xi: 1.0"), (dict(rho=0.1), "rho: 0.1")):
+        cfg = {"data": {"dataset": "clustered_regression", "num_clients": None,
+                        "params": {"cluster_sizes": [3, 3], "dim": 3}},
+               "model": {"name": "logreg"}, "simulation": {"rounds": 2, "metrics": []},
+               "algorithm": {"name": "fpfc", "params": params}}
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+        capsys.readouterr()
+        assert main(["run", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert field in err and "allowed" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_communication_cost_matches_paper_formula():

@@ -73,11 +73,14 @@ class FPFCConfig(AlgorithmConfig):
     def _check(self):
         if self.penalty == "scad" and self.lam > 0:
             if self.rho <= 1 / (self.a - 1):
-                raise ValueError(f"rho={self.rho} must exceed 1/(a-1)={1 / (self.a - 1):.4g} for the SCAD prox")
+                raise ValueError(f"rho: {self.rho} is at most 1/(a-1) = {1 / (self.a - 1):.4g}, where the SCAD prox is "
+                                 f"not defined; allowed: rho > 1/(a-1) (or a larger a)")
             if self.a < 1 + 1 / self.rho:
-                raise ValueError(f"a={self.a} must be >= 1 + 1/rho={1 + 1 / self.rho:.4g} (prox branch order)")
+                raise ValueError(f"a: {self.a} is below 1 + 1/rho = {1 + 1 / self.rho:.4g} (the prox's branch order); "
+                                 f"allowed: a >= 1 + 1/rho")
             if self.xi >= self.lam:
-                raise ValueError(f"xi={self.xi} must be smaller than lam={self.lam}")
+                raise ValueError(f"xi: {self.xi} is not below lam {self.lam}; allowed: 0 < xi < lam (the smoothing "
+                                 f"must be finer than the penalty)")
         return self
 
 
