@@ -359,7 +359,7 @@ def test_set_state_and_set_hparams():
     assert sim.algo.cfg.lam == 0.9 and sim.algo.cfg.nu == 0.5
     with pytest.raises(ValueError, match="lam"):
         sim.set_hparams(lam=-1.0)
-    with pytest.raises(ValueError, match="xi=0.5 must be smaller than lam=0.4"):   # the config's own checks
+    with pytest.raises(ValueError, match="xi: 0.5 is not below lam 0.4"):   # the config's own checks
         sim.set_hparams(lam=0.4, xi=0.5)
     with pytest.raises(ValueError, match="set_state: 2 client rows"):
         sim.set_state(server, ClientStates(2))
