@@ -22,8 +22,8 @@ from torch import Tensor
 from torch.func import grad
 
 from fedsolve.core.newton import inf_norm, scipy_lbfgsb
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Minimize, Solved
+from fedsolve.core.states import ClientStates
 from fedsolve.families.constrained import subproblem as sp
 from fedsolve.families.constrained.al import client_P, shifted
 from fedsolve.families.constrained.config import ProxALConfig
@@ -155,7 +155,7 @@ class ClientSide:
         w^k (:meth:`g0`). Returns the model (``gf0``, ``J``, ``c0``, ``H`` packed with its inverse) and ``H``."""
         spec, shift = self.spec, self.sigma + self.cfg.rho
         d = at.shape[-1]
-        f = lambda u: spec.f(u, part)  # noqa: E731
+        f = lambda u: spec.f(u, part)
         zero = torch.zeros_like(at)
         if spec.hessian is not None:   # the problem's closed form (one product instead of autodiff's four)
             H = spec.hess(part).to(at) + shift * torch.eye(d, dtype=at.dtype, device=at.device)

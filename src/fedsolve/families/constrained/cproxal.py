@@ -23,8 +23,8 @@ from torch import Tensor
 
 from fedsolve.core.newton import newton, over_parties
 from fedsolve.core.plans import Work
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Solved
+from fedsolve.core.states import ClientStates
 from fedsolve.data.federated import FederatedData
 from fedsolve.engine.algorithm import Algorithm, expand, register
 from fedsolve.engine.phases import Phase, PhaseTable
@@ -32,7 +32,12 @@ from fedsolve.families.constrained import kkt
 from fedsolve.families.constrained import subproblem as sp
 from fedsolve.families.constrained.al import penalty, shifted
 from fedsolve.families.constrained.config import CProxALConfig, initial_point
-from fedsolve.families.constrained.problem import ConstrainedSpec, Part, get_spec, stack_rows
+from fedsolve.families.constrained.problem import (
+    ConstrainedSpec,
+    Part,
+    get_spec,
+    stack_rows,
+)
 from fedsolve.problems import parse_params
 
 
@@ -104,9 +109,9 @@ def cproxal(spec: ConstrainedSpec, data: FederatedData, w0: Tensor, *, beta: flo
     algorithm's config (:class:`~fedsolve.families.constrained.config.CProxALConfig`): a bad one is a ValueError
     naming it. ``status`` follows the certificate (computed when ``certify``)."""
     try:
-        c = parse_params(CProxALConfig, dict(beta=beta, s_bar=s_bar, eps1=eps1, eps2=eps2, mu0=mu0,
-                                             max_outer=max_outer, newton_max_iter=newton_max_iter,
-                                             newton_step=newton_step))
+        c = parse_params(CProxALConfig, {"beta": beta, "s_bar": s_bar, "eps1": eps1, "eps2": eps2, "mu0": mu0,
+                                         "max_outer": max_outer, "newton_max_iter": newton_max_iter,
+                                         "newton_step": newton_step})
     except ValueError as e:
         raise ValueError(f"cproxal: {e}") from None
     t0 = time.perf_counter()

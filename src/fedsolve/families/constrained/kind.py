@@ -19,12 +19,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedsolve.data.federated import FederatedData
 from fedsolve.families.constrained.parties import quadratic_problem
-from fedsolve.families.constrained.problem import (ConstrainedSpec, Constraint, ServerParty, constrained_problem,
-                                                   logistic_loss, masked_mean)
+from fedsolve.families.constrained.problem import (
+    ConstrainedSpec,
+    Constraint,
+    ServerParty,
+    constrained_problem,
+    logistic_loss,
+    masked_mean,
+)
 from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
-__all__ = ["qp_instance", "qp_problem", "qp_exact_solution", "np_problem", "fairness_problem", "rows_data",
-           "stratified_folds"]
+__all__ = [
+    "fairness_problem",
+    "np_problem",
+    "qp_exact_solution",
+    "qp_instance",
+    "qp_problem",
+    "rows_data",
+    "stratified_folds",
+]
 
 
 def _offsets(sizes: list[int]) -> torch.Tensor:
@@ -50,7 +63,7 @@ def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.nd
                                      f"{frac[0]:g}) under task='classification'; pass task='regression' for "
                                      f"real-valued targets")
     ydt = torch.long if task == "classification" else torch.float64
-    cat = lambda parts, j, dt: torch.cat([torch.as_tensor(np.asarray(p[j])) for p in parts]).to(dt)  # noqa: E731
+    cat = lambda parts, j, dt: torch.cat([torch.as_tensor(np.asarray(p[j])) for p in parts]).to(dt)
     return FederatedData(train_x=cat(train, 0, torch.float64), train_y=cat(train, 1, ydt),
                          train_offsets=_offsets([len(p[1]) for p in train]),
                          test_x=cat(test, 0, torch.float64), test_y=cat(test, 1, ydt),
@@ -64,7 +77,11 @@ def qp_instance(d: int, n: int, m: int, seed: int = 10, d0_zero: bool = False) -
     Gaussian matrix), C_i ~ N(0, 1/d), b_i and d_i uniform on the unit sphere (d_0 = 0 with ``d0_zero``, the
     authors' code)."""
     rng = np.random.default_rng(seed)
-    sphere = lambda k: (lambda v: v / np.linalg.norm(v))(rng.standard_normal(k))  # noqa: E731
+
+    def sphere(k: int) -> np.ndarray:
+        v = rng.standard_normal(k)
+        return v / np.linalg.norm(v)
+
     A, R, b, C, dd = [], [], [], [], []
     for _ in range(n):
         U, _, _ = np.linalg.svd(rng.standard_normal((d, d)))

@@ -12,13 +12,14 @@ a stopping test that passed is not called converged while the certificate misses
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from fedsolve.families.constrained.problem import ConstrainedSpec
 from fedsolve.data.federated import FederatedData
+from fedsolve.families.constrained.problem import ConstrainedSpec
 
 
 def client_rows(data: FederatedData, i: int) -> tuple[Tensor, Tensor, Tensor]:

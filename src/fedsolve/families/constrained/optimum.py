@@ -41,8 +41,8 @@ def np_optimum(x: np.ndarray, y: np.ndarray, r: float, steps: int = 40) -> dict[
     ``objective`` (L0), ``class1_loss`` (L1), ``w_inf`` (``||w*||_inf``), ``active`` (1 where the constraint binds)
     and ``path``, the Lagrangian minimisers ``(mu, L0, L1, ||w||_inf)`` for mu = 10, 10^0.5, ... until L1 > r."""
     x0, x1 = x[y == 0], x[y == 1]
-    l0 = lambda v: float(np.logaddexp(0, x0 @ v).mean())    # noqa: E731
-    l1 = lambda v: float(np.logaddexp(0, -(x1 @ v)).mean())  # noqa: E731
+    l0 = lambda v: float(np.logaddexp(0, x0 @ v).mean())
+    l1 = lambda v: float(np.logaddexp(0, -(x1 @ v)).mean())
     w, path, last = np.zeros(x.shape[1]), [], []
     for mu in [10.0 ** e for e in np.arange(1.0, -6.5, -0.5)]:
         w = lagrangian_minimiser(x0, x1, mu, w)

@@ -20,15 +20,22 @@ row of zeros), so the engine's test metrics are zeros: the record of such a run 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.constrained.problem import (ConstrainedSpec, Constraint, ConstraintError, PartyData, Prox,
-                                                   ServerParty, constrained_problem)
+from fedsolve.families.constrained.problem import (
+    ConstrainedSpec,
+    Constraint,
+    ConstraintError,
+    PartyData,
+    Prox,
+    ServerParty,
+    constrained_problem,
+)
 from fedsolve.problems import FederatedProblem
 
 __all__ = ["party_problem", "quadratic_problem"]

@@ -91,7 +91,7 @@ class ProxAL(Algorithm):
                              f"clients_per_round {n}) and dropout 0")
         c, z = self.cfg, scalar(0.0)
         w0 = initial_point(c.w0, x0, rngs.torch("proxal_w0"))
-        count = lambda: torch.zeros((), dtype=torch.long)  # noqa: E731
+        count = lambda: torch.zeros((), dtype=torch.long)
         server = {**PHASES.init(), "w": w0.clone(), "w0": w0.clone(), "z": w0.clone(),
                   "mu0": torch.full((self.spec.m_server,), c.mu0, dtype=F64), "k": count(), "t": count(),
                   "tau": scalar(c.s_bar), "srv_res": z, "gap": z, "dw": z, "dmu": z, "dmu0": z,
@@ -216,7 +216,7 @@ def run_status(c: ProxALConfig, server, cert) -> str:
              f"the run ended (simulation.rounds) at outer iteration {int(server['k'])} before Eq. 11 passed")
     premise = (f"{caps} inner loop(s) stopped at max_inner={c.max_inner} before Eq. 23 (Eq. 10 did not hold)"
                if caps else None)
-    caveats = [f"{misses} client solve(s) stopped above Eq. 19's tolerance eps_t+1: at the Newton cap "
-               f"(newton_max_iter={c.newton_max_iter}) or at float64's rounding floor once q^t is below it "
-               f"(eps_floor bounds it)"] if misses else []
+    caveats = [(f"{misses} client solve(s) stopped above Eq. 19's tolerance eps_t+1: at the Newton cap "
+                f"(newton_max_iter={c.newton_max_iter}) or at float64's rounding floor once q^t is below it "
+                f"(eps_floor bounds it)")] if misses else []
     return kkt.status(cert, c.eps1, c.eps2, bool(int(server["converged"])), ended, premise, caveats)

@@ -320,7 +320,7 @@ def constrained_run(ctx) -> dict[str, Any]:
         return {**base, "adopted": 0, "missing": f"no finished run under {ctx.args.adopt}"}
     problem = ctx.problem()
     try:
-        sim, res = ctx.run(problem, ctx.algorithm(problem))
+        _, res = ctx.run(problem, ctx.algorithm(problem))
     except DivergenceError as e:   # a finding, not a crash: the row says so (and keeps n for the tables)
         return {**base, "diverged": str(e).split(":")[0], "adopted": 0, "source": "run"}
     summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": res.wall_time_s,

@@ -14,7 +14,7 @@ dimensions broadcast). Newton's method to a tolerance, for the other subproblems
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -105,7 +105,7 @@ def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
     party, or the rows of several)."""
     d = T.shape[-1]
     if T.device.type == "cpu" and T.dtype == torch.float64:
-        flat = lambda v: None if v is None else v.reshape(-1, d).contiguous()  # noqa: E731
+        flat = lambda v: None if v is None else v.reshape(-1, d).contiguous()
         ox, oy = _sym_pair_blas(T.reshape(-1, d, d).contiguous(), flat(fix), flat(x), flat(y))
         shape = T.shape[:-1]
         return (None if ox is None else ox.reshape(shape)), (None if oy is None else oy.reshape(shape))

@@ -37,14 +37,16 @@ def validate(spec: ConstrainedSpec, data: FederatedData, d: int) -> None:
             raise ConstraintError(f"data: client {i}'s rows hold NaN or inf")
         where = f"client {i}"
         w = points[0].to(part.x.device)
-        check_fn("objective", where, lambda v: spec.f(v, part), w, None)
+        f = lambda v, part=part: spec.f(v, part)
+        cf = lambda v, part=part: spec.c(v, part)
+        check_fn("objective", where, f, w, None)
         c = spec.client_constraint
         if c is not None:
-            check_fn(c.label, where, lambda v: spec.c(v, part), w, c.num, c.names)
+            check_fn(c.label, where, cf, w, c.num, c.names)
         if spec.hessian is not None:
             check_hessian(spec, part, w, where)
         if spec.quadratic:
-            check_quadratic(lambda v: spec.f(v, part), lambda v: spec.c(v, part), points.to(w.device), where)
+            check_quadratic(f, cf, points.to(w.device), where)
     c = spec.server.constraint
     if c is not None:
         check_fn(c.label, "server", spec.server.c, points[0], c.num, c.names)
@@ -57,7 +59,7 @@ def check_fn(label: str, where: str, fn, w: Tensor, num: int | None, names=()) -
     wr = w.clone().requires_grad_(True)
     try:
         out = fn(wr)
-    except Exception as e:  # noqa: BLE001 - re-raised with the function's name
+    except Exception as e:
         raise ConstraintError(f"{label}: evaluating it on {where} failed: {type(e).__name__}: {e}") from e
     if not isinstance(out, Tensor):
         raise ConstraintError(f"{label}: must return a torch tensor, got {type(out).__name__} on {where}")
@@ -85,7 +87,7 @@ def check_hessian(spec: ConstrainedSpec, part, w: Tensor, where: str) -> None:
     d = w.numel()
     try:
         H = spec.hess(part)
-    except Exception as e:  # noqa: BLE001 - re-raised with the field's name
+    except Exception as e:
         raise ConstraintError(f"hessian: evaluating it on {where} failed: {type(e).__name__}: {e}") from e
     if not isinstance(H, Tensor) or tuple(H.shape) != (d, d):
         got = tuple(H.shape) if isinstance(H, Tensor) else type(H).__name__
