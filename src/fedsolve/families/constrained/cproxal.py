@@ -50,8 +50,9 @@ class CProxALStep:
         self.modified = newton_step == "modified"
         n = data.num_clients
         X, Y, M = stack_rows([data.client_train(i) for i in range(n)])
-        self.parts = Part(X, Y, M, torch.arange(n), {k: v.double() if v.is_floating_point() else v
-                                                      for k, v in spec.party_tensors.items()})
+        self.parts = Part(X, Y, M, torch.arange(n, device=X.device),
+                          {k: (v.double() if v.is_floating_point() else v).to(X.device)
+                           for k, v in spec.party_tensors.items()})
         none = torch.zeros(0, dtype=torch.bool)
         self.eq = spec.client_eq
         self.eq0 = spec.server.constraint.eq_mask if spec.server.constraint is not None else none
