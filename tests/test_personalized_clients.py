@@ -4,6 +4,7 @@ client's function and data checked when the problem is built, in one line naming
 
 from __future__ import annotations
 
+import re
 import runpy
 from pathlib import Path
 
@@ -125,3 +126,47 @@ def test_no_data_gives_the_index_alone():
     assert problem.num_clients == 4
     with pytest.raises(ValueError, match=r"^num_clients: expected a positive integer when no data is given"):
         client_partial_problem(loss, torch.zeros(3), torch.zeros(2))
+
+
+def test_a_data_problem_with_nan_is_refused_naming_the_client():
+    """Issue 45: the engine's NaN message says the data were checked finite; before every run on data (a FedAPM run
+    on a model and its clients' rows) they are, on every client and both splits."""
+    import numpy as np
+
+    from fedsolve.data.federated import FederatedData
+    from fedsolve.models import MLP
+    from fedsolve.problems import FederatedProblem
+
+    g = np.random.default_rng(0)
+    clients = [(g.normal(size=(6, 4)).astype("float32"), g.integers(0, 2, size=6)) for _ in range(3)]
+    test = [(x.copy(), y) for x, y in clients]
+    test[2][0][4, 1] = np.inf
+    problem = FederatedProblem(FederatedData.from_client_arrays(clients, test, num_classes=2), lambda: MLP(4, 2),
+                               blocks={"personal": ["out.*"]})
+    with pytest.raises(ValueError, match=r"^data: client 2's test features hold NaN or inf \(its row 4\); allowed: "
+                                         r"finite values only$"):
+        Simulation(problem, get_algorithm("fedapm")({}, problem), SimulationConfig(rounds=1), seed=0)
+    clients[1][0][0, 0] = np.nan
+    problem = FederatedProblem(FederatedData.from_client_arrays(clients, clients, num_classes=2), lambda: MLP(4, 2))
+    with pytest.raises(ValueError, match=r"^data: client 1's training features hold NaN or inf \(its row 0\)"):
+        problem.check_finite()
+
+
+def test_nan_in_a_clients_file_rows_is_one_line_from_the_cli(tmp_path, capsys):
+    import numpy as np
+    import yaml
+
+    from fedsolve.cli import main
+
+    g = np.random.default_rng(0)
+    x, y = g.normal(size=(60, 5)).astype("float32"), g.integers(0, 2, size=60)
+    x[37, 2] = np.nan
+    np.savez(tmp_path / "rows.npz", x=x, y=y)
+    cfg = {"name": "nan_rows", "seeds": [0], "data": {"dataset": "npz", "params": {"path": str(tmp_path / "rows.npz")}},
+           "model": {"name": "mlp", "params": {"hidden": [4]}, "personalization": "output"},
+           "simulation": {"rounds": 1}, "algorithm": {"name": "fedapm"}}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"data: client \d+'s (training|test) features hold NaN or inf", err[0]), err
+    assert "model.blocks" not in err[0]

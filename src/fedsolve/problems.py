@@ -93,6 +93,24 @@ class FederatedProblem:
             raise ValueError(f"model_fn: the model's parameters are {got} but the data's features are {want}; "
                              f"allowed: the same type for both (data.with_dtype(torch.{got}) or a {want} model)")
 
+    def check_finite(self) -> None:
+        """Every client's features and (float) targets, train and test, hold finite values; else a ValueError
+        naming the first client and split that does not. The engine asks it before a run, so a run that then
+        produces NaN/inf owes it to its steps (a family's problem kind may check its own pieces earlier)."""
+        d = self.data
+        for split, x, y, off in (("training", d.train_x, d.train_y, d.train_offsets),
+                                 ("test", d.test_x, d.test_y, d.test_offsets)):
+            for what, t in (("features", x), ("targets", y)):
+                if not t.is_floating_point() or t.numel() == 0:
+                    continue
+                ok = torch.isfinite(t.reshape(t.shape[0], -1)).all(-1)
+                if bool(ok.all()):
+                    continue
+                row = int((~ok).nonzero()[0, 0])
+                i = int(torch.searchsorted(off.cpu(), torch.tensor(row), right=True)) - 1
+                raise ValueError(f"data: client {i}'s {split} {what} hold NaN or inf (its row {row - int(off[i])}); "
+                                 f"allowed: finite values only")
+
     @property
     def num_clients(self) -> int:
         return self.data.num_clients

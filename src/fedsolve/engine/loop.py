@@ -253,6 +253,8 @@ class Simulation:
         #: the protocol that steers the run round by round (``engine/schedules.py``); the plain schedule changes nothing
         self.schedule = schedule if schedule is not None else Schedule()
         self._log: dict[str, float] = {}   # the schedule's numbers for the next evaluation record
+        if hasattr(problem, "check_finite"):   # finite data: a NaN in a round owes it to the steps (check_round)
+            problem.check_finite()
         algorithm = with_buffers(algorithm)   # BatchNorm running statistics kept as state (engine/buffers.py)
         self.algo = algorithm
         self.cfg = cfg
