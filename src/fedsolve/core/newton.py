@@ -17,7 +17,7 @@ update; ``LocalContext.run`` and the executors compile it with this function.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -50,14 +50,14 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
         ls_steps = 60 if loops else 12
     tol = torch.as_tensor(tol, dtype=u0.dtype)
     if stacked:
-        f = lambda u: vmap(fun)(u, *args)   # noqa: E731
-        g_of = lambda u: vmap(grad(fun))(u, *args)   # noqa: E731
-        h_of = lambda u: vmap(jacrev(grad(fun)))(u, *args)   # noqa: E731
+        f = lambda u: vmap(fun)(u, *args)
+        g_of = lambda u: vmap(grad(fun))(u, *args)
+        h_of = lambda u: vmap(jacrev(grad(fun)))(u, *args)
     else:
-        f = lambda u: fun(u, *args)   # noqa: E731
+        f = lambda u: fun(u, *args)
         g_of = grad(f)
         h_of = jacrev(g_of)  # reverse-over-reverse: ~10x cheaper than jacfwd(jacrev) at small d
-    col = lambda m: m[..., None]   # noqa: E731   a per-party value against a [.., d] row
+    col = lambda m: m[..., None]   # a per-party value against a [.., d] row
     u = u0
     g = g_of(u)
     done = inf_norm(g) <= tol
