@@ -10,22 +10,36 @@ import torch
 from tests.test_bilevel import client_matrices, quad_problem, run, MU_X
 
 
+def _phases_run(sim, rounds: int) -> list[str]:
+    """The phase of each of the next ``rounds`` rounds (the algorithm's phase table read from the server state)."""
+    out = []
+    for _ in range(rounds):
+        out.append(sim.algo.phases.current(sim.server))
+        sim.step()
+    return out
+
+
 def test_round_accounting():
     prob = quad_problem()
     sim = run(prob, "fednest", 0, batch_size=None)
     assert sim.algo.rounds_per_iteration == 10
-    assert sim.algo.phases == ["anchor", "inner", "p0"] + ["neumann"] * 5 + ["hypergrad", "outer"]
     x0, y0 = sim.server["x"].clone(), sim.server["y"].clone()
-    moved = []
+    moved, seen = [], []
     for t in range(10):
-        sim.step()
+        seen += _phases_run(sim, 1)
         moved.append((not torch.equal(sim.server["x"], x0), not torch.equal(sim.server["y"], y0)))
+    assert seen == ["anchor", "inner", "p0"] + ["neumann"] * 5 + ["hypergrad", "outer"]
+    assert sim.algo.phases.current(sim.server) == "anchor" and int(sim.server["iteration"]) == 1
     assert [m[0] for m in moved] == [False] * 9 + [True]          # x moves once, in the 10th round
     assert [m[1] for m in moved] == [False] + [True] * 9           # y moves in the 2nd round (FedInn)
     assert len(sim.ledger.per_round) == 10
     l = run(prob, "lfednest", 0, batch_size=None)
-    assert l.algo.rounds_per_iteration == 2 and l.algo.phases == ["inner", "outer_local"]
-    assert run(prob, "fednest", 0, inner_ep=2, neumann=3).algo.rounds_per_iteration == 2 * 2 + 1 + 3 + 2
+    assert l.algo.rounds_per_iteration == 2 and _phases_run(l, 4) == ["inner", "outer_local"] * 2
+    f = run(prob, "fednest", 0, inner_ep=2, neumann=3)
+    assert f.algo.rounds_per_iteration == 2 * 2 + 1 + 3 + 2
+    assert _phases_run(f, 10) == ["anchor", "inner"] * 2 + ["p0"] + ["neumann"] * 3 + ["hypergrad", "outer"]
+    assert _phases_run(run(prob, "fednest", 0, neumann=0), 4) == ["anchor", "inner", "p0", "hypergrad"]
+    assert _phases_run(run(prob, "lfednest", 0, inner_ep=3), 5) == ["inner"] * 3 + ["outer_local", "inner"]
 
 
 def _hand_fednest(mats, x0, y0, c, local: bool, taus=None, outer_taus=None):

@@ -5,3 +5,6 @@ from fedsolve.families.bilevel import simfbo  # noqa: F401
 from fedsolve.families.bilevel import fednest  # noqa: F401,E402
 from fedsolve.families.bilevel import aggitd  # noqa: F401,E402
 from fedsolve.families.bilevel import kind  # noqa: F401,E402  (the problem kind)
+from fedsolve.families.bilevel.functions import client_problem  # noqa: E402  (the clients' own f_i and g_i)
+
+__all__ = ["client_problem"]

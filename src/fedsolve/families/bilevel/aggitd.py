@@ -27,8 +27,9 @@ assumption.
 
 Round accounting: N communication rounds per outer iteration (``rounds_per_iteration``), each one engine
 round; every round downloads x, y, v (d_x + 2 d_y floats) and uploads y, v (2 d_y), the last also h_x (d_x).
-Clients are sampled afresh each round (as for FedNest in this engine). tau_i: ``tau`` for everyone, or a
-persistent per-client draw (``tau_max``/``tau_clients``: the draw SimFBO makes for the seed; Fig. 4).
+The rounds are the phases of :data:`PHASES` (``inner``, then ``last``, which closes the sub-loop); clients are
+sampled afresh each round. tau_i: ``tau`` for everyone, or a per-client draw (``tau_max``/``tau_clients``: the
+draw SimFBO makes for the seed; Fig. 4), persistent or per round.
 """
 
 from __future__ import annotations
@@ -36,12 +37,20 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedsolve.engine.algorithm import register
-from fedsolve.families.bilevel.common import BilevelAlgorithm
-from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, directions, draw_tau
-from fedsolve.families.bilevel.problem import make_oracles
-from fedsolve.core.executor import Work
+from fedsolve.core.plans import Work
 from fedsolve.core.states import ClientStates
+from fedsolve.engine.algorithm import register
+from fedsolve.engine.phases import Phase, PhaseTable
+from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
+from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, check_tau_clients, directions, tau_at
+
+#: one outer iteration: N - 1 ``inner`` rounds of the sub-loop, then the ``last``, whose uploads carry h_x too
+PHASES = PhaseTable(
+    Phase("inner", sends=("x", "y", "v"), uploads=("y", "v"), then=("inner", "last"),
+          doc="tau_i steps of y-SGD and of the ITD product v at fixed x; the server averages y and v"),
+    Phase("last", sends=("x", "y", "v"), uploads=("y", "v", "hx"), then=("inner", "last"),
+          doc="the same, plus each client's mean x-direction; the server steps x and restarts v at 0"),
+    start="inner")
 
 
 class AggITDConfig(LocalStepsConfig):
@@ -63,15 +72,14 @@ class AggITD(BilevelAlgorithm):
     description = ("FBO-AggITD (reconstruction): lower-level SGD and ITD hypergradient in one sub-loop of N "
                    "rounds, then an x step (Xiao & Ji 2023)")
     Config = AggITDConfig
+    phases = PHASES
 
     def setup(self):
-        self.oracles = make_oracles(self.problem, self.cfg.oracles)
-        spec, c = self.oracles.spec, self.cfg
+        spec, c = self.use_oracles(self.cfg.oracles).spec, self.cfg
         T = c.steps()
-        groups = batch_groups(spec.lower_group, spec.upper_group, c.independent_batches)
+        groups = batch_groups(spec.lower_group, spec.upper_group, self.independent)
         self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
-        if c.tau_clients is not None and len(c.tau_clients) != self.num_clients:
-            raise ValueError(f"tau_clients: {len(c.tau_clients)} values for {self.num_clients} clients")
+        check_tau_clients(c.tau_clients, self.num_clients)
 
     @property
     def rounds_per_iteration(self) -> int:
@@ -79,36 +87,35 @@ class AggITD(BilevelAlgorithm):
         return self.cfg.inner_rounds
 
     def work(self, round_=0):
-        return self._work
+        return {} if round_ is None else self._work
 
     def init(self, x0, rngs):
         x, y = self.oracles.split(x0)
-        c = self.cfg
-        tau = draw_tau(rngs, self.num_clients, c.tau, c.tau_max, c.tau_clients).to(device=x0.device, dtype=x0.dtype)
-        server = {"x": x.clone(), "y": y.clone(), "v": torch.zeros_like(y), "phase": torch.zeros((), dtype=torch.long)}
+        tau = self.cfg.draw(rngs, self.num_clients).to(device=x0.device, dtype=x0.dtype)
+        server = {"x": x.clone(), "y": y.clone(), "v": torch.zeros_like(y), "sub": torch.tensor(0),
+                  "iteration": torch.tensor(0), **PHASES.init()}
+        if self.cfg.inner_rounds == 1:
+            server = PHASES.enter(server, "last")
         return server, ClientStates(self.num_clients, {"tau": tau})
 
-    def last_round(self, server) -> bool:
-        return int(server["phase"]) % self.cfg.inner_rounds == self.cfg.inner_rounds - 1
-
     def broadcast(self, server, ids, round_):
-        # the key of y tells the client whether this round closes the sub-loop (then it also returns h_x)
-        key = "y_last" if self.last_round(server) else "y"
-        return {"x": self.expand(server["x"], ids), key: self.expand(server["y"], ids),
-                "v": self.expand(server["v"], ids)}
+        if round_ is None:
+            return sent(server, ids, ("x", "y"))
+        return PHASES.message(PHASES.current(server), ids, **sent(server, ids, ("x", "y", "v")))
 
     def local_update(self, state, msg, ctx):
         """tau_i simultaneous steps of (y, v) at fixed x; in the last round also the mean local hypergradient."""
         c = self.cfg
-        last = "y_last" in msg
-        x, y, v = msg["x"], msg["y_last" if last else "y"], msg["v"]
-        tau = state["tau"]
+        last = PHASES.of(msg) == "last"
+        x, y, v = msg["x"], msg["y"], msg["v"]
+        tau = tau_at(state["tau"], ctx.round, c.per_round)
         first = next(iter(self._work))
         hx = torch.zeros_like(x) if last else None
         steps = torch.zeros((), dtype=x.dtype)
+        O = self.oracles.on(ctx.client)
         for k in range(ctx.max_steps(first)):
             on = ((tau > k) & ctx.is_active(first, k)).to(x.dtype)
-            dy, dv, dx, fval = directions(self.oracles, ctx, k, x, y, v, c.independent_batches, with_x=last)
+            dy, dv, dx, fval = directions(O, ctx, k, x, y, v, self.independent, with_x=last)
             ctx.record_loss(fval, on > 0)
             if last:
                 hx, steps = hx + on * dx, steps + on
@@ -120,7 +127,8 @@ class AggITD(BilevelAlgorithm):
 
     def aggregate(self, server, ids, uploads, round_):
         y, v = uploads["y"].mean(0), uploads["v"].mean(0)
-        out = {**server, "y": y, "v": v, "phase": server["phase"] + 1}
-        if "hx" in uploads:     # the sub-loop is over: x steps, the ITD product restarts from 0
-            out.update(x=server["x"] - self.cfg.outer_lr * uploads["hx"].mean(0), v=torch.zeros_like(v))
-        return out
+        out = {**server, "y": y, "v": v, "sub": server["sub"] + 1}
+        if PHASES.current(server) == "last":     # the sub-loop is over: x steps, the ITD product restarts from 0
+            out.update(x=server["x"] - self.cfg.outer_lr * uploads["hx"].mean(0), v=torch.zeros_like(v),
+                       sub=torch.tensor(0), iteration=server["iteration"] + 1)
+        return PHASES.enter(out, "last" if int(out["sub"]) == self.cfg.inner_rounds - 1 else "inner")

@@ -7,11 +7,13 @@ e.g. x = the representation layers, y = the head; or x = a ridge strength held b
 parameter that the forward pass ignores). f_i is the model loss on the client's ``upper`` row group
 (its validation split) plus an optional regulariser ``upper_reg``; g_i is the model loss on the
 ``lower`` row group (its training split) plus ``lower_reg`` (e.g. (lam/2)||y||^2, which makes g_i
-strongly convex in y for a linear head).
+strongly convex in y for a linear head). Or f_i and g_i are the client's own plain torch functions
+(``families/bilevel/functions.py``: ``BilevelSpec.functions``).
 
 :class:`BilevelOracles` gives the derivatives the solvers need on one minibatch ``(inputs, targets,
 weights)``, all through ``torch.func`` (double backward for the second-order ones; no Hessian is
-ever formed), so they run one client at a time or under ``vmap`` (the vectorized executor):
+ever formed): pure tensor code of one client (``on(i)``: the oracles of client i, for problems whose
+losses depend on the client):
 
 * ``grad_y_g``, ``grad_f`` (= (grad_x f, grad_y f));
 * ``second_g(x, y, v)`` = (grad2_xy g v, grad2_yy g v): ONE double-backward pass of <grad_y g, v>
@@ -25,13 +27,13 @@ ever formed), so they run one client at a time or under ``vmap`` (the vectorized
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad, grad_and_value
 
-from fedsolve.core.batched_mlp import mlp_layers
+from fedsolve.core.probes import linear_chain
 from fedsolve.problems import FederatedProblem
 
 #: ``reg(params) -> scalar``: a regulariser of the model's parameters (``{name: tensor}``, both blocks)
@@ -49,6 +51,8 @@ class BilevelSpec:
         upper_group, lower_group: row groups (``FederatedData.group_names``) f_i and g_i are computed on.
         lower_reg, upper_reg: regularisers added to g_i / f_i (functions of the ``{name: tensor}`` parameters).
         name: a short description for reports.
+        functions: client i's own f_i and g_i as plain torch functions (``families/bilevel/functions.py``), in
+            place of the model loss on the row groups; None: the model loss.
     """
 
     x_block: str = "x"
@@ -58,14 +62,16 @@ class BilevelSpec:
     lower_reg: Regularizer | None = None
     upper_reg: Regularizer | None = None
     name: str = "bilevel"
+    functions: Any = None
 
 
 def bilevel_spec(problem: FederatedProblem) -> BilevelSpec:
     """The problem's :class:`BilevelSpec`, or a clear error naming what is missing."""
     spec = problem.extras.get("bilevel")
     if not isinstance(spec, BilevelSpec):
-        raise ValueError(f"problem {problem.name!r} is not bilevel: it needs extras['bilevel'] (a BilevelSpec); "
-                         f"use a bilevel problem kind, e.g. problem: {{kind: hyper_representation}}")
+        raise ValueError(f"problem: {problem.name!r} is not bilevel (it has no extras['bilevel'], a BilevelSpec); "
+                         f"allowed: a bilevel problem kind in the config (problem: {{kind: hyper_representation}}), "
+                         f"or a problem from fedsolve.families.bilevel.client_problem")
     return spec
 
 
@@ -113,8 +119,14 @@ class BilevelOracles:
         self._ys = [(e.name, e.shape, e.numel) for e in lay.entries if bool(my[e.start])]
 
     # ---------------------------------------------------------------- blocks
+    def on(self, client: Tensor) -> "BilevelOracles":
+        """The oracles of client ``client`` (a 0-dim index): these same ones, since f_i and g_i are the model loss
+        on the client's own minibatches (:class:`~fedsolve.families.bilevel.functions.FunctionOracles` binds the
+        client's own functions)."""
+        return self
+
     def join(self, x: Tensor, y: Tensor) -> Tensor:
-        """(x, y) -> the model's flat parameters (a gather: differentiable and vmap-friendly)."""
+        """(x, y) -> the model's flat parameters (a gather: differentiable, pure tensor code)."""
         return torch.cat([x, y], -1)[..., self._inv]
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor]:
@@ -235,8 +247,8 @@ _ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, None: 
 class MLPHeadOracles(BilevelOracles):
     """The same oracles in closed form for the hyper-representation problem of an MLP (spec 2.8), no autograd.
 
-    Applies when the model is a chain of ``nn.Linear`` layers with elementwise activations (the ``batched``
-    executor's :func:`~fedsolve.core.batched_mlp.mlp_layers`), y is exactly its last (output) layer, x the
+    Applies when the model is a chain of ``nn.Linear`` layers with elementwise activations
+    (:func:`~fedsolve.core.probes.linear_chain`), y is exactly its last (output) layer, x the
     hidden layers, both losses are cross entropy, g_i's regulariser is a :class:`ridge_on` of y's parameters
     and f_i has none. With h = the representation (x's output), z = W2 h + b2, p = softmax(z), e = one-hot
     label, r = w (p - e) per sample (w: the minibatch weights) and, for v = (VW, vb), u = VW h + vb and
@@ -250,15 +262,17 @@ class MLPHeadOracles(BilevelOracles):
     (the x-derivative of a function of h needs only first-order backprop through h(x)). Every oracle runs one
     forward pass per minibatch and shares it between the derivatives it returns; the x-part of the surrogate
     accumulates grad_x f's and grad2_xy g v's weight gradients in one addmm per layer. Pure
-    tensor code: one client at a time or under ``vmap``. ``tests/test_bilevel.py`` checks every oracle against
+    tensor code of one client. ``tests/test_bilevel.py`` checks every oracle against
     the torch.func path.
     """
 
     @staticmethod
     def why_not(problem: FederatedProblem, spec: BilevelSpec) -> str | None:
         """Why the closed forms do not apply to this problem (None: they do)."""
+        if spec.functions is not None:
+            return "f_i and g_i are the clients' own functions"
         try:
-            layers = mlp_layers(problem)
+            layers = linear_chain(problem)
         except ValueError as e:
             return str(e)
         if problem.loss_name != "cross_entropy":
@@ -288,7 +302,7 @@ class MLPHeadOracles(BilevelOracles):
             for name, _, n in spec_:
                 pos[starts[name]] = (blk, off)
                 off += n
-        layers = mlp_layers(problem)
+        layers = linear_chain(problem)
         self._hidden = [(pos[ly.w[0]][1], ly.w[1], ly.w[2], pos[ly.b][1] if ly.b is not None else None, ly.act)
                         for ly in layers[:-1]]
         h = layers[-1]
@@ -435,10 +449,13 @@ class MLPHeadOracles(BilevelOracles):
 
 def make_oracles(problem: FederatedProblem, kind: str = "auto") -> BilevelOracles:
     """The bilevel oracles of ``problem``: ``autograd`` (torch.func double backward, any model), ``mlp`` (the
-    closed forms of :class:`MLPHeadOracles`) or ``auto`` (``mlp`` where it applies, else ``autograd``)."""
+    closed forms of :class:`MLPHeadOracles`) or ``auto`` (``mlp`` where it applies, else ``autograd``); the
+    clients' own functions' oracles where the problem states them (``BilevelSpec.functions``)."""
     if kind not in ("auto", "autograd", "mlp"):
         raise ValueError(f"oracles: {kind!r} is not one of 'auto', 'autograd', 'mlp'")
     spec = bilevel_spec(problem)
+    if spec.functions is not None and kind != "mlp":
+        return spec.functions.oracles(problem, spec)
     if kind == "mlp" or (kind == "auto" and MLPHeadOracles.why_not(problem, spec) is None):
         return MLPHeadOracles(problem, spec)
     return BilevelOracles(problem, spec)

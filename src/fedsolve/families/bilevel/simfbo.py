@@ -10,16 +10,22 @@ One communication round t (spec simfbo.md 2.2-2.7):
         (y, v, x)_{k+1} = (y, v, x)_k - a_k (eta_y d_y, eta_v d_v, eta_x d_x)     (no projection)
         q_{z,i} = sum_k a_k d_z        h_{z,i} = q_{z,i} / ||a_i||_1        (eq. 4, eq. 6)
     client i -> server: h_{x,i}, h_{y,i}, h_{v,i} and the scalar ||a_i||_1   (d_x + 2 d_y + 1 floats)
-    p~_i = (n / P) p_i
+    p~_i = (n / P) p_i           (uniform sampling; in general p_i / pi_i, pi_i = P(i in C_t): unbiased)
     SimFBO  (eq. 5):  z^{t+1} = z^t - gamma_z sum_{i in C_t} p~_i q_{z,i}
     ShroFBO (eq. 8):  z^{t+1} = z^t - rho^t gamma_z sum_{i in C_t} p~_i h_{z,i},
                       rho^t = sum_{j=1..n} p_j ||a_j||_1                     (eq. 6; known schedule)
     v^{t+1} = P_r(v^{t+1})   (server only; r = None: no projection)
 
-tau_i is a persistent property of client i (its row ``tau`` of the client state), drawn once from
-the seed when ``tau_max`` is set (system heterogeneity, Fig. 4). The server keeps the same public
-schedule to compute rho^t exactly (spec 2.5 option (a)); ``rho: estimate`` uses the unbiased
+tau_i is a property of client i (its row ``tau`` of the client state), drawn once from the seed when
+``tau_max`` is set (system heterogeneity, Fig. 4), or a schedule over rounds (``tau_clients`` as a list of
+rounds, ``tau_rounds``): the client reads tau_i^t from its row. The server keeps the same public schedule to
+compute rho^t exactly (spec 2.5 option (a)); ``rho: estimate`` uses the unbiased
 ``sum_{i in C_t} p~_i ||a_i||_1`` from the uploads instead (option (b)).
+
+Client sampling (spec 2.2): p~_i = (n/|C_t|) p_i makes the aggregate unbiased when C_t is uniform without
+replacement. Under ``sampling.scheme: weighted`` (clients drawn successively with probabilities proportional to
+their data shares) client i takes part with probability pi_i (``engine.sampling.inclusion_probabilities``), and
+p~_i = p_i / pi_i (Horvitz-Thompson) keeps E[sum_{i in C_t} p~_i h_i] = sum_i p_i h_i.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsolve.engine.algorithm import register
-from fedsolve.families.bilevel.common import BilevelAlgorithm
-from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, directions, draw_tau
-from fedsolve.families.bilevel.problem import make_oracles, project_ball
-from fedsolve.core.executor import Work
+from fedsolve.core.plans import Work
 from fedsolve.core.states import ClientStates
+from fedsolve.engine.algorithm import register
+from fedsolve.engine.sampling import inclusion_probabilities
+from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
+from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, check_tau_clients, directions, tau_at
+from fedsolve.families.bilevel.problem import project_ball
 
 
 class SimFBOConfig(LocalStepsConfig):
@@ -63,41 +70,36 @@ class SimFBO(BilevelAlgorithm):
     Config = SimFBOConfig
 
     def setup(self):
-        self.oracles = make_oracles(self.problem, self.cfg.oracles)
-        spec = self.oracles.spec
+        spec = self.use_oracles(self.cfg.oracles).spec
         c = self.cfg
         T = c.steps()
-        groups = batch_groups(spec.lower_group, spec.upper_group, c.independent_batches)
+        groups = batch_groups(spec.lower_group, spec.upper_group, self.independent)
         self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
         w = (torch.ones(self.num_clients, dtype=torch.float64) if c.weights == "uniform"
              else self.client_weights.to(torch.float64))
         self._p = w / w.sum()
-        if c.tau_clients is not None and len(c.tau_clients) != self.num_clients:
-            raise ValueError(f"tau_clients: {len(c.tau_clients)} values for {self.num_clients} clients")
+        self._pi = None   # inclusion probabilities of the run's sampling (:meth:`p_tilde`), computed once
+        check_tau_clients(c.tau_clients, self.num_clients)
 
     def work(self, round_=0):
-        return self._work
-
-    def p(self) -> torch.Tensor:
-        """Objective weights p_i (sum to 1; float64 on the algorithm's device)."""
-        return self._p
+        return {} if round_ is None else self._work
 
     # ------------------------------------------------------------ Algorithm 1
     def init(self, x0, rngs):
         x, y = self.oracles.split(x0)
         c = self.cfg
-        tau = draw_tau(rngs, self.num_clients, c.tau, c.tau_max, c.tau_clients).to(device=x0.device, dtype=x0.dtype)
+        tau = c.draw(rngs, self.num_clients).to(device=x0.device, dtype=x0.dtype)
         server = {"x": x.clone(), "y": y.clone(), "v": torch.full_like(y, self.cfg.v0), "tau": tau.clone()}
         return server, ClientStates(self.num_clients, {"tau": tau.clone()})
 
     def broadcast(self, server, ids, round_):
-        return {k: self.expand(server[k], ids) for k in ("x", "y", "v")}
+        return sent(server, ids, ("x", "y") if round_ is None else ("x", "y", "v"))
 
     def local_update(self, state, msg, ctx):
         """Eq. (3)-(4) for ONE client: tau_i simultaneous steps of (y, v, x), then h = q / ||a_i||_1."""
         c = self.cfg
         x, y, v = msg["x"], msg["y"], msg["v"]
-        tau = state["tau"]
+        tau = tau_at(state["tau"], ctx.round, c.per_round)
         first = next(iter(self._work))
         T = c.steps()
         for k in range(T):
@@ -115,28 +117,41 @@ class SimFBO(BilevelAlgorithm):
 
     def directions(self, ctx, k, x, y, v):
         """(d_y, d_v, d_x, f_i) at the local point (x_k, y_k, v_k), on step k's minibatches (eq. 3)."""
-        return directions(self.oracles, ctx, k, x, y, v, self.cfg.independent_batches)
+        return directions(self.oracles.on(ctx.client), ctx, k, x, y, v, self.independent)
 
-    def rho(self, server, ids, uploads) -> torch.Tensor:
-        """rho^t = sum_j p_j ||a_j||_1 (eq. 6): the known schedule, or its unbiased estimate over C_t."""
+    def rho(self, server, ids, uploads, round_: int = 0) -> torch.Tensor:
+        """rho^t = sum_j p_j ||a_j||_1 (eq. 6): the known schedule of round ``round_``, or its unbiased estimate over
+        C_t."""
         if self.cfg.rho == "known":
-            return (self._p.to(server["tau"]) * self.cfg.a * server["tau"]).sum()
+            tau = tau_at(server["tau"], round_, self.cfg.per_round)
+            return (self._p.to(tau) * self.cfg.a * tau).sum()
         return (self.p_tilde(ids).to(uploads["a_norm"]) * uploads["a_norm"]).sum()
 
-    def p_tilde(self, ids) -> torch.Tensor:
-        """p~_i = (n / |C_t|) p_i (spec 2.2; not renormalised)."""
-        return self.num_clients / ids.numel() * self._p[ids.to(self._p.device)]
+    def p(self) -> torch.Tensor:
+        """Objective weights p_i (sum to 1; float64 on the algorithm's device)."""
+        return self._p
 
-    def coefficients(self, server, ids, uploads) -> torch.Tensor:
+    def p_tilde(self, ids) -> torch.Tensor:
+        """The server weights of the sampled clients: p~_i = (n / |C_t|) p_i under uniform sampling (spec 2.2; not
+        renormalised), p_i / pi_i under weighted sampling (pi_i: client i's probability of taking part)."""
+        s = self.sampling
+        if s is None or s.scheme == "uniform" or s.count(self.num_clients) == self.num_clients:
+            return self.num_clients / ids.numel() * self._p[ids.to(self._p.device)]
+        if self._pi is None:
+            self._pi = inclusion_probabilities(s, self.num_clients, self.problem.data.weights).to(self._p.device)
+        i = ids.to(self._p.device)
+        return self._p[i] / self._pi[i]
+
+    def coefficients(self, server, ids, uploads, round_: int = 0) -> torch.Tensor:
         """Per-client multipliers of the uploaded h: SimFBO p~_i ||a_i||_1 (q = ||a_i||_1 h), ShroFBO rho p~_i."""
         pt = self.p_tilde(ids).to(uploads["hx"])
         if self.cfg.normalized:
-            return self.rho(server, ids, uploads) * pt
+            return self.rho(server, ids, uploads, round_) * pt
         return pt * uploads["a_norm"]
 
     def aggregate(self, server, ids, uploads, round_):
         c = self.cfg
-        w = self.coefficients(server, ids, uploads)
+        w = self.coefficients(server, ids, uploads, round_)
         step = lambda h: (w.unsqueeze(-1) * h).sum(0)  # noqa: E731
         return {**server,
                 "x": server["x"] - c.gamma_x * step(uploads["hx"]),
