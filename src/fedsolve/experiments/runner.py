@@ -233,6 +233,7 @@ def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: Federat
     except ValueError as e:   # the problem does not fit the solver, e.g. a family's solver with no problem: section
         msg = str(e)
         raise ConfigError(msg if msg.startswith(("data", "problem")) else f"algorithms: {spec.name}: {msg}") from None
+    algo.sampling = cfg.simulation.sampling   # the run's client sampling: unbiased server weights depend on it
     try:
         algo = wrap(algo, spec.wrap)
     except ValueError as e:   # an unknown wrapper kind or a wrapper's bad setting: its message names the field
