@@ -13,7 +13,7 @@ from fedsolve.families.bilevel import client_problem
 
 n, dx, dy, mu, taus = 5, 2, 3, 0.5, [1, 2, 3, 4, 5]
 gen = torch.Generator().manual_seed(0)
-rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
 M = rand(n, dy, dy)
 clients = {"A": M @ M.transpose(1, 2) / dy + torch.eye(dy, dtype=torch.float64),   # A_i > 0: g_i strongly convex
            "B": rand(n, dy, dx), "c": rand(n, dy), "d": rand(n, dy)}
@@ -31,7 +31,8 @@ problem = client_problem(upper, lower, x0=torch.zeros(dx, dtype=torch.float64), 
                          client_data=clients)
 found = {}
 for name in ("shrofbo", "simfbo"):   # eta = 0: every local step at the server's point, so no client drift
-    params = dict(tau_clients=taus, eta_y=0, eta_v=0, eta_x=0, gamma_y=0.15, gamma_v=0.15, gamma_x=0.1, batch_size=None)
+    params = {"tau_clients": taus, "eta_y": 0, "eta_v": 0, "eta_x": 0, "gamma_y": 0.15, "gamma_v": 0.15, "gamma_x": 0.1,
+              "batch_size": None}
     result = Simulation(problem, get_algorithm(name)(params, problem), SimulationConfig(rounds=200, eval_every=200),
                         seed=0).run()
     found[name] = result.server["x"]

@@ -577,7 +577,8 @@ def test_mlp_closed_form_oracles_equal_torch_func(arch):
     """MLPHeadOracles (closed forms, no autograd) = BilevelOracles (torch.func double backward): every oracle,
     one client and under vmap with per-client (x, y, v); 1e-12 in float64, 1e-6 in float32."""
     from torch.func import vmap
-    from fedsolve.families.bilevel.problem import MLPHeadOracles, make_oracles
+    from fedsolve.families.bilevel.mlp_oracles import MLPHeadOracles
+    from fedsolve.families.bilevel.problem import make_oracles
     from fedsolve.models import build_model_fn
 
     if arch == "tanh_sigmoid_chain":

@@ -42,7 +42,13 @@ from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.engine.phases import Phase, PhaseTable
 from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
-from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, check_tau_clients, directions, tau_at
+from fedsolve.families.bilevel.local_steps import (
+    LocalStepsConfig,
+    batch_groups,
+    check_tau_clients,
+    directions,
+    tau_at,
+)
 
 #: one outer iteration: N - 1 ``inner`` rounds of the sub-loop, then the ``last``, whose uploads carry h_x too
 PHASES = PhaseTable(

@@ -75,7 +75,7 @@ def lower_hessian_eigenvalues(oracles, client: int, x: Tensor, y: Tensor) -> Ten
     spec = oracles.spec
     inp, tgt, w = full_split(oracles.problem.data, client, spec.lower_group)
     O = oracles.on(torch.tensor(client))
-    f64 = lambda t: t.double() if t.is_floating_point() else t  # noqa: E731
+    f64 = lambda t: t.double() if t.is_floating_point() else t
     try:   # in float64 where the model allows it (a float32 model's own buffers may not)
         H = torch.func.hessian(lambda yy: O.g(x.double(), yy, (f64(inp), f64(tgt), w.double())))(y.double())
     except RuntimeError:
@@ -123,7 +123,7 @@ def check_strongly_convex(oracles, x: Tensor, y: Tensor, where: str = "problem")
         else:
             O, b = oracles.on(torch.tensor(i)), full_split(data, i, lower)
             b = (b[0], b[1], b[2].to(y.dtype))
-            lo, hi = lanczos_extremes(lambda v: O.hvp_yy_g(x, y, v.to(y), b), y.numel(), LANCZOS_STEPS)
+            lo, hi = lanczos_extremes(lambda v, O=O, b=b: O.hvp_yy_g(x, y, v.to(y), b), y.numel(), LANCZOS_STEPS)
             hi = max(abs(lo), abs(hi))
         if not lo > CONVEX_RTOL * max(1.0, hi):
             raise ValueError(f"{where}: client {i}'s lower level g_{i} is not strongly convex in y at the start (the "

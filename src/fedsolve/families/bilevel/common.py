@@ -58,8 +58,8 @@ class BilevelAlgorithm(Algorithm):
         return out
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        """``upper_loss`` = sum_i p_i f_i(x, y) and ``lower_grad_norm`` = ||sum_i p_i grad_y g_i(x, y)||, every client on
-        its whole splits."""
+        """``upper_loss`` = sum_i p_i f_i(x, y) and ``lower_grad_norm`` = ||sum_i p_i grad_y g_i(x, y)||, every client
+        on its whole splits."""
         spec, data, p = self.oracles.spec, self.problem.data, self.p()
         f = torch.zeros((), dtype=torch.float64)
         gy = torch.zeros(y.shape, dtype=torch.float64)

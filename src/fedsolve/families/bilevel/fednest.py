@@ -34,7 +34,12 @@ from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.engine.phases import Phase, PhaseTable
 from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
-from fedsolve.families.bilevel.local_steps import check_tau_clients, draw_tau, max_steps, validate_tau
+from fedsolve.families.bilevel.local_steps import (
+    check_tau_clients,
+    draw_tau,
+    max_steps,
+    validate_tau,
+)
 
 
 class FedNestConfig(BaseModel):
@@ -109,7 +114,7 @@ class _Nested(BilevelAlgorithm):
     def setup(self):
         spec, c = self.use_oracles("autograd").spec, self.cfg
         check_tau_clients(c.tau_clients, self.num_clients)
-        full = lambda g: Work(epochs=None, steps=1, batch_size=None, group=g)  # noqa: E731
+        full = lambda g: Work(epochs=None, steps=1, batch_size=None, group=g)
         self._work = {"lower_full": full(spec.lower_group), "upper_full": full(spec.upper_group),
                       "lower_sgd": (Work(epochs=None, steps=max_steps(1, c.tau_max, c.tau_clients),
                                          batch_size=c.batch_size, group=spec.lower_group) if c.heterogeneous else

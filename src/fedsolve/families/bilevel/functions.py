@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from fedsolve.core.probes import mark_client_map
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.bilevel.checks import check_finite_data, check_splits, check_strongly_convex, full_split
+from fedsolve.families.bilevel.checks import (
+    check_finite_data,
+    check_splits,
+    check_strongly_convex,
+    full_split,
+)
 from fedsolve.families.bilevel.problem import BilevelOracles, BilevelSpec
 from fedsolve.problems import FederatedProblem
 
@@ -58,7 +63,7 @@ class ClientFunctions:
     client_data: dict[str, Tensor] = field(default_factory=dict)
     samples: bool = False
 
-    def oracles(self, problem: FederatedProblem, spec: BilevelSpec) -> "FunctionOracles":
+    def oracles(self, problem: FederatedProblem, spec: BilevelSpec) -> FunctionOracles:
         return FunctionOracles(problem, spec)
 
     def data(self, client: Tensor, batch=None) -> dict[str, Tensor]:
@@ -75,7 +80,7 @@ class FunctionOracles(BilevelOracles):
 
     client: Tensor | None = None
 
-    def on(self, client: Tensor) -> "FunctionOracles":
+    def on(self, client: Tensor) -> FunctionOracles:
         out = copy.copy(self)
         out.client = client
         return out
@@ -98,7 +103,7 @@ class FunctionOracles(BilevelOracles):
 def _placeholder_data(n: int, dtype: torch.dtype, weights: Tensor | None) -> FederatedData:
     """Two training rows per client (one lower, one upper) and one test row, all zeros: what the engine plans
     minibatches over when the clients' functions read no samples."""
-    z = lambda rows: [(torch.zeros(rows, 1), torch.zeros(rows)) for _ in range(n)]  # noqa: E731
+    z = lambda rows: [(torch.zeros(rows, 1), torch.zeros(rows)) for _ in range(n)]
     data = FederatedData.from_client_arrays(z(2), z(1), task="regression", name="client functions", dtype=dtype)
     data.train_groups, data.group_names = torch.tensor([0, 1] * n), ("lower", "upper")
     if weights is not None:
@@ -191,12 +196,13 @@ def _check_clients(problem: FederatedProblem, fns: ClientFunctions, x0: Tensor, 
             _checked_value(nm, fn, i, x0, y0, fns.data(torch.tensor(i), full_split(data, i, group)), x0.dtype)
     oracles = FunctionOracles(problem, spec)
     check_strongly_convex(oracles, x0, y0, where="lower")
-    rows = {g: [full_split(data, i, g) for i in range(problem.num_clients)] for g in (spec.lower_group, spec.upper_group)}
+    groups = (spec.lower_group, spec.upper_group)
+    rows = {g: [full_split(data, i, g) for i in range(problem.num_clients)] for g in groups}
     one = {g: [tuple(t[:1] for t in b) for b in rows[g]] for g in rows}   # one row per client: equal shapes
 
     def grads(i: Tensor):
         O = oracles.on(i)
-        pick = lambda g: tuple(torch.index_select(torch.stack([b[k] for b in one[g]]), 0, i.reshape(1))[0]  # noqa: E731
+        pick = lambda g: tuple(torch.index_select(torch.stack([b[k] for b in one[g]]), 0, i.reshape(1))[0]
                                for k in range(3))
         return O.grad_y_g(x0, y0, pick(spec.lower_group))[0], O.grad_f(x0, y0, pick(spec.upper_group))[:2]
 

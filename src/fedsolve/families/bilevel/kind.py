@@ -16,10 +16,14 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedsolve.families.bilevel.checks import check_finite_data, check_strongly_convex, outputs_affine_in_y
-from fedsolve.families.bilevel.problem import BilevelSpec, make_oracles, ridge_on
 from fedsolve.core.layout import patterns_for
 from fedsolve.data.federated import FederatedData
+from fedsolve.families.bilevel.checks import (
+    check_finite_data,
+    check_strongly_convex,
+    outputs_affine_in_y,
+)
+from fedsolve.families.bilevel.problem import BilevelSpec, make_oracles, ridge_on
 from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
 
@@ -53,7 +57,7 @@ def split_rows(problem: FederatedProblem, upper_fraction: float, seed: int) -> F
         n = int(data.train_sizes[i])
         if n < 2:
             raise ValueError(f"hyper_representation: client {i} has {n} training row(s); each split needs one")
-        nu = min(max(int(round(upper_fraction * n)), 1), n - 1)
+        nu = min(max(round(upper_fraction * n), 1), n - 1)
         g = np.zeros(n, dtype=np.int64)
         g[rng.permutation(n)[:nu]] = 1
         groups.append(g)

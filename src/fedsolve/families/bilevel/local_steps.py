@@ -9,8 +9,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fedsolve.families.bilevel.problem import BilevelOracles
 from fedsolve.core.rng import RngStreams
+from fedsolve.families.bilevel.problem import BilevelOracles
 
 #: ``tau_clients``: one tau_i per client (persistent), or a list of rounds, each with one tau_i per client
 TauClients = list[int] | list[list[int]]

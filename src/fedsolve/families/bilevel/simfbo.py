@@ -40,7 +40,13 @@ from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.engine.sampling import inclusion_probabilities
 from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
-from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, check_tau_clients, directions, tau_at
+from fedsolve.families.bilevel.local_steps import (
+    LocalStepsConfig,
+    batch_groups,
+    check_tau_clients,
+    directions,
+    tau_at,
+)
 from fedsolve.families.bilevel.problem import project_ball
 
 
@@ -152,7 +158,7 @@ class SimFBO(BilevelAlgorithm):
     def aggregate(self, server, ids, uploads, round_):
         c = self.cfg
         w = self.coefficients(server, ids, uploads, round_)
-        step = lambda h: (w.unsqueeze(-1) * h).sum(0)  # noqa: E731
+        step = lambda h: (w.unsqueeze(-1) * h).sum(0)
         return {**server,
                 "x": server["x"] - c.gamma_x * step(uploads["hx"]),
                 "y": server["y"] - c.gamma_y * step(uploads["hy"]),
