@@ -1,9 +1,12 @@
 """Domain-adaptation pairs, federated by domain (FedMM, spec fedmm.md sec. 1.2, 3.1 and 6.3).
 
-Every loader returns a :class:`FederatedData` whose training rows are labelled **source** rows (``y`` = class)
-and unlabelled **target** rows (``y = -1``; the target labels are never stored), with row groups
-``("source", "target")``. The test split of every client is a slice of the TARGET test set (the paper scores the
-global model on the target domain), so the mean test accuracy over clients is the target accuracy.
+Every loader returns a :class:`~fedsolve.data.domain_data.DomainData` (a :class:`FederatedData`) whose training
+rows are labelled **source** rows (``y`` = class) and unlabelled **target** rows (``y = -1``; the target labels
+are never stored), with row groups ``("source", "target")``. The test split of every client is a slice of the
+TARGET test set (the paper scores the global model on the target domain), so the mean test accuracy over clients
+is the target accuracy. Where a loader is asked for one (``mnist_mnistm(val_limit=...)``,
+``toy_domains(n_val=...)``), labelled target images disjoint from training and test are kept for tuning: a
+config's ``tune:`` scores on them (``DomainData.split_validation``).
 
 Client splits (:func:`domain_split`):
 
@@ -36,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .domain_data import DomainData
 from .federated import FederatedData
 
 __all__ = ["domain_split", "check_domains", "toy_domains", "mnist_mnistm", "mnist_digits", "digit_domains",
@@ -100,12 +104,15 @@ def check_domains(pairs: dict[str, tuple], num_classes: int) -> None:
 def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray, np.ndarray],
                  target_test: tuple[np.ndarray, np.ndarray], num_classes: int, num_clients: int = 2,
                  p: float | None = None, source_clients: int | None = None, classes_per_client: int | None = None,
-                 seed: int = 0, name: str = "domains", meta: dict | None = None) -> FederatedData:
+                 seed: int = 0, name: str = "domains", meta: dict | None = None,
+                 target_val: tuple[np.ndarray, np.ndarray] | None = None) -> DomainData:
     """Federate a domain pair (see the module docstring). ``source``, ``target``, ``target_test``: ``(x, y)`` array
     pairs (images ``[n, C, H, W]`` or feature rows ``[n, d]``, one shape for all three; labels ``0 ..
     num_classes - 1``). ``target``'s labels are used only to split by class (``classes_per_client``); they are
-    replaced by -1 in the result. Each pair is checked (:func:`check_domains`)."""
-    check_domains({"source": source, "target": target, "target_test": target_test}, num_classes)
+    replaced by -1 in the result. ``target_val``: labelled target images for tuning (:class:`DomainData`),
+    disjoint from the others. Each pair is checked (:func:`check_domains`)."""
+    check_domains({"source": source, "target": target, "target_test": target_test,
+                   **({"target_val": target_val} if target_val is not None else {})}, num_classes)
     rng = np.random.default_rng(seed)
     xs, ys = source
     xt, yt = target
@@ -159,15 +166,15 @@ def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray
               "test": "target domain"})
     data.train_groups = torch.as_tensor(np.concatenate(groups))
     data.group_names = GROUPS
-    data.__post_init__()
-    return data
+    return DomainData.of(data, target_val)
 
 
 # ------------------------------------------------------------------ two moons (tests, quick configs)
 def toy_domains(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
                 classes_per_client: int | None = None, n: int = 300, n_test: int = 200, rotation: float = 35.0,
-                noise: float = 0.1, seed: int = 0) -> FederatedData:
-    """Two moons (labelled source) -> the same distribution rotated by ``rotation`` degrees (unlabelled target)."""
+                noise: float = 0.1, n_val: int = 0, seed: int = 0) -> DomainData:
+    """Two moons (labelled source) -> the same distribution rotated by ``rotation`` degrees (unlabelled target);
+    ``n_val`` > 0: that many labelled rotated points for tuning (:class:`~fedsolve.data.domain_data.DomainData`)."""
     from sklearn.datasets import make_moons
 
     rng = np.random.default_rng(seed)
@@ -181,10 +188,14 @@ def toy_domains(num_clients: int = 2, p: float | None = None, source_clients: in
     xs, ys = moons(n)
     xt, yt = moons(n)
     xe, ye = moons(n_test)
+    if n_val < 0:
+        raise ValueError(f"n_val must be >= 0, got {n_val}")
+    xv, yv = moons(n_val) if n_val else (None, None)
     return domain_split((xs, ys), (xt @ rot.T, yt), (xe @ rot.T, ye), 2, num_clients, p, source_clients,
                         classes_per_client, seed, "toy_domains",
                         {"dataset": "toy_domains", "source": "two moons",
-                         "target": f"two moons rotated {rotation} deg"})
+                         "target": f"two moons rotated {rotation} deg"},
+                        target_val=(xv @ rot.T, yv) if n_val else None)
 
 
 # ------------------------------------------------------------------ MNIST -> MNIST-M-like
@@ -257,21 +268,34 @@ def _mnist(limit: int | None, test_limit: int | None, seed: int):
 
 def mnist_mnistm(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
                  classes_per_client: int | None = None, limit: int | None = 10000, test_limit: int | None = 2000,
-                 size: int = 28, seed: int = 0) -> FederatedData:
+                 size: int = 28, val_limit: int | None = None, seed: int = 0) -> DomainData:
     """MNIST (binarized, 3 channels; labelled source) -> MNIST-M-like (unlabelled target), both built from the
     SAME ``limit`` MNIST training images (as the paper); target test = MNIST-M-like of ``test_limit`` MNIST test
-    images. ``size``: resize both domains (16 keeps the reduced runs cheap)."""
-    x, y, xte, yte = _mnist(limit, test_limit, seed)
+    images. ``size``: resize both domains (16 keeps the reduced runs cheap). ``val_limit``: that many further
+    MNIST training images (drawn with the training ones, never trained on; with ``limit`` null, taken out of the
+    60,000, e.g. 5,000 for the paper's 55,000) become labelled MNIST-M-like validation images for tuning
+    (:class:`~fedsolve.data.domain_data.DomainData`); null: none, and the data of earlier versions."""
+    if val_limit is not None and val_limit < 1:
+        raise ValueError(f"val_limit must be a positive integer or null, got {val_limit!r}")
+    x, y, xte, yte = _mnist(limit if val_limit is None or limit is None else limit + val_limit, test_limit, seed)
+    if val_limit is not None:
+        perm = np.random.default_rng(7_000 + seed).permutation(len(y))
+        if val_limit >= len(y):
+            raise ValueError(f"val_limit {val_limit} leaves no MNIST training image; allowed: fewer than {len(y)}")
+        held, kept = np.sort(perm[:val_limit]), np.sort(perm[val_limit:])
+        (xv, yv), x, y = (x[held], y[held]), x[kept], y[kept]
     photos = skimage_photos()
     rng = np.random.default_rng(42 + seed)
     src = np.repeat((x > 0).astype(np.float32)[:, None], 3, axis=1)
     tgt = mnistm_blend(x, photos, rng)
     tgt_test = mnistm_blend(xte, photos, rng)
+    val = None if val_limit is None else (_resize(mnistm_blend(xv, photos, rng), size), yv)
     return domain_split((_resize(src, size), y), (_resize(tgt, size), y), (_resize(tgt_test, size), yte), 10,
                         num_clients, p, source_clients, classes_per_client, seed, "mnist_mnistm",
                         {"dataset": "mnist_mnistm", "source": "MNIST (binarized, RGB)",
                          "target": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
-                         "limit": limit, "test_limit": test_limit, "size": size})
+                         "limit": limit, "test_limit": test_limit, "size": size, "val_limit": val_limit},
+                        target_val=val)
 
 
 def mnist_digits(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
