@@ -162,6 +162,8 @@ def test_a_config_selects_a_schedule_and_its_saved_config_reruns_it(tmp_path):
     (dict(PATH, schedule={"kind": "nope"}), 12, "algorithm.schedule.kind: unknown 'nope'; allowed: ["),
     (dict(PATH, schedule={"kind": "warmup_path", "grid": []}), 12, "algorithm.schedule.grid"),
     (dict(PATH, schedule={"kind": "warmup_path", "grid": [0.5], "every": 2}), 12, "algorithm.schedule.every"),
+    (dict(PATH, schedule={"kind": "warmup_path", "grid": [0.5], "val_problem": "x"}), 12,
+     "algorithm.schedule.val_problem: Extra inputs are not permitted"),
     ({"name": "fedavg", "schedule": {"kind": "warmup_path", "grid": [0.5]}}, 12,
      "algorithm.schedule.kind: warmup_path moves FPFC's fusion penalty lam, which fedavg does not have"),
     (dict(PATH, schedule={"kind": "lambda_grid", "grid": [0.0, 0.5], "rounds": 5}), 12,

@@ -73,7 +73,7 @@ class WarmupPath(Schedule):
     description = "FPFC's warmup lambda path (Sec. 4.3): the next lambda when the validation score settles, back " \
                   "to the best when it drops"
 
-    def __init__(self, val_problem=None, **params: Any):
+    def __init__(self, val_problem=None, /, **params: Any):   # the validation problem: from Python only
         self.cfg = WarmupPathConfig(**params)
         self.val_problem = val_problem
         self.at = 0                   # position on the grid
