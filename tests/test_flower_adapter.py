@@ -215,3 +215,15 @@ def test_tuned_algorithm_is_refused_for_a_deployment(exp):
     """Tuning on validation is a simulation feature; a deployment must not silently use the untuned value."""
     with pytest.raises(ValueError, match="tune"):
         load_task({"experiment": str(exp), "overrides": 'algorithm.tune={"param":"lr","grid":[0.1,0.2]}'})
+
+
+@pytest.mark.parametrize("wrap", ['[{"kind":"server_opt","optimizer":"adam","lr":0.01}]',
+                                  '[{"kind":"dp","clip":1.0,"noise_multiplier":0.1}]'])
+def test_wrapped_solvers_same_numbers(exp, wrap):
+    """Wrappers (a server optimizer, DP noise) run on the Flower server as in the simulation: the same numbers."""
+    rc = {"experiment": str(exp), "overrides": f"algorithm.wrap={wrap}", "wait-for-nodes": 5.0,
+          "round-timeout": 5.0, "eval-timeout": 5.0}
+    task, grid, run, hist = _run(rc)
+    res, sim = simulate_with_participation(task)
+    _compare(hist, res.history)
+    assert any(k.startswith(("opt.", "dp.")) for k in run.server)

@@ -29,6 +29,8 @@ with client state in ``context.state``.
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, Mapping
 
@@ -345,6 +347,14 @@ def stale_mean_step(zsum: Tensor, dz: Tensor, weights: Tensor, total: Tensor) ->
     sum_i w_i`` over all m: O(participants) per round, no ``[m, d]`` table (inexact ADMM servers)."""
     s = zsum + (weights.to(dz.device, dz.dtype) @ dz).double()
     return s, (s / total).to(dz.dtype)
+
+
+def fresh(algo: Algorithm) -> Algorithm:
+    """A copy of ``algo``, wrappers included, that shares its problem (data, model, layout): the same solver for
+    another run."""
+    p = algo.problem
+    keep = [p, p.data, p.layout, p.model, algo.client_weights]
+    return copy.deepcopy(algo, {id(x): x for x in keep})
 
 
 def place_algorithm(algo: Algorithm, device: torch.device | str) -> Algorithm:

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence  # noqa: F401
 import torch
 
 from fedsolve.engine.buffers import without_buffers
+from fedsolve.engine.algorithm import fresh
 from fedsolve.engine.loop import Simulation
 
 
@@ -38,11 +39,10 @@ def simulate_with_participation(task, participation: Sequence[Mapping[str, Any]]
                                 executor: str = "sequential"):
     """Run the task's simulation; ``participation`` = the deployment's ``participation.json``.
 
-    Returns ``(RunResult, simulation)``. The task's algorithm object is re-created from its class
-    and config so the run starts fresh.
+    Returns ``(RunResult, simulation)``. The task's algorithm object (wrappers included) is copied so the run starts
+    fresh.
     """
-    base = without_buffers(task.algorithm)   # the simulation keeps the running statistics itself
-    algo = type(base)(base.cfg, task.problem)
+    algo = fresh(without_buffers(task.algorithm))   # the simulation keeps the running statistics itself
     cfg = task.simulation.model_copy(update={"executor": executor})
     allowed = None if participation is None else {int(p["round"]): p["participants"] for p in participation}
     sim = ParticipationSimulation(task.problem, algo, cfg, task.seed, allowed=allowed)
