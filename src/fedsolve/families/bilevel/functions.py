@@ -18,6 +18,7 @@ g_i strongly convex in y) with one-line errors naming the client and the functio
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -178,6 +179,8 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
                              f"makes them)")
         check_finite_data(data)
         check_splits(data, ("lower", "upper"))
+        if weights is not None:
+            data = dataclasses.replace(data, weights=weights)
     fns = ClientFunctions(upper, lower, client_data, samples=samples)
     problem = FederatedProblem(data, functools.partial(Variables, x0, y0), loss="squared_error",
                                blocks={"x": ["x"], "y": ["y"]}, name=name)
