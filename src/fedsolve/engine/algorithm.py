@@ -96,6 +96,9 @@ class Algorithm:
     phases: ClassVar[PhaseTable | None] = None
     #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
     kernel: str = "auto"
+    #: the run's client sampling (``simulation.sampling``), set by the engine before ``init``: a solver whose server
+    #: weights depend on how clients are drawn reads it (None: outside a run)
+    sampling: Any = None
 
     def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
         if config is None:

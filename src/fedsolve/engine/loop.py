@@ -283,6 +283,7 @@ class Simulation:
         self.per_client: list[dict[str, float]] = []
         if problem.device.type != "cpu":   # a problem placed on a device before (its data stays): init on the CPU
             place_algorithm(algorithm, "cpu")
+        algorithm.sampling = cfg.sampling   # the run's client sampling, told before init (Algorithm.sampling)
         x0 = problem.init_params(self.rngs.torch("init"))
         self.server, self.clients = algorithm.init(x0, self.rngs)   # on the CPU: the same numbers on any device
         if self.device.type != "cpu" or problem.device.type != "cpu":   # placed on the run's device once

@@ -108,6 +108,14 @@ class Wrapper(Algorithm):
     def kernel(self, value: str) -> None:
         self.inner.kernel = value
 
+    @property
+    def sampling(self):
+        return self.inner.sampling
+
+    @sampling.setter
+    def sampling(self, value) -> None:
+        self.inner.sampling = value
+
     def setup(self) -> None:
         if "inner" in vars(self):
             self.inner.setup()
