@@ -6,7 +6,9 @@ federated visual classification", Alg. 1): FedAvg with momentum on the server.
     v^{t+1}   = beta v^t + Delta^t
     w^{t+1}   = w^t + eta_s v^{t+1}
 
-With beta = 0 and eta_s = 1 this is exactly FedAvg.
+With beta = 0 and eta_s = 1 this is exactly FedAvg. (fedsolve ships FedAvgM as a server piece that composes with
+any averaging solver, ``wrap: [{kind: server_opt, optimizer: momentum}]``; this file shows how a solver is written
+from scratch.)
 
 This file is the worked example of docs/writing-an-algorithm.md. Run it with
 
@@ -26,7 +28,8 @@ import tempfile
 import torch
 from pydantic import Field
 
-from fedsolve.engine import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand, register, weighted_mean
 from fedsolve.core import ClientStates
 
 
@@ -49,22 +52,21 @@ class FedAvgM(Algorithm):
         return {"w": x0.clone(), "v": torch.zeros_like(x0)}, ClientStates(self.num_clients)
 
     def broadcast(self, server, ids, round_):
-        # only w goes down (the momentum buffer stays on the server): [k, d]
-        return {"w": self.expand(server["w"], ids)}
+        # only w goes down (the momentum buffer stays on the server): [k, d]; round_ None: the scoring message
+        return {"w": expand(server["w"], ids)}
 
     def local_update(self, state, msg, ctx):
-        # ONE client: msg["w"] is [d]; ctx plans the minibatches and runs local SGD
-        w = self.local_sgd(ctx, msg["w"])
-        return {}, {"delta": w - msg["w"]}
+        # ONE client's update, stated: local SGD on its loss from msg["w"] ([d]); then its upload. The engine
+        # runs the statement on whatever executes clients fastest for this model.
+        w0 = msg["w"]
+        return Descend(start=w0, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                       then=lambda w, steps: ({}, {"delta": w - w0}))
 
     def aggregate(self, server, ids, uploads, round_):
         # uploads["delta"] is [k, d]; weighted by the selected clients' sample counts
         delta = weighted_mean(uploads["delta"], self.client_weights[ids])
         v = self.cfg.momentum * server["v"] + delta
         return {"w": server["w"] + self.cfg.server_lr * v, "v": v}
-
-    def eval_broadcast(self, server, ids):
-        return {"w": self.expand(server["w"], ids)}
 
     def eval_model(self, state, msg):
         return msg["w"]  # every client is scored with the global model

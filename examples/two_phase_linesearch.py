@@ -1,17 +1,16 @@
 """A protocol with phases: FedAvg with a server line-search round (the worked example of
 docs/writing-an-algorithm.md, "Protocols with phases").
 
-One iteration takes two communication rounds, and the phase lives in the server state:
+One iteration takes two communication rounds, declared as a phase table (``fedsolve.engine.phases``):
 
-    train round  (phase 0):  w_i = LocalSGD_i(w);        d = sum_{i in S} p_i w_i - w        (FedAvg's step)
-    search round (phase 1):  L_j = sum_{i in S} p_i f_i(w + eta_j d)  for the step sizes eta_1..eta_K;
-                             w <- w + eta_{j*} d,  j* = argmin_j L_j                      (a server line search)
+    train round:   w_i = LocalSGD_i(w);        d = sum_{i in S} p_i w_i - w        (FedAvg's step)
+    search round:  L_j = sum_{i in S} p_i f_i(w + eta_j d)  for the step sizes eta_1..eta_K;
+                   w <- w + eta_{j*} d,  j* = argmin_j L_j                      (a server line search)
 
-``broadcast`` sends ``d`` only in a search round, ``local_update`` branches on the message's *keys* (not on tensor
-values, so the vectorized executor can run it), ``aggregate`` branches on ``server["phase"]``. Because one engine
-round is one communication round, the same object runs unchanged in ``Simulation`` and under the Flower adapter
-(tests/test_examples_two_phase.py runs both and compares the numbers). With the single step size 1 it is FedAvg,
-one FedAvg round every two rounds.
+The server reads its phase with ``PHASES.current(server)`` and moves with ``PHASES.enter``; a client reads the
+phase of its message with ``PHASES.of(msg)`` (a marker key, the same for every client of a round), so the same
+object runs unchanged in ``Simulation`` and under Flower (tests/test_examples_two_phase.py runs both and compares
+the numbers). With the single step size 1 it is FedAvg, one FedAvg round every two rounds.
 
 Run it with
 
@@ -28,10 +27,15 @@ import sys
 import torch
 from pydantic import Field
 
-from fedsolve.engine import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.core import ClientStates, Work
+from fedsolve.core.statements import Descend
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand, register, weighted_mean
+from fedsolve.engine.phases import Phase, PhaseTable
 
-TRAIN, SEARCH = 0, 1
+PHASES = PhaseTable(
+    Phase("train", sends=("w",), uploads=("w",), then=("search",), doc="local SGD; the server forms d"),
+    Phase("search", sends=("w", "d"), uploads=("loss",), then=("train",), doc="f_i(w + eta_j d) per step size"),
+    start="train")
 
 
 # --------------------------------------------------------------------------- the algorithm
@@ -48,39 +52,39 @@ class FedAvgLineSearch(Algorithm):
     name = "fedavg_linesearch"
     description = "FedAvg with a server line-search round (two rounds per iteration) -- docs example"
     Config = FedAvgLineSearchConfig
+    phases = PHASES
 
     def init(self, x0, rngs):
         # the phase is server state (checkpointed with it), like the model w and the direction d
-        server = {"w": x0.clone(), "d": torch.zeros_like(x0), "phase": torch.tensor(TRAIN)}
-        return server, ClientStates(self.num_clients)
+        return {**PHASES.init(), "w": x0.clone(), "d": torch.zeros_like(x0)}, ClientStates(self.num_clients)
 
     def work(self, round_=0):
         # a search round scores each step size on one full batch of the client's data ("probe")
-        return {**super().work(round_), "probe": Work(epochs=None, steps=1, batch_size=None)}
+        return {} if round_ is None else {**super().work(round_), "probe": Work(epochs=None, steps=1, batch_size=None)}
 
     def broadcast(self, server, ids, round_):
-        msg = {"w": self.expand(server["w"], ids)}
-        if int(server["phase"]) == SEARCH:
-            msg["d"] = self.expand(server["d"], ids)
-        return msg
+        w = expand(server["w"], ids)
+        if round_ is None:                                   # the scoring message
+            return {"w": w}
+        if PHASES.current(server) == "search":
+            return PHASES.message("search", w=w, d=expand(server["d"], ids))
+        return PHASES.message("train", w=w)
 
     def local_update(self, state, msg, ctx):
-        if "d" not in msg:                                   # train round: FedAvg's local SGD
-            return {}, {"w": self.local_sgd(ctx, msg["w"])}
+        if PHASES.of(msg) == "train":                        # FedAvg's local SGD, stated
+            return Descend(start=msg["w"], lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
+                           then=lambda w, steps: ({}, {"w": w}))
         losses = [ctx.loss(msg["w"] + eta * msg["d"], "probe") for eta in self.cfg.step_sizes]
-        return {}, {"loss": torch.stack(losses)}             # search round: f_i(w + eta_j d), j = 1..K
+        return {}, {"loss": torch.stack(losses)}             # f_i(w + eta_j d), j = 1..K
 
     def aggregate(self, server, ids, uploads, round_):
-        if int(server["phase"]) == TRAIN:
+        if PHASES.current(server) == "train":
             d = weighted_mean(uploads["w"], self.client_weights[ids]) - server["w"]
-            return {"w": server["w"], "d": d, "phase": torch.tensor(SEARCH)}
-        L = weighted_mean(uploads["loss"], self.client_weights[ids])         # [K]: the participants' weighted loss per step size
+            return PHASES.enter({**server, "d": d}, "search")
+        L = weighted_mean(uploads["loss"], self.client_weights[ids])   # [K]: the weighted loss per step size
         eta = self.cfg.step_sizes[int(torch.argmin(L))]
-        return {"w": server["w"] + eta * server["d"], "d": torch.zeros_like(server["d"]),
-                "phase": torch.tensor(TRAIN)}
-
-    def eval_broadcast(self, server, ids):
-        return {"w": self.expand(server["w"], ids)}
+        return PHASES.enter({**server, "w": server["w"] + eta * server["d"], "d": torch.zeros_like(server["d"])},
+                            "train")
 
     def eval_model(self, state, msg):
         return msg["w"]
@@ -121,7 +125,7 @@ def main(argv: list[str]) -> int:
     chosen = []
     while sim.round < 20:                    # drive it round by round through the public API
         server, _ = sim.state()
-        searching = int(server["phase"]) == SEARCH
+        searching = PHASES.current(server) == "search"
         w_before, d = server["w"], server["d"]
         sim.step()
         if searching:

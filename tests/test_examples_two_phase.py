@@ -59,11 +59,11 @@ def test_search_round_moves_to_the_best_step_size():
     seen = set()
     while sim.round < 8:
         server, _ = sim.state()
-        phase, w, d = int(server["phase"]), server["w"].clone(), server["d"].clone()
+        phase, w, d = ex.PHASES.current(server), server["w"].clone(), server["d"].clone()
         info = sim.step()
         after = sim.state()[0]
-        assert int(after["phase"]) == 1 - phase                      # the phases alternate
-        if phase == ex.TRAIN:
+        assert ex.PHASES.current(after) == {"train": "search", "search": "train"}[phase]   # the phases alternate
+        if phase == "train":
             assert torch.equal(after["w"], w) and after["d"].norm() > 0  # a train round only proposes d
             continue
         ids = info["ids"]
@@ -112,6 +112,7 @@ def test_runs_under_the_flower_adapter_with_the_simulation_numbers(tmp_path):
 def test_doc_shows_the_example_code():
     doc = (ROOT / "docs" / "writing-an-algorithm.md").read_text()
     example = (ROOT / "examples" / "two_phase_linesearch.py").read_text()
-    start = doc.index("class FedAvgLineSearch(Algorithm):")
+    start = doc.index("PHASES = PhaseTable(")
     block = doc[start:doc.index("```", start)]
-    assert block.strip() in example, "the two-phase example in docs/writing-an-algorithm.md differs from the file"
+    for part in block.strip().split("\n\n\n"):   # the phase table and the algorithm, as in the file
+        assert part.strip() in example, "the two-phase example in docs/writing-an-algorithm.md differs from the file"

@@ -22,8 +22,8 @@ from pydantic import Field
 
 from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, register, shared_mask,
-                                       stale_mean_step, weighted_mean)
+from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, expand, register,
+                                       shared_mask, stale_mean_step, weighted_mean)
 
 
 class FedADMMConfig(AlgorithmConfig):
@@ -52,7 +52,7 @@ class FedADMM(Algorithm):
         return aggregation_weights(self, ids, like, self.cfg.weighting)
 
     def broadcast(self, server, ids, round_):
-        return {"z": self.expand(server["z"], ids)}
+        return {"z": expand(server["z"], ids)}
 
     def local_update(self, state, msg, ctx):
         z, lam, rho = msg["z"], state["lam"], self.cfg.rho
@@ -76,8 +76,6 @@ class FedADMM(Algorithm):
             return {"z": z, "usum": usum}
         return {"z": weighted_mean(uploads["u"], self._weights(ids, uploads["u"]))}
 
-    def eval_broadcast(self, server, ids):
-        return {"z": self.expand(server["z"], ids)}
 
     def eval_model(self, state, msg):
         return msg["z"]

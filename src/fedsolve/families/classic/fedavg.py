@@ -10,7 +10,8 @@ from pydantic import Field
 
 from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, register, shared_mask, weighted_mean
+from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, Averages, expand, register, shared_mask,
+                                       weighted_mean)
 from fedsolve.engine.wrappers import AttackSurface
 
 
@@ -32,19 +33,11 @@ class FedAvg(Algorithm):
         return {"w": x0.clone()}, ClientStates(self.num_clients)
 
     def broadcast(self, server, ids, round_):
-        return {"w": self.expand(server["w"], ids)}
+        return {"w": expand(server["w"], ids)}
 
     def prox_mu(self) -> float:
         """Coefficient of the proximal term (mu/2)||w - w^t||^2 of the local objective (0 for FedAvg)."""
         return 0.0
-
-    def prox_term(self, msg):
-        """Extra gradient term mu (w - w^t) of the local objective (None when mu = 0)."""
-        mu = self.prox_mu()
-        if mu == 0:
-            return None
-        w0 = msg["w"]
-        return lambda w: mu * (w - w0)
 
     def local_update(self, state, msg, ctx):
         c = self.cfg

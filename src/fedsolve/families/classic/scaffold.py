@@ -12,7 +12,7 @@ from pydantic import Field
 
 from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, register
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, expand, register
 
 
 class ScaffoldConfig(AlgorithmConfig):
@@ -32,7 +32,7 @@ class Scaffold(Algorithm):
                 ClientStates(m, {"c_i": torch.zeros(m, d, dtype=x0.dtype)}))
 
     def broadcast(self, server, ids, round_):
-        return {"x": self.expand(server["x"], ids), "c": self.expand(server["c"], ids)}
+        return {"x": expand(server["x"], ids), "c": expand(server["c"], ids)}
 
     def local_update(self, state, msg, ctx):
         x, c, c_i, lr = msg["x"], msg["c"], state["c_i"], self.cfg.lr
@@ -49,8 +49,6 @@ class Scaffold(Algorithm):
         c = server["c"] + (s / self.num_clients) * uploads["dc"].mean(0)
         return {"x": x, "c": c}
 
-    def eval_broadcast(self, server, ids):
-        return {"x": self.expand(server["x"], ids)}
 
     def eval_model(self, state, msg):
         return msg["x"]
