@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from fedsolve.cli import main
+from fedsolve.experiments.config import ConfigError
 from fedsolve.experiments.ledger import (BEGIN, END, STATUSES, check_ledger, load_claims, render, stamp_commits,
                                          write_ledger)
 
@@ -103,6 +104,21 @@ def test_the_ledger_is_written_from_claims_and_a_hand_edit_or_a_missing_path_is_
     (folder / "claims.json").write_text(json.dumps(claims))
     assert any("results/toy/gone" in p for p in check_ledger(folder))
     assert main(["ledger", str(folder), "--check"]) == 1
+
+
+def test_a_speed_claim_says_whether_its_reference_ran_in_the_same_run(tmp_path):
+    folder = _family(tmp_path)
+    claims = json.loads((folder / "claims.json").read_text())
+    claims[0].update(reference_same_run=True, ratios={"i1": {"median": 2.0, "range": [1.5, 2.5]}, "median": 2.0})
+    (folder / "claims.json").write_text(json.dumps(claims))
+    assert load_claims(folder)[0]["reference_same_run"] is True
+    for field, value, says in (("reference_same_run", "yes", "reference_same_run 'yes'; allowed: true or false"),
+                               ("ratios", [2.0], "ratios must be a mapping")):
+        bad = [{**claims[0], field: value}, claims[1]]
+        (folder / "claims.json").write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_claims(folder)
+        assert main(["ledger", str(folder), "--check"]) == 1
 
 
 def test_render_marks_stale_claims_with_their_commits():
