@@ -129,7 +129,7 @@ def executor_for(algo, name: str = "auto"):
 
 def test_runs_every_update_stated_as_plain_sgd_and_refuses_the_others(monkeypatch):
     """The solvers whose update is a plain ``Descend`` statement get the batched executor under ``auto`` without
-    declaring anything; a masked update (FedAvg's shared_only) or one written with the context (Per-FedAvg)
+    declaring anything; a masked update (FedAvg's shared_only) or one written with the context (pFedMe)
     is refused by an explicit ``batched`` with one line, and runs on a generic executor under ``auto``."""
     monkeypatch.setenv("FEDSOLVE_CALIBRATE", "0")
     prob = PROBLEMS["mlp"]()
@@ -137,7 +137,7 @@ def test_runs_every_update_stated_as_plain_sgd_and_refuses_the_others(monkeypatc
         assert isinstance(executor_for(get_algorithm(name)({"lr": 0.1}, prob)), BatchedMLPExecutor), name
     fedavg = get_algorithm("fedavg")({"lr": 0.1, "shared_only": True}, FederatedProblem(
         data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7,)), blocks={"personal": ["out.*"]}))
-    for algo in [fedavg, get_algorithm("perfedavg")({"lr": 0.1, "variant": "code"}, prob)]:
+    for algo in [fedavg, get_algorithm("pfedme")({"lr": 0.1}, prob)]:
         with pytest.raises(ValueError, match=rf"'batched' does not run {algo.name}"):
             executor_for(algo, "batched")
         assert executor_for(algo).name in ("vectorized", "sequential")
@@ -209,7 +209,7 @@ def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
     assert make_executor("auto", prob, algorithm=algo).name == "batched"
-    pfa = get_algorithm("perfedavg")({"lr": 0.1, "variant": "code"}, prob)   # written with the context
+    pfa = get_algorithm("pfedme")({"lr": 0.1}, prob)   # written with the context
     assert make_executor("auto", prob, algorithm=pfa).name == "vectorized"
     monkeypatch.delenv("FEDSOLVE_CALIBRATE")
     for name in ("sequential", "vectorized", "batched"):
