@@ -111,3 +111,23 @@ def test_mnistm_validation_images_are_other_mnist_images(fake_mnist):
         mnist_mnistm(num_clients=1, limit=40, test_limit=8, size=6, val_limit=0)
     with pytest.raises(ValueError, match="val_limit"):
         mnist_mnistm(num_clients=1, limit=None, test_limit=8, size=6, val_limit=60)
+
+
+def test_twin_runs_score_the_source_or_the_validation_images(fake_mnist, monkeypatch):
+    """``test_on``: the same training rows, the test split scoring the source test images (a twin run's source
+    accuracy) or the validation images (problem settings chosen without the test images)."""
+    monkeypatch.setattr(domains, "skimage_photos", lambda: [np.full((10, 10, 3), 255, np.uint8)])  # blend = 1 - digit
+    kw = dict(num_clients=2, limit=40, test_limit=8, size=6, val_limit=12, seed=1)
+    d, s, v = (mnist_mnistm(**kw, test_on=t) for t in ("target", "source", "validation"))
+    for other in (s, v):
+        assert torch.equal(other.train_x, d.train_x) and torch.equal(other.train_y, d.train_y)
+        assert torch.equal(other.train_groups, d.train_groups) and torch.equal(other.validation_x, d.validation_x)
+    assert torch.equal(s.test_y, d.test_y) and torch.equal(s.test_x, 1 - d.test_x)   # the digits, not their blends
+    assert sorted(_ids(s.test_x)) == list(range(52, 60))     # the 8 test digits (drawn after the 52 others)
+    assert s.test_y.tolist() == [k % 10 for k in _ids(s.test_x)]
+    assert sorted(_ids(1 - v.test_x)) == sorted(_ids(1 - d.validation_x)) and v.test_y.numel() == 12
+    assert (d.meta["test"], s.meta["test"]) == ("target domain", "source domain (twin run: the source accuracy)")
+    with pytest.raises(ValueError, match="test_on: unknown 'both'"):
+        mnist_mnistm(**kw, test_on="both")
+    with pytest.raises(ValueError, match="test_on: 'validation' needs .*val_limit"):
+        mnist_mnistm(num_clients=2, limit=40, test_limit=8, size=6, test_on="validation")

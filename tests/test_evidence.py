@@ -121,6 +121,26 @@ def test_a_speed_claim_says_whether_its_reference_ran_in_the_same_run(tmp_path):
         assert main(["ledger", str(folder), "--check"]) == 1
 
 
+def test_a_gain_claim_carries_its_references_and_tuning_as_mappings(tmp_path):
+    """Fair reporting (issue 47): a claimed gain of a federated method carries the source-only and centralized
+    reference runs (mean, sample SD, n), and a method's tuning may be a mapping (grid, split, pick)."""
+    folder = _family(tmp_path)
+    claims = json.loads((folder / "claims.json").read_text())
+    claims[0].update(source_only={"mean": 46.1, "sd": 1.25, "n": 3, "command": "fedsolve compare so.yaml"},
+                     centralized={"mean": 67.0, "sd": 2.0, "n": 3},
+                     tuning={"A": {"grid": [0.02, 0.05, 0.1], "split": "validation", "pick": 0.05}})
+    (folder / "claims.json").write_text(json.dumps(claims))
+    write_ledger(folder)
+    text = (folder / "README.md").read_text()
+    assert ("  - references: source only 46.1 ± 1.25 (sample SD, n = 3); `fedsolve compare so.yaml`; centralized "
+            "67 ± 2 (sample SD, n = 3)") in text
+    assert "  - A: grid [0.02, 0.05, 0.1]; split validation; pick 0.05" in text and check_ledger(folder) == []
+    for value in ({"mean": 46.1, "n": 3}, [46.1, 1.2, 3], {"mean": 46.1, "sd": 1.0, "n": 0}):
+        (folder / "claims.json").write_text(json.dumps([{**claims[0], "source_only": value}, claims[1]]))
+        with pytest.raises(ConfigError, match="source_only .*allowed: a mapping with the numbers mean, sd"):
+            load_claims(folder)
+
+
 def test_render_marks_stale_claims_with_their_commits():
     e = {"id": "x", "claim": "c", "status": "not reproduced", "paper": None, "ours": "o", "evidence": [],
          "command": None, "commits": ["0123456789abcdef0123456789abcdef01234567"], "stale": True}

@@ -43,7 +43,7 @@ from .domain_data import DomainData
 from .federated import FederatedData
 
 __all__ = ["domain_split", "check_domains", "toy_domains", "mnist_mnistm", "mnist_digits", "digit_domains",
-           "mnistm_blend", "skimage_photos", "DIGIT_DOMAINS", "DOMAIN_DATASETS"]
+           "mnistm_blend", "skimage_photos", "DIGIT_DOMAINS", "DOMAIN_DATASETS", "TEST_ON"]
 
 GROUPS = ("source", "target")
 
@@ -161,9 +161,9 @@ def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray
         test.append((target_test[0][test_parts[i]].astype(np.float32), target_test[1][test_parts[i]].astype(np.int64)))
     data = FederatedData.from_client_arrays(
         train, test, num_classes=num_classes, name=name,
-        meta={**(meta or {}), "split": {"num_clients": num_clients, "p": p, "source_clients": source_clients,
-                                        "classes_per_client": classes_per_client, "seed": seed},
-              "test": "target domain"})
+        meta={"test": "target domain", **(meta or {}),
+              "split": {"num_clients": num_clients, "p": p, "source_clients": source_clients,
+                        "classes_per_client": classes_per_client, "seed": seed}})
     data.train_groups = torch.as_tensor(np.concatenate(groups))
     data.group_names = GROUPS
     return DomainData.of(data, target_val)
@@ -266,17 +266,30 @@ def _mnist(limit: int | None, test_limit: int | None, seed: int):
     return d.x[:, 0], d.y, d.x_test[:, 0], d.y_test
 
 
+#: what the test split of :func:`mnist_mnistm` scores
+TEST_ON = {"target": "target domain", "source": "source domain (twin run: the source accuracy)",
+           "validation": "target validation images (choosing problem settings; not the test images)"}
+
+
 def mnist_mnistm(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
                  classes_per_client: int | None = None, limit: int | None = 10000, test_limit: int | None = 2000,
-                 size: int = 28, val_limit: int | None = None, seed: int = 0) -> DomainData:
+                 size: int = 28, val_limit: int | None = None, test_on: str = "target", seed: int = 0) -> DomainData:
     """MNIST (binarized, 3 channels; labelled source) -> MNIST-M-like (unlabelled target), both built from the
     SAME ``limit`` MNIST training images (as the paper); target test = MNIST-M-like of ``test_limit`` MNIST test
     images. ``size``: resize both domains (16 keeps the reduced runs cheap). ``val_limit``: that many further
     MNIST training images (drawn with the training ones, never trained on; with ``limit`` null, taken out of the
     60,000, e.g. 5,000 for the paper's 55,000) become labelled MNIST-M-like validation images for tuning
-    (:class:`~fedsolve.data.domain_data.DomainData`); null: none, and the data of earlier versions."""
+    (:class:`~fedsolve.data.domain_data.DomainData`); null: none, and the data of earlier versions.
+    ``test_on``: what the test split scores (:data:`TEST_ON`): the target test images (the paper), the SOURCE
+    test images (binarized MNIST of the same ``test_limit`` test images: the source accuracy of a twin run, whose
+    training is the same row for row) or the validation images (settings of the problem, e.g. nu, chosen without
+    touching the test images)."""
     if val_limit is not None and val_limit < 1:
         raise ValueError(f"val_limit must be a positive integer or null, got {val_limit!r}")
+    if test_on not in TEST_ON:
+        raise ValueError(f"test_on: unknown {test_on!r}; allowed: {list(TEST_ON)}")
+    if test_on == "validation" and val_limit is None:
+        raise ValueError("test_on: 'validation' needs validation images; allowed: set val_limit as well")
     x, y, xte, yte = _mnist(limit if val_limit is None or limit is None else limit + val_limit, test_limit, seed)
     if val_limit is not None:
         perm = np.random.default_rng(7_000 + seed).permutation(len(y))
@@ -290,11 +303,14 @@ def mnist_mnistm(num_clients: int = 2, p: float | None = None, source_clients: i
     tgt = mnistm_blend(x, photos, rng)
     tgt_test = mnistm_blend(xte, photos, rng)
     val = None if val_limit is None else (_resize(mnistm_blend(xv, photos, rng), size), yv)
-    return domain_split((_resize(src, size), y), (_resize(tgt, size), y), (_resize(tgt_test, size), yte), 10,
+    scored = {"target": lambda: (_resize(tgt_test, size), yte), "validation": lambda: val,
+              "source": lambda: (_resize(np.repeat((xte > 0).astype(np.float32)[:, None], 3, axis=1), size), yte)}
+    return domain_split((_resize(src, size), y), (_resize(tgt, size), y), scored[test_on](), 10,
                         num_clients, p, source_clients, classes_per_client, seed, "mnist_mnistm",
                         {"dataset": "mnist_mnistm", "source": "MNIST (binarized, RGB)",
                          "target": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
-                         "limit": limit, "test_limit": test_limit, "size": size, "val_limit": val_limit},
+                         "limit": limit, "test_limit": test_limit, "size": size, "val_limit": val_limit,
+                         "test": TEST_ON[test_on]},
                         target_val=val)
 
 
