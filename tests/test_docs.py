@@ -168,8 +168,14 @@ def test_documented_command_parses(where, line):
         pytest.fail(f"{where}: `{line}` does not parse (exit {e.code})")
     config = getattr(args, "config", None)
     if config and (ROOT / config).is_file():
-        from fedsolve.experiments.config import load_config
+        import yaml
 
+        from fedsolve.experiments.config import load_config
+        from fedsolve.experiments.suite import is_suite, load_suite
+
+        if is_suite(yaml.safe_load((ROOT / config).read_text())):   # `fedsolve suite SUITE`: the suite loads
+            load_suite(ROOT / config, args.set)
+            return
         cfg = load_config(ROOT / config, args.set)
         if getattr(args, "algorithm", None):
             assert any(args.algorithm in (a.display, a.name) for a in cfg.all_algorithms()), (

@@ -1,10 +1,11 @@
-"""fedsolve command line: run, compare, list, report.
+"""fedsolve command line: run, suite (compare), list, report.
 
     fedsolve run CONFIG [--set key=value ...] [--out DIR] [--resume | --overwrite] [--seed N] [--track csv,...]
                  [--distributed]   (under torchrun: the clients sharded over its processes)
-    fedsolve compare CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume | --overwrite]
-                     [--track csv,tensorboard,wandb,mlflow]
-    fedsolve list [algorithms|datasets|partitioners|models|schedules|wrappers]
+    fedsolve suite SUITE|CONFIG [--set key=value ...] [--only LABEL ...] [--out DIR] [--resume | --overwrite]
+                   [--jobs N] [--no-batch-sweeps] [--track csv,...]   (a grid of runs, or a registered protocol)
+    fedsolve compare CONFIG [...]   (the same as fedsolve suite CONFIG: an experiment is a grid of one cell)
+    fedsolve list [algorithms|datasets|partitioners|models|schedules|wrappers|protocols]
     fedsolve report DIR
     fedsolve verify DIR [--full] [--cell LABEL|KEY] [--rounds R] [--rtol X] [--atol X]
     fedsolve ledger DIR [--check]
@@ -121,7 +122,7 @@ def _cmd_compare(args) -> int:
     track = _track(args)
     _out_dir(out)
     agg = compare(cfg, out, resume=args.resume, progress=not args.quiet and args.jobs == 1, jobs=args.jobs,
-                  overwrite=args.overwrite, track=track)
+                  overwrite=args.overwrite, track=track, batch=not args.no_batch_sweeps)
     print(f"\n{cfg.name}: {len(agg['algorithms'])} algorithms x {len(cfg.seeds)} seeds in {agg['wall_time_s']:.1f} s "
           f"wall time (runs: {agg['run_time_s']:.1f} s together)")
     for label, e in agg["algorithms"].items():
@@ -174,6 +175,7 @@ def _cmd_list(args) -> int:
     from fedsolve.data.partition import PARTITIONERS
     from fedsolve.engine.schedules import SCHEDULES
     from fedsolve.engine.wrappers import WRAPPERS
+    from fedsolve.experiments.suite import builtin_protocols
     from fedsolve.models import MODELS
 
     tables = {
@@ -183,6 +185,7 @@ def _cmd_list(args) -> int:
         "models": {k: v[1] for k, v in MODELS.items()},
         "schedules": {k: v.description for k, v in SCHEDULES.items()},   # protocols: algorithm.schedule.kind
         "wrappers": {k: v[1] for k, v in WRAPPERS.items()},               # algorithm.wrap[].kind
+        "protocols": {k: v.description for k, v in builtin_protocols().items()},   # a suite's protocol
     }
     try:
         from fedsolve.models import multimodal
@@ -199,9 +202,23 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_suite(args) -> int:
-    from fedsolve.experiments.suite import main as run_suite   # all the logic lives there
+    """A suite YAML runs as a suite (all the logic lives in ``fedsolve.experiments.suite``); an experiment config as
+    a grid of one cell, which is what ``compare`` runs."""
+    from fedsolve.experiments.config import ConfigError
+    from fedsolve.experiments.records import read_yaml
+    from fedsolve.experiments.suite import is_suite, main as run_suite
 
-    run_suite(args.config, args.out, jobs=args.jobs, resume=args.resume, sets=args.set, progress=not args.quiet)
+    path = Path(args.config)
+    if not path.is_file():
+        raise ConfigError(f"suite: no file {path}")
+    if not is_suite(read_yaml(path)):
+        return _cmd_compare(args)
+    if args.overwrite:
+        raise ConfigError("--overwrite: a suite does not start over in its folder; allowed: --resume, or another "
+                          "--out")
+    sets = list(args.set) + ([f"algorithms={json.dumps(args.only)}"] if args.only else [])
+    run_suite(args.config, args.out, jobs=args.jobs, resume=args.resume, sets=sets, progress=not args.quiet,
+              batch=not args.no_batch_sweeps, track=_track(args))
     return 0
 
 
@@ -254,10 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "path (e.g. a file of your own @register-ed algorithms); repeatable")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def common(sp):
-        sp.add_argument("config", help="experiment YAML")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set simulation.rounds=5 (repeatable)")
+    def common(sp, config="experiment YAML", sets="override a config value, e.g. --set simulation.rounds=5 "
+                                                   "(repeatable)"):
+        sp.add_argument("config", help=config)
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=sets)
         sp.add_argument("--out", help="output folder (default: runs/<name>/...)")
         sp.add_argument("--resume", action="store_true",
                         help="continue from the checkpoints in the output folder; refused when the config differs "
@@ -276,18 +293,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shard the clients over the processes torchrun starts (torchrun --nproc-per-node N -m "
                         "fedsolve run CONFIG --distributed; see docs/distributed.md)")
     r.set_defaults(fn=_cmd_run)
-    c = sub.add_parser("compare", help="several algorithms x several seeds on one problem")
+    def grid(sp):
+        sp.add_argument("--only", action="append", default=[], metavar="LABEL",
+                        help="run only this algorithm of the config (label or name; repeatable); the report shows "
+                             "the others' paper values as 'not run'")
+        sp.add_argument("--jobs", type=int, default=1,
+                        help="run the runs (a suite's cells) in this many processes at once, each with threads/jobs "
+                             "torch threads (default 1)")
+        sp.add_argument("--no-batch-sweeps", action="store_true",
+                        help="run every run on its own; by default runs that differ only in seed and scalar "
+                             "hyper-parameters (and a tuning grid's runs) train as one batch where the executor is "
+                             "the batched one: the same numbers up to float round-off")
+
+    c = sub.add_parser("compare", help="several algorithms x several seeds on one problem (fedsolve suite CONFIG)")
     common(c)
-    c.add_argument("--only", action="append", default=[], metavar="LABEL",
-                   help="run only this algorithm of the config (label or name; repeatable); the report shows "
-                        "the others' paper values as 'not run'")
-    c.add_argument("--jobs", type=int, default=1,
-                   help="run the algorithm x seed runs in this many processes at once, each with threads/jobs torch "
-                        "threads (default 1)")
+    grid(c)
     c.set_defaults(fn=_cmd_compare)
-    ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models, schedules (protocols), wrappers")
+    ls = sub.add_parser("list", help="algorithms, datasets, partitioners, models, schedules, wrappers, protocols")
     ls.add_argument("what", nargs="?", choices=["algorithms", "datasets", "partitioners", "models", "schedules",
-                                                "wrappers"],
+                                                "wrappers", "protocols"],
                     help="which registry to list (default: all)")
     ls.set_defaults(fn=_cmd_list)
     rp = sub.add_parser("report", help="rebuild report.md and plots of a run or compare folder")
@@ -314,14 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("name", nargs="?", help="print only this example's path (e.g. demo)")
     ex.set_defaults(fn=_cmd_examples)
 
-    st = sub.add_parser("suite", help="run a suite (a sweep of a registered protocol) and write its report")
-    st.add_argument("config", help="suite YAML, e.g. experiments/fpfc/table3_newcomers.yaml")
-    st.add_argument("--out", help="output folder (default: runs/<suite name>)")
-    st.add_argument("--jobs", type=int, default=1, help="run the cells in this many worker processes (default 1)")
-    st.add_argument("--resume", action="store_true", help="keep the finished cells in --out and run the rest")
-    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a suite field (seeds=[0], args.rounds=5) or experiment.<field> (repeatable)")
-    st.add_argument("--quiet", action="store_true", help="no progress lines")
+    st = sub.add_parser("suite", help="run a suite (methods x data x parameters x seeds: a grid of runs or a "
+                                      "registered protocol) or an experiment config (a grid of one cell) and write "
+                                      "its report")
+    common(st, config="suite YAML (e.g. experiments/minimax/grid_suite.yaml) or experiment YAML",
+           sets="override a suite field (seeds=[0], args.rounds=5) or experiment.<field>; for an experiment YAML "
+                "its field (repeatable)")
+    grid(st)
     st.set_defaults(fn=_cmd_suite)
     return p
 

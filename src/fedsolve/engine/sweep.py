@@ -11,7 +11,9 @@ its separate run's on the same executor, up to the float round-off of how the ke
 This applies where every run states its round's update as plain local SGD that the batched executor runs (a
 ``Descend`` statement, ``core/statements.py``: FedAvg, FedProx, SCAFFOLD, FedADMM, Local, FPFC on MLPs and small
 CNNs); a run whose round is not stated so runs on its own executor in the same round, so a mixed sweep is still
-correct, only not batched. ``run_sweep`` runs the simulations and returns their results in order.
+correct, only not batched. ``run_sweep`` runs the simulations and returns their results in order; ``batches(sim)``
+tells whether a simulation's executor can join the batched call. ``fedsolve suite`` and ``fedsolve compare`` group
+their runs into such sweeps by themselves (``fedsolve.experiments.runs``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ class SweepTransport(InProcess):
     name = "sweep"
 
     def __init__(self):
-        self._cond = threading.Condition()
+        #: the baton: a run's thread computes only while it holds this (re-entrant) lock (:meth:`start`)
+        self._cond = threading.Condition(threading.RLock())
+        self._holders: set[int] = set()
         self._active: set[int] = set()
         self._pending: dict[int, _Request] = {}
         self._abort: BaseException | None = None
@@ -85,12 +89,23 @@ class SweepTransport(InProcess):
         with self._cond:
             self._active = {id(s) for s in sims}
 
+    def start(self, sim) -> None:
+        """The run's thread takes the baton: it computes only while it holds the transport's lock, which it gives
+        up only while it waits for its round's batched call (:meth:`train`) and when it leaves, so no two runs
+        compute at once. Every torch operation then has the process's whole thread pool, and a sweep's numbers do
+        not depend on how its threads interleave (the same sweep gives the same numbers bit for bit)."""
+        self._cond.acquire()
+        self._holders.add(threading.get_ident())
+
     def leave(self, sim) -> None:
         with self._cond:
             self._active.discard(id(sim))
             self._pending.pop(id(sim), None)
             if self._pending and len(self._pending) == len(self._active):
                 self._work()
+        if threading.get_ident() in self._holders:   # the run's thread gives the baton back
+            self._holders.discard(threading.get_ident())
+            self._cond.release()
 
     def stop(self, reason: BaseException) -> None:
         with self._cond:
@@ -127,7 +142,8 @@ class SweepTransport(InProcess):
     def _work(self) -> None:
         """Run every pending request (the caller holds the condition): the stated plain-SGD ones in one batched
         call, the others on their own executors; then wake the runs."""
-        reqs = list(self._pending.values())
+        order = {id(sim): i for i, sim in enumerate(self._sims)}
+        reqs = sorted(self._pending.values(), key=lambda r: order.get(id(r.sim), len(order)))   # not arrival order
         self._pending.clear()
         batch = []
         for r in reqs:
@@ -226,6 +242,12 @@ def _rows_or_none(values: list[Tensor | None], sizes: list[int], like: Tensor) -
     if all(v is None for v in values):
         return None
     return torch.cat([v if v is not None else like.new_zeros(k, like.shape[1]) for v, k in zip(values, sizes)])
+
+
+def batches(sim) -> bool:
+    """Whether ``sim``'s rounds can join a sweep's batched kernel call: its executor is the batched one (stacked
+    MLPs and small CNNs, ``simulation.executor: batched`` or what ``auto`` chose)."""
+    return isinstance(sim.executor, BatchedMLPExecutor)
 
 
 def run_sweep(sims: list, resume: bool = False) -> list:

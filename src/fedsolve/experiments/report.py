@@ -332,12 +332,14 @@ def _tuned_section(agg: dict[str, Any]) -> list[str]:
     out = ["", "## Tuned on validation", "",
            "Each tuned algorithm ran once per grid value on its clients' training data less a held-out "
            "validation share, scored on that share at the last round; the best value was then trained on the "
-           "whole training split (the rows above).", "",
+           "whole training split (the rows above). A pick at the grid's lowest or highest value is marked: the "
+           "grid does not bracket it, so a value beyond the grid may be better.", "",
            "| algorithm | seed | chosen | validation metric per grid value | tuning rounds | tuning wall s |",
            "|---|---|---|---|---|---|"]
     for a, t in rows:
         scores = ", ".join(f"{g}: {_fmt(v) if v is not None else 'diverged'}" for g, v in zip(t["grid"], t["scores"]))
-        out.append(f"| {a} | {t.get('seed')} | {t['param']} = {t['value']} | {NICE.get(t['metric'], t['metric'])} "
+        edge = f" (the grid's {t['edge']} value: not bracketed)" if t.get("edge") else ""
+        out.append(f"| {a} | {t.get('seed')} | {t['param']} = {t['value']}{edge} | {NICE.get(t['metric'], t['metric'])} "
                    f"(validation, {t['val_fraction']:g} held out): {scores} | {t['rounds']} | "
                    f"{t.get('wall_time_s', 0.0):.1f} |")
     return out

@@ -1,10 +1,10 @@
-"""Run and compare experiments; write run folders a person can read.
+"""Run experiments; write run folders a person can read.
 
 Run folder: ``config.yaml`` (fully resolved), ``metrics.jsonl`` (numbers only: byte-identical for two
 identical runs), ``timings.jsonl``, ``summary.json``, ``per_client.json``, ``checkpoint.pt`` (atomic;
-``--resume`` continues bit-identically), ``plots/*.png``, ``report.md``.
-Compare folder: one run folder per algorithm and seed, plus a ``summary.json`` with each
-metric's mean and std over seeds and a ``report.md`` with the table and plots.
+``--resume`` continues bit-identically), ``plots/*.png``, ``report.md``. :func:`run_one` makes one,
+:func:`run_together` several runs of one sweep as one batch. Compare folders (one run folder per algorithm and
+seed, their summary and report) are ``fedsolve.experiments.compare``'s; :func:`compare` here is its one-cell call.
 
 Resuming (:func:`check_resume`) compares the resolved config with the one the run folder was started
 with and refuses any difference that changes the numbers; only ``simulation.rounds`` may grow, and the
@@ -17,29 +17,28 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import yaml
 
 from fedsolve.engine.buffers import with_buffers
 from fedsolve.engine.schedules import make_schedule
+from fedsolve.engine.algorithm import finished as algorithm_finished
 from fedsolve.engine.wrappers import wrap
 from fedsolve.families import get_algorithm
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
-from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
-from fedsolve.experiments.report import (has_direction, lower_is_better, run_history,  # noqa: F401
-                                         write_compare_report, write_run_report)
+from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug  # noqa: F401  (default_run_dir: cli)
+from fedsolve.experiments.report import has_direction, lower_is_better, write_run_report
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.provenance import provenance
-from fedsolve.engine.run_folder import FolderBusy, RunFolder, holder
+from fedsolve.engine.run_folder import RunFolder
 from fedsolve.engine.tracking import close_all, make_trackers
-from fedsolve.experiments.records import (RESUME_FREE, RUN_FILES, check_run_folder, compare_record,  # noqa: F401
-                                          config_differences, folder_kind, read_json)
+from fedsolve.experiments.records import RESUME_FREE, RUN_FILES, check_run_folder, config_differences, read_json
 from fedsolve.problems import FederatedProblem
-from fedsolve.engine.loop import (DivergenceError, JsonlLogger, ProgressBar, RunInterrupted, RunResult,
-                                      Simulation)
+from fedsolve.engine.loop import DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation
 from fedsolve.engine.transport import Transport
 
 _slug, _read_jsonl = slug, read_jsonl   # older names
@@ -280,7 +279,8 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
                   executor: str | None = None, dataset: str | None = None, finished: bool = False) -> dict[str, Any]:
     """``executor``: the executor that ran (``simulation.executor: auto`` resolved); ``dataset``: what the run
     used (:func:`recorded_dataset`; default the config's ``data.dataset``); ``finished``: the algorithm's
-    stopping test ended the run (:meth:`~fedsolve.engine.algorithm.Algorithm.finished`), maybe before the budget."""
+    stopping test ended the run (its phase table reached ``done``: :func:`fedsolve.engine.algorithm.finished`), maybe
+    before the budget."""
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
@@ -294,13 +294,13 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
         "round_time_s_median": statistics.median(round_times) if round_times else None,
         "executor": executor,
         "extras": extras or {},
-        "provenance": provenance(_device(cfg), resolved_config(cfg, spec, seed)),
+        "provenance": provenance(run_device(cfg), resolved_config(cfg, spec, seed)),
     }
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=_json_default))
     return summary
 
 
-def _device(cfg: ExperimentConfig):
+def run_device(cfg: ExperimentConfig):
     """The device a run of ``cfg`` computes on (``simulation.device`` resolved as the simulation does)."""
     from fedsolve.engine.loop import resolve_device
 
@@ -410,6 +410,33 @@ def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Pat
              problem: FederatedProblem | None, write_report: bool, extras: dict | None, desc: str | None,
              track: Sequence[str], start, transport: Transport | None = None) -> dict:
     """:func:`run_one` in its locked folder; ``start``: the callback that marks the run started."""
+    run = _prepare(cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc, track, start,
+                   transport)
+    return _conclude(run, run.sim.run)
+
+
+@dataclass
+class _Prepared:
+    """A run built in its locked folder, its resolved config written (:func:`_prepare`); :func:`_conclude` runs
+    it (or takes its outcome) and writes its summary."""
+
+    cfg: ExperimentConfig
+    spec: AlgorithmSpec
+    seed: int
+    run_dir: Path
+    problem: FederatedProblem
+    algo: Any
+    sim: Simulation
+    watch: _Participation
+    trackers: list
+    write_report: bool
+    extras: dict | None
+
+
+def _prepare(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path, resume: bool, progress: bool,
+             problem: FederatedProblem | None, write_report: bool, extras: dict | None, desc: str | None,
+             track: Sequence[str], start, transport: Transport | None = None) -> _Prepared:
+    """The simulation of one run, built (resumed from its checkpoint with ``resume``), its config written."""
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
     resolved = resolved_config(cfg, spec, seed)
@@ -436,28 +463,103 @@ def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Pat
                               f"rounds {run_dir} has done; allowed: {sim.start_round} or more")
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    return _Prepared(cfg, spec, seed, run_dir, problem, algo, sim, watch, trackers, write_report, extras)
+
+
+def _conclude(p: _Prepared, run: Callable[[], RunResult]) -> dict:
+    """Run ``p`` (``run()``: its simulation's run, or the outcome a sweep gave it) and write its summary,
+    ``per_client.json`` and report; a divergence is written as such and raised."""
+    cfg, spec, seed, run_dir, sim = p.cfg, p.spec, p.seed, p.run_dir, p.sim
     t0 = time.perf_counter()
     try:
-        res = sim.run()
+        res = run()
     except DivergenceError as e:
         summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
                                 wall=time.perf_counter() - t0, round_times=sim.round_times, executor=sim.executor.name,
-                                dataset=recorded_dataset(cfg, problem))
-        if write_report:
+                                dataset=recorded_dataset(cfg, p.problem))
+        if p.write_report:
             write_run_report(run_dir, summary, sim.history)
         raise
     finally:
-        close_all(trackers)   # after a divergence too, which ends the run without on_end
-    _participation_verdict(cfg, watch)
+        close_all(p.trackers)   # after a divergence too, which ends the run without on_end
+    _participation_verdict(cfg, p.watch)
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
-                            round_times=res.round_times, extras={**res.extras, **(extras or {})},
-                            executor=sim.executor.name, dataset=recorded_dataset(cfg, problem),
-                            finished=algo.finished(sim.server))
+                            round_times=res.round_times, extras={**res.extras, **(p.extras or {})},
+                            executor=sim.executor.name, dataset=recorded_dataset(cfg, p.problem),
+                            finished=algorithm_finished(p.algo, sim.server))
     if res.per_client or not (run_dir / "per_client.json").exists():
         atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
-    if write_report:
+    if p.write_report:
         write_run_report(run_dir, summary, res.history)
     return summary
+
+
+def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path, FederatedProblem | None]],
+                 resume: bool = False, write_report: bool = False, overwrite: bool = True,
+                 track: Sequence[str] = ()) -> list[dict | DivergenceError]:
+    """Several runs ``(cfg, spec, seed, run_dir, problem)`` of one sweep (they differ in seed and scalar
+    hyper-parameters), each into its own locked run folder as :func:`run_one` writes it. Where every run's
+    executor is the batched one they train as one batch (:func:`fedsolve.engine.sweep.run_sweep`: clients x runs
+    as rows of one kernel call per round, each run's numbers its separate run's up to float round-off), else one
+    after another. ``resume`` continues each run from its folder's checkpoint where there is one; ``overwrite``
+    lets a run start over in a folder that holds one (:func:`run_one`); ``track``: every run's tracking writers.
+    Returns each run's summary, or the :class:`DivergenceError` that ended it (its folder marked diverged)."""
+    from contextlib import ExitStack
+
+    from fedsolve.engine.sweep import SweepTransport, batches, run_sweep
+
+    with ExitStack() as stack:
+        prepared, folders = [], []
+        for cfg, spec, seed, run_dir, problem in runs:
+            run_dir = Path(run_dir)
+            folder = stack.enter_context(RunFolder(run_dir, "run"))
+            again = resume and (run_dir / "checkpoint.pt").exists()
+            check_run_folder(run_dir, again, overwrite)
+            plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
+            old = ("summary.json", "report.md") + plots if again else \
+                tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
+            start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
+            prepared.append(_prepare(cfg, spec, seed, run_dir, again, False, problem, write_report, None, None, track,
+                                     start))
+            folders.append(folder)
+        sims = [p.sim for p in prepared]
+        if len(sims) > 1 and all(batches(s) for s in sims):
+            shared = SweepTransport()
+            for s in sims:
+                s.transport = shared   # built in-process; the sweep's shared transport runs their rounds
+            outcomes = run_sweep(sims)
+        else:
+            outcomes = []
+            for s in sims:
+                try:
+                    outcomes.append(s.run())
+                except DivergenceError as e:
+                    outcomes.append(e)
+        out: list[dict | DivergenceError] = []
+        failed: BaseException | None = None
+        for p, folder, outcome in zip(prepared, folders, outcomes):
+            try:
+                summary = _conclude(p, lambda o=outcome: _given(o))
+            except DivergenceError as e:
+                folder.finish("diverged", str(e))
+                out.append(e)
+                continue
+            except Exception as e:   # noqa: BLE001  (the others are written first, then it is raised)
+                folder.finish("failed", f"{type(e).__name__}: {e}"[:300])
+                failed = failed or e
+                continue
+            folder.finish(summary["status"])
+            out.append(summary)
+        if failed is not None:
+            raise failed
+        return out
+
+
+def _given(outcome):
+    """A sweep run's outcome as its own run would end: its result, or its exception raised."""
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def _participation_verdict(cfg: ExperimentConfig, watch: _Participation) -> None:
@@ -547,7 +649,8 @@ def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any) -> tuple[Ex
 
 
 # ------------------------------------------------------------------ tuning on validation
-def _completed(run_dir: Path) -> dict | None:
+def finished_summary(run_dir: Path) -> dict | None:
+    """The summary of the completed run in ``run_dir``, or None (no run, or one that did not complete)."""
     f = run_dir / "summary.json"
     if f.exists():
         done = read_json(f)
@@ -557,43 +660,55 @@ def _completed(run_dir: Path) -> dict | None:
 
 
 def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_dir: str | Path,
-              resume: bool = False, progress: bool = True,
-              overwrite: bool = False) -> tuple[AlgorithmSpec, dict[str, Any]]:
+              resume: bool = False, progress: bool = True, overwrite: bool = False,
+              batch: bool = False) -> tuple[AlgorithmSpec, dict[str, Any]]:
     """Choose ``spec.tune.param`` from its grid on validation data (:class:`TuneSpec`).
 
     One run per grid value in ``tune_dir/<param>=<value>`` on ``data.split_validation``; the value with the
     best final validation metric wins (ties and order: the first in the grid). Runs that diverge score
-    nothing. Returns the spec with the chosen value (and no ``tune``) and a record of the choice.
+    nothing. Returns the spec with the chosen value (and no ``tune``) and a record of the choice: the grid, the
+    scores, the value and ``edge`` (:func:`grid_edge`: ``lowest``/``highest`` when the pick is the grid's
+    smallest or largest value, so the grid may not bracket the best one; else null).
     ``resume`` keeps finished tuning runs and continues the others; with it or ``overwrite`` a tuning run
-    without a checkpoint starts over in its folder.
+    without a checkpoint starts over in its folder. ``batch``: the missing grid runs train together as one
+    sweep (:func:`run_together`) where their executor batches.
     """
     t = spec.tune
     metric = t.metric or ("test_accuracy" if data.task == "classification" else "test_rmse")
     val_data = data.split_validation(t.val_fraction, seed)
     rounds = cfg.simulation.rounds if t.rounds is None else min(t.rounds, cfg.simulation.rounds)
     tcfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"rounds": rounds})})
+    folders = [Path(tune_dir) / _slug(f"{t.param}={v}") for v in t.grid]
+    summaries = {i: d for i, d in enumerate(map(finished_summary, folders)) if resume and d is not None}
+    todo = [i for i in range(len(t.grid)) if i not in summaries]
+    diverged = {"status": "diverged", "metrics": {"final": {}}}
+    if batch and len(todo) > 1:
+        outs = run_together([(tcfg, spec.with_param(t.param, t.grid[i]), seed, folders[i],
+                              build_problem(tcfg, seed, data=val_data)) for i in todo], resume=resume,
+                            overwrite=overwrite or resume)
+        for i, o in zip(todo, outs):
+            if isinstance(o, DivergenceError):
+                print(f"[fedsolve] tuning {spec.display} {t.param}={t.grid[i]} seed {seed} diverged: {o}")
+            summaries[i] = o if isinstance(o, dict) else diverged
+    for i in todo if not (batch and len(todo) > 1) else ():
+        rd = folders[i]
+        try:
+            summaries[i] = run_one(tcfg, spec.with_param(t.param, t.grid[i]), seed, rd, progress=progress,
+                                   resume=resume and (rd / "checkpoint.pt").exists(), overwrite=overwrite or resume,
+                                   problem=build_problem(tcfg, seed, data=val_data), write_report=False)
+        except DivergenceError as e:
+            print(f"[fedsolve] tuning {spec.display} {t.param}={t.grid[i]} seed {seed} diverged: {e}")
+            summaries[i] = diverged
     scores: list[float | None] = []
-    wall = 0.0
-    for v in t.grid:
-        rd = Path(tune_dir) / _slug(f"{t.param}={v}")
-        summary = _completed(rd) if resume else None
-        if summary is None:
-            try:
-                summary = run_one(tcfg, spec.with_param(t.param, v), seed, rd, progress=progress,
-                                  resume=resume and (rd / "checkpoint.pt").exists(), overwrite=overwrite or resume,
-                                  problem=build_problem(tcfg, seed, data=val_data), write_report=False)
-            except DivergenceError as e:
-                print(f"[fedsolve] tuning {spec.display} {t.param}={v} seed {seed} diverged: {e}")
-                summary = {"status": "diverged", "metrics": {"final": {}}}
-        wall += summary.get("wall_time_s") or 0.0
+    for i in range(len(t.grid)):
+        summary = summaries[i]
         final = summary["metrics"]["final"]
         if summary.get("status") == "completed" and metric not in final:
-            from fedsolve.experiments.config import ConfigError
-
             raise ConfigError(f"algorithm {spec.name!r} tune.metric: {metric!r} is not reported by this run; "
                               f"allowed: {sorted(k for k, x in final.items() if isinstance(x, (int, float)))}")
         val = final.get(metric) if summary.get("status") == "completed" else None
         scores.append(float(val) if isinstance(val, (int, float)) and val == val else None)
+    wall = sum(summaries[i].get("wall_time_s") or 0.0 for i in range(len(t.grid)))
     ok = [i for i, sc in enumerate(scores) if sc is not None]
     if not ok:
         raise DivergenceError(f"{spec.display} seed {seed}: no tuning run of {t.param} over {t.grid} gave a "
@@ -602,17 +717,30 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
     sign = 1.0 if lower_is_better(metric) else -1.0
     best = min(ok, key=lambda i: (sign * scores[i], i))
     info = {"param": t.param, "value": t.grid[best], "metric": metric, "grid": list(t.grid), "scores": scores,
-            "val_fraction": t.val_fraction, "rounds": tcfg.simulation.rounds, "wall_time_s": wall}
+            "val_fraction": t.val_fraction, "rounds": tcfg.simulation.rounds, "wall_time_s": wall,
+            "edge": grid_edge(t.grid, best)}
     return spec.with_param(t.param, t.grid[best]), info
+
+
+def grid_edge(grid: Sequence[Any], pick: int) -> str | None:
+    """``lowest`` or ``highest`` when ``grid[pick]`` is the smallest or largest number of a numeric grid (the grid
+    may not bracket the best value: widen it on that side), ``first``/``last`` for the ends of a grid of other
+    values, else None."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid):
+        v = grid[pick]
+        return "lowest" if v == min(grid) else "highest" if v == max(grid) else None
+    return "first" if pick == 0 else "last" if pick == len(grid) - 1 else None
 
 
 def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
              progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-             desc: str | None = None, track: Sequence[str] = (), overwrite: bool = False) -> dict:
+             desc: str | None = None, track: Sequence[str] = (), overwrite: bool = False,
+             batch: bool = False) -> dict:
     """:func:`run_one`, after choosing the tuned hyper-parameter on validation (``run_dir/tune``) when
     ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``. ``track``: the tracking
     writers of the final run (the tuning runs have none); ``resume`` continues a checkpoint where there is one,
-    ``overwrite`` lets a run start over in a folder that holds one."""
+    ``overwrite`` lets a run start over in a folder that holds one; ``batch``: the tuning grid's runs train as one
+    sweep where they can (:func:`tune_spec`)."""
     if spec.tune is None:
         return run_one(cfg, spec, seed, run_dir, resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
                        progress=progress, problem=problem, write_report=write_report, desc=desc, track=track,
@@ -621,7 +749,7 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
     run_dir = Path(run_dir)
     try:
         chosen, info = tune_spec(cfg, spec, seed, problem.data, run_dir / "tune", resume=resume, progress=progress,
-                                 overwrite=overwrite)
+                                 overwrite=overwrite, batch=batch)
     except DivergenceError as e:
         write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e), dataset=recorded_dataset(cfg, problem))
         raise
@@ -631,269 +759,12 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
 
 
 # ------------------------------------------------------------------ compare
-def _kept(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path) -> dict | None:
-    """On ``compare --resume``: the summary of a finished run to keep as it is (its round budget done, or its
-    algorithm's stopping test passed), or None to (re)run or extend it. Its config must agree with this one
-    (:func:`check_resume`; for a tuned spec, with the value it chose)."""
-    done = _completed(run_dir)
-    if done is None:
-        return None
-    chosen = spec
-    if spec.tune is not None:
-        old = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
-        params = ((old or {}).get("algorithm") or {}).get("params") or {}
-        if spec.tune.param not in params:
-            return None
-        chosen = spec.with_param(spec.tune.param, params[spec.tune.param])
-    check_resume(run_dir, resolved_config(cfg, chosen, seed))
-    rounds = int(done.get("rounds") or 0)
-    if rounds > cfg.simulation.rounds:
-        raise ConfigError(f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {rounds} rounds "
-                          f"{run_dir} has done; allowed: {rounds} or more")
-    return done if rounds == cfg.simulation.rounds or done.get("finished") else None
-
-
-def _duration(sec: float) -> str:
-    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.1f} min"
-
-
 def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
             stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False,
-            track: Sequence[str] = ()) -> dict[str, Any]:
-    """Every algorithm x every seed on the same problem (the data of a seed is shared by all); ``track`` names
-    the tracking writers of every run (:func:`run_one`).
+            track: Sequence[str] = (), batch: bool = True) -> dict[str, Any]:
+    """Every algorithm x every seed of ``cfg`` into one compare folder: a grid with one cell
+    (:func:`fedsolve.experiments.compare.compare`, where the arguments are described)."""
+    from fedsolve.experiments.compare import compare as one_cell
 
-    A folder that already holds runs is refused unless ``resume`` (keep finished runs whose config agrees,
-    continue the others from their checkpoints) or ``overwrite`` (start every run over).
-    ``jobs`` > 1 runs the (algorithm, seed) runs in that many worker processes at once, each with
-    ``threads // jobs`` torch threads (at least 1); every run writes its own folder, as in one process.
-    The summary's ``wall_time_s`` is this call's wall-clock time; ``run_time_s`` the sum of the runs' times.
-
-    The folder is judged by its own record (:func:`~fedsolve.experiments.records.compare_record`: the same
-    seeds, data, model, settings and, for the algorithms it already holds, the same parameters; it may add
-    algorithms), locked while the compare is live, and marked ``running`` in its ``run.json`` until it ends;
-    its ``config.yaml`` records every algorithm run into it.
-    """
-    if jobs < 1:
-        raise ValueError(f"jobs: expected a whole number >= 1 (worker processes), got {jobs}")
-    if resume and overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other; give one")
-    base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
-    with RunFolder(base, "compare") as folder:
-        record = _check_compare(cfg, base, resume, overwrite)
-        folder.start(provenance(_device(cfg), cfg.model_dump(mode="json")))
-        (base / "summary.json").unlink(missing_ok=True)    # rebuilt at the end: no stale summary beside new runs
-        atomic_write_text(base / "config.yaml", yaml.safe_dump(record, sort_keys=False))
-        try:
-            agg = _compare(cfg, base, resume, progress, stop_on_divergence, jobs, track)
-        except DivergenceError as e:
-            folder.finish("diverged", str(e))
-            raise
-        folder.finish("completed")
-        return agg
-
-
-def _check_compare(cfg: ExperimentConfig, base: Path, resume: bool, overwrite: bool) -> dict[str, Any]:
-    """Refuse a compare that would mix configs in ``base`` or write where another live run writes; return the
-    folder's new record (:func:`~fedsolve.experiments.records.compare_record`). Without ``resume`` or
-    ``overwrite`` no run of this call may exist yet (``--only`` may add runs); with ``resume`` every run folder
-    that holds a run must agree with this config (:func:`check_resume`)."""
-    record = compare_record(base, cfg, resume, overwrite)
-    order = [(seed, spec, default_run_dir(cfg, spec, seed, base))
-             for seed in cfg.seeds for spec in cfg.all_algorithms()]
-    for _, _, d in order:
-        pid = holder(d)
-        if pid is not None:
-            raise FolderBusy(f"{d} is in use by a live run (lock {d / '.fedsolve.lock'}, held by pid {pid}); "
-                             f"allowed: wait for it to end or stop it, or use another --out")
-    held = [d for _, _, d in order if folder_kind(d) is not None]
-    if held and not resume and not overwrite:
-        raise ConfigError(f"{base} already holds {len(held)} of these runs ({held[0].relative_to(base)} first); "
-                          f"pass --resume to continue them or --overwrite to start over")
-    if resume:
-        for seed, spec, d in order:
-            if spec.tune is None and d in held:
-                check_resume(d, resolved_config(cfg, spec, seed))
-    return record
-
-
-def _compare(cfg: ExperimentConfig, base: Path, resume: bool, progress: bool, stop_on_divergence: bool, jobs: int,
-             track: Sequence[str]) -> dict[str, Any]:
-    """:func:`compare` in its locked folder, once every check has passed (so each run may start over in its
-    folder: ``overwrite=True``)."""
-    import sys
-
-    order = [(seed, spec) for seed in cfg.seeds for spec in cfg.all_algorithms()]
-    t0 = time.perf_counter()
-    summaries: dict[tuple[int, str], dict] = {}
-    todo = []
-    for seed, spec in order:
-        run_dir = default_run_dir(cfg, spec, seed, base)
-        done = _kept(cfg, spec, seed, run_dir) if resume else None
-        if done is not None:
-            summaries[seed, spec.display] = done
-        else:
-            todo.append((seed, spec, run_dir))
-    n_total, n_kept = len(order), len(summaries)
-
-    def finished(seed: int, spec: AlgorithmSpec, run_dir: Path, error: DivergenceError | None) -> None:
-        if error is not None:
-            if stop_on_divergence:
-                raise error
-            print(f"[fedsolve] {spec.display} seed {seed} diverged: {error}")
-        summaries[seed, spec.display] = json.loads((run_dir / "summary.json").read_text())
-
-    def eta() -> str:
-        """Elapsed and remaining wall time of this call, from the runs finished so far."""
-        el = time.perf_counter() - t0
-        ran = len(summaries) - n_kept
-        left = f", about {_duration(el / ran * (len(todo) - ran))} left" if ran and ran < len(todo) else ""
-        return f"{_duration(el)} elapsed{left}"
-
-    if jobs == 1 or len(todo) <= 1:
-        data_seed, data = None, None
-        for idx, (seed, spec, run_dir) in enumerate(todo):
-            set_threads(cfg.threads)
-            k = n_kept + idx + 1
-            if progress:
-                print(f"[fedsolve] run {k} of {n_total}: {spec.display} seed {seed} ({eta()})",
-                      file=sys.stderr, flush=True)
-            if seed != data_seed:
-                data_seed, data = seed, build_data(cfg, seed)
-            try:
-                run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress,
-                         problem=build_problem(cfg, seed, data=data), write_report=False,
-                         desc=f"run {k}/{n_total} {spec.display} s{seed}", track=track, overwrite=True)
-                error = None
-            except DivergenceError as e:
-                error = e
-            except RunInterrupted as e:
-                e.where = f"run {k} of {n_total} ({spec.display} seed {seed})"
-                raise
-            finished(seed, spec, run_dir, error)
-    else:
-        _compare_in_workers(cfg, todo, jobs, resume, finished, lambda: f"{len(summaries)} of {n_total} runs "
-                            f"finished, {eta()}", track=track)
-    runs: dict[str, list[dict]] = {}
-    histories: dict[str, list[list[dict]]] = {}
-    for seed, spec in order:
-        runs.setdefault(spec.display, []).append(summaries[seed, spec.display])
-        histories.setdefault(spec.display, []).append(
-            run_history(default_run_dir(cfg, spec, seed, base)))
-    agg = aggregate_runs(cfg, runs)
-    # total compute of all runs (also right after --resume, where this call only did part of it)
-    agg["run_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
-        "wall_time_s", 0.0) for lst in runs.values() for s in lst)
-    agg["wall_time_s"] = time.perf_counter() - t0   # this call, as a clock on the wall shows it
-    agg["provenance"] = provenance(_device(cfg), cfg.model_dump(mode="json"))
-    atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=_json_default))
-    write_compare_report(base, cfg, agg, histories)
-    return agg
-
-
-def _ignore_sigint() -> None:
-    """Worker initializer: Ctrl-C is the parent's to handle (it stops the workers), so no worker prints a
-    traceback of its own; and a worker whose parent is gone (killed with SIGKILL, so it could not stop its
-    workers) ends within a second instead of computing on for nobody (its last checkpoint stays)."""
-    import signal
-    import threading
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="fedsolve-parent-watch", daemon=True).start()
-
-
-def _compare_in_workers(cfg: ExperimentConfig, todo: list, jobs: int, resume: bool, finished,
-                        status=lambda: "", track: Sequence[str] = ()) -> None:
-    """The runs of :func:`compare` in ``jobs`` spawned processes; ``finished(seed, spec, run_dir, error)`` is
-    called here as each one ends. A worker imports the modules outside fedsolve that registered the algorithms
-    it runs (``fedsolve --import``), so user algorithms run there too. On Ctrl-C the workers are stopped at
-    once (each run's last checkpoint stays: writes are atomic) and ``KeyboardInterrupt`` is raised."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    threads = max(1, (cfg.threads or default_threads()) // jobs)
-    dump = cfg.model_copy(update={"threads": threads}).model_dump(mode="json")
-    modules = {get_algorithm(spec.name).__module__ for _, spec, _ in todo}
-    plugins = sorted(m for m in modules if not m.startswith("fedsolve.") and m != "__main__")
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
-    try:
-        running = {pool.submit(_compare_worker, dump, spec.display, seed, str(run_dir), resume, plugins,
-                               list(track)):
-                   (seed, spec, run_dir) for seed, spec, run_dir in todo}
-        for f in as_completed(running):
-            seed, spec, run_dir = running[f]
-            message = f.result()
-            t = json.loads((run_dir / "summary.json").read_text()).get("wall_time_s") or 0.0
-            finished(seed, spec, run_dir, DivergenceError(message) if message else None)
-            print(f"[fedsolve] {spec.display} seed {seed} {'diverged' if message else 'done'} ({t:.1f} s; "
-                  f"{status()})", flush=True)
-    except BaseException:
-        for p in multiprocessing.active_children():   # the pool's workers: stop them now, not after their runs
-            p.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-
-
-_worker_data: dict[str, Any] = {}
-
-
-def _compare_worker(dump: dict, label: str, seed: int, run_dir: str, resume: bool, plugins: list[str],
-                    track: list[str] = ()) -> str | None:
-    """One (algorithm, seed) run of :func:`compare` in a worker process: None, or the divergence message."""
-    import importlib
-
-    for mod in plugins:
-        importlib.import_module(mod)
-    cfg = ExperimentConfig.model_validate(dump)
-    key = json.dumps([dump["data"], seed], sort_keys=True)
-    if key not in _worker_data:               # a worker keeps the data of its last seed
-        _worker_data.clear()
-        _worker_data[key] = build_data(cfg, seed)
-    spec = next(s for s in cfg.all_algorithms() if s.display == label)
-    try:
-        run_spec(cfg, spec, seed, run_dir, resume=resume, progress=False, overwrite=True,   # compare checked it
-                 problem=build_problem(cfg, seed, data=_worker_data[key]), write_report=False, track=track)
-    except DivergenceError as e:
-        return str(e)
-    return None
-
-
-def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """Per algorithm label and metric (final and best over rounds): the mean, the sample SD (n - 1 in the
-    denominator; 0 for one run) and the number n of runs with a finite value (``"spread": "sample SD"``)."""
-    names = {s.get("dataset") for lst in runs.values() for s in lst} - {None}
-    out: dict[str, Any] = {"experiment": cfg.name,
-                           "dataset": names.pop() if len(names) == 1 else cfg.data.label, "seeds": cfg.seeds,
-                           "spread": "sample SD", "algorithms": {}}
-    for label, lst in runs.items():
-        entry: dict[str, Any] = {"algorithm": lst[0]["algorithm"], "runs": len(lst),
-                                 "diverged": sum(1 for s in lst if s.get("status") != "completed")}
-        for which in ("final", "best"):
-            keys = sorted({k for s in lst for k in s["metrics"][which]})
-            stats = {}
-            for k in keys:
-                vals = [s["metrics"][which][k] for s in lst if k in s["metrics"][which]]
-                vals = [v for v in vals if isinstance(v, (int, float)) and v == v]
-                if vals:
-                    stats[k] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1
-                                else 0.0, "n": len(vals)}
-            entry[which] = stats
-        for k in ("wall_time_s", "round_time_s_median"):
-            vals = [s[k] for s in lst if s.get(k) is not None]
-            entry[k] = statistics.fmean(vals) if vals else None
-        entry["uplink_bytes"] = statistics.fmean([s["communication"]["uplink_bytes"] for s in lst])
-        tuned = [dict(s["extras"]["tuned"], seed=s.get("seed")) for s in lst if (s.get("extras") or {}).get("tuned")]
-        if tuned:
-            entry["tuned"] = tuned
-        entry["downlink_bytes"] = statistics.fmean([s["communication"]["downlink_bytes"] for s in lst])
-        out["algorithms"][label] = entry
-    return out
+    return one_cell(cfg, out, resume=resume, progress=progress, stop_on_divergence=stop_on_divergence, jobs=jobs,
+                    overwrite=overwrite, track=track, batch=batch)

@@ -1,25 +1,33 @@
-"""Experiment suites: an experiment config plus a sweep, a registered protocol, the tables it reports.
+"""Experiment suites: methods x data x parameters x seeds, declared in one YAML, run by one command.
 
-A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs beyond one ``fedsolve compare``:
+A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs:
 
 * ``experiment``: the data, model, simulation settings and algorithms (a path to an experiment YAML,
   relative to the suite file, or the same fields inline), with ``set`` overrides as in ``--set``;
-* ``protocol``: a registered function (:data:`PROTOCOLS`) that drives simulations for ONE cell through
-  ``Simulation``'s public API and returns rows of metrics (``lambda_path``, ``newcomers``, ``attack_grid``,
-  ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``constrained_runs``, ``np_optimum``), with its typed ``args``;
-* ``sweep``: a grid of cells, the product of the axes, the ``algorithms`` (labels of the experiment's)
-  and the ``seeds``. An axis named ``params.<p>`` sets an algorithm parameter, a dotted name
-  (``data.params.scenario``) sets an experiment field, any other name is a protocol input
-  (``attack``, ``fraction``, ``strategy``);
+* ``protocol``: ``runs`` (the default), a grid of plain runs: per cell one compare folder
+  (``<cell>/<label>/seed<k>``, :mod:`fedsolve.experiments.compare`), each algorithm tuned on validation where its
+  spec says ``tune:``, ``references`` (other experiments, e.g. a centralized or source-only run) run on every cell
+  beside it, and the runs that differ only in seed and scalar hyper-parameters trained as one batch
+  (:mod:`fedsolve.experiments.runs`); or a registered function (:data:`PROTOCOLS`) that drives simulations
+  for ONE cell through ``Simulation``'s public API and returns rows of metrics (``lambda_path``,
+  ``newcomers``, ``attack_grid``, ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``constrained_runs``,
+  ``np_optimum``), with its typed ``args``;
+* ``sweep`` and ``zip``: the grid of cells (:mod:`fedsolve.experiments.grid`): the product of the sweep's axes
+  and the zip groups (axes that vary together), the ``algorithms`` (labels of the experiment's) and the
+  ``seeds``. An axis named ``experiment`` picks the experiment file, ``params.<p>`` sets an algorithm
+  parameter, a dotted name (``data.params.scenario``) sets an experiment field, any other name is a protocol
+  input (``attack``, ``fraction``, ``strategy``);
 * ``tables``: what each table reports (the metric; final, or the best or last over a field such as the
   round with ``over``; what its rows and columns are; mean +- std over the seeds, the largest value (the
   worst seed), a count of nonzero seeds, or the per-seed relative difference to a reference row with
   ``relative_to``; the paper's numbers next to ours) and ``plot``: a registered figure.
 
-Each finished cell is written atomically to ``OUT/cells/`` as it comes in, so an interrupted suite picks
-up where it stopped (``--resume``, refused if the suite's settings changed); ``--jobs N`` runs the cells
-in N spawned worker processes of one torch thread each. The report is ``OUT/report.md`` (the tables, the
-paper's numbers, the figure) and ``OUT/results.json`` (every row).
+Each finished cell of a protocol is written atomically to ``OUT/cells/`` as it comes in, and each run of a grid of
+runs into its own run folder, so an interrupted suite picks up where it stopped (``--resume``, refused if the
+suite's settings changed); ``--jobs N`` runs the cells (runs) in N spawned worker processes. The report is
+``OUT/report.md`` (the tables, the paper's numbers, the tuning grids and picks, the figure) and
+``OUT/results.json`` (every row). An experiment config given to ``fedsolve suite`` is a grid with one cell: the
+same compare folder ``fedsolve compare`` writes.
 """
 
 from __future__ import annotations
@@ -39,8 +47,7 @@ from typing import Any, Callable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedsolve.experiments.config import (AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides,
-                                         merged_params, parse_config)
+from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides, merged_params
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.provenance import provenance
 from fedsolve.engine.run_folder import RunFolder, busy_above
@@ -89,14 +96,25 @@ class SuiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="suite name (default output folder runs/<name>)")
     description: str = Field(..., min_length=1, description="what the suite reproduces (shown in the report)")
-    protocol: str = Field(..., description="registered protocol (fedsolve.experiments.suite.PROTOCOLS)")
-    experiment: str | dict[str, Any] = Field(..., description="experiment YAML (path relative to the suite "
-                                                              "file) or its fields inline")
+    protocol: str = Field("runs", description="runs (a grid of plain runs, one folder each) or a registered "
+                                              "protocol (fedsolve.experiments.suite.PROTOCOLS)")
+    experiment: str | dict[str, Any] | None = Field(None, description="experiment YAML (path relative to the "
+                                                                      "suite file) or its fields inline; null "
+                                                                      "only with an `experiment` axis")
     set: list[str] = Field(default_factory=list, description="overrides of the experiment (key=value)")
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="seeds of every cell")
+    seeds: list[int] | None = Field(None, min_length=1, description="seeds of every cell (null: a grid of runs "
+                                                                   "takes each experiment's own, a protocol [0])")
     algorithms: list[str] | None = Field(None, description="labels of the experiment's algorithms to run "
                                                            "(null: all; ignored by protocols without them)")
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="grid axes (see the module docstring)")
+    zip: list[dict[str, list[Any]]] = Field(default_factory=list, description="groups of axes that vary together "
+                                            "(one length per group), each group one axis of the grid")
+    references: list[ReferenceSpec] = Field(default_factory=list, description="reference experiments run on "
+                                              "every cell beside the experiment (protocol runs)")
+    folders: str | None = Field(None, description="folder of a cell (protocol runs), e.g. "
+                                "'{problem.params.loss}/{data.params.source}' (null: axis=value joined by _)")
+    metric: str | None = Field(None, description="the metric the paper reports: the default table's (protocol "
+                                                 "runs, no `tables`: rows algorithm, columns the cells)")
     args: dict[str, Any] = Field(default_factory=dict, description="the protocol's arguments")
     tables: list[TableSpec] = Field(default_factory=list, description="the report's tables")
     plot: str | None = Field(None, description="registered figure drawn from the rows (null: none)")
@@ -110,26 +128,34 @@ class SuiteConfig(BaseModel):
             raise ValueError(f"unknown protocol {v!r}; allowed: {sorted(PROTOCOLS)}")
         return v
 
+    @property
+    def grid(self) -> bool:
+        """Whether the suite is a grid of plain runs (``protocol: runs``)."""
+        return self.protocol == "runs"
+
     @field_validator("seeds")
     @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v) or min(v) < 0:
+    def _seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(set(v)) != len(v) or min(v) < 0):
             raise ValueError(f"seeds must be distinct non-negative integers, got {v}")
-        return v
-
-    @field_validator("sweep")
-    @classmethod
-    def _sweep(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for k, vals in v.items():
-            if not vals:
-                raise ValueError(f"sweep.{k}: give at least one value")
-            if k in ("seed", "algorithm"):
-                raise ValueError(f"sweep.{k}: use the suite's `{k}s` field")
         return v
 
     @model_validator(mode="after")
     def _plot_args(self):
-        p = PROTOCOLS[self.protocol]
+        from fedsolve.experiments.grid import axis_names, check_axes, check_folders, grid_cells
+
+        check_axes(self.sweep, self.zip)
+        if self.seeds is None and not self.grid:
+            self.seeds = [0]
+        axes = axis_names(self.sweep, self.zip)
+        if self.experiment is None and "experiment" not in axes:
+            raise ValueError("experiment: give the experiment YAML (or an `experiment` axis)")
+        if not self.grid and (self.references or self.folders or self.metric):
+            raise ValueError(f"references, folders and metric: for protocol runs only (this suite's protocol is "
+                             f"{self.protocol!r}); allowed: leave them unset")
+        if self.grid:
+            check_folders(grid_cells(self.sweep, self.zip), self.folders)
+        p = builtin_protocols()[self.protocol]
         try:
             p.Args(**self.args)
         except ValidationError as e:
@@ -138,12 +164,28 @@ class SuiteConfig(BaseModel):
                              f"{sorted(p.Args.model_fields)}") from None
         if self.plot is not None and self.plot not in PLOTS:
             raise ValueError(f"plot: unknown {self.plot!r}; allowed: {sorted(PLOTS)} or null")
-        missing = sorted(set(p.axes) - set(self.sweep))
+        missing = sorted(set(p.axes) - set(axes))
         if missing:
             raise ValueError(f"sweep: protocol {self.protocol!r} needs the axes {missing}")
         return self
 
 
+class ReferenceSpec(BaseModel):
+    """A reference run on every cell of a grid of runs: another experiment (a centralized bound, a source-only
+    model) with the cell's axes applied where they fit (a ``params.<p>`` axis only to algorithms that have ``p``),
+    into the cell's subfolder ``folder``; its rows are the table rows of its algorithms' labels."""
+
+    model_config = ConfigDict(extra="forbid")
+    experiment: str | dict[str, Any] = Field(..., description="experiment YAML (relative to the suite) or inline")
+    folder: str = Field(..., min_length=1, description="subfolder of each cell, e.g. central")
+    algorithms: list[str] | None = Field(None, description="labels of its algorithms to run (null: all)")
+    set: list[str] = Field(default_factory=list, description="overrides of it (key=value), after the suite's set")
+    skip: list[str] = Field(default_factory=list, description="axes of the grid not applied to it")
+    label: str | None = Field(None, description="its rows' label (default: its algorithm's; with several "
+                                                "algorithms '<label>: <algorithm>'), e.g. source only")
+
+
+SuiteConfig.model_rebuild()
 SUITE_FIELDS = set(SuiteConfig.model_fields)
 
 
@@ -154,9 +196,9 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     if not path.is_file():
         raise ConfigError(f"suite: no file {path}")
     raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict) or "protocol" not in raw:
-        raise ConfigError(f"{path}: not a suite (a YAML mapping with a `protocol`); experiment configs run with "
-                          f"`fedsolve run|compare`")
+    if not is_suite(raw):
+        raise ConfigError(f"{path}: not a suite (a YAML mapping with an `experiment` or a `protocol`); experiment "
+                          f"configs run with `fedsolve run|compare` (or `fedsolve suite`, as a grid of one cell)")
     mine, theirs = [], []
     for item in overrides or []:
         key = item.split("=", 1)[0].strip()
@@ -177,22 +219,63 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         raise ConfigError(f"{path.name}: {loc + ': ' if loc else ''}{err['msg'].removeprefix('Value error, ')}") \
             from None
     base = path.resolve().parent
-    Context(suite, base).experiment({})          # the experiment loads and validates now, not in a worker
+    if suite.grid:
+        from fedsolve.experiments.grid import grid_configs
+
+        grid_configs(suite, base)                # every cell's experiment loads and validates now
+    else:
+        ctx = Context(suite, base)
+        for cell in experiment_cells(suite):     # the experiment loads and validates now, not in a worker
+            ctx.experiment(cell)
     return suite, base
+
+
+def is_suite(raw: Any) -> bool:
+    """Whether a YAML mapping is a suite (it names an ``experiment`` or a ``protocol``), not an experiment."""
+    return isinstance(raw, dict) and ("protocol" in raw or "experiment" in raw)
+
+
+def experiment_cells(suite: SuiteConfig) -> list[dict]:
+    """One cell per experiment file of the grid (``{}`` when there is no ``experiment`` axis)."""
+    from fedsolve.experiments.grid import grid_cells
+
+    srcs = dict.fromkeys(c["experiment"] for c in grid_cells(suite.sweep, suite.zip) if "experiment" in c)
+    return [{"experiment": s} for s in srcs] or [{}]
 
 
 # ------------------------------------------------------------------ protocols
 @dataclass(frozen=True)
 class Protocol:
-    """``run(ctx) -> row | [rows]`` for one cell; ``Args``: its typed arguments; ``axes``: sweep axes it needs;
-    ``algorithms``: whether cells run per algorithm; ``key(ctx) -> cell``: the cell whose run serves this one
-    (a run shared by several cells, e.g. no attack at fraction 0)."""
+    """``run(ctx) -> row | [rows]`` for one cell (None: the grid of plain runs, ``protocol: runs``); ``Args``: its
+    typed arguments; ``axes``: sweep axes it needs; ``algorithms``: whether cells run per algorithm;
+    ``key(ctx) -> cell``: the cell whose run serves this one (a run shared by several cells, e.g. no attack at
+    fraction 0)."""
 
-    run: Callable[["Context"], dict | list[dict]]
+    run: Callable[["Context"], dict | list[dict]] | None
     Args: type[BaseModel]
     axes: tuple[str, ...] = ()
     algorithms: bool = True
     key: Callable[["Context"], dict] | None = None
+
+    @property
+    def description(self) -> str:
+        """What it runs per cell, in a clause (``fedsolve list protocols``): its function's docstring up to the
+        first ``;`` or full stop outside parentheses."""
+        if self.run is None:
+            return "a grid of plain runs: per cell a compare folder of algorithms x seeds (the default)"
+        doc = " ".join((self.run.__doc__ or "").split()).replace("``", "")
+        depth = 0
+        for i, ch in enumerate(doc):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0 and doc[i:i + 2] in ("; ", ". ") and not doc[max(0, i - 4):i].endswith(("Sec", "Eq", "Fig")):
+                return doc[:i]
+        return doc.rstrip(".")
+
+
+class RunsArgs(BaseModel):
+    """``protocol: runs`` takes no arguments: its runs are the experiment's (algorithms, tuning, schedules)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 PROTOCOLS: dict[str, Protocol] = {}
@@ -204,6 +287,7 @@ def builtin_protocols() -> dict[str, Protocol]:
     ``fedsolve.families.constrained.runs``) and figures
     (``fedsolve.families.clustered.figures``) registered on first use."""
     if "attack_grid" not in PROTOCOLS:
+        register_protocol("runs", Protocol(None, RunsArgs, algorithms=False))
         from fedsolve.families.clustered import figures as f
         from fedsolve.families.clustered.protocols import tables as t
 
@@ -260,26 +344,17 @@ class Context:
 
     # -------------------------------------------------------------- experiment
     def experiment(self, cell: dict | None = None) -> ExperimentConfig:
+        """The cell's experiment: its file (the ``experiment`` axis, else the suite's) with the suite's ``set`` and
+        the cell's dotted axes applied (:func:`fedsolve.experiments.grid.load_experiment`)."""
+        from fedsolve.experiments.grid import experiment_sets, load_experiment
+
         cell = self.cell if cell is None else cell
-        sets = list(self.suite.set) + [f"{k}={json.dumps(v)}" for k, v in cell.items()
-                                       if "." in k and not k.startswith("params.")]
-        key = ("experiment", tuple(sets))
+        src = cell.get("experiment", self.suite.experiment)
+        sets = list(self.suite.set) + experiment_sets(cell)
+        key = ("experiment", json.dumps(src, sort_keys=True, default=str), tuple(sets))
         cache = self._caches()
         if key not in cache:
-            src = self.suite.experiment
-            if isinstance(src, str):
-                p = self.base / src
-                if not p.is_file():
-                    raise ConfigError(f"experiment: no file {src} next to the suite")
-                raw = yaml.safe_load(p.read_text())
-            else:
-                raw = dict(src)
-            raw.setdefault("name", self.suite.name)
-            raw.pop("seeds", None)
-            try:
-                cache[key] = parse_config(apply_overrides(raw, sets))
-            except (ValueError, ConfigError) as e:
-                raise ConfigError(f"experiment: {e}") from None
+            cache[key] = load_experiment(src, self.base, sets, self.suite.name)
         return cache[key]
 
     def specs(self) -> list[AlgorithmSpec]:
@@ -357,14 +432,20 @@ class Context:
 
 # ------------------------------------------------------------------ cells, resume, workers
 def cells(suite: SuiteConfig, base: Path) -> list[dict]:
-    """Every cell of the suite: the product of the sweep axes, the algorithms (if the protocol runs per
-    algorithm) and the seeds, in that order."""
+    """Every cell of the suite: the product of the sweep axes and zip groups (:func:`~fedsolve.experiments.grid.
+    grid_cells`), the algorithms (if the protocol runs per algorithm) and the seeds, in that order. A grid of
+    runs has one cell per grid point (its algorithms x seeds are the runs of its compare folder)."""
+    from fedsolve.experiments.grid import grid_cells
+
+    grid = grid_cells(suite.sweep, suite.zip)
+    if suite.grid:
+        return grid
     proto = PROTOCOLS[suite.protocol]
-    axes = dict(suite.sweep)
+    axes: dict[str, list] = {}
     if proto.algorithms:
         axes["algorithm"] = [s.display for s in Context(suite, base).specs()]
     axes["seed"] = list(suite.seeds)
-    return [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
+    return [{**g, **dict(zip(axes, vals))} for g in grid for vals in itertools.product(*axes.values())]
 
 
 def cell_key(cell: dict) -> str:
@@ -411,24 +492,31 @@ def _set_threads(n: int) -> None:
 
 
 # settings that do not change a cell's numbers: a report may be redrawn with other tables on --resume
-REPORT_ONLY = ("name", "description", "tables", "plot", "paper", "threads")
+REPORT_ONLY = ("name", "description", "tables", "plot", "paper", "threads", "metric")
 
 
 def _settings(suite: SuiteConfig, base: Path) -> dict:
-    """What decides a cell's numbers: the suite's fields but the report's, and the experiment as resolved (so a
-    changed experiment file is seen too)."""
+    """What decides a cell's numbers: the suite's fields but the report's (the grid's fields only where set, as
+    a suite folder written before them records them), and each experiment as resolved (so a changed experiment
+    file is seen too)."""
     out = json.loads(suite.model_dump_json(exclude=set(REPORT_ONLY)))
-    out["resolved_experiment"] = json.loads(Context(suite, base).experiment({}).model_dump_json(
-        exclude={"name", "description", "paper", "out_dir", "threads"}))
+    for k in ("zip", "references", "folders"):
+        if not out.get(k):
+            out.pop(k, None)
+    ctx = Context(suite, base)
+    resolved = {c.get("experiment", ""): json.loads(ctx.experiment(c).model_dump_json(
+        exclude={"name", "description", "paper", "out_dir", "threads"})) for c in experiment_cells(suite)}
+    out["resolved_experiment"] = resolved.pop("") if "" in resolved else resolved
     return out
 
 
 def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, resume: bool = False,
-              progress: bool = True) -> list[dict]:
-    """Run every missing cell of ``suite`` into ``out`` (one file per run in ``out/cells/``, written atomically
-    as it ends, with the provenance of the code that ran it), then write the report. Returns every row, tagged
-    with its cell. The folder is locked while the suite is live and marked ``running`` in its ``run.json``
-    until it ends (:class:`~fedsolve.engine.run_folder.RunFolder`)."""
+              progress: bool = True, batch: bool = True, track: list[str] | tuple = ()) -> list[dict]:
+    """Run every missing cell of ``suite`` into ``out`` (a protocol's: one file per cell in ``out/cells/``, written
+    atomically as it ends, with the provenance of the code that ran it; a grid of runs: one compare folder per
+    cell, :func:`fedsolve.experiments.grid.run_grid`, with ``batch`` and ``track``), then write the report.
+    Returns every row, tagged with its cell. The folder is locked while the suite is live and marked ``running``
+    in its ``run.json`` until it ends (:class:`~fedsolve.engine.run_folder.RunFolder`)."""
     out = Path(out)
     settings = _settings(suite, base)
     with RunFolder(out, "suite") as folder:
@@ -436,7 +524,15 @@ def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, re
         folder.start(provenance(None, settings))
         for derived in ("report.md", "results.json"):     # rebuilt at the end
             (out / derived).unlink(missing_ok=True)
-        rows = _run_cells(suite, base, out, settings, jobs, progress)
+        if suite.grid:
+            from fedsolve.experiments.grid import run_grid
+
+            atomic_write_text(out / "suite.json", json.dumps(settings, indent=1, sort_keys=True))
+            t0 = time.perf_counter()
+            rows = run_grid(suite, base, out, jobs=jobs, resume=resume, progress=progress, batch=batch, track=track)
+            write_report(suite, rows, out, time.perf_counter() - t0)
+        else:
+            rows = _run_cells(suite, base, out, settings, jobs, progress)
         folder.finish("completed")
         return rows
 
@@ -648,18 +744,32 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
 
 def write_report(suite: SuiteConfig, rows: list[dict], out: Path, wall: float, kept: int = 0) -> None:
     """``out/report.md``: what ran, each table with the paper's numbers, the figure; ``out/results.json``."""
+    what = "a grid of runs (one compare folder per cell)" if suite.grid else \
+        f"Protocol `{suite.protocol}` with {json.dumps(suite.args, default=str)}"
+    zipped = f"; zipped {json.dumps(suite.zip, default=str)}" if suite.zip else ""
+    refs = f"; references {[r.folder for r in suite.references]}" if suite.references else ""
     lines = [f"# {suite.name}", "", suite.description.strip(), "",
-             f"Protocol `{suite.protocol}` with {json.dumps(suite.args, default=str)}; sweep "
-             f"{json.dumps(suite.sweep, default=str)}; algorithms {suite.algorithms or 'all of the experiment'}; "
-             f"seeds {suite.seeds}; experiment "
-             f"{suite.experiment if isinstance(suite.experiment, str) else 'inline'}"
+             f"{what}; sweep {json.dumps(suite.sweep, default=str)}{zipped}; algorithms "
+             f"{suite.algorithms or 'all of the experiment'}{refs}; seeds {suite.seeds or 'of each experiment'}; "
+             f"experiment "
+             f"{_experiment_name(suite)}"
              + (f" with {suite.set}" if suite.set else "") + ". Values: mean +- sample SD over the seeds (n = "
-             f"{len(suite.seeds)} unless a cell says otherwise).", ""]
+             f"{len({r.get('seed') for r in rows})} unless a cell says otherwise).", ""]
     if suite.paper:
         lines += [f"Paper: {suite.paper.get('source', '')}"] + \
                  ([str(suite.paper["note"]).strip()] if suite.paper.get("note") else []) + [""]
-    for t in suite.tables:
+    tables = suite.tables
+    if suite.grid and not tables:   # the metric the paper reports, per algorithm and cell
+        metric = suite.metric or next((m for m in ("test_accuracy", "test_rmse", "train_loss")
+                                       if any(m in r for r in rows)), "test_accuracy")
+        tables = [TableSpec(metric=metric, columns="cell" if len({r.get("cell") for r in rows}) > 1 else None,
+                            digits=4)]
+    for t in tables:
         lines += table_lines(t, rows)
+    if suite.grid:
+        from fedsolve.experiments.grid import tuning_lines
+
+        lines += tuning_lines(rows)
     if suite.plot is not None:
         PLOTS[suite.plot](rows, suite, out / f"{suite.plot}.png")
         lines += [f"![{suite.plot}]({suite.plot}.png)", ""]
@@ -668,9 +778,17 @@ def write_report(suite: SuiteConfig, rows: list[dict], out: Path, wall: float, k
     atomic_write_text(out / "results.json", json.dumps(rows, indent=1, default=float))
 
 
+def _experiment_name(suite: SuiteConfig) -> str:
+    if suite.experiment is None:
+        return "per cell (the experiment axis)"
+    return suite.experiment if isinstance(suite.experiment, str) else "inline"
+
+
 def main(path: str, out: str | None = None, jobs: int = 1, resume: bool = False, sets: list[str] | None = None,
-         progress: bool = True) -> list[dict]:
-    """``fedsolve suite``: load, run every missing cell, write the report (default folder ``runs/<name>``)."""
+         progress: bool = True, batch: bool = True, track: list[str] | tuple = ()) -> list[dict]:
+    """``fedsolve suite``: load, run every missing cell, write the report (default folder ``runs/<name>``).
+    ``batch``: runs that differ only in seed and scalar hyper-parameters train as one batch (``--no-batch-sweeps``
+    turns it off); ``track``: the tracking writers of a grid's runs."""
     if jobs < 1:
         raise ConfigError(f"--jobs: expected a whole number >= 1 (worker processes), got {jobs}")
     suite, base = load_suite(path, sets)
@@ -678,7 +796,7 @@ def main(path: str, out: str | None = None, jobs: int = 1, resume: bool = False,
     busy = busy_above(out)        # a live run in it or in a folder around it
     if busy is not None:
         raise busy
-    rows = run_suite(suite, base, out, jobs=jobs, resume=resume, progress=progress)
+    rows = run_suite(suite, base, out, jobs=jobs, resume=resume, progress=progress, batch=batch, track=track)
     if progress:
         print(f"report: {out / 'report.md'}")
     return rows
