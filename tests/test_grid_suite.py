@@ -151,6 +151,13 @@ def test_runs_differing_in_seed_and_step_size_train_as_one_batch_with_their_sepa
                        shallow=False)
     report = (tmp_path / "b" / "report.md").read_text()
     assert "| algorithm | params.lr 0.05 | params.lr 0.2 |" in report
+    # fedsolve verify re-runs one run of a cell (alone) and finds the recorded numbers
+    from fedsolve.experiments.verify import verify
+
+    found = verify(tmp_path / "b", cell="lr=0.05:FedProx", rounds=2)
+    assert found.agrees and found.compared > 10, found.lines
+    with pytest.raises(ConfigError, match="verify --cell: 'lr=9' is not a cell of .*'lr=0.05', 'lr=0.2'"):
+        verify(tmp_path / "b", cell="lr=9")
 
 
 # ------------------------------------------------------------------ tuning in the report

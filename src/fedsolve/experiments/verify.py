@@ -7,7 +7,8 @@ A cell is found from the folder given:
   verified as above where the per-round logs are kept; where they are not (summaries only), the cell's seeds
   are re-run whole (``--full``) and their mean, SD and count compared with the summary;
 * a **suite folder** (``suite.json`` + ``cells/``): one cell (``--cell KEY``, a file name in ``cells/``;
-  default the first), re-run by its protocol with the suite's recorded settings, its rows compared.
+  default the first), re-run by its protocol with the suite's recorded settings, its rows compared; of a grid of
+  runs (``protocol: runs``) one cell's compare folder (``--cell FOLDER[:LABEL]``), verified as above.
 
 By default a run is re-run up to a reduced round (the first recorded evaluation at or after round 10, or
 ``--rounds R``) with the recorded config unchanged otherwise, so every schedule that depends on the round
@@ -76,7 +77,7 @@ def verify(path: str | Path, full: bool = False, cell: str | None = None, rounds
     elif kind == "compare":
         _verify_compare(path, full, cell, rounds, rtol, atol, out)
     else:
-        _verify_suite(path, cell, rtol, atol, out)
+        _verify_suite(path, cell, rtol, atol, out, full, rounds)
     if not out.compared:
         raise ConfigError(f"verify {path}: the re-run and the record share no number to compare")
     out.lines.append(f"agrees: {out.compared} numbers within rtol {rtol:g}, atol {atol:g} (largest relative "
@@ -102,6 +103,21 @@ def code_line(recorded: dict[str, Any] | None) -> str:
         return (f"code: CHANGED since the recorded commit {commit[:10]}{how} (the package source differs from "
                 f"HEAD {now[:10]}): a difference may come from that{local}")
     return f"code: the package source is the recorded commit's ({commit[:10]}{how}){local}"
+
+
+def _verify_grid(path: Path, cell: str | None, full: bool, rounds: int | None, rtol: float, atol: float,
+                 out: Verdict) -> None:
+    """A grid suite's cell (``--cell FOLDER`` or ``FOLDER:LABEL``, the folder relative to the suite's; default the
+    first cell and its first algorithm): its compare folder verified as :func:`_verify_compare` does."""
+    cells = sorted(str(p.parent.relative_to(path)) for p in path.rglob("run.json")
+                   if p.parent != path and folder_kind(p.parent) == "compare")
+    if not cells:
+        raise ConfigError(f"verify {path}: a grid suite folder with no cell (compare folder) to re-run")
+    folder, _, label = (cell or cells[0]).partition(":")
+    if folder not in cells:
+        raise ConfigError(f"verify --cell: {folder!r} is not a cell of {path}; allowed: {cells[:5]}"
+                          + (" ..." if len(cells) > 5 else "") + " (optionally :LABEL)")
+    _verify_compare(path / folder, full, label or None, rounds, rtol, atol, out)
 
 
 # ------------------------------------------------------------------ run folders
@@ -241,10 +257,14 @@ def _verify_compare(path: Path, full: bool, cell: str | None, rounds: int | None
 
 
 # ------------------------------------------------------------------ suite folders
-def _verify_suite(path: Path, cell: str | None, rtol: float, atol: float, out: Verdict) -> None:
+def _verify_suite(path: Path, cell: str | None, rtol: float, atol: float, out: Verdict, full: bool = False,
+                  rounds: int | None = None) -> None:
     from fedsolve.experiments.suite import Context, SuiteConfig, run_cell
 
     settings = read_json(path / "suite.json")
+    if settings.get("protocol") == "runs":
+        _verify_grid(path, cell, full, rounds, rtol, atol, out)
+        return
     files = sorted((path / "cells").glob("*.json"))
     if not files:
         raise ConfigError(f"verify {path}: no cells/*.json to re-run")
