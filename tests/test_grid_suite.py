@@ -160,6 +160,23 @@ def test_runs_differing_in_seed_and_step_size_train_as_one_batch_with_their_sepa
         verify(tmp_path / "b", cell="lr=9")
 
 
+def test_a_tuning_grid_trains_as_one_batch_and_picks_what_its_separate_runs_pick(tmp_path, monkeypatch):
+    from fedsolve.engine import sweep
+
+    sizes = []
+    real = sweep.run_sweep
+    monkeypatch.setattr(sweep, "run_sweep", lambda sims, resume=False: sizes.append(len(sims)) or real(sims, resume))
+    exp = {**EXPERIMENT, "algorithms": [{"name": "fedavg", "label": "FedAvg",
+                                         "tune": {"param": "lr", "grid": [0.01, 0.1, 0.5], "rounds": 2}}]}
+    (together,) = main(str(_write(tmp_path, {}, exp)), out=str(tmp_path / "b"), progress=False)
+    assert sizes == [3]                               # the grid's three runs, one batch
+    (alone,) = main(str(_write(tmp_path, {}, exp)), out=str(tmp_path / "n"), progress=False, batch=False)
+    assert sizes == [3]
+    a, b = together["tuned"], alone["tuned"]
+    assert a["value"] == b["value"] and a["scores"] == pytest.approx(b["scores"], rel=1e-5, abs=1e-7)
+    assert together["test_accuracy"] == pytest.approx(alone["test_accuracy"], rel=1e-5, abs=1e-7)
+
+
 # ------------------------------------------------------------------ tuning in the report
 def test_grid_edge_says_when_the_pick_is_not_bracketed():
     assert grid_edge([0.1, 1.0, 0.01], 1) == "highest" and grid_edge([0.1, 1.0, 0.01], 2) == "lowest"
