@@ -365,7 +365,7 @@ def test_a_run_ends_at_the_round_its_stopping_test_passes_and_resume_keeps_it(tm
     import json
 
     from fedsolve.experiments.config import parse_config
-    from fedsolve.experiments.runner import compare
+    from fedsolve.experiments.compare import compare
 
     raw = {"name": "stop", "seeds": [0], "data": {"dataset": "breast_cancer", "num_clients": 3},
            "problem": {"kind": "constrained_qp", "params": {"d": 5, "m": 1, "instance_seed": 0}},

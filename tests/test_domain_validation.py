@@ -47,7 +47,7 @@ def test_no_validation_images_is_refused_naming_the_fix():
 def test_a_tuned_comparison_on_domain_data_scores_on_validation(tmp_path):
     """Before DomainData, tuning on domain data scored the unlabelled target rows (labels -1) and failed."""
     from fedsolve.experiments.config import parse_config
-    from fedsolve.experiments.runner import compare
+    from fedsolve.experiments.compare import compare
 
     raw = {"name": "toy_tune", "seeds": [0],
            "data": {"dataset": "toy_domains", "num_clients": 2, "params": {"n": 60, "n_test": 20, "n_val": 40}},

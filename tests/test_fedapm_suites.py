@@ -15,7 +15,7 @@ import yaml
 
 from conftest import suite_dataset, suite_param
 from fedsolve.experiments.config import load_config
-from fedsolve.experiments.runner import compare
+from fedsolve.experiments.compare import compare
 from fedsolve.experiments.suite import is_suite
 
 # the experiment configs (the grid suites over them, table3_suite.yaml and participation_suite.yaml, are

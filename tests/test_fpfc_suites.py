@@ -18,7 +18,7 @@ import yaml
 from conftest import suite_dataset, suite_param
 from fedsolve.core import native
 from fedsolve.experiments.config import load_config
-from fedsolve.experiments.runner import compare
+from fedsolve.experiments.compare import compare
 from fedsolve.experiments.suite import load_suite, main
 
 DIR = Path(__file__).resolve().parents[1] / "experiments" / "fpfc"

@@ -99,7 +99,7 @@ def _cmd_run(args) -> int:
 
 def _cmd_compare(args) -> int:
     from fedsolve.experiments.config import load_config
-    from fedsolve.experiments.runner import compare
+    from fedsolve.experiments.compare import compare
 
     cfg = load_config(args.config, args.set)
     if args.only:

@@ -4,7 +4,7 @@ Run folder: ``config.yaml`` (fully resolved), ``metrics.jsonl`` (numbers only: b
 identical runs), ``timings.jsonl``, ``summary.json``, ``per_client.json``, ``checkpoint.pt`` (atomic;
 ``--resume`` continues bit-identically), ``plots/*.png``, ``report.md``. :func:`run_one` makes one,
 :func:`run_together` several runs of one sweep as one batch. Compare folders (one run folder per algorithm and
-seed, their summary and report) are ``fedsolve.experiments.compare``'s; :func:`compare` here is its one-cell call.
+seed, their summary and report) are ``fedsolve.experiments.compare``'s.
 
 Resuming (:func:`check_resume`) compares the resolved config with the one the run folder was started
 with and refuses any difference that changes the numbers; only ``simulation.rounds`` may grow, and the
@@ -756,15 +756,3 @@ def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str
     return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
                    progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc,
                    track=track, overwrite=overwrite)
-
-
-# ------------------------------------------------------------------ compare
-def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-            stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False,
-            track: Sequence[str] = (), batch: bool = True) -> dict[str, Any]:
-    """Every algorithm x every seed of ``cfg`` into one compare folder: a grid with one cell
-    (:func:`fedsolve.experiments.compare.compare`, where the arguments are described)."""
-    from fedsolve.experiments.compare import compare as one_cell
-
-    return one_cell(cfg, out, resume=resume, progress=progress, stop_on_divergence=stop_on_divergence, jobs=jobs,
-                    overwrite=overwrite, track=track, batch=batch)
