@@ -339,7 +339,8 @@ def _tuned_section(agg: dict[str, Any]) -> list[str]:
     for a, t in rows:
         scores = ", ".join(f"{g}: {_fmt(v) if v is not None else 'diverged'}" for g, v in zip(t["grid"], t["scores"]))
         edge = f" (the grid's {t['edge']} value: not bracketed)" if t.get("edge") else ""
-        out.append(f"| {a} | {t.get('seed')} | {t['param']} = {t['value']}{edge} | {NICE.get(t['metric'], t['metric'])} "
+        out.append(f"| {a} | {t.get('seed')} | {t['param']} = {t['value']}{edge} | "
+                   f"{NICE.get(t['metric'], t['metric'])} "
                    f"(validation, {t['val_fraction']:g} held out): {scores} | {t['rounds']} | "
                    f"{t.get('wall_time_s', 0.0):.1f} |")
     return out
