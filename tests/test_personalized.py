@@ -253,3 +253,45 @@ def test_har_model_federated_split_input():
         out.append(sim.eval_params())
     torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-5)
     assert issubclass(FedAPM, PartialAlgorithm)
+
+
+# ------------------------------------------------------------------ drift wrapper (Fig. 5 for FedAvg / FedProx)
+def _grad_at(prob, x, i):
+    """Client i's full-batch cross-entropy gradient at the flat parameters ``x``."""
+    model = prob.model_fn()
+    prob.layout.load_into(model, x)
+    x, y = prob.data.client_train(i)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(model.parameters()))])
+
+
+def test_drift_wrapper_reports_the_shared_block_step_of_each_client():
+    """One full-batch step from w^0 with every client taking part: client i moves by -lr grad_i(w^0), so the
+    reported local_drift is the mean over clients of lr ||grad_i(w^0)|| on the non-personal parameters; the
+    wrapped FedAvg's own numbers are unchanged."""
+    from fedsolve.engine.wrappers import wrap
+
+    prob = mlp_problem()
+    params = dict(lr=0.3, batch_size=None, local_steps=1)
+    plain = run(prob, FedAvg(params, prob), 1)
+    wrapped = run(prob, wrap(FedAvg(params, prob), [{"kind": "drift"}]), 1)
+    assert torch.equal(plain.server["w"], wrapped.server["w"])
+    x0 = prob.init_params(wrapped.rngs.torch("init"))
+    shared = ~prob.layout.mask("personal")
+    want = np.mean([0.3 * float(_grad_at(prob, x0, i)[shared].norm()) for i in range(prob.num_clients)])
+    whole = np.mean([0.3 * float(_grad_at(prob, x0, i).norm()) for i in range(prob.num_clients)])
+    got = wrapped.algo.report(wrapped.server, wrapped.clients)["local_drift"]
+    assert got == pytest.approx(want, rel=1e-6) and abs(whole - want) > 0.01 * want   # float32 sample weights
+    # half the clients a round: the others keep 0 until they take part
+    half = run(prob, wrap(FedAvg(params, prob), [{"kind": "drift"}]), 1, fraction=0.5)
+    assert int((half.server["drift.last"] > 0).sum()) == 2
+
+
+def test_drift_wrapper_refuses_parameters_and_solvers_without_a_global_model():
+    from fedsolve.engine.wrappers import wrap
+
+    prob = mlp_problem()
+    with pytest.raises(ValueError, match=r"wrap\.drift\.clip: not a parameter"):
+        wrap(FedAvg({}, prob), [{"kind": "drift", "clip": 1.0}])
+    with pytest.raises(ValueError, match="averages one global model"):
+        wrap(FedAlt({}, prob), [{"kind": "drift"}])
