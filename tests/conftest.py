@@ -61,3 +61,16 @@ def suite_param(path, real: set[str]):
     """``pytest.param`` for a suite YAML, marked ``realdata`` when its dataset is fetched."""
     marks = [pytest.mark.realdata, pytest.mark.slow] if suite_dataset(path) in real else []
     return pytest.param(path, id=path.stem, marks=marks)
+
+
+#: the fast lane (``bash scripts/test.sh -m fast``, under 3 minutes on 2 cores): the engine's and the core's unit
+#: tests, the structural limits, and every family end to end at smoke size (test_smoke_families.py); their slow
+#: cases stay out. The full suite runs in CI.
+FAST_MODULES = {"test_architecture", "test_smoke_families", "test_core", "test_engine", "test_plans",
+                "test_server_pieces", "test_sweep", "test_states_readonly", "test_metrics", "test_context_blocks"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in FAST_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)

@@ -17,12 +17,11 @@ that step; clients are grouped into chunks by their number of steps (unequal wor
 the update ``P -= lr * (G + wd P + rho (P - anchor))`` runs over the stacked rows (inactive steps leave a row
 unchanged) where it is not fused into the kernel.
 
-The update it runs is the algorithm's declared GD form (:meth:`Algorithm.linear_gd` -> ``GDStep``: start,
-lr, proximal anchor and rho, finish), the declaration the ``linear`` executor uses; the algorithm opts in to
-running it with *minibatch* gradients by setting ``linear_gd_minibatch = True`` (its ``linear_gd`` does not
-use the ``full`` argument, and its ``local_update`` is ``local_sgd`` on that objective: FedAvg, FedProx,
-Local). Same numbers as the sequential executor to float rounding (``tests/test_batched_mlp.py``,
-``tests/test_batched_conv.py``).
+The update it runs is the algorithm's own statement of its local update (a plain
+:class:`~fedsolve.core.statements.Descend`: start, step size, weight decay, linear term, proximal pull, then;
+``core/statements.py``), read from the stacked rows of the selected clients, so FedAvg, FedProx, SCAFFOLD, FedADMM,
+Local, FPFC and any solver stated like them run here without declaring anything. Same numbers as the sequential
+executor to float rounding (``tests/test_batched_mlp.py``, ``tests/test_batched_conv.py``).
 
 ``auto`` (``core.selection.make_executor``) chooses among the executors that apply by a calibration: a tiny
 timing of each candidate (two SGD steps of 32 clients on the actual model and batch size, best of 5,
@@ -50,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
-from fedsolve.core.executor import Plan, linear_gd_owner_ok, on_data_device
+from fedsolve.core.executor import Plan, on_data_device
 from fedsolve.core.linear import keep_freed_memory, stacks
 from fedsolve.core.statements import stated
 
@@ -120,29 +119,6 @@ def mlp_layers(problem) -> list[_Layer]:
         raise ValueError(f"executor: 'batched' supports loss cross_entropy or squared_error, got "
                          f"{problem.loss_name!r}")
     return [_Layer(w, b, act) for w, _, b, act in layers]
-
-
-def batched_sgd_applies(algorithm, problem, check_problem: bool = True) -> bool:
-    """The ``batched`` executor can run ``algorithm``: it declares its GD form (``supports_linear_gd()`` and
-    ``linear_gd``, defined by the class that defines ``local_update``) with ``linear_gd_minibatch = True``, its
-    only work phase is ``train`` (the flag set by the class that defines ``linear_gd``: a subclass with its own
-    GD form does not inherit it), and (``check_problem``) the model is one the executor stacks
-    (:func:`stacked_kernel`: a chain of nn.Linear layers, or a small CNN such as LeNet)."""
-
-    if not getattr(algorithm, "linear_gd_minibatch", False) or not linear_gd_owner_ok(algorithm):
-        return False
-    owner = lambda attr: next(k for k in type(algorithm).__mro__ if attr in k.__dict__)  # noqa: E731
-    if owner("linear_gd_minibatch") is not owner("linear_gd"):   # a subclass's own GD form was not declared so
-        return False
-    if set(algorithm.work(0)) != {"train"}:
-        return False
-    if not check_problem:
-        return True
-    try:
-        stacked_kernel(problem)
-    except ValueError:
-        return False
-    return True
 
 
 class StackedMLP:
@@ -430,8 +406,6 @@ class BatchedMLPExecutor:
     # ---------------------------------------------------------------- one round
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        if getattr(algo, "linear_gd_minibatch", False):   # an update declared in the former GDStep form
-            return self._run_declared(algo, rows, msgs, ids, plans, data, round_)
         stmt = stated(algo, rows, msgs, round_)
         if not stacks(stmt, plans):
             if self.fallback is None:
@@ -446,19 +420,6 @@ class BatchedMLPExecutor:
         P, losses = self.sgd(stmt.start, stmt.lr, plan, data, stmt.anchor, float(stmt.prox), stmt.weight_decay,
                              stmt.linear)
         new_rows, uploads = stmt.then(P.to(stmt.start.dtype), plan.active.sum(-1).to(stmt.start.dtype))
-        return new_rows, uploads, losses.to(torch.float32)
-
-    def _run_declared(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        if not batched_sgd_applies(algo, None, check_problem=False) or not algo.supports_linear_gd():
-            raise ValueError(f"executor: 'batched' does not run {algo.name} with this configuration (it runs local "
-                             f"SGD declared by linear_gd with linear_gd_minibatch = True, one 'train' phase); use "
-                             f"'auto', 'vectorized' or 'sequential'")
-        if self.tune_malloc:   # the linear executor's process-wide allocator setting (core/linear.py)
-            keep_freed_memory()
-        spec = algo.linear_gd(rows, msgs, ids, round_, None)   # minibatch declarers do not use ``full``
-        wd = float(getattr(algo.cfg, "weight_decay", 0.0))
-        P, losses = self.sgd(spec.start, spec.lr, plans["train"], data, spec.anchor, spec.rho, wd)
-        new_rows, uploads = spec.finish(P.to(spec.start.dtype))
         return new_rows, uploads, losses.to(torch.float32)
 
 

@@ -136,8 +136,6 @@ class LocalContext:
         self._fixed_batches: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         #: True in the sequential executor: plain autograd on one client (no torch.func overhead)
         self.eager = False
-        #: False: one client's slice (see :class:`StackedContext` for the other case)
-        self.stacked = False
         #: the model's BatchNorm layers (``core/norm.py``; None without any): every forward pass here normalizes
         #: with the statistics of the minibatch rows that carry weight and never touches the layers' own buffers
         self._stats = getattr(problem, "running_stats", None) or None
@@ -505,33 +503,6 @@ def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c
     if num(a):
         return q.add_(p, alpha=a) if a != 0 else q
     return torch.addcmul(q, p, a)
-
-
-class StackedContext:
-    """What a batch-aware ``local_update`` sees when the vectorized executor calls it ONCE for all the selected
-    clients (:meth:`~fedsolve.engine.algorithm.Algorithm.stacked_batches`): each full-batch phase's rows of the K
-    clients, stacked ``[K, B, ...]`` and padded with weight 0 to the longest (as under ``vmap``). Code given this
-    context sees the client dimension and may branch on tensor values, e.g. loop until every client's solve has
-    converged, which ``vmap`` cannot."""
-
-    eager = False
-    stacked = True
-
-    def __init__(self, plans: Mapping[str, Plan], train_x: Tensor, train_y: Tensor, round_: int = 0):
-        self.plans = plans
-        self.round = int(round_)
-        self._x, self._y = train_x, train_y
-        self._batches: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
-
-    def batch(self, phase: str, step: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-        """``(x [K, B, ...], y [K, B], w [K, B])``: the full batch of ``phase`` of every client."""
-        p = self.plans[phase]
-        if not p.fixed:
-            raise ValueError(f"a stacked local update reads full batches only; phase {phase!r} is planned in "
-                             f"minibatches (Work(batch_size=None) plans one full batch)")
-        if phase not in self._batches:
-            self._batches[phase] = full_batches(p, self._x, self._y)
-        return self._batches[phase]
 
 
 def full_batches(plan: Plan, train_x: Tensor, train_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:

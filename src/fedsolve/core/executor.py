@@ -7,12 +7,10 @@ stream, so every executor sees exactly the same minibatches:
 
 * ``sequential`` calls ``local_update`` client by client (any model, batch-norm included);
 * ``vectorized`` runs it for all selected clients at once with ``torch.func.vmap`` over the
-  stacked state rows, messages and plans (``functional_call`` on the shared module), or, in a round
-  where the algorithm declares its update batch-agnostic and data-free (``Algorithm.stacked_update``),
-  calls it once on the stacked rows, and likewise with the clients' full batches stacked
-  (``Algorithm.stacked_batches``, :class:`~fedsolve.core.context.StackedContext`) for an update that loops until
-  every client is done; a :class:`~fedsolve.core.statements.Minimize` statement (Newton to each client's
-  tolerance) runs once on the stacked clients and their full batches (:func:`minimize_stacked`);
+  stacked state rows, messages and plans (``functional_call`` on the shared module); a round stated as a
+  :class:`~fedsolve.core.statements.Solved` (closed form, batch-agnostic) is the statement computed once on the
+  stacked rows, and a :class:`~fedsolve.core.statements.Minimize` (Newton to each client's tolerance) runs once on
+  the stacked clients and their full batches (:func:`minimize_stacked`);
 * ``batched`` (``core/batched_mlp.py``) runs stacked MLPs with hand-written ``bmm`` passes;
 * ``auto`` picks the fastest by a calibration cached per machine and model (``core/batched_mlp.py``).
 
@@ -29,13 +27,13 @@ import torch
 from torch import Tensor
 from torch.func import grad, vmap
 
-from fedsolve.core.context import LocalContext, StackedContext, full_batches
+from fedsolve.core.context import LocalContext, full_batches
 from fedsolve.core.newton import newton
 from fedsolve.core.plans import Plan, Work, build_plans
 from fedsolve.core.statements import Minimize, Solved, is_statement, stated
 
 __all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "LocalContext", "Plan", "Work", "build_plans",
-           "on_data_device", "linear_gd_owner_ok"]
+           "on_data_device", "carry_out"]
 
 Record = dict[str, Tensor]
 
@@ -145,14 +143,6 @@ class VectorizedExecutor(Executor):
         if isinstance(probe, Minimize):   # Newton on the stacked clients, each until its own tolerance is met
             s, u = minimize_stacked(probe, plans, data)
             return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
-        stacked = getattr(algo, "stacked_update", None)   # an Algorithm's hook (plain work objects have none)
-        if stacked is not None and stacked(msgs):   # batch-agnostic and data-free this round: one call on the rows
-            s, u = algo.local_update(rows, msgs, None)
-            return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
-        batches = getattr(algo, "stacked_batches", None)
-        if batches is not None and batches(msgs):   # batch-aware on full batches: one call, the clients stacked
-            s, u = algo.local_update(rows, msgs, StackedContext(plans, data.train_x, data.train_y, round_))
-            return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
         n, wt = _ctx_inputs(data, ids)
         tx, ty = data.train_x, data.train_y
         phases = list(plans)
@@ -206,13 +196,3 @@ def minimize_stacked(s: Minimize, plans: Mapping[str, Plan], data) -> tuple[Reco
 def carry_out(out, ctx: LocalContext):
     """``(new rows, upload)`` from what ``local_update`` returned: a statement is carried out in ``ctx``."""
     return ctx.run(out) if is_statement(out) else out
-
-
-def linear_gd_owner_ok(algorithm) -> bool:
-    """``algorithm`` declares its GD form with this configuration (``supports_linear_gd()`` -> True and
-    ``linear_gd``), and ``linear_gd`` is defined by the class that defines ``local_update``."""
-    supports = getattr(algorithm, "supports_linear_gd", None)
-    if supports is None or not hasattr(algorithm, "linear_gd") or not supports():
-        return False
-    owner = lambda attr: next((k for k in type(algorithm).__mro__ if attr in k.__dict__), None)  # noqa: E731
-    return owner("linear_gd") is not None and owner("local_update") is owner("linear_gd")

@@ -9,8 +9,8 @@ with ``f_i`` the mean multinomial-logistic or squared loss of a model that is on
 LOCAL (start = own model), FedAvg / PACFL / CFL (start = the server's model), FedProx (anchor = the
 global model, rho = mu), FPFC (start = own model, anchor = zeta_i) and IFCA (start = the cluster
 model with the lowest full-batch loss) differ only in start, anchor and what is kept afterwards. An
-algorithm states its update in that form with :meth:`Algorithm.linear_gd` (returning a
-:class:`GDStep`) and this executor runs all selected clients at once with closed-form gradients:
+algorithm states its update as a plain :class:`~fedsolve.core.statements.Descend` on a full-batch phase and this
+executor runs all selected clients at once with closed-form gradients:
 
 * the bias is folded in as a constant-1 feature (``[W | b]`` acts on ``[x, 1]``);
 * each client's samples are cut into chunks of ``chunk`` rows (only its last chunk is padded, with
@@ -21,9 +21,9 @@ algorithm states its update in that form with :meth:`Algorithm.linear_gd` (retur
 Same numbers as the engine's sequential executor up to float rounding (tests check, per algorithm).
 The reported loss is ``-log softmax`` at the label with p clamped at 1e-30 (differs from the exact
 cross-entropy only when a training margin is below -69). Step counts come from the plans, so
-variable work and growing schedules work. ``executor: auto`` picks it when the algorithm supports it
-(:meth:`Algorithm.supports_linear_gd`), the model is one ``nn.Linear``, the loss is supported and every
-work phase is full-batch.
+variable work and growing schedules work. ``executor: auto`` picks it when the algorithm's round-0 statement is
+such a ``Descend``, the model is one ``nn.Linear`` and the loss is supported; a later round stated otherwise runs
+on the generic executor ``auto`` would have picked.
 
 Two kernels do the steps (``kernel``, from ``simulation.linear_kernel``):
 
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -56,22 +56,6 @@ from fedsolve.core.statements import Descend, stated
 Record = dict[str, Tensor]
 
 _MALLOC_TUNED = False
-
-
-@dataclass
-class GDStep:
-    """One round's local update of the selected clients as full-batch GD (see the module docstring).
-
-    ``start`` ``[k, d]``: where GD starts; ``lr``: step size; ``anchor`` ``[k, d]`` and ``rho``: the
-    proximal term (none when ``anchor`` is None); ``finish(w)`` maps the final ``[k, d]`` parameters to
-    the algorithm's ``(new client-state rows, uploads)``.
-    """
-
-    start: Tensor
-    lr: float
-    finish: Callable[[Tensor], tuple[Record, Record]]
-    anchor: Tensor | None = None
-    rho: float = 0.0
 
 
 def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
@@ -140,7 +124,7 @@ class _Selected:
 
 
 class FullBatch:
-    """The selected clients' full-batch loss and gradient, for :meth:`Algorithm.linear_gd`:
+    """The selected clients' full-batch loss and gradient with the executor's kernels:
     ``loss(w [k, d]) -> [k]`` and ``grad(w [k, d]) -> [k, d]`` (mean loss, no weight decay)."""
 
     def __init__(self, executor: "LinearGDExecutor", ids: Tensor):
@@ -285,20 +269,12 @@ class LinearGDExecutor:
         return loss, g.index_add_(0, sel.owner, torch.bmm(G, sel.XA)).mul_(sel.inv_n)
 
     def full_batch(self, ids: Tensor) -> FullBatch:
-        """Full-batch loss and gradient of clients ``ids`` (what :meth:`Algorithm.linear_gd` receives)."""
+        """Full-batch loss and gradient of clients ``ids`` with this executor's kernels."""
         return FullBatch(self, ids)
 
     # ---------------------------------------------------------------- one round
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        if hasattr(algo, "linear_gd"):   # an update declared in the former GDStep form
-            if not algo.supports_linear_gd():
-                raise ValueError(f"executor: 'linear' does not run {algo.name} with this configuration (its local "
-                                 f"update is not full-batch GD on the whole model); use 'auto', 'vectorized' or "
-                                 f"'sequential'")
-            spec = algo.linear_gd(rows, msgs, ids, round_, FullBatch(self, ids))
-            return self._gd(spec.start, spec.lr, spec.anchor, spec.rho, None, plans["train"], ids, algo,
-                            lambda w, steps: spec.finish(w))
         stmt = stated(algo, rows, msgs, round_)
         if not (stacks(stmt, plans) and plans[stmt.phase].fixed):
             if self.fallback is None:
@@ -308,15 +284,13 @@ class LinearGDExecutor:
                                  f"'auto', 'vectorized' or 'sequential'")
             return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
         return self._gd(stmt.start, stmt.lr, stmt.anchor, float(stmt.prox), stmt.linear, plans[stmt.phase], ids,
-                        algo, stmt.then, stmt.weight_decay)
+                        stmt.then, stmt.weight_decay)
 
     def _gd(self, start: Tensor, lr: float, anchor: Tensor | None, rho: float, linear: Tensor | None, plan, ids,
-            algo, then, wd: float | None = None):
+            then, wd: float):
         """Full-batch GD of the clients ``ids`` from ``start`` over ``plan``'s steps; ``then(w, steps)``."""
         if self.tune_malloc:   # the process-wide allocator setting, when the first round runs
             keep_freed_memory()
-        if wd is None:
-            wd = float(getattr(algo.cfg, "weight_decay", 0.0))
         k = ids.numel()
         steps = plan.active.sum(1)
         S = int(steps.max()) if k else 0

@@ -1,9 +1,9 @@
-"""How the engine chooses an executor: by what the algorithm declares and what the model is.
+"""How the engine chooses an executor: by how the algorithm states its update and what the model is.
 
-``make_executor(name, problem, chunk_size, linear_kernel, algorithm)`` returns the executor for a run:
-``sequential`` and ``vectorized`` (``core/executor.py``) run any algorithm; ``linear`` (``core/linear.py``)
-runs algorithms that declare a full-batch GD form on one-layer models; ``batched`` (``core/batched_mlp.py``)
-runs algorithms that declare plain local SGD on stacked MLPs; ``auto`` picks among those that apply (a
+``make_executor(name, problem, chunk_size, linear_kernel, algorithm, statement)`` returns the executor for a run:
+``sequential`` and ``vectorized`` (``core/executor.py``) run any algorithm; ``linear`` (``core/linear.py``) runs
+updates stated as full-batch gradient descent on one-layer models; ``batched`` (``core/batched_mlp.py``) runs
+updates stated as plain local SGD on stacked MLPs and small CNNs; ``auto`` picks among those that apply (a
 calibration cached per machine and model, or fixed rules). Kept apart from ``core/executor.py`` so the
 executors import the shared machinery and the choice imports the executors, never the other way round.
 """
@@ -15,8 +15,7 @@ import math
 import torch
 
 from fedsolve.core import batched_mlp as bm
-from fedsolve.core.executor import (Executor, SequentialExecutor, VectorizedExecutor, Work,  # noqa: F401
-                                    linear_gd_owner_ok)
+from fedsolve.core.executor import Executor, SequentialExecutor, VectorizedExecutor, Work  # noqa: F401
 from fedsolve.core.linear import LinearGDExecutor, linear_model_problem, stacks
 from fedsolve.core.statements import initial_statement
 
@@ -55,25 +54,17 @@ def conv_positions(problem) -> int:
 def linear_gd_applies(algorithm, problem, check_problem: bool = True, statement=None) -> bool:
     """The ``linear`` executor (``core/linear.py``) can run ``algorithm``: its update is stated as plain full-batch
     gradient descent on the model's loss (``statement``: its round-0 statement, a
-    :class:`~fedsolve.core.statements.Descend` on a full-batch phase; or the former declaration
-    ``supports_linear_gd()`` + ``linear_gd``), and (``check_problem``) the model is one ``nn.Linear`` with a
-    supported loss."""
-    if linear_gd_owner_ok(algorithm):
-        if any(w.batch_size is not None for w in algorithm.work(0).values()):
-            return False
-    elif not _stated_sgd(algorithm, statement, full_batch=True):
+    :class:`~fedsolve.core.statements.Descend` on a full-batch phase), and (``check_problem``) the model is one
+    ``nn.Linear`` with a supported loss."""
+    if not _stated_sgd(algorithm, statement, full_batch=True):
         return False
-    if not check_problem:
-        return True
-    return linear_model_problem(problem)
+    return linear_model_problem(problem) if check_problem else True
 
 
 def batched_applies(algorithm, problem, check_problem: bool = True, statement=None) -> bool:
     """The ``batched`` executor (``core/batched_mlp.py``) can run ``algorithm``: its update is stated as plain local
-    SGD on the model's loss (``statement``, or the former ``linear_gd_minibatch`` declaration) and (``check_problem``)
-    the model is one the executor stacks (a chain of ``nn.Linear`` layers, or a small CNN such as LeNet)."""
-    if getattr(algorithm, "linear_gd_minibatch", False):
-        return bm.batched_sgd_applies(algorithm, problem, check_problem)
+    SGD on the model's loss (``statement``) and (``check_problem``) the model is one the executor stacks (a chain of
+    ``nn.Linear`` layers, or a small CNN such as LeNet)."""
     if not _stated_sgd(algorithm, statement, full_batch=False):
         return False
     if not check_problem:
@@ -142,9 +133,7 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
             # the fastest that applies, measured once per machine, model and local objective (core/batched_mlp.py)
             cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
             bs = algorithm.work(0).get("train", Work()).batch_size
-            loss = getattr(statement, "objective", None)
-            if loss is None and hasattr(algorithm, "local_objective"):
-                loss = algorithm.local_objective()
+            loss = getattr(statement, "objective", None)   # a saddle or bilevel objective is timed as itself
             choice = bm.calibrated_choice(problem, cands, bs, chunk_size, loss=loss)
         if choice is None:   # no workload to time, FEDSOLVE_CALIBRATE=0, or no candidate ran in the calibration
             if batched:

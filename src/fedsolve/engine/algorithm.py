@@ -144,60 +144,7 @@ class Algorithm:
     def report(self, server: Record, clients: ClientStates, final: bool = False) -> dict[str, Any]:
         """Per-evaluation scalars (e.g. model deviation, clusters found; a ``[m, d]`` tensor is a set of models the
         engine scores as well); ``final``: what goes into summary.json at the end (e.g. cluster assignments)."""
-        if final:
-            return self.finalize(server, clients)   # transitional: the former name
-        out = dict(self.diagnostics(server, clients))   # transitional: the former names
-        extra = getattr(self, "extra_evals", None)
-        if extra is not None:
-            out.update(extra(server, clients))
-        return out
-
-    # ----------------------------------------------------------- TRANSITIONAL: the former interface
-    # Kept while the families move to the functions above; removed when none uses them (a test then holds the
-    # base class to eight public methods).
-    def sampling_round(self, server: Record, round_: int) -> int:
-        return self.phases.sampling_round(server, round_) if isinstance(self.phases, PhaseTable) else round_
-
-    def divergence(self, server: Record, factor: float) -> str | None:
-        return None
-
-    def local_objective(self):
-        return None
-
-    def finished(self, server: Record) -> bool:
-        return self.phases.finished(server) if isinstance(self.phases, PhaseTable) else False
-
-    def stacked_update(self, msgs: Record) -> bool:
-        return False
-
-    def stacked_batches(self, msgs: Record) -> bool:
-        return False
-
-    def local_sgd(self, ctx: LocalContext, params: Tensor, phase: str = "train", extra=None, mask=None,
-                  lr: float | None = None, scale: float | Tensor = 1.0, until=None) -> Tensor:
-        if mask is None:
-            mask = shared_mask(self)
-        wd = self.cfg.weight_decay
-        if wd > 0:
-            base = extra
-            extra = (lambda p: scale * wd * p + (base(p) if base is not None else 0.0))
-        return ctx.sgd(params, self.cfg.lr if lr is None else lr, phase, extra=extra, mask=mask, scale=scale,
-                       until=until)
-
-    def eval_broadcast(self, server: Record, ids: Tensor) -> Record:
-        return self.broadcast(server, ids, None)
-
-    def eval_work(self) -> dict[str, Work]:
         return {}
-
-    def diagnostics(self, server: Record, clients: ClientStates) -> dict[str, float]:
-        return {}
-
-    def finalize(self, server: Record, clients: ClientStates) -> dict[str, Any]:
-        return {}
-
-    def expand(self, vec: Tensor, ids: Tensor) -> Tensor:
-        return expand(vec, ids)
 
 
 def expand(vec: Tensor, ids: Tensor) -> Tensor:
@@ -223,31 +170,24 @@ def shared_mask(algo: Algorithm) -> Tensor | None:
 # ------------------------------------------------------------------ evaluation
 def scored_params(algo: Algorithm, states: Record, msg: Record, problem, rngs: RngStreams, round_: int,
                   vectorized: bool, executor: str = "auto") -> Tensor:
-    """Every client's scored parameters ``[m, d]`` from the state rows ``states`` and the evaluation message
-    ``msg`` (``[m, ...]``): ``eval_model`` per client (vmapped when ``vectorized``); where it returns a ``Descend``
+    """Every client's scored parameters ``[m, d]`` from the state rows ``states`` and the scoring message ``msg``
+    (``[m, ...]``): ``eval_model`` per client (vmapped when ``vectorized``); where it returns a ``Descend``
     statement (the adaptation a client does right before it is scored), that statement carried out for every
     client on the phases of ``work(None)`` (batches from ``rngs`` at ``round_``)."""
     stmt = _eval_statement(algo, states, msg)
     if stmt is not None:
         return run_statement(problem, stmt, algo.work(None), rngs, round_, executor)
     if vectorized:
-        params = torch.func.vmap(algo.eval_model)(states, msg)
-    else:
-        m = next(iter(states.values())).shape[0] if states else next(iter(msg.values())).shape[0]
-        params = torch.stack([algo.eval_model({k: v[i] for k, v in states.items()}, {k: v[i] for k, v in msg.items()})
-                              for i in range(m)])
-    return adapt_for_eval(algo, params, problem, rngs, round_, executor)
-
-
-def eval_phases(algo: Algorithm) -> dict[str, Work]:
-    """The phases of the former evaluation-time adaptation (``eval_work``); transitional."""
-    if type(algo).eval_work is not Algorithm.eval_work:
-        return algo.eval_work()
-    return {}
+        return torch.func.vmap(algo.eval_model)(states, msg)
+    m = next(iter(states.values())).shape[0] if states else next(iter(msg.values())).shape[0]
+    return torch.stack([algo.eval_model({k: v[i] for k, v in states.items()}, {k: v[i] for k, v in msg.items()})
+                        for i in range(m)])
 
 
 def _eval_statement(algo: Algorithm, states: Record, msg: Record) -> Descend | None:
     """``eval_model`` on the stacked rows when it states an adaptation (a ``Descend``), else None."""
+    if not algo.work(None):
+        return None
     try:
         out = algo.eval_model(states, msg)
     except Exception:   # noqa: BLE001  (not batch-agnostic: it returns parameters, computed per client)
@@ -255,12 +195,14 @@ def _eval_statement(algo: Algorithm, states: Record, msg: Record) -> Descend | N
     return out if isinstance(out, Descend) else None
 
 
-def adapt_for_eval(algo, params: Tensor, problem, rngs: RngStreams, round_: int, executor: str = "auto") -> Tensor:
-    """Transitional (the former ``eval_work``/``eval_adapt`` pair): ``params`` after ``algo.eval_adapt``."""
-    phases = eval_phases(algo)
-    if not phases:
-        return params
-    return run_plain(problem, params, phases, lambda ctx, w: algo.eval_adapt(w, ctx), rngs, round_, executor)
+def finished(algo: Algorithm, server: Record) -> bool:
+    """The run has nothing left to do: the algorithm's phase table reached its ``done`` phase."""
+    return algo.phases is not None and algo.phases.finished(server)
+
+
+def sampling_round(algo: Algorithm, server: Record, round_: int) -> int:
+    """The round whose client draw round ``round_`` takes (a phase may keep the sample of its first round)."""
+    return algo.phases.sampling_round(server, round_) if algo.phases is not None else round_
 
 
 class _Stated:
@@ -273,10 +215,11 @@ class _Stated:
         self.problem, self.stmt = problem, stmt
 
     def rows_and_msgs(self) -> tuple[Record, Record]:
+        """The start as the clients' rows; the tensor fields with a row per client (``[m, d]``, like the start) as
+        their message; the rest (numbers, a ``[d]`` mask or per-coordinate step size) shared."""
         s = self.stmt
         msgs = {k: getattr(s, k) for k in self.TENSORS
-                if isinstance(getattr(s, k), Tensor) and getattr(s, k).dim() > 0 and getattr(s, k).shape[0] ==
-                s.start.shape[0]}
+                if isinstance(getattr(s, k), Tensor) and getattr(s, k).dim() == s.start.dim()}
         return {"w": s.start}, msgs
 
     def local_update(self, state, msg, ctx):
@@ -298,30 +241,6 @@ def run_statement(problem, stmt: Descend, phases: dict[str, Work], rngs: RngStre
     name = executor if executor in ("sequential", "vectorized") else "auto"
     out, _, _ = make_executor(name, problem, statement=None).run(work, rows, msgs, ids, plans, problem.data)
     return out["w"]
-
-
-class _PlainWork:
-    """What an executor needs to run ``update(ctx, w) -> w`` on every client: a problem, a local update."""
-
-    def __init__(self, problem, update):
-        self.problem, self._update = problem, update
-
-    def local_update(self, state, msg, ctx):
-        return {"w": self._update(ctx, state["w"])}, {}
-
-
-def run_plain(problem, start: Tensor, phases: dict[str, Work], update, rngs: RngStreams, round_: int = 0,
-              executor: str = "auto") -> Tensor:
-    """``update(ctx, w)`` for every client of ``problem`` from the rows of ``start`` ``[m, d]``, with the
-    minibatch plans of ``phases`` drawn from ``rngs`` at ``round_`` (newcomers, evaluation adaptation)."""
-    from fedsolve.core.plans import build_plans
-    from fedsolve.core.selection import make_executor
-
-    ids = torch.arange(problem.num_clients)
-    plans = build_plans(phases, problem.data.train_offsets, ids, rngs, round_, groups=problem.data.row_groups)
-    rows, _, _ = make_executor(executor, problem).run(_PlainWork(problem, update), {"w": start.clone()}, {}, ids,
-                                                      plans, problem.data)
-    return rows["w"]
 
 
 def weighted_mean(rows: Tensor, weights: Tensor) -> Tensor:

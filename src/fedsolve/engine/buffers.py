@@ -68,12 +68,6 @@ class RunningBuffers(Wrapper):
             msg = {**msg, **{k: expand(server[k], ids) for k in self._keys()}}
         return msg
 
-    def eval_broadcast(self, server, ids):   # transitional: the engine still asks for the scoring message by name
-        msg = self.inner.eval_broadcast(_strip(server), ids)
-        if self.mode == "average":
-            msg = {**msg, **{k: expand(server[k], ids) for k in self._keys()}}
-        return msg
-
     def local_update(self, state, msg, ctx):
         if not isinstance(ctx, LocalContext):   # a probe of the statement, or a data-free update: nothing moves
             return self.inner.local_update(_strip(state), _strip(msg), ctx)

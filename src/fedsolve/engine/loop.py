@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedsolve.engine.algorithm import place_algorithm, scored_params
+from fedsolve.engine.algorithm import finished, place_algorithm, sampling_round, scored_params
 from fedsolve.core.comm import CommLedger
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
@@ -199,9 +199,8 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
 def watched(algo, server: dict[str, torch.Tensor], start: float | None, factor: float) -> str | None:
     """Why the run diverges by the measure ``algo.watch`` names when it is a server-state key (its largest absolute
     entry above ``factor`` x ``start``, the first value's ``max(1, |.|_inf)``), else None."""
-    legacy = algo.divergence(server, factor)   # transitional: the former per-algorithm check
-    if legacy or start is None or algo.watch in (None, "train_loss"):
-        return legacy
+    if start is None or algo.watch in (None, "train_loss"):
+        return None
     size = float(server[algo.watch].abs().max())
     if size > factor * start:
         return (f"the iterate {algo.watch!r} diverged (|{algo.watch}|_inf = {size:.3g} > divergence_factor {factor:g} "
@@ -407,14 +406,14 @@ class Simulation:
     @_on_run_device
     def eval_params(self, round_: int | None = None) -> torch.Tensor:
         """Every client's scored parameters ``[num_clients, d]`` after ``round_`` rounds (default: the last
-        evaluated round), including the algorithm's evaluation-time adaptation (``Algorithm.eval_work``).
+        evaluated round), including the adaptation some algorithms do before scoring (``eval_model`` stating it).
 
         This is THE way to read a trained model, whatever the algorithm: the global model sits under a
         different server key per algorithm (``w``, ``z``, ``x``, ...) and personalized or clustered methods
         score each client with its own model; row ``i`` is what client ``i`` is scored with.
         ``problem.layout.unflatten(row)`` gives named tensors, ``problem.layout.load_into(model, row)`` a module."""
         ids = torch.arange(self.problem.num_clients)
-        msg = self.algo.eval_broadcast(self.server, ids)
+        msg = self.algo.broadcast(self.server, ids, None)
         if round_ is None:
             round_ = self.history[-1]["round"] if self.history else 0
         executor = self.cfg.executor if self.cfg.executor in ("sequential", "vectorized") else "auto"
@@ -477,7 +476,7 @@ class Simulation:
         m = self.problem.num_clients
         data = self.problem.data
         if ids is None:
-            draw = self.algo.sampling_round(self.server, t)
+            draw = sampling_round(self.algo, self.server, t)
             ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights,
                                                       lambda: self.rngs.numpy("sampling", draw)))
         if ids.numel() == 0:   # nobody took part: the round still counts (states unchanged)
@@ -617,7 +616,7 @@ class Simulation:
     def _rounds(self, last_loss: float | None) -> float | None:
         """Rounds ``start_round .. cfg.rounds - 1`` with their evaluations and checkpoints (:meth:`run`)."""
         return drive_rounds(max(self.round, self.start_round), self.cfg.rounds, lambda t: self.step(),
-                            self._after_round, last_loss, finished=lambda: self.algo.finished(self.server))
+                            self._after_round, last_loss, finished=lambda: finished(self.algo, self.server))
 
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
         """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due

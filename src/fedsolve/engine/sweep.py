@@ -28,7 +28,7 @@ from torch import Tensor
 from fedsolve.core.batched_mlp import BatchedMLPExecutor
 from fedsolve.core.linear import stacks
 from fedsolve.core.plans import Plan, build_plans
-from fedsolve.core.statements import stated
+from fedsolve.core.statements import Solved, stated
 from fedsolve.engine.transport import InProcess
 
 Record = dict[str, Tensor]
@@ -115,9 +115,13 @@ class SweepTransport(InProcess):
     # ------------------------------------------------------------------ the transport
     def train(self, sim, t, ids, msgs, scale):
         algo, data = sim.algo, sim.problem.data
-        plans = ({} if algo.stacked_update(msgs) else
-                 build_plans(algo.work(t), data.train_offsets, ids.cpu(), sim.rngs, t, scale, data.row_groups))
-        req = _Request(sim, t, ids, msgs, plans, sim.clients.gather(ids))
+        rows = sim.clients.gather(ids)
+        solved = stated(algo, rows, msgs, t)
+        if isinstance(solved, Solved):   # closed form from the rows: nothing to batch, no plan
+            sim.clients.scatter(ids, solved.rows)
+            return None, solved.upload, torch.zeros(ids.numel(), dtype=torch.float32)
+        plans = build_plans(algo.work(t), data.train_offsets, ids.cpu(), sim.rngs, t, scale, data.row_groups)
+        req = _Request(sim, t, ids, msgs, plans, rows)
         with self._cond:
             if self._abort is not None:
                 raise SweepInterrupted(str(self._abort))

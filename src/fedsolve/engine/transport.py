@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from fedsolve.core.plans import build_plans
+from fedsolve.core.statements import Solved, stated
 from fedsolve.engine.metrics import evaluate
 
 Record = dict[str, Tensor]
@@ -59,11 +60,12 @@ class InProcess(Transport):
 
     def train(self, sim, t, ids, msgs, scale):
         algo, data = sim.algo, sim.problem.data
-        cpu_ids = ids.cpu()
-        # a round whose client update reads no data (Algorithm.stacked_update) draws no minibatch plan
-        plans = ({} if algo.stacked_update(msgs) else
-                 build_plans(algo.work(t), data.train_offsets, cpu_ids, sim.rngs, t, scale, data.row_groups))
         rows = sim.clients.gather(ids)
+        stmt = stated(algo, rows, msgs, t)
+        if isinstance(stmt, Solved):   # closed form from the rows: no minibatch plan, no executor
+            sim.clients.scatter(ids, stmt.rows)
+            return None, stmt.upload, torch.zeros(ids.numel(), dtype=torch.float32)
+        plans = build_plans(algo.work(t), data.train_offsets, ids.cpu(), sim.rngs, t, scale, data.row_groups)
         new_rows, uploads, losses = sim.executor.run(algo, rows, msgs, ids, plans, data, t)
         sim.clients.scatter(ids, new_rows)
         return None, uploads, losses

@@ -140,28 +140,3 @@ class Wrapper(Algorithm):
 
     def report(self, server, clients, final: bool = False):
         return self.inner.report(server, clients, final)
-
-    # transitional: the former interface, passed on while the families move
-    def eval_broadcast(self, server, ids):
-        return self.inner.eval_broadcast(server, ids)
-
-    def finished(self, server):
-        return self.inner.finished(server)
-
-    def divergence(self, server, factor):
-        return self.inner.divergence(server, factor)
-
-    def sampling_round(self, server, round_):
-        return self.inner.sampling_round(server, round_)
-
-    def eval_work(self):
-        return self.inner.eval_work()
-
-    def stacked_update(self, msgs):
-        return self.inner.stacked_update(msgs)
-
-    def stacked_batches(self, msgs):
-        return self.inner.stacked_batches(msgs)
-
-    def local_objective(self):
-        return self.inner.local_objective()

@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from fedsolve.engine.algorithm import eval_phases
 from fedsolve.core.context import LocalContext
 from fedsolve.core.executor import carry_out
 from fedsolve.core.plans import Plan, build_plans
@@ -135,16 +134,12 @@ def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: 
                  groups=None) -> Tensor:
     """ONE client's evaluation-time adaptation after ``t`` rounds, as ``Simulation.eval_params`` runs it: ``params``
     is what ``eval_model`` returned, a ``Descend`` statement (e.g. Per-FedAvg's) carried out on the phases of
-    ``work(None)``, or the parameters themselves (adapted by the former ``eval_work`` hook where one is defined)."""
-    if isinstance(params, Descend):
-        ctx = _client_context(algorithm, algorithm.work(None), cid, num_clients, weight, train_x, train_y, rngs, t,
-                              None, pad, groups)
-        return ctx.descend(params)
-    phases = eval_phases(algorithm)
-    if not phases:
+    ``work(None)``, or the parameters themselves."""
+    if not isinstance(params, Descend):
         return params
-    ctx = _client_context(algorithm, phases, cid, num_clients, weight, train_x, train_y, rngs, t, None, pad, groups)
-    return algorithm.eval_adapt(params, ctx)
+    ctx = _client_context(algorithm, algorithm.work(None), cid, num_clients, weight, train_x, train_y, rngs, t,
+                          None, pad, groups)
+    return ctx.descend(params)
 
 
 def client_eval_metrics(problem, params: Tensor, test_x: Tensor, test_y: Tensor,

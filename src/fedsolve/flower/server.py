@@ -15,7 +15,7 @@ Per round ``t`` (same order as the simulator):
    then commits or discards the pending rows -- FedAPM's invariance rule);
 5. ``server = algorithm.aggregate(server, participants, stacked uploads, t)``;
 6. every ``eval_every`` rounds (and at 0 and the end), each node scores
-   ``eval_model(its rows, eval_broadcast row)`` on its test split and returns its per-client
+   ``eval_model(its rows, its row of broadcast(server, ids, None))`` on its test split and returns its per-client
    metrics; the server averages them uniformly with ``simulation.metrics.summarize``.
 
 The server never reads client state or client data; it holds the server state, the client
@@ -34,7 +34,6 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedsolve.engine.algorithm import eval_phases
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
 from fedsolve.flower.rounds import plan_shapes
 from fedsolve.flower.task import app_threads, load_task, run_config_value
@@ -226,8 +225,8 @@ class GridTransport(Transport):
         live = self.registry.live_clients()
         m = sim.problem.num_clients
         ids = torch.arange(m)
-        emsg = sim.algo.eval_broadcast(sim.server, ids)
-        phases = eval_phases(sim.algo)   # evaluation-time adaptation: plans padded as the simulator's
+        emsg = sim.algo.broadcast(sim.server, ids, None)
+        phases = sim.algo.work(None)   # evaluation-time adaptation: plans padded as the simulator's
         shapes = plan_shapes(sim.algo, sim.problem.data.train_offsets, ids, sim.rngs, round_, None,
                              phases, sim.problem.data.row_groups) if phases else {}
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}

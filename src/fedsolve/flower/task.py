@@ -12,7 +12,7 @@ settings (rounds, sampling, evaluation) and the seed:
   :class:`DeploymentTask` (or a ``(problem, algorithm, simulation_config, seed)`` tuple).
 
 The server uses the task's algorithm object (``init`` / ``broadcast`` / ``aggregate`` /
-``eval_broadcast``), the client weights and the simulation settings; it never reads client
+``broadcast`` with round None), the client weights and the simulation settings; it never reads client
 state or client data. A node uses only its own partition (``partition-id`` in its node config).
 """
 
