@@ -1,5 +1,5 @@
 """FPFC's protocols as schedules of the engine's one loop (families/clustered/protocols): the warmup lambda path,
-the lambda grid, asyncFPFC's event loop and synchronous FPFC on its virtual clock. Interrupted (Ctrl-C) and resumed,
+the lambda grid, asyncFPFC's event loop, synchronous FPFC on its virtual clock and a budget of local steps. Interrupted (Ctrl-C) and resumed,
 each gives the uninterrupted run's records and states; a config selects one and a bad one is one line, exit 2."""
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ SPECS = {
                    dict(rounds=100000), (23, 61)),
     "virtual_clock": ("fpfc", dict(lam=0.5, lr=0.1), dict(delay_high=20.0, horizon=200.0, delay_mode="redraw"),
                       dict(rounds=100, eval_every=3, sampling={"clients_per_round": 2}), (8,)),
+    "local_budget": ("fpfc", dict(lam=0.5, lr=0.1, local_schedule="growing", growth_rounds=2.0, growth_offset=1),
+                     dict(total_steps=40), dict(rounds=100, eval_every=2, sampling={"fraction": 0.5}), (3, 9)),
 }
 
 
@@ -128,6 +130,31 @@ def test_async_events_one_device_per_round_on_the_virtual_clock():
     assert res.history[-1]["test_rmse"] < res.history[0]["test_rmse"]
 
 
+@pytest.mark.parametrize("params,budget,rounds", [
+    (dict(local_steps=5), 1000, 200), (dict(local_steps=10), 1000, 100),          # Sec. 6.4.4, MNIST: 200, 100, 63
+    (dict(local_schedule="growing", growth_rounds=2.0, growth_offset=1), 1000, 63),
+    (dict(local_schedule="growing", growth_rounds=20.0, growth_offset=1), 10_000, 623),   # sum ceil(k/20) >= 1e4
+    (dict(local_schedule="growing", growth_rounds=1.0, growth_offset=1), 800, 40),        # H&BF: T_k = k + 1
+])
+def test_local_budget_ends_the_run_when_its_local_steps_are_spent(params, budget, rounds):
+    """The paper's round counts for K x T fixed, the running total in the records, the last round evaluated."""
+    from fedsolve.families.clustered.protocols.budget import rounds_for, steps_at
+
+    prob = regression()
+    algo = get_algorithm("fpfc")(dict(lam=0.5, lr=0.1, **params), prob)
+    assert rounds_for(algo, budget, 10_000) == rounds
+    assert sum(steps_at(algo, k) for k in range(rounds - 1)) < budget <= sum(steps_at(algo, k) for k in range(rounds))
+    if rounds > 100:
+        return
+    cfg = SimulationConfig(metrics=[], executor="sequential", rounds=500, eval_every=7, sampling={"fraction": 0.5})
+    sim = Simulation(prob, algo, cfg, seed=0, schedule=make_schedule({"kind": "local_budget", "total_steps": budget},
+                                                                      algo, cfg))
+    res = sim.run()
+    assert sim.round == rounds and res.history[-1]["round"] == rounds
+    assert res.history[-1]["local_steps"] == sum(steps_at(algo, k) for k in range(rounds)) >= budget
+    assert res.extras["local_budget"] == budget
+
+
 def _config(tmp_path, algorithm: dict, rounds: int = 12, name: str = "fpfc.yaml") -> str:
     cfg = {"name": "schedules", "threads": 1,
            "data": {"dataset": "clustered_regression", "num_clients": None,
@@ -171,6 +198,12 @@ def test_a_config_selects_a_schedule_and_its_saved_config_reruns_it(tmp_path):
     (dict(PATH, schedule={"kind": "async_fpfc"}), 12, "algorithm.schedule.kind: async_fpfc needs asyncFPFC's server"),
     ({"name": "async_fpfc", "schedule": {"kind": "async_fpfc", "delay_low": 5.0, "delay_high": 1.0}}, 12,
      "algorithm.schedule.delay_high: Value error, below delay_low 5.0"),
+    ({"name": "fpfc", "schedule": {"kind": "local_budget", "total_steps": 100}}, 12,
+     "algorithm.schedule.kind: local_budget counts local steps, but fpfc's phase 'train' runs epochs"),
+    ({"name": "fpfc", "params": {"local_steps": 5}, "schedule": {"kind": "local_budget", "total_steps": 100}}, 12,
+     "simulation.rounds: 12 rounds spend 60 local steps, below the budget schedule.total_steps = 100"),
+    ({"name": "fpfc", "params": {"local_steps": 5}, "schedule": {"kind": "local_budget", "total_steps": 0}}, 12,
+     "algorithm.schedule.total_steps"),
 ])
 def test_bad_schedules_are_one_line_exit_2(tmp_path, capsys, algorithm, rounds, words):
     assert main(["run", _config(tmp_path, algorithm, rounds), "--out", str(tmp_path / "run"), "--quiet"]) == 2
@@ -181,7 +214,7 @@ def test_bad_schedules_are_one_line_exit_2(tmp_path, capsys, algorithm, rounds, 
 def test_fedsolve_list_shows_the_schedules_and_the_wrappers(capsys):
     assert main(["list", "schedules"]) == 0
     out = capsys.readouterr().out
-    assert all(k in out for k in ("warmup_path", "lambda_grid", "async_fpfc", "virtual_clock"))
+    assert all(k in out for k in ("warmup_path", "lambda_grid", "async_fpfc", "virtual_clock", "local_budget"))
     assert main(["list", "wrappers"]) == 0
     out = capsys.readouterr().out
     assert all(k in out for k in ("attack", "dp", "server_opt"))

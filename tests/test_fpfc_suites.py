@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -36,6 +37,9 @@ def _tiny(path: Path) -> list[str]:
         sets += ["data.params.size_scale=0.05", "data.params.max_size=60"]
     if ds in REAL:
         sets += ["data.params.limit=400", "data.params.test_limit=100"]
+    algos = (yaml.safe_load(path.read_text()) or {}).get("algorithms") or []
+    sets += [f"algorithms.{i}.schedule.total_steps=2" for i, a in enumerate(algos)   # a budget two rounds can spend
+             if (a.get("schedule") or {}).get("kind") == "local_budget"]
     return sets
 
 
@@ -290,3 +294,31 @@ def test_fpfc_s1_benchmark_smoke():
         assert out["runs"]["auto"]["kernels"] == {"executor": "native", "pairs": "native"}
     # same data, same seed: the two kernels give the same model up to float rounding
     assert abs(out["runs"]["auto"]["test_accuracy"] - out["runs"]["torch"]["test_accuracy"]) < 0.02
+
+
+def test_fig3_distances_between_and_within_the_true_clusters():
+    """Two clusters of two models in the plane: the within pairs are 1 apart; the between pairs 5, sqrt(34),
+    sqrt(18), 5; identical models (the common start) have no ratio."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from fedsolve.families.clustered.protocols.snapshots import distance_summary
+
+    W = torch.tensor([[0.0, 0.0], [0.0, 1.0], [3.0, 4.0], [3.0, 5.0]])
+    s = distance_summary(W, np.array([0, 0, 1, 1]))
+    between = (5 + math.sqrt(34) + math.sqrt(18) + 5) / 4
+    assert s["within"] == pytest.approx(1.0) and s["between"] == pytest.approx(between)
+    assert s["ratio"] == pytest.approx(between)
+    assert math.isnan(distance_summary(torch.ones(4, 3), np.array([0, 0, 1, 1]))["ratio"])
+
+
+def test_fig3_suite_snapshots_the_rounds_it_names(tmp_path):
+    rows = _suite("fig3_distances", tmp_path, *SYN_SMALL, "args.rounds=[0, 2, 4]")
+    assert [r["round"] for r in rows] == [0, 2, 4] and {r["algorithm"] for r in rows} == {"FPFC"}
+    first, last = rows[0], rows[-1]
+    assert first["num_clusters"] == 1 and first["within"] == 0 and first["between"] == 0
+    assert np.asarray(last["distances"]).shape == (100, 100) and np.asarray(last["embedding"]).shape == (100, 2)
+    assert last["between"] > last["within"] > 0
+    assert (tmp_path / "fig3_distances" / "pairwise_snapshots.png").read_bytes()[:4] == b"\x89PNG"

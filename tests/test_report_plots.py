@@ -1,4 +1,5 @@
-"""The compare report's plots against communicated bytes and wall time (besides those against rounds)."""
+"""The compare report's plots against communicated bytes, wall time and a schedule's virtual clock (besides those
+against rounds)."""
 
 import json
 from pathlib import Path
@@ -79,3 +80,41 @@ def test_demo_compare_report_has_plots_against_bytes_and_wall_time(tmp_path):
     assert h[-1]["uplink_bytes"] > 0 and np.diff([r["time_s"] for r in h]).min() > 0
     assert main(["report", str(out)]) == 0
     assert all((out / "plots" / f"{n}.png").exists() for n in ("test_accuracy_vs_bytes", "test_accuracy_vs_time"))
+
+
+def test_a_schedules_virtual_clock_aligns_seeds_that_evaluate_at_different_rounds(tmp_path, monkeypatch):
+    """asyncFPFC's seeds evaluate after different event counts: the curve against the virtual clock holds each
+    seed's value from one evaluation to its next, on the union of their times up to the earliest last one (the
+    record before the first round counts as time 0); the clusters are drawn against the clock too."""
+    seed0 = [{"round": 0, "test_accuracy": 0.1, "num_clusters": 1.0},
+             {"round": 7, "test_accuracy": 0.5, "num_clusters": 6.0, "virtual_time": 10.0},
+             {"round": 15, "test_accuracy": 0.7, "num_clusters": 4.0, "virtual_time": 20.0}]
+    seed1 = [{"round": 0, "test_accuracy": 0.2, "num_clusters": 1.0},
+             {"round": 9, "test_accuracy": 0.6, "num_clusters": 5.0, "virtual_time": 12.0},
+             {"round": 20, "test_accuracy": 0.8, "num_clusters": 4.0, "virtual_time": 25.0}]
+    x, mat = report._clock_curve([seed0, seed1], "test_accuracy", "virtual_time")
+    assert x.tolist() == [0.0, 10.0, 12.0, 20.0]
+    assert mat.tolist() == [[0.1, 0.5, 0.5, 0.7], [0.2, 0.2, 0.6, 0.6]]
+    assert report._clock_curve([[{"round": 0, "test_accuracy": 0.1}]], "test_accuracy", "virtual_time") is None
+    report.write_compare_report(tmp_path, _cfg([0, 1]), {"algorithms": {"A": _entry(0.75)}}, {"A": [seed0, seed1]})
+    text = (tmp_path / "report.md").read_text()
+    for name in ("test_accuracy_vs_virtual_time", "num_clusters_vs_virtual_time"):
+        assert (tmp_path / "plots" / f"{name}.png").exists() and f"(plots/{name}.png)" in text
+    assert "against the virtual clock" in text
+    # histories without a clock (every plain run): no such plot
+    plain = tmp_path / "plain"
+    report.write_compare_report(plain, _cfg([0, 1]), {"algorithms": {"A": _entry(0.75)}},
+                                {"A": [[{k: v for k, v in r.items() if k != "virtual_time"} for r in s]
+                                       for s in (seed0, seed1)]})
+    assert not list((plain / "plots").glob("*virtual_time*"))
+
+
+def test_per_round_logs_are_read_back_from_their_gzipped_copy(tmp_path):
+    """results/ keeps large per-round logs as metrics.jsonl.gz: the report (and verify) read them as the plain file."""
+    import gzip
+
+    recs = [{"round": 0, "a": 1.0}, {"round": 3, "a": 2.0}]
+    (tmp_path / "metrics.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in recs).encode()))
+    assert report.run_history(tmp_path) == recs
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 0, "a": 5.0}) + "\n")   # the plain file wins
+    assert report.run_history(tmp_path) == [{"round": 0, "a": 5.0}]

@@ -2,11 +2,13 @@
 
 Run folder ``<out>/<label>/seed<k>/``: ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON record per
 evaluated round, numbers only), ``timings.jsonl`` (``{"round", "time_s"}`` per evaluation), ``summary.json``,
-``per_client.json``, ``checkpoint.pt``, ``report.md`` and ``plots/``.
+``per_client.json``, ``checkpoint.pt``, ``report.md`` and ``plots/``. The logs are read back from ``metrics.jsonl.gz``
+where only the compressed copy is kept.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -27,8 +29,14 @@ def default_run_dir(cfg, spec, seed: int, out: str | Path | None = None) -> Path
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """The records of a ``.jsonl`` file (``[]`` when it does not exist)."""
+    """The records of a ``.jsonl`` file, or of its gzipped copy ``<path>.gz`` where only that exists (per-round logs
+    kept compressed in ``results/``); ``[]`` when neither exists."""
     path = Path(path)
-    if not path.exists():
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    elif path.exists():
+        text = path.read_text()
+    else:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -133,7 +133,11 @@ def _outer_run_figure(run_dir: Path, history: list[dict[str, Any]]) -> list[str]
 #: the metric plotted against communication and wall time: the first of these the runs record
 MAIN_METRICS = ("test_accuracy", "test_rmse", "test_loss", "train_loss")
 #: the cost axes of those plots: (key in a history record, axis label, file-name suffix)
-COSTS = (("comm_mb", "communicated MB (uplink + downlink)", "bytes"), ("time_s", "wall time (s)", "time"))
+COSTS = (("comm_mb", "communicated MB (uplink + downlink)", "bytes"), ("time_s", "wall time (s)", "time"),
+         ("virtual_time", "virtual time (s)", "virtual_time"))
+#: cost axes that are a schedule's clock (asyncFPFC's virtual time): the runs evaluate at different rounds, so
+#: the curves are aligned on the clock (:func:`_clock_curve`), not on the round
+CLOCKS = ("virtual_time",)
 
 
 def run_history(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -172,6 +176,30 @@ def _cost_curve(histories: list[list[dict]], metric: str, cost: str):
         return np.nanmean(x[1], 0), y[1]
 
 
+def _clock_curve(histories: list[list[dict]], metric: str, clock: str):
+    """``metric`` against a schedule's ``clock`` (the record before the first round at 0): each seed's value held
+    from one evaluation to its next, on the union of the seeds' evaluation times up to the earliest last one:
+    (times, [seeds, times] values), or None under two times."""
+    runs = []
+    for h in histories:
+        pts = sorted((r.get(clock, 0.0 if r["round"] == 0 else None), r[metric]) for r in h
+                     if r.get(metric) is not None and (clock in r or r["round"] == 0))
+        if len(pts) > 1:
+            runs.append(pts)
+    if not runs:
+        return None
+    end = min(p[-1][0] for p in runs)
+    grid = np.unique([t for p in runs for t, _ in p if t <= end])
+    if len(grid) < 2:
+        return None
+    mat = np.full((len(runs), len(grid)), np.nan)
+    for s, p in enumerate(runs):
+        t, v = np.array([a for a, _ in p]), np.array([b for _, b in p], dtype=np.float64)
+        at = np.searchsorted(t, grid, side="right") - 1
+        mat[s] = np.where(at >= 0, v[np.clip(at, 0, None)], np.nan)
+    return grid, mat
+
+
 def _draw(ax, k: int, n: int, label: str, x, mat) -> None:
     """Method ``k`` of ``n``: its mean over seeds (the rows of ``mat``) against ``x``, and a ± sample-SD band."""
     with np.errstate(all="ignore"):
@@ -195,7 +223,10 @@ def _figure(base: Path, cfg, algos: list[str], histories: dict[str, list[list[di
     drawn, positive = 0, True
     for k, label in enumerate(algos):
         runs = histories.get(label, [])
-        cur = _curves(runs, m) if cost is None else _cost_curve(runs, m, cost[0])
+        if cost is None:
+            cur = _curves(runs, m)
+        else:
+            cur = (_clock_curve if cost[0] in CLOCKS else _cost_curve)(runs, m, cost[0])
         if cur is None:
             continue
         x, mat = cur
@@ -227,6 +258,9 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     main = next((m for m in MAIN_METRICS if any(m in r for lst in histories.values() for h in lst for r in h)), None)
     cost_plots = [name for c in COSTS if main is not None
                   and (name := _figure(base, cfg, algos, histories, main, c)) is not None]
+    # on a schedule's clock also the clusters found (asyncFPFC against synchronous FPFC, Fig. 8)
+    cost_plots += [name for c in COSTS if c[0] in CLOCKS for m in ("num_clusters", "ari")
+                   if (name := _figure(base, cfg, algos, histories, m, c)) is not None]
 
     cols = [m for m in TABLE_METRICS if any(m in agg["algorithms"][a]["final"] for a in algos)]
     best_of = {}
@@ -291,8 +325,10 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
     lines += ["", f"Total run time of all runs {total:.1f} s.", ""]
     lines += [f"![{m}](plots/{m}.png)" for m in plots]
     if cost_plots:
+        clock = " and against the virtual clock of the schedule (each seed's value held between its evaluations)" \
+            if any(f"{main}_vs_{c[2]}" in cost_plots for c in COSTS if c[0] in CLOCKS) else ""
         lines += ["", f"{NICE.get(main, main)} against the bytes communicated (uplink + downlink, all clients) "
-                  "and against wall time, the mean over seeds of each round's cost:", ""]
+                  f"and against wall time, the mean over seeds of each round's cost{clock}:", ""]
         lines += [f"![{m}](plots/{m}.png)" for m in cost_plots]
     lines += _outer_figures(base, cfg, algos, histories)
     atomic_write_text(base / "report.md", "\n".join(lines) + "\n")

@@ -10,8 +10,8 @@ A suite YAML (``fedsolve suite <yaml>``) says what a paper table needs:
   beside it, and the runs that differ only in seed and scalar hyper-parameters trained as one batch
   (:mod:`fedsolve.experiments.runs`); or a registered function (:data:`PROTOCOLS`) that drives simulations
   for ONE cell through ``Simulation``'s public API and returns rows of metrics (``lambda_path``,
-  ``newcomers``, ``attack_grid``, ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``constrained_runs``,
-  ``np_optimum``), with its typed ``args``;
+  ``newcomers``, ``attack_grid``, ``fpfc_tuning``, ``tuning``, ``oracle_gap``, ``pairwise_snapshots``,
+  ``constrained_runs``, ``np_optimum``), with its typed ``args``;
 * ``sweep`` and ``zip``: the grid of cells (:mod:`fedsolve.experiments.grid`): the product of the sweep's axes
   and the zip groups (axes that vary together), the ``algorithms`` (labels of the experiment's) and the
   ``seeds``. An axis named ``experiment`` picks the experiment file, ``params.<p>`` sets an algorithm
@@ -270,8 +270,12 @@ def builtin_protocols() -> dict[str, Protocol]:
         from fedsolve.families.constrained import optimum as o
 
         register_protocol("np_optimum", Protocol(o.np_optimum_cell, o.NpOptimumArgs, algorithms=False))
+        from fedsolve.families.clustered.protocols import snapshots as sn
+
+        register_protocol("pairwise_snapshots", Protocol(sn.pairwise_snapshots, sn.SnapshotArgs))
         register_plot("attack_grid", f.attack_grid_figure)
         register_plot("lambda_path", f.lambda_path_figure)
+        register_plot("pairwise_snapshots", f.pairwise_snapshots_figure)
     return PROTOCOLS
 
 

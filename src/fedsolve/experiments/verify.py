@@ -234,7 +234,7 @@ def _verify_compare(path: Path, full: bool, cell: str | None, rounds: int | None
         raise ConfigError(f"verify --cell: {label!r} is not in {path / 'config.yaml'}")
     seeds = list(summary.get("seeds") or cfg.seeds)
     dirs = [default_run_dir(cfg, spec, s, path) for s in seeds]
-    if all((d / "metrics.jsonl").exists() for d in dirs):
+    if all(read_jsonl(d / "metrics.jsonl") for d in dirs):   # kept plain or gzipped
         for d in dirs if full else dirs[:1]:
             _verify_run(d, full, rounds, rtol, atol, out)
         return

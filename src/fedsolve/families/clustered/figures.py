@@ -5,6 +5,8 @@
   runs all diverged is marked with an x at the bottom.
 * :func:`lambda_path_figure`: Fig. 1: the slopes w_i along the lambda grid, one panel per penalty, coloured
   by true group.
+* :func:`pairwise_snapshots_figure`: Fig. 3: per snapshot round the heat map of ||w_i - w_j|| (devices in the
+  order of their true clusters) above a t-SNE map of the w_i coloured by true cluster (the first seed's run).
 """
 
 from __future__ import annotations
@@ -61,5 +63,28 @@ def lambda_path_figure(rows: list[dict], suite, path: Path) -> None:
         ax.axhline(-1, color="grey", ls=":", lw=0.8)
         ax.axhline(1, color="grey", ls=":", lw=0.8)
     axes[0][0].set_ylabel("slope w_i (blue: first true group, red: second)")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def pairwise_snapshots_figure(rows: list[dict], suite, path: Path) -> None:
+    seed = rows[0]["seed"]
+    snaps = sorted((r for r in rows if r["seed"] == seed), key=lambda r: r["round"])
+    fig, axes = new_figure(2, len(snaps), figsize=(3.2 * len(snaps), 6.2), squeeze=False)
+    for k, r in enumerate(snaps):
+        truth = np.asarray(r["truth"])
+        order = np.argsort(truth, kind="stable")
+        D = np.asarray(r["distances"])[np.ix_(order, order)]
+        im = axes[0][k].imshow(D, cmap="viridis")
+        fig.colorbar(im, ax=axes[0][k], fraction=0.046)
+        axes[0][k].set_title(f"round {r['round']}: {r['num_clusters']} clusters, ARI {r['ari']:.2f}", fontsize=9)
+        emb = np.asarray(r["embedding"])
+        for g in np.unique(truth):
+            axes[1][k].scatter(emb[truth == g, 0], emb[truth == g, 1], s=10, color=f"C{int(g) % 10}")
+        axes[1][k].set_title(f"t-SNE; between / within {r['ratio']:.1f}", fontsize=9)
+        axes[1][k].set_xticks([])
+        axes[1][k].set_yticks([])
+    axes[0][0].set_ylabel("||w_i - w_j|| (devices by true cluster)")
+    fig.suptitle(f"{suite.name} (seed {seed})", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)

@@ -5,6 +5,8 @@
   (Fig. 1, schedule ``lambda_grid``);
 * ``async_fpfc``: asyncFPFC's event loop on a virtual clock (schedule ``async_fpfc``) and synchronous FPFC on the
   same clock (schedule ``virtual_clock``, Fig. 8);
+* ``budget``: a budget of local steps that ends the run (schedule ``local_budget``, Fig. 9's strategies at the same
+  K x T);
 * ``newcomers``: each method's rule for clients that join after training (Sec. 6.4.2 / Table 3);
 * ``tables``: the per-cell protocols of the FPFC suites (``fedsolve suite experiments/fpfc/<x>.yaml``).
 """
