@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedsolve.experiments.folders import default_run_dir, read_jsonl
+from fedsolve.experiments.tables import lead_sentence
 from fedsolve.engine.io import atomic_write_bytes, atomic_write_text, new_figure, save_figure  # noqa: F401
 
 LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes", "violation", "kkt")
@@ -249,9 +250,10 @@ def _figure(base: Path, cfg, algos: list[str], histories: dict[str, list[list[di
 
 
 def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[str, list[list[dict]]]) -> None:
-    """``report.md`` and ``plots/`` of a compare folder: the table, and each metric against rounds; the main
-    metric (:data:`MAIN_METRICS`) also against communicated bytes and, where the histories hold ``time_s``
-    (:func:`run_history`), against wall time."""
+    """``report.md`` and ``plots/`` of a compare folder: a sentence naming the best method on the main metric's final
+    value and its margin (:func:`~fedsolve.experiments.tables.lead_sentence`), the table, and each metric against
+    rounds; the main metric (:data:`MAIN_METRICS`) also against communicated bytes and, where the histories hold
+    ``time_s`` (:func:`run_history`), against wall time."""
     base = Path(base)
     algos = list(agg["algorithms"])
     plots = [name for m in PLOT_METRICS if (name := _figure(base, cfg, algos, histories, m)) is not None]
@@ -270,6 +272,10 @@ def write_compare_report(base: Path, cfg, agg: dict[str, Any], histories: dict[s
         if vals:
             best_of[m] = (min if lower_is_better(m) else max)(vals, key=vals.get)
     lines = [f"# {cfg.name}", ""]
+    lead = main and lead_sentence({a: agg["algorithms"][a]["final"].get(main) for a in algos},
+                                  f"final {NICE.get(main, main)}", lower_is_better(main), _fmt)
+    if lead:
+        lines += [lead, ""]
     if cfg.description:
         lines += [cfg.description.strip(), ""]
     clients = cfg.data.num_clients if cfg.data.num_clients is not None else "the dataset's own number of"

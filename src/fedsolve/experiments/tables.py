@@ -2,7 +2,8 @@
 the seeds (or a count, the worst seed, a relative difference to a reference row), next to the paper's numbers.
 
 :class:`TableSpec` is one table of a suite YAML's ``tables``; :func:`table_lines` renders it as markdown from the
-rows a suite's cells returned (``fedsolve.experiments.suite``).
+rows a suite's cells returned (``fedsolve.experiments.suite``). :func:`lead_sentence` is the sentence a compare
+report opens with: the best method on one metric and its margin over the runner-up, against the seeds' spread.
 """
 
 from __future__ import annotations
@@ -171,3 +172,40 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
             out.append("| " + " | ".join(line) + " |")
         out.append("")
     return out
+
+
+def lead_sentence(stats: dict[str, dict[str, Any]], metric: str, lower: bool, fmt=lambda v: f"{v:.4f}") -> str | None:
+    """One sentence naming the best method of ``stats`` (label -> ``{"mean", "std", "n"}`` of ``metric`` over the
+    seeds, ``std`` the sample SD; the lowest mean when ``lower``, else the highest) and its margin over the
+    runner-up, and saying whether the margin exceeds the seeds' spread (the larger of the two sample SDs); None
+    when no method has a value. ``fmt`` formats a number."""
+    have = {a: s for a, s in stats.items() if s and _num(s.get("mean")) is not None}
+    if not have:
+        return None
+    order = sorted(have, key=lambda a: have[a]["mean"], reverse=not lower)
+    best, st = order[0], have[order[0]]
+
+    def value(s: dict[str, Any]) -> str:
+        return f"{fmt(s['mean'])} ± {fmt(s['std'])}" if s.get("n", 1) > 1 else fmt(s["mean"])
+
+    def seeds(s: dict[str, Any]) -> str:
+        return f"n = {s.get('n', 1)} seed{'s' if s.get('n', 1) != 1 else ''}"
+
+    over = f"mean ± sample SD over {seeds(st)}" if st.get("n", 1) > 1 else seeds(st)
+    head = f"**{best}** has the best {metric}, {value(st)} ({over})"
+    if len(order) == 1:
+        return head + "; it is the only method with a value."
+    second, st2 = order[1], have[order[1]]
+    margin = abs(st["mean"] - st2["mean"])
+    if margin == 0:
+        return f"{head}, tied with {second} at {value(st2)} ({seeds(st2)})."
+    spread = max(st.get("std", 0.0), st2.get("std", 0.0))
+    if min(st.get("n", 1), st2.get("n", 1)) < 2:
+        verdict = "with one seed there is no spread to compare the margin with"
+    elif margin > spread:
+        verdict = f"the margin exceeds the seeds' spread (the larger sample SD, {fmt(spread)})"
+    else:
+        verdict = (f"the margin is within the seeds' spread (the larger sample SD, {fmt(spread)}), so these seeds do "
+                   "not separate the two")
+    return (f"{head}, {fmt(margin)} {'below' if lower else 'above'} the runner-up {second} at {value(st2)} "
+            f"({seeds(st2)}): {verdict}.")
