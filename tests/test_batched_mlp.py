@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -215,3 +216,20 @@ def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):
     for name in ("sequential", "vectorized", "batched"):
         assert make_executor(name, prob, algorithm=algo).name == name
     assert not (tmp_path / "executor_calibration.json").exists()   # explicit names never calibrate
+
+
+def test_calibration_says_that_it_measures(tmp_path, monkeypatch, capfd):
+    """The first run of a model on a machine times the executors (a pause of seconds): it says so on stderr, with
+    the time it took; a cached calibration says nothing."""
+    monkeypatch.setenv("FEDSOLVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FEDSOLVE_CALIBRATE", raising=False)
+    prob = PROBLEMS["mlp"]()
+    algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
+    capfd.readouterr()
+    make_executor("auto", prob, algorithm=algo)
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[0] == ("[fedsolve] timing the executors for this model on this machine (once; cached in "
+                        f"{tmp_path / 'executor_calibration.json'}) ...")
+    assert re.fullmatch(r"\[fedsolve\] executors timed in \d+\.\d s", lines[1]) and len(lines) == 2, lines
+    make_executor("auto", prob, algorithm=algo)
+    assert capfd.readouterr().err == ""

@@ -39,6 +39,7 @@ import math
 import operator
 import os
 import platform
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -562,7 +563,12 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
     if entry and all(c in entry.get("seconds", {}) for c in candidates) \
             and any(math.isfinite(entry["seconds"][c]) for c in candidates):
         return min(candidates, key=lambda c: entry["seconds"][c]).split("@")[0]
+    # the first run of a model on a machine pauses here (seconds, longer on a loaded machine): say so
+    print(f"[fedsolve] timing the executors for this model on this machine (once; cached in {path}) ...",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     secs = measure(problem, candidates, batch_size, chunk_size=chunk_size, loss=loss)
+    print(f"[fedsolve] executors timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     if not any(math.isfinite(secs[c]) for c in candidates):
         return None
     if entry:
