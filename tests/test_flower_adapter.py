@@ -19,7 +19,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 
 from fedsolve.flower.client import build_client_app  # noqa: E402
 from fedsolve.flower.replay import simulate_with_participation  # noqa: E402
-from fedsolve.flower.server import FlowerRun  # noqa: E402
+from fedsolve.flower.server import FlowerRun, NodeRegistry  # noqa: E402
 from fedsolve.flower.task import (DeploymentTask, FlowerUnsupportedError, check_supported,  # noqa: E402
                                   load_task, _CACHE)
 
@@ -227,3 +227,51 @@ def test_wrapped_solvers_same_numbers(exp, wrap):
     res, sim = simulate_with_participation(task)
     _compare(hist, res.history)
     assert any(k.startswith(("opt.", "dp.")) for k in run.server)
+
+
+
+def _grid_of(exp, up) -> MemoryGrid:
+    """A grid of the 4-client experiment whose only SuperNodes are those of the clients in ``up``."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 7, 1, 0
+    grid = MemoryGrid(4, {"experiment": str(exp)})
+    for node in [n for n in grid.ctx if n - 100 not in up]:
+        del grid.ctx[node]
+    NodeRegistry(grid, 4).refresh(wait=60.0)   # the nodes load their task at their first message: not timed below
+    return grid
+
+def test_waiting_for_nodes_logs_progress_and_says_early_when_nodes_cannot_cover_the_clients(exp, monkeypatch):
+    """2 SuperNodes for 4 clients: the server logs 'waiting for nodes: 2 of 4 clients have a node' while it waits,
+    and at its first such line (not at the end of wait-for-nodes) says that the nodes cannot cover the clients and
+    gives the override that makes them match."""
+    import time
+
+    import fedsolve.flower.server as server
+
+    lines: list[tuple[float, str]] = []
+    monkeypatch.setattr(server, "log", lambda msg, *a, level=None: lines.append((time.monotonic(), msg % a)))
+    reg = NodeRegistry(_grid_of(exp, up=[0, 1]), 4)   # only the nodes of clients 0 and 1 are up
+    start = time.monotonic()
+    reg.wait_all(3.0, every=0.5)
+    assert time.monotonic() - start >= 3.0
+    waiting = [(t, s) for t, s in lines if s.startswith("waiting for nodes: 2 of 4 clients have a node (2 nodes")]
+    assert len(waiting) >= 3, lines
+    warn = [(t, s) for t, s in lines if "cannot" in s or "unless 2 more nodes join" in s]
+    assert len(warn) == 1, lines
+    assert warn[0][0] - start < 2.0   # early: well before the 3 s of wait-for-nodes ran out
+    assert "clients [0, 1] only" in warn[0][1] and "data.num_clients=2" in warn[0][1], warn
+    assert lines[-1][1] == "starting without nodes for clients [2, 3] (they count as not selected until they join)"
+
+
+def test_all_nodes_present_wait_ends_at_once_without_warning(exp, monkeypatch):
+    import time
+
+    import fedsolve.flower.server as server
+
+    lines: list[str] = []
+    monkeypatch.setattr(server, "log", lambda msg, *a, level=None: lines.append(msg % a))
+    reg = NodeRegistry(_grid_of(exp, up=range(4)), 4)
+    start = time.monotonic()
+    reg.wait_all(30.0, every=0.5)
+    assert time.monotonic() - start < 10.0 and lines == [] and reg.live_clients() == {c: 100 + c for c in range(4)}

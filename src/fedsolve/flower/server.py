@@ -121,12 +121,31 @@ class NodeRegistry:
                 break
             time.sleep(POLL_S)
 
-    def wait_all(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
+    def wait_all(self, timeout: float, every: float = 10.0) -> None:
+        """Wait up to ``timeout`` seconds (run-config ``wait-for-nodes``) until every client has a live node,
+        logging every ``every`` seconds how many have one. At the first such line where every connected node has
+        answered and there are fewer nodes than clients, say that the nodes cannot cover the clients and how to
+        make them match (each SuperNode holds one client)."""
+        start = time.monotonic()
+        end, tick, warned = start + timeout, start + every, False
         while True:
             self.refresh(wait=min(5.0, max(0.0, end - time.monotonic())))
-            if len(self.live_clients()) == self.m or time.monotonic() >= end:
+            now = time.monotonic()
+            if len(self.live_clients()) == self.m or now >= end:
                 break
+            if now >= tick:
+                tick = now + every
+                log("waiting for nodes: %s of %s clients have a node (%s nodes connected; %.0f s of wait-for-nodes "
+                    "left)", len(self.live_clients()), self.m, len(self.online), end - now)
+                if not warned and not self.pending and len(self.online) < self.m:
+                    warned = True
+                    log("%s SuperNodes are connected for %s clients (data.num_clients) and each node holds one "
+                        "client: unless %s more nodes join, the run starts after wait-for-nodes with clients %s "
+                        "only. Start one SuperNode per client (partition-id 0..%s), or make the clients match the "
+                        "nodes: add data.num_clients=%s to the run config's overrides (flwr run APP FEDERATION "
+                        "--run-config 'overrides=\"data.num_clients=%s\"')", len(self.online), self.m,
+                        self.m - len(self.online), sorted(self.live_clients()), self.m - 1, len(self.online),
+                        len(self.online), level=WARNING)
             time.sleep(0.5)
         missing = sorted(set(range(self.m)) - set(self.live_clients()))
         if missing:
