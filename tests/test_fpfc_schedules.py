@@ -281,3 +281,27 @@ def test_ctrl_c_and_resume_through_the_cli_give_the_uninterrupted_metrics(kind, 
     assert json.loads((cut / "summary.json").read_text())["extras"] == done["extras"]
     if kind == "warmup_path":
         assert done["extras"]["lambda_chosen"] and len(done["extras"]["switches"]) > 2
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "fpfc", "label": "budget", "params": {"lam": 0.5, "lr": 0.1, "local_steps": 3},
+     "schedule": {"kind": "local_budget", "total_steps": 15}},
+    {"name": "async_fpfc", "label": "async", "params": {"lam": 0.5, "lr": 0.1},
+     "schedule": {"kind": "async_fpfc", "delay_high": 20.0, "horizon": 60.0, "eval_every": 20.0}},
+])
+def test_a_run_its_schedule_ended_is_finished_and_resume_keeps_it(tmp_path, algorithm):
+    """A run that its schedule ended before simulation.rounds (a spent budget, the virtual horizon) is finished:
+    a suite or compare resumed over it keeps it as it is (no extra round, the same files)."""
+    cfg = yaml.safe_load(Path(_config(tmp_path, algorithm, rounds=1000)).read_text())
+    cfg["algorithms"] = [cfg.pop("algorithm")]
+    path = tmp_path / "compare.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    assert main(["compare", str(path), "--out", str(out), "--quiet"]) == 0
+    run = out / algorithm["label"] / "seed0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["rounds"] < 1000
+    before = (run / "metrics.jsonl").read_bytes()
+    assert main(["compare", str(path), "--out", str(out), "--quiet", "--resume"]) == 0
+    assert (run / "metrics.jsonl").read_bytes() == before
+    assert json.loads((run / "summary.json").read_text())["rounds"] == summary["rounds"]

@@ -278,9 +278,9 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
                   round_times: list[float] | None = None, extras: dict | None = None,
                   executor: str | None = None, dataset: str | None = None, finished: bool = False) -> dict[str, Any]:
     """``executor``: the executor that ran (``simulation.executor: auto`` resolved); ``dataset``: what the run
-    used (:func:`recorded_dataset`; default the config's ``data.dataset``); ``finished``: the algorithm's
-    stopping test ended the run (its phase table reached ``done``: :func:`fedsolve.engine.algorithm.finished`), maybe
-    before the budget."""
+    used (:func:`recorded_dataset`; default the config's ``data.dataset``); ``finished``: the run is over
+    before its budget, by the algorithm's stopping test (its phase table reached ``done``:
+    :func:`fedsolve.engine.algorithm.finished`) or by its schedule (a spent budget, a virtual horizon)."""
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
@@ -483,10 +483,13 @@ def _conclude(p: _Prepared, run: Callable[[], RunResult]) -> dict:
     finally:
         close_all(p.trackers)   # after a divergence too, which ends the run without on_end
     _participation_verdict(cfg, p.watch)
+    # finished: the algorithm's stopping test passed, or the run ended before its rounds without an error (its
+    # schedule stopped it: a spent budget, a virtual horizon), so a resume keeps it as it is
+    early = bool(res.history) and res.history[-1]["round"] < cfg.simulation.rounds
     summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
                             round_times=res.round_times, extras={**res.extras, **(p.extras or {})},
                             executor=sim.executor.name, dataset=recorded_dataset(cfg, p.problem),
-                            finished=algorithm_finished(p.algo, sim.server))
+                            finished=algorithm_finished(p.algo, sim.server) or early)
     if res.per_client or not (run_dir / "per_client.json").exists():
         atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if p.write_report:
