@@ -192,8 +192,14 @@ def test_unregistered_supernode_is_refused(federation, tmp_path):
     try:
         proc = federation.start_node(extra, key=key, max_wait_time=10)
         rc = proc.wait(timeout=120)
-        assert rc != 0
-        assert "Failed to activate SuperNode" in federation.nodes[extra].log.read_text()
+        assert rc == 1   # Flower's exit code 305 is only in the log
+        log = federation.nodes[extra].log.read_text()
+        assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log and "intruder" not in log
+        why = federation.node_failure(extra)   # the launcher names the key to register
+        assert why == (f"SuperNode {extra} (partition-id 0) exited with code 1: the SuperLink refused to activate it "
+                       f"(Flower's exit code 305 in node{extra}.log); its public key {key}.pub is not registered: "
+                       f"flwr supernode register {key}.pub fedsolve"), why
+        assert why in federation.logs()
     finally:
         federation.kill_node(extra) if federation.nodes[extra].proc.poll() is None else None
         federation.nodes.pop()

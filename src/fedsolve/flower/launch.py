@@ -141,7 +141,8 @@ class LocalFederation:
         n = self.nodes[i]
         n.port = free_port()
         n.log = self.dir / f"node{i}.log"
-        cmd = self.node_cmd(n, key)
+        n.key = key if key is not None else n.key   # the key it runs with: node_failure names it
+        cmd = self.node_cmd(n)
         if max_wait_time is not None:
             cmd += ["--max-wait-time", str(max_wait_time)]
         n.proc = self._popen(cmd, n.log, self.dir / f"node{i}-home")
@@ -155,6 +156,21 @@ class LocalFederation:
         p = self.nodes[i].proc
         if p is not None and p.poll() is None:
             os.killpg(p.pid, sig)  # the node's own session: the SuperNode and the processes it started
+
+    def node_failure(self, i: int) -> str | None:
+        """Why SuperNode ``i`` stopped, in one line, or None while it runs (or before it started). A node the
+        SuperLink refused to activate exits with code 1 and logs Flower's exit code 305 with "Failed to activate
+        SuperNode" but no word of its key (the SuperLink's log says "No SuperNode found with the given public key");
+        under SuperNode authentication this line names the key to register."""
+        n = self.nodes[i]
+        if n.proc is None or n.proc.poll() is None:
+            return None
+        text = f"SuperNode {i} (partition-id {n.partition}) exited with code {n.proc.returncode}"
+        log = n.log.read_text(errors="replace") if n.log is not None and n.log.exists() else ""
+        if "Failed to activate SuperNode" in log and self.auth:
+            text += (f": the SuperLink refused to activate it (Flower's exit code 305 in {n.log.name}); its public key "
+                     f"{n.key}.pub is not registered: flwr supernode register {n.key}.pub fedsolve")
+        return text
 
     def kill_node(self, i: int) -> None:
         """SIGKILL the SuperNode (and its ClientApp processes), like a machine losing power."""
@@ -234,7 +250,8 @@ class LocalFederation:
         return int(out["run-id"])
 
     def logs(self) -> str:
-        parts = []
+        """The stopped nodes (:meth:`node_failure`), then the tail of every process log."""
+        parts = [f for i in range(len(self.nodes)) if (f := self.node_failure(i))]
         for p in [self.dir / "superlink.log"] + [n.log for n in self.nodes if n.log]:
             if p.exists():
                 parts.append(f"===== {p.name}\n" + p.read_text(errors="replace")[-6000:])
