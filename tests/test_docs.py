@@ -4,7 +4,11 @@
 * examples/my_fedavgm.py runs, and the algorithm shown in docs/writing-an-algorithm.md is that file's;
 * every relative link in README.md and docs/*.md points to an existing file (and heading);
 * every `fedsolve` command line in README.md and docs/getting-started.md parses, and its config
-  with its --set overrides validates.
+  with its --set overrides validates;
+* those lines run as written, in each page's order, straight after the demo (scripts/demo.sh): no line writes
+  into a folder an earlier one filled, a --resume line continues a run (checked without running), and on a tiny
+  demo every line exits 0 (slow);
+* docs/deployment.md's simulate_with_participation snippet runs as written (slow).
 """
 
 from __future__ import annotations
@@ -139,14 +143,22 @@ def test_docs_link_each_other():
 
 
 # ------------------------------------------------------------------ documented commands
+def _doc_commands(md: Path) -> list[str]:
+    """The `.venv/bin/fedsolve` lines of the bash blocks of ``md``, in order (continuations joined, comments cut)."""
+    out = []
+    for block in _code_blocks(md.read_text(), "bash"):
+        block = block.replace("\\\n", " ")
+        for line in block.splitlines():
+            line = line.split(" #")[0].strip()
+            if line.startswith(".venv/bin/fedsolve "):
+                out.append(" ".join(line.split()))
+    return out
+
+
 def _command_lines():
     for md in (ROOT / "README.md", DOCS / "getting-started.md"):
-        for block in _code_blocks(md.read_text(), "bash"):
-            block = block.replace("\\\n", " ")
-            for line in block.splitlines():
-                line = line.split(" #")[0].strip()
-                if line.startswith(".venv/bin/fedsolve "):
-                    yield md.name, line
+        for line in _doc_commands(md):
+            yield md.name, line
 
 
 def _is_template(tokens: list[str]) -> bool:
@@ -180,3 +192,165 @@ def test_documented_command_parses(where, line):
         if getattr(args, "algorithm", None):
             assert any(args.algorithm in (a.display, a.name) for a in cfg.all_algorithms()), (
                 f"{where}: `{line}`: --algorithm {args.algorithm} is not in {config}")
+
+
+# ------------------------------------------------------------------ the documented sequence, after the demo
+#: what scripts/demo.sh runs (test_demo_script_runs_the_demo_command holds it to that)
+DEMO_COMMAND = ".venv/bin/fedsolve compare experiments/demo.yaml --out runs/demo --overwrite"
+SEQUENCE_DOCS = ("README.md", "docs/getting-started.md")
+
+
+def _sequence(name: str) -> list[str]:
+    """The runnable `fedsolve` lines of a doc in its order (usage templates left out)."""
+    return [ln for ln in _doc_commands(ROOT / name) if not _is_template(shlex.split(ln)[1:])]
+
+
+def _parse(line: str):
+    from fedsolve.cli import build_parser
+
+    try:
+        return build_parser().parse_args(shlex.split(line)[1:])
+    except SystemExit:   # --version
+        return None
+
+
+def _writes(args, root: Path) -> tuple[Path, int | None, list[Path]] | None:
+    """(the folder a run / compare / suite command writes, the rounds it runs to, its run folders), relative to the
+    working directory; None for a command that writes no runs."""
+    import yaml
+
+    from fedsolve.experiments.config import load_config
+    from fedsolve.experiments.folders import default_run_dir
+    from fedsolve.experiments.suite import is_suite
+
+    if args is None or args.cmd not in ("run", "compare", "suite"):
+        return None
+    data = yaml.safe_load((root / args.config).read_text())
+    if is_suite(data):
+        return Path(args.out or Path("runs") / data["name"]), None, []
+    cfg = load_config(root / args.config, args.set)
+    if args.cmd == "run":
+        spec = next(a for a in cfg.all_algorithms() if args.algorithm in (None, a.display, a.name))
+        folder = Path(args.out) if args.out else default_run_dir(cfg, spec, args.seed if args.seed is not None
+                                                                  else cfg.seeds[0])
+        return folder, cfg.simulation.rounds, [folder]
+    base = Path(args.out) if args.out else Path(cfg.out_dir) / cfg.name
+    return base, cfg.simulation.rounds, [default_run_dir(cfg, a, s, base) for a in cfg.all_algorithms()
+                                         for s in cfg.seeds]
+
+
+def test_demo_script_runs_the_demo_command():
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    assert re.search(r"^\.venv/bin/fedsolve compare experiments/demo\.yaml --out runs/demo \"\$\{fresh\[@\]\}\" \"\$@\"$",
+                     script, flags=re.M), "scripts/demo.sh no longer runs DEMO_COMMAND: update the docs' sequence"
+    assert "fresh=(--overwrite)" in script
+
+
+@pytest.mark.parametrize("name", SEQUENCE_DOCS)
+def test_documented_commands_write_their_own_folders(name):
+    """Run straight after the demo, in the doc's order, no command is refused: each writes a folder no earlier
+    command filled (or says --resume / --overwrite), a --resume line continues a run an earlier line left with
+    fewer rounds, and report / verify read a folder that exists by then."""
+    written: dict[Path, int | None] = {}
+    for line in [DEMO_COMMAND, *_sequence(name)]:
+        args = _parse(line)
+        target = _writes(args, ROOT)
+        if target is None:
+            if args is not None and args.cmd in ("report", "verify"):
+                assert Path(args.dir) in written, f"{name}: `{line}` reads {args.dir}, which no earlier command wrote"
+            continue
+        base, rounds, runs = target
+        if args.resume:
+            assert runs and all(r in written for r in runs), f"{name}: `{line}` resumes a folder nothing wrote"
+            assert any(written[r] < rounds for r in runs), f"{name}: `{line}` resumes finished runs: it does nothing"
+        elif not args.overwrite:
+            taken = [p for p in written if p == base or p.is_relative_to(base) or base.is_relative_to(p)]
+            assert not taken, (f"{name}: `{line}` writes into {max(taken, key=lambda p: len(p.parts))}, which an "
+                               "earlier command filled: refused")
+        written.update({base: rounds, **{r: rounds for r in runs}})
+
+
+def _tiny_checkout(where: Path) -> Path:
+    """``where`` laid out like the checkout for the documented commands, with a tiny demo: 4 clients, a small MLP,
+    2 seeds, the demo's 40 rounds and algorithms; the suite and results/ as they are."""
+    import shutil
+
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "experiments" / "demo.yaml").read_text())
+    demo["seeds"] = [0, 1]
+    demo["data"].update(num_clients=4)
+    demo["model"] = {"name": "mlp", "params": {"hidden": [8]}}
+    (where / "experiments").mkdir(parents=True)
+    (where / "experiments" / "demo.yaml").write_text(yaml.safe_dump(demo, sort_keys=False))
+    shutil.copy(ROOT / "experiments" / "demo_suite.yaml", where / "experiments")
+    (where / "results").symlink_to(ROOT / "results")
+    return where
+
+
+def _run_line(line: str) -> int:
+    from fedsolve.cli import main
+
+    try:
+        return main(shlex.split(line)[1:])
+    except SystemExit as e:   # --version
+        return int(e.code or 0)
+
+
+@pytest.fixture(scope="module")
+def after_demo(tmp_path_factory):
+    """A tiny checkout in which the demo's command has run."""
+    base = _tiny_checkout(tmp_path_factory.mktemp("checkout") / "repo")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)
+        assert _run_line(DEMO_COMMAND + " --quiet") == 0
+    return base
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SEQUENCE_DOCS)
+def test_documented_sequence_runs_after_the_demo(name, after_demo, tmp_path, monkeypatch):
+    """Every `fedsolve` line of the README and of getting-started, as written and in order, on the tiny demo right
+    after the demo's command: each exits 0; the resume line extends the 20-round run to the config's 40 rounds."""
+    import shutil
+
+    from fedsolve.experiments.folders import read_jsonl
+
+    work = tmp_path / "repo"
+    shutil.copytree(after_demo, work, symlinks=True)
+    monkeypatch.chdir(work)
+    for line in _sequence(name):
+        before = [r["round"] for r in read_jsonl(Path("runs/fedadmm/metrics.jsonl"))]
+        assert _run_line(line) == 0, f"{name}: `{line}` failed"
+        if "--resume" in line.split() and "runs/fedadmm" in line:
+            after = [r["round"] for r in read_jsonl(Path("runs/fedadmm/metrics.jsonl"))]
+            assert before[-1] == 20 and after[-1] == 40, (before, after)
+
+
+@pytest.mark.slow
+def test_deployment_replay_snippet_runs(tmp_path, monkeypatch):
+    """docs/deployment.md's simulate_with_participation snippet runs as written after the local run (here with a
+    participation.json in which every sampled client answered): it prints the plain simulation's last record."""
+    import ast
+    import contextlib
+    import io
+    import json
+
+    import fedsolve
+
+    code = next(b for b in _code_blocks((DOCS / "deployment.md").read_text(), "python")
+                if "simulate_with_participation" in b)
+    (tmp_path / "experiments").symlink_to(ROOT / "experiments")
+    results = tmp_path / "runs" / "flower-demo" / "results"
+    results.mkdir(parents=True)
+    (results / "participation.json").write_text(json.dumps([]))   # nobody dropped: no round restricted
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/deployment.md", "exec"), {})
+    plain = fedsolve.run("experiments/demo.yaml", algorithm="FedAvg", overrides=[
+        "data.num_clients=4", "simulation.rounds=5", "simulation.sampling.fraction=0.5", "simulation.executor=sequential"])
+    printed = ast.literal_eval(out.getvalue().strip())
+    want = plain.history[-1]
+    assert printed.keys() == want.keys() and printed["round"] == 5
+    assert all(printed[k] == pytest.approx(want[k], rel=1e-5) for k in want), (printed, want)   # float round-off
