@@ -405,7 +405,7 @@ def test_full_participation_makes_no_generator():
 
 
 #: the layers, bottom up: a module may import its own layer and the ones below it, never one above
-LAYERS = (("fedsolve.core", "fedsolve.data", "fedsolve.models", "fedsolve.problems"),
+LAYERS = (("fedsolve._version", "fedsolve.core", "fedsolve.data", "fedsolve.models", "fedsolve.problems"),
           ("fedsolve.engine",),
           ("fedsolve.families",),
           ("fedsolve.experiments", "fedsolve.flower"),
@@ -444,5 +444,5 @@ def test_no_import_runs_up_a_layer():
             bad += [f"{mod}: {n}" for n in names if n.startswith("fedsolve") and _layer(n) > _layer(mod)]
     assert not bad, bad
     top = sorted(p.name for p in root.iterdir() if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__"))
-    assert top == ["__init__.py", "__main__.py", "cli.py", "core", "data", "engine", "experiments", "families",
-                   "flower", "models", "problems.py"], top
+    assert top == ["__init__.py", "__main__.py", "_version.py", "cli.py", "core", "data", "engine", "experiments",
+                   "families", "flower", "models", "problems.py"], top

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-__version__ = "0.1.0"
+from fedsolve._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedsolve.engine.loop import Callback, RunResult

@@ -259,10 +259,18 @@ def _cmd_ledger(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from fedsolve import __version__
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``fedsolve run: error: ...; see fedsolve run --help``, exit 2), like
+    every other bad input; the usage is what ``--help`` shows."""
 
-    p = argparse.ArgumentParser(prog="fedsolve", description="Structured federated optimization",
+    def error(self, message: str):
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fedsolve._version import __version__
+
+    p = _Parser(prog="fedsolve", description="Structured federated optimization",
                                 epilog="exit codes: 0 done, 2 bad input, 3 diverged, 130 interrupted (Ctrl-C)")
     p.add_argument("--version", action="version", version=f"fedsolve {__version__}",
                    help="print the version and exit")

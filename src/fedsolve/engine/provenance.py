@@ -115,7 +115,7 @@ def versions() -> dict[str, str]:
     import numpy
     import torch
 
-    from fedsolve import __version__
+    from fedsolve._version import __version__
 
     out = {"fedsolve": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
            "python": platform.python_version()}
