@@ -241,8 +241,8 @@ def _writes(args, root: Path) -> tuple[Path, int | None, list[Path]] | None:
 
 def test_demo_script_runs_the_demo_command():
     script = (ROOT / "scripts" / "demo.sh").read_text()
-    assert re.search(r"^\.venv/bin/fedsolve compare experiments/demo\.yaml --out runs/demo \"\$\{fresh\[@\]\}\" \"\$@\"$",
-                     script, flags=re.M), "scripts/demo.sh no longer runs DEMO_COMMAND: update the docs' sequence"
+    line = r"^\.venv/bin/fedsolve compare experiments/demo\.yaml --out runs/demo \"\$\{fresh\[@\]\}\" \"\$@\"$"
+    assert re.search(line, script, flags=re.M), "scripts/demo.sh no longer runs DEMO_COMMAND: update the docs' sequence"
     assert "fresh=(--overwrite)" in script
 
 
@@ -349,7 +349,8 @@ def test_deployment_replay_snippet_runs(tmp_path, monkeypatch):
     with contextlib.redirect_stdout(out):
         exec(compile(code, "docs/deployment.md", "exec"), {})
     plain = fedsolve.run("experiments/demo.yaml", algorithm="FedAvg", overrides=[
-        "data.num_clients=4", "simulation.rounds=5", "simulation.sampling.fraction=0.5", "simulation.executor=sequential"])
+        "data.num_clients=4", "simulation.rounds=5", "simulation.sampling.fraction=0.5",
+        "simulation.executor=sequential"])
     printed = ast.literal_eval(out.getvalue().strip())
     want = plain.history[-1]
     assert printed.keys() == want.keys() and printed["round"] == 5
