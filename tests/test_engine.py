@@ -385,6 +385,11 @@ def test_check_round_is_the_one_divergence_check():
     big["P"][7] = float("inf")
     with pytest.raises(DivergenceError, match=r"\['P', 'w'\]"):
         check_round(0, 1.0, big, {}, None, None, 10.0)
+    huge = {"P": torch.full((5000,), 3e38), "w": torch.full((3,), 3e38)}   # finite, but float32 sums overflow
+    assert check_round(0, 1.0, huge, {"u": torch.full((2, 3000), -3e38)}, None, None, 10.0) == 1.0
+    huge["P"][4999] = float("-inf")
+    with pytest.raises(DivergenceError, match=r"\['P'\]"):
+        check_round(0, 1.0, huge, {}, None, None, 10.0)
     cfg = SimulationConfig(rounds=7, eval_every=3)
     assert [d for d in range(1, 8) if eval_due(d, cfg)] == [3, 6, 7]
 

@@ -50,3 +50,24 @@ def test_unwritten_clients_read_the_default_row():
     s.scatter(torch.tensor([0, 1]), {"K": torch.zeros(2, 2)})
     got = s.gather(torch.arange(4))                   # clients 2, 3 not stored yet: a copy with the default
     assert torch.equal(got["K"], torch.tensor([[0.0, 0.0], [0.0, 0.0], [7.0, 7.0], [7.0, 7.0]]))
+
+
+def test_slot_lookups_follow_new_ids_new_rows_and_ids_changed_in_place():
+    """A round's slots are looked up once and kept for the same ids (gather, scatter, the next full round): a
+    first write of a client, other ids (even the same tensor changed in place) and a new read-only flag are seen."""
+    s = ClientStates(4, defaults={"v": torch.zeros(2), "K": torch.zeros(2)})
+    ids = torch.tensor([0, 2])
+    assert torch.equal(s.gather(ids)["v"], torch.zeros(2, 2))
+    s.scatter(ids, {"v": torch.tensor([[1.0, 1.0], [2.0, 2.0]]), "K": torch.ones(2, 2)})   # first writes: new slots
+    assert torch.equal(s.gather(ids)["v"], torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
+    ids[1] = 3                                                           # the same tensor, other clients
+    assert torch.equal(s.gather(ids)["v"], torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    s.scatter(ids, {"v": torch.tensor([[5.0, 5.0], [6.0, 6.0]])})
+    assert torch.equal(s["v"], torch.tensor([[5.0, 5.0], [0.0, 0.0], [2.0, 2.0], [6.0, 6.0]]))
+    s.scatter(torch.tensor([1, 3]), {"K": torch.full((2, 2), 3.0)})
+    s.set_readonly(["K"])                                                # slots 0..3 hold clients 0, 2, 1, 3
+    pair = torch.tensor([0, 2])
+    got = s.gather(pair)
+    assert got["K"].untyped_storage().data_ptr() == s._cols["K"].rows.untyped_storage().data_ptr()
+    assert torch.equal(got["K"], torch.ones(2, 2)) and torch.equal(s.gather(torch.tensor([1, 3]))["K"],
+                                                                   torch.full((2, 2), 3.0))

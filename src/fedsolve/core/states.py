@@ -26,6 +26,7 @@ import mmap
 import os
 import tempfile
 import weakref
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
 import torch
@@ -76,7 +77,7 @@ class _Spill:
 class _Column:
     """One named state: a default row, the stored rows of the touched clients and each client's slot."""
 
-    __slots__ = ("default", "slot", "rows", "n", "identity", "spill", "readonly")
+    __slots__ = ("default", "slot", "rows", "n", "identity", "spill", "readonly", "lookup")
 
     def __init__(self, default: Tensor, m: int):
         self.default = default                                   # [*shape]: untouched clients' row
@@ -86,6 +87,8 @@ class _Column:
         self.identity = False   # a dense column: row i is client i's for every client (no slot lookup needed)
         self.spill: _Spill | None = None                         # the memory-mapped file, once spilled
         self.readonly = False   # gathered as a view of the store where possible (module docstring)
+        #: the slots of the last ids looked up (:meth:`ClientStates._lookup`), dropped when a slot changes
+        self.lookup: _Lookup | None = None
 
     @property
     def path(self) -> str | None:
@@ -119,6 +122,25 @@ class _Column:
         return self.rows.shape[0] * self.row_bytes() if self.path is not None else 0
 
 
+@dataclass(frozen=True, eq=False)
+class _Lookup:
+    """Where the rows of the clients of one ids tensor lie in a column's store (:meth:`ClientStates._lookup`):
+    ``gen`` names the ids (:meth:`ClientStates._ids_gen`), ``slots`` are their slots, ``known`` says whether
+    every one has a stored row, and ``run`` is the first slot when they are consecutive slots in order (worked
+    out for a read-only column only; else None: a view of the store cannot hold them)."""
+
+    gen: int
+    slots: Tensor
+    known: bool
+    run: int | None
+
+
+def _run_start(s: Tensor) -> int | None:
+    """``s[0]`` when ``s`` (a 1-D CPU index tensor) is ``s[0], s[0] + 1, ...`` with ``s[0] >= 0``, else None."""
+    first = int(s[0])
+    return first if first >= 0 and torch.equal(s, torch.arange(first, first + s.numel())) else None
+
+
 class ClientStates:
     """Named per-client states with row gather / scatter by client ids (module docstring).
 
@@ -139,6 +161,8 @@ class ClientStates:
         self._cols: dict[str, _Column] = {}
         self.budget_bytes = budget_bytes
         self.spill_dir = None if spill_dir is None else str(spill_dir)
+        self._ids: Tensor | None = None   # the ids of the last gather or scatter (a copy) and their number
+        self._gen = 0
         for k, v in (tensors or {}).items():
             self[k] = v
         for k, row in (defaults or {}).items():
@@ -162,6 +186,7 @@ class ClientStates:
             if k not in self._cols:
                 raise KeyError(f"readonly: unknown client state {k!r}; known: {sorted(self._cols)}")
             self._cols[k].readonly = True
+            self._cols[k].lookup = None   # looked up again, as a read-only column
 
     def readonly(self) -> tuple[str, ...]:
         """Names of the read-only columns."""
@@ -216,61 +241,84 @@ class ClientStates:
     def gather(self, ids: Tensor) -> dict[str, Tensor]:
         """Rows of the selected clients: ``{name: [k, ...]}`` (copies, except views of a read-only column's
         stored rows when they sit in order; the default row for a client not yet written)."""
-        return {k: self._gather(col, ids) for k, col in self._cols.items()}
+        ids_c = ids.cpu()
+        gen = self._ids_gen(ids_c)
+        return {k: self._gather(col, ids_c, gen) for k, col in self._cols.items()}
+
+    def _ids_gen(self, ids_c: Tensor) -> int:
+        """A number that names the values of ``ids_c`` (CPU): the same as the last call's when the ids are equal
+        (a round's gather and scatter, and every round of full participation, look their slots up once)."""
+        last = self._ids
+        if last is None or last.shape != ids_c.shape or not torch.equal(last, ids_c):
+            self._ids = ids_c.clone()
+            self._gen += 1
+        return self._gen
 
     @staticmethod
-    def _view(col: _Column, ids: Tensor) -> Tensor | None:
-        """A read-only column's rows of ``ids`` as a view of its store, when they are stored there in order at
-        consecutive positions (else None: a copy is needed)."""
-        if not col.readonly or col.spill is not None or ids.numel() == 0:
-            return None
-        s = ids.cpu() if col.identity else col.slot[ids.cpu()]
-        first = int(s[0])
-        if first < 0 or not torch.equal(s, torch.arange(first, first + s.numel(), device="cpu")):
-            return None
-        return col.rows[first:first + s.numel()]
+    def _lookup(col: _Column, ids_c: Tensor, gen: int) -> _Lookup:
+        """``col``'s :class:`_Lookup` of the clients ``ids_c`` named ``gen``, kept until the ids or the column's
+        slots change."""
+        look = col.lookup
+        if look is not None and look.gen == gen:
+            return look
+        s = ids_c if col.identity else col.slot[ids_c]
+        known = col.identity or bool((s >= 0).all())
+        run = _run_start(s) if col.readonly and known and s.numel() else None
+        col.lookup = _Lookup(gen, s, known, run)
+        return col.lookup
 
-    def _gather(self, col: _Column, ids: Tensor) -> Tensor:
-        view = self._view(col, ids)
-        if view is not None:
-            return view
-        if col.identity:
-            return col.rows.index_select(0, ids.to(col.rows.device)).to(col.device)
-        s = col.slot[ids.cpu()]
-        known = s >= 0
-        if bool(known.all()):
-            out = col.rows.index_select(0, s.to(col.rows.device)).to(col.device)
+    def _gather(self, col: _Column, ids_c: Tensor, gen: int) -> Tensor:
+        """One column's rows of the clients ``ids_c`` (CPU) named ``gen``: a view of a read-only column's store
+        when they lie there in order, else a copy."""
+        if ids_c.numel() == 0:
+            return col.default.new_empty((0, *col.default.shape))
+        look = self._lookup(col, ids_c, gen)
+        if look.run is not None and col.spill is None:
+            return col.rows[look.run:look.run + ids_c.numel()]
+        dev = col.rows.device
+        if look.known:
+            out = col.rows.index_select(0, look.slots if dev.type == "cpu" else look.slots.to(dev))
+            out = out if out.device == col.device else out.to(col.device)
         else:
+            s = look.slots
+            known = s >= 0
             out = col.default.unsqueeze(0).repeat(s.numel(), *([1] * col.default.dim()))
             if bool(known.any()):
-                out[known.to(col.device)] = col.rows.index_select(0, s[known].to(col.rows.device)).to(col.device)
+                out[known.to(col.device)] = col.rows.index_select(0, s[known].to(dev)).to(col.device)
         col.release()
         return out
 
     def row(self, i: int) -> dict[str, Tensor]:
-        ids = torch.tensor([int(i)], device="cpu")
-        return {k: self._gather(col, ids)[0] for k, col in self._cols.items()}
+        return {k: v[0] for k, v in self.gather(torch.tensor([int(i)], device="cpu")).items()}
 
     def scatter(self, ids: Tensor, rows: Mapping[str, Tensor]) -> None:
         """Write back rows of the selected clients; other clients stay bit-identical."""
+        gen = ids_c = None
         for k, v in rows.items():
             if k not in self._cols:
                 raise KeyError(f"local_update returned unknown client state {k!r}; known: {sorted(self._cols)}")
             col = self._cols[k]
+            v = v if v.device == col.rows.device and v.dtype == col.rows.dtype else v.to(col.rows.device,
+                                                                                          col.rows.dtype)
             if col.identity:
-                col.rows.index_copy_(0, ids.to(col.rows.device), v.to(col.rows.device, col.rows.dtype))
+                col.rows.index_copy_(0, ids if ids.device == col.rows.device else ids.to(col.rows.device), v)
                 continue
-            ids_c = ids.cpu()
-            s = col.slot[ids_c]
-            new = s < 0
-            n_new = int(new.sum())
-            if n_new:   # first write of these clients: a stored row each (amortized growth)
+            if gen is None:
+                ids_c = ids.cpu()
+                gen = self._ids_gen(ids_c)
+            look = self._lookup(col, ids_c, gen)
+            s = look.slots
+            if not look.known:   # first write of some of these clients: a stored row each (amortized growth)
+                s = s.clone()
+                new = s < 0
+                n_new = int(new.sum())
                 if col.n + n_new > col.rows.shape[0]:
                     self._resize(col, min(max(col.n + n_new, 2 * col.rows.shape[0], 16), self.num_clients))
                 s[new] = torch.arange(col.n, col.n + n_new, device="cpu")
                 col.slot[ids_c[new]] = s[new]
                 col.n += n_new
-            col.rows.index_copy_(0, s.to(col.rows.device), v.to(col.rows.device, col.rows.dtype))
+                col.lookup = None   # the slots changed
+            col.rows.index_copy_(0, s if s.device == col.rows.device else s.to(col.rows.device), v)
             col.release()
 
     def _resize(self, col: _Column, capacity: int, spill: bool = False) -> None:
