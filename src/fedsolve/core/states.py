@@ -26,8 +26,8 @@ import mmap
 import os
 import tempfile
 import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -100,7 +100,7 @@ class _Column:
             self.spill.release()
 
     @classmethod
-    def dense(cls, value: Tensor) -> "_Column":
+    def dense(cls, value: Tensor) -> _Column:
         col = cls(value[0].clone() if value.shape[0] else value.new_zeros(value.shape[1:]), value.shape[0])
         col.slot = torch.arange(value.shape[0], device="cpu")
         col.rows, col.n, col.identity = value, value.shape[0], True
@@ -133,6 +133,8 @@ class _Lookup:
     slots: Tensor
     known: bool
     run: int | None
+    #: ``slots`` on the device of the column's stored rows (the index of ``index_select``)
+    at_rows: Tensor
 
 
 def _run_start(s: Tensor) -> int | None:
@@ -264,7 +266,8 @@ class ClientStates:
         s = ids_c if col.identity else col.slot[ids_c]
         known = col.identity or bool((s >= 0).all())
         run = _run_start(s) if col.readonly and known and s.numel() else None
-        col.lookup = _Lookup(gen, s, known, run)
+        dev = col.rows.device
+        col.lookup = _Lookup(gen, s, known, run, s if dev.type == "cpu" else s.to(dev))
         return col.lookup
 
     def _gather(self, col: _Column, ids_c: Tensor, gen: int) -> Tensor:
@@ -273,12 +276,13 @@ class ClientStates:
         if ids_c.numel() == 0:
             return col.default.new_empty((0, *col.default.shape))
         look = self._lookup(col, ids_c, gen)
-        if look.run is not None and col.spill is None:
-            return col.rows[look.run:look.run + ids_c.numel()]
+        if col.spill is None and look.known:   # the rows live where the default row does
+            if look.run is not None:
+                return col.rows[look.run:look.run + ids_c.numel()]
+            return col.rows.index_select(0, look.at_rows)
         dev = col.rows.device
         if look.known:
-            out = col.rows.index_select(0, look.slots if dev.type == "cpu" else look.slots.to(dev))
-            out = out if out.device == col.device else out.to(col.device)
+            out = col.rows.index_select(0, look.at_rows).to(col.device)
         else:
             s = look.slots
             known = s >= 0
@@ -318,7 +322,7 @@ class ClientStates:
                 col.slot[ids_c[new]] = s[new]
                 col.n += n_new
                 col.lookup = None   # the slots changed
-            col.rows.index_copy_(0, s if s.device == col.rows.device else s.to(col.rows.device), v)
+            col.rows.index_copy_(0, look.at_rows if look.known else s.to(col.rows.device), v)
             col.release()
 
     def _resize(self, col: _Column, capacity: int, spill: bool = False) -> None:
@@ -354,7 +358,7 @@ class ClientStates:
             col.release()
 
     # ---------------------------------------------------------------- copies and sizes
-    def clone(self) -> "ClientStates":
+    def clone(self) -> ClientStates:
         out = ClientStates(self.num_clients, budget_bytes=self.budget_bytes, spill_dir=self.spill_dir)
         for k, col in self._cols.items():
             if col.identity:
@@ -370,7 +374,7 @@ class ClientStates:
         out.set_readonly(self.readonly())
         return out
 
-    def to(self, device: torch.device | str) -> "ClientStates":
+    def to(self, device: torch.device | str) -> ClientStates:
         """The same states with every tensor on ``device`` (stored rows in a spill file stay in their file;
         reads return them on ``device``). Storage already there is shared, not copied."""
         out = ClientStates(self.num_clients, budget_bytes=self.budget_bytes, spill_dir=self.spill_dir)
@@ -395,7 +399,7 @@ class ClientStates:
         return {k: self[k] for k in self._cols}
 
     @classmethod
-    def from_state_dict(cls, d: Mapping[str, Tensor]) -> "ClientStates":
+    def from_state_dict(cls, d: Mapping[str, Tensor]) -> ClientStates:
         m = next(iter(d.values())).shape[0] if d else 0
         return cls(m, d)
 
@@ -426,7 +430,7 @@ class ClientStates:
 
     @classmethod
     def load(cls, d: Mapping | None, num_clients: int, *, budget_bytes: int | None = None,
-             spill_dir: str | os.PathLike | None = None) -> "ClientStates":
+             spill_dir: str | os.PathLike | None = None) -> ClientStates:
         """States from a checkpoint's entry: :meth:`compact_state_dict` (the stored rows come back as stored
         rows, into spill files when over ``budget_bytes``) or (older checkpoints) :meth:`state_dict`."""
         if not d:
@@ -451,7 +455,7 @@ class ClientStates:
         return out
 
     @classmethod
-    def shapes(cls, d: Mapping | "ClientStates" | None) -> dict[str, Tensor]:
+    def shapes(cls, d: Mapping | ClientStates | None) -> dict[str, Tensor]:
         """``{name: [m, ...]}`` tensors on the ``meta`` device (shape and dtype, no memory) of states or of a
         checkpoint's entry (either format): what a resume check compares."""
         if isinstance(d, ClientStates):

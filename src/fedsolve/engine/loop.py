@@ -173,14 +173,15 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
     in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``; no ``reason`` from the
     watched measure (:func:`watched`); and ``train_loss`` at most ``factor`` x the first loss (``None``: not
     watched). Raises :class:`DivergenceError`; returns the (possibly new) first loss."""
-    keys = keys or tuple(server)
-    named = [(k, server[k]) for k in keys] + [(f"upload:{k}", v) for k, v in uploads.items()]
-    named = [(k, v) for k, v in named if v.is_floating_point()]
-    small = [v.reshape(-1) for _, v in named if v.numel() <= 4096 and v.device.type == "cpu"]
-    if len(small) == len(named) and named and _all_finite(torch.cat(small)):   # cat promotes to the widest type
+    vals = [server[k] for k in keys or server]
+    vals += uploads.values()
+    floats = [v for v in vals if v.is_floating_point()]
+    if floats and all(v.is_cpu and v.numel() <= 4096 for v in floats) and _all_finite(
+            torch.cat([v.reshape(-1) for v in floats])):   # cat promotes to the widest type
         bad = []   # every entry small: one pass over them all (a millisecond round has dozens of scalars)
     else:
-        bad = [k for k, v in named if not _all_finite(v)]
+        named = [(k, server[k]) for k in keys or server] + [(f"upload:{k}", v) for k, v in uploads.items()]
+        bad = [k for k, v in named if v.is_floating_point() and not _all_finite(v)]
     if bad or (train_loss is not None and not math.isfinite(train_loss)):
         raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; the data and the "
                               f"problem were checked finite, so the step is too large: try a smaller learning rate. "
@@ -503,8 +504,10 @@ class Simulation:
             self.server = self.algo.aggregate(self.server, dids, uploads, t)
         if self.algo.communicates:
             self.ledger.add_round(t, msgs, uploads)
-        w = data.weights[ids].double()
-        train_loss = float((losses.double().cpu() * w).sum() / w.sum()) if self.algo.reports_train_loss else None
+        train_loss = None
+        if self.algo.reports_train_loss:
+            w = data.weights[ids].double()
+            train_loss = float((losses.double().cpu() * w).sum() / w.sum())
         self._check(t, train_loss, uploads)
         self.round = t + 1
         return {"round": t, "clients": int(ids.numel()),
