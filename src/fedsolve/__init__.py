@@ -25,7 +25,8 @@ These names are loaded on first use, so ``import fedsolve`` stays light (it does
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from fedsolve._version import __version__
 
@@ -48,8 +49,8 @@ def __getattr__(name: str) -> Any:
 
 
 def run(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
-        out: str | None = None, progress: bool = False, callbacks: Sequence["Callback"] = (),
-        overwrite: bool = False, **unknown: Any) -> "RunResult":
+        out: str | None = None, progress: bool = False, callbacks: Sequence[Callback] = (),
+        overwrite: bool = False, **unknown: Any) -> RunResult:
     """Run one algorithm of an experiment config and return its :class:`~fedsolve.engine.loop.RunResult`.
 
     ``config``: a YAML path, a config mapping or an ``ExperimentConfig``; ``algorithm``: label or name (needed

@@ -98,8 +98,8 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from fedsolve.experiments.config import load_config
     from fedsolve.experiments.compare import compare
+    from fedsolve.experiments.config import load_config
 
     cfg = load_config(args.config, args.set)
     if args.only:
@@ -170,12 +170,12 @@ def _cmd_examples(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from fedsolve.families import ALGORITHMS
     from fedsolve.data.datasets import DATASETS
     from fedsolve.data.partition import PARTITIONERS
     from fedsolve.engine.schedules import SCHEDULES
     from fedsolve.engine.wrappers import WRAPPERS
     from fedsolve.experiments.suite import builtin_protocols
+    from fedsolve.families import ALGORITHMS
     from fedsolve.models import MODELS
 
     tables = {
@@ -384,7 +384,7 @@ def _import_plugin(mod: str) -> None:
     except SyntaxError as e:
         raise ConfigError(f"--import {mod}: not valid Python ({e.msg}, {e.filename} line {e.lineno}); allowed: a "
                           f"module that imports") from None
-    except Exception as e:   # the module's own code failed while it was imported
+    except Exception as e:   # noqa: BLE001  (the module's own code failed while it was imported)
         raise ConfigError(f"--import {mod}: importing it raised {type(e).__name__}: {str(e)[:200]}; allowed: a "
                           f"module that imports without an error") from None
 
@@ -394,10 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if argv is None:   # the fedsolve program: a SIGTERM (kill, a batch system's stop) ends it as Ctrl-C does
         signal.signal(signal.SIGTERM, _sigterm)
-    from fedsolve.experiments.config import ConfigError
     from fedsolve.engine.loop import DivergenceError, ResumeError, RunInterrupted
     from fedsolve.engine.provenance import COMMAND, command_line
     from fedsolve.engine.run_folder import FolderBusy
+    from fedsolve.experiments.config import ConfigError
 
     COMMAND.set(command_line(argv))
     try:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +87,8 @@ class FederatedProblem:
         float64 (the engine's flat parameter rows carry the data's type: ``data.dtype: float64``)."""
         x = self.data.train_x
         kinds = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
-        wider = {k for k in kinds if torch.finfo(k).bits > torch.finfo(x.dtype).bits} if x.is_floating_point() else set()
+        wider = ({k for k in kinds if torch.finfo(k).bits > torch.finfo(x.dtype).bits} if x.is_floating_point()
+                 else set())
         if wider:
             got = ", ".join(sorted(str(k).removeprefix("torch.") for k in kinds))
             want = str(x.dtype).removeprefix("torch.")
@@ -128,7 +130,7 @@ class FederatedProblem:
         """Where the model and the clients' samples live (``cpu`` unless moved by :meth:`to`)."""
         return self.data.train_x.device
 
-    def to(self, device: torch.device | str) -> "FederatedProblem":
+    def to(self, device: torch.device | str) -> FederatedProblem:
         """Move the problem to ``device`` in place (once, before a run): the clients' samples, the model and
         the parameter blocks' masks. Offsets, client weights and row groups stay on the CPU: they index and
         plan (sampling, minibatch plans), and the engine moves what it needs per round."""

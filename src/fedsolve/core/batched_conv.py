@@ -49,14 +49,14 @@ def _pool2(node) -> bool:
     ks = node.args[1] if len(node.args) > 1 else node.kwargs.get("kernel_size")
     rest = dict(zip(("stride", "padding", "dilation", "ceil_mode"), node.args[2:]), **{
         k: v for k, v in node.kwargs.items() if k != "kernel_size"})
-    return ks in (2, (2, 2), [2, 2]) and rest.get("stride", None) in (None, 2, (2, 2), [2, 2], []) and \
+    return ks in (2, (2, 2), [2, 2]) and rest.get("stride") in (None, 2, (2, 2), [2, 2], []) and \
         rest.get("padding", 0) in (0, (0, 0)) and rest.get("dilation", 1) in (1, (1, 1)) and \
         not rest.get("ceil_mode", False) and not rest.get("return_indices", False)
 
 
 def _pool2_module(mod: nn.MaxPool2d) -> bool:
     """``mod`` is 2x2 max pooling with stride 2 and no padding, dilation, ceil mode or indices."""
-    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)
     return (pair(mod.kernel_size) == (2, 2) and pair(mod.stride) == (2, 2) and pair(mod.padding) == (0, 0)
             and pair(mod.dilation) == (1, 1) and not mod.ceil_mode and not mod.return_indices)
 

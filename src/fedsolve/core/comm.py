@@ -8,8 +8,8 @@ wire, so an algorithm that ships two tensors pays for both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from torch import Tensor
 
@@ -62,5 +62,5 @@ class CommLedger:
                 "per_round": list(self.per_round)}
 
     @classmethod
-    def from_state_dict(cls, d: Mapping) -> "CommLedger":
+    def from_state_dict(cls, d: Mapping) -> CommLedger:
         return cls(**{k: (list(v) if k == "per_round" else v) for k, v in d.items()})

@@ -10,8 +10,8 @@ parameter-name patterns.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn

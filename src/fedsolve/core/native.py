@@ -19,7 +19,8 @@ No ``-ffast-math``: GCC links ``crtfastmath.o`` into shared libraries built with
 on flush-to-zero for the whole process at load time.
 
 Where no compiler is found or the build fails, :func:`softmax_gd_kernel` returns None with one
-warning and the executor keeps its PyTorch path (:func:`max_pool2x2` falls back to ``torch.max_pool2d``). ``FEDSOLVE_NATIVE=0`` turns the kernels off.
+warning and the executor keeps its PyTorch path (:func:`max_pool2x2` falls back to ``torch.max_pool2d``).
+``FEDSOLVE_NATIVE=0`` turns the kernels off.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class SoftmaxData:
 
     def __init__(self, lib: ctypes.CDLL, X: Tensor, y: Tensor, offsets: Tensor, num_classes: int):
         self.lib, self.C = lib, num_classes
-        N, F = X.shape
+        F = X.shape[1]
         self.F = F
         off = offsets.tolist()
         n = [off[i + 1] - off[i] for i in range(len(off) - 1)]

@@ -9,14 +9,15 @@ runs from the client's own RNG stream, so every executor (and a Flower client) s
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from fedsolve.core.rng import RngStreams
+
 
 @dataclass(frozen=True)
 class Work:
@@ -77,10 +78,10 @@ class Plan:
         self._materialize()
         return self._w
 
-    def row(self, k: int) -> "Plan":
+    def row(self, k: int) -> Plan:
         return Plan(self.idx[k], self.w[k], self.active[k], fixed=self.fixed)
 
-    def to(self, device: torch.device | str) -> "Plan":
+    def to(self, device: torch.device | str) -> Plan:
         """The same plan on ``device`` (a plan is drawn on the CPU; an executor moves it to the data once per
         round). A lazy plan stays lazy: its index is built on the CPU and moved when first needed."""
         if self._idx is not None:

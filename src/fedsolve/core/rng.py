@@ -15,11 +15,10 @@ mod 2^128) runs on Python integers, and one generator is re-seeded per key by se
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
-
 
 _MASK32 = 0xFFFFFFFF
 # numpy's SeedSequence constants (numpy/random/bit_generator.pyx) and PCG64's 128-bit multiplier (pcg64.h)

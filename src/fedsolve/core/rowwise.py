@@ -8,7 +8,7 @@ and should be refused with one clear line then, not fail in the middle of a run.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

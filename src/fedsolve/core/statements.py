@@ -24,8 +24,9 @@ K clients, which is how the fast executors read it (:func:`stated`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from torch import Tensor
 

@@ -1,16 +1,43 @@
 """Federated data: containers, partitioners, synthetic generators, real-data fetchers and the builder."""
 
-from .datasets import (DATASETS, HAPT_ACTIVITIES, HAPT_LABELS, PooledData, build_federated, federate,
-                       housing_bodyfat, load_breast_cancer, load_dataset, load_digits, load_fmnist, load_hapt,
-                       load_housing, load_mnist, stratified_split)
+from .datasets import (
+                       DATASETS,
+                       HAPT_ACTIVITIES,
+                       HAPT_LABELS,
+                       PooledData,
+                       build_federated,
+                       federate,
+                       housing_bodyfat,
+                       load_breast_cancer,
+                       load_dataset,
+                       load_digits,
+                       load_fmnist,
+                       load_hapt,
+                       load_housing,
+                       load_mnist,
+                       stratified_split,
+)
 from .domains import DOMAIN_DATASETS
 from .federated import FederatedData
 from .fetch import FetchError, cache_dir, fetch, is_cached, load_npz
 from .files import ImageFolder, load_csv, load_image_folder, load_npz_file
 from .hf import flwr_partition, load_hf, pooled_from_hf
 from .leaf import load_femnist, load_shakespeare
-from .partition import (CLUSTER_TRANSFORMS, PARTITIONERS, cluster_blocks, dirichlet, get_partitioner, iid,
-                        label_swap, lognormal, natural, partition, rotate_images, rotation, shards)
+from .partition import (
+                       CLUSTER_TRANSFORMS,
+                       PARTITIONERS,
+                       cluster_blocks,
+                       dirichlet,
+                       get_partitioner,
+                       iid,
+                       label_swap,
+                       lognormal,
+                       natural,
+                       partition,
+                       rotate_images,
+                       rotation,
+                       shards,
+)
 from .standard import load_cifar10, load_cifar100
 from .synthetic import FPFC_SCENARIOS, clustered_regression, fedprox_synthetic, fpfc_synthetic, toy1d
 from .torch_data import federated_from_client_datasets, materialize, pooled_from_dataset, transform_samples

@@ -19,8 +19,9 @@ reproduces FPFC's MNIST label-swap protocol (train and test partitioned by indep
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def pooled_images(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y
     rng = np.random.default_rng(seed)
     xtr, ytr = _subsample(x, y, limit, rng, "limit")
     xte, yte = _subsample(x_test, y_test, test_limit, rng, "test_limit")
-    f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :] if a.ndim == 3 else a.astype(np.float32) / 255.0  # noqa: E731
+    f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :] if a.ndim == 3 else a.astype(np.float32) / 255.0
     return PooledData(f(xtr), np.asarray(ytr).astype(np.int64), "classification", num_classes, name,
                       x_test=f(xte), y_test=np.asarray(yte).astype(np.int64),
                       meta={**meta, "limit": limit, "test_limit": test_limit})
@@ -322,7 +323,7 @@ def stratified_split(y: np.ndarray, test_fraction: float, rng: np.random.Generat
     perm = rng.permutation(n)
     if stratify:
         perm = perm[np.argsort(np.asarray(y)[perm], kind="stable")]
-    nt = min(int(round(test_fraction * n)), max(n - 1, 0))
+    nt = min(round(test_fraction * n), max(n - 1, 0))
     mask = np.zeros(n, dtype=bool)
     if nt > 0:
         mask[np.floor((np.arange(nt) + 0.5) * n / nt).astype(np.int64)] = True
@@ -338,7 +339,8 @@ def _apply_transform(name: str | None, params: dict[str, Any], train: list, test
     try:
         fn = CLUSTER_TRANSFORMS[name][0]
     except KeyError:
-        raise ValueError(f"cluster_transform must be one of {sorted(CLUSTER_TRANSFORMS)} or None, got {name!r}") from None
+        raise ValueError(f"cluster_transform must be one of {sorted(CLUSTER_TRANSFORMS)} or None, "
+                         f"got {name!r}") from None
     if name == "label_swap":
         ytr, cl = fn([y for _, y in train], **params)
         yte, _ = fn([y for _, y in test], **params)

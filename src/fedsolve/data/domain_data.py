@@ -33,7 +33,7 @@ class DomainData(FederatedData):
     validation_y: Tensor | None = None
 
     @classmethod
-    def of(cls, data: FederatedData, validation: tuple | None) -> "DomainData":
+    def of(cls, data: FederatedData, validation: tuple | None) -> DomainData:
         """``data`` with the labelled target validation pair ``validation`` (``(x, y)`` arrays, or None)."""
         vx, vy = (None, None) if validation is None else (torch.as_tensor(np.asarray(validation[0]),
                                                                            dtype=data.train_x.dtype),
@@ -60,7 +60,7 @@ class DomainData(FederatedData):
                        meta={**rest.meta, "test": "target validation images (labelled, disjoint from training and "
                                                   "test)"})
 
-    def with_dtype(self, dtype: torch.dtype) -> "DomainData":
+    def with_dtype(self, dtype: torch.dtype) -> DomainData:
         out = super().with_dtype(dtype)
         vx = None if self.validation_x is None else self.validation_x.to(dtype)
         return DomainData.of(out, None if vx is None else (vx, self.validation_y))

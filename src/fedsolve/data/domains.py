@@ -126,7 +126,7 @@ def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"p must be in [0, 1], got {p}")
             ps, pt = rng.permutation(len(ys)), rng.permutation(len(yt))
-            ns, nt = int(round(p * len(ys))), int(round((1 - p) * len(yt)))
+            ns, nt = round(p * len(ys)), round((1 - p) * len(yt))
             src_parts = [np.sort(ps[:ns]), np.sort(ps[ns:])]
             tgt_parts = [np.sort(pt[:nt]), np.sort(pt[nt:])]
         else:

@@ -8,8 +8,9 @@ padding every client to the largest one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -97,7 +98,7 @@ class FederatedData:
                                  f"got shape {tuple(self.train_groups.shape)}")
             if len(set(self.group_names)) != len(self.group_names) or not self.group_names:
                 raise ValueError(f"group_names must be distinct and non-empty, got {self.group_names}")
-            if self.train_groups.numel() and not (0 <= int(self.train_groups.min())
+            if self.train_groups.numel() and not (int(self.train_groups.min()) >= 0
                                                   and int(self.train_groups.max()) < len(self.group_names)):
                 raise ValueError(f"train_groups values must index group_names {self.group_names}")
 
@@ -151,7 +152,7 @@ class FederatedData:
         a, b = int(self.test_offsets[i]), int(self.test_offsets[i + 1])
         return self.test_x[a:b], self.test_y[a:b]
 
-    def subset(self, clients: Sequence[int]) -> "FederatedData":
+    def subset(self, clients: Sequence[int]) -> FederatedData:
         """A new FederatedData holding only ``clients`` (in that order); used by Flower nodes."""
         clients = list(clients)
         tr = [self.client_train(i) for i in clients]
@@ -172,7 +173,7 @@ class FederatedData:
             name=self.name, meta=dict(self.meta),
         )
 
-    def split_validation(self, fraction: float = 0.2, seed: int = 0) -> "FederatedData":
+    def split_validation(self, fraction: float = 0.2, seed: int = 0) -> FederatedData:
         """Hold out ``fraction`` of each client's training samples (at random, ``seed``) as its test split.
 
         The result trains on the rest and scores on the held-out samples: the validation problem of
@@ -186,7 +187,7 @@ class FederatedData:
             x, y = self.client_train(i)
             n = x.shape[0]
             perm = torch.as_tensor(rng.permutation(n))
-            nv = min(int(round(fraction * n)), n - 1)
+            nv = min(round(fraction * n), n - 1)
             va.append((x[perm[:nv]], y[perm[:nv]]))
             tr.append((x[perm[nv:]], y[perm[nv:]]))
             if self.train_groups is not None:
@@ -200,7 +201,7 @@ class FederatedData:
             out.train_groups, out.group_names = torch.cat(groups), self.group_names
         return out
 
-    def with_dtype(self, dtype: torch.dtype) -> "FederatedData":
+    def with_dtype(self, dtype: torch.dtype) -> FederatedData:
         """A copy with features (and regression targets) as ``dtype``; default weights (``n_i / n``) are
         recomputed in that type, other weights converted."""
         n = self.train_sizes.to(torch.float64)
@@ -214,7 +215,7 @@ class FederatedData:
             clusters=self.clusters, train_groups=self.train_groups, group_names=self.group_names,
             name=self.name, meta=dict(self.meta))
 
-    def to(self, device: torch.device | str) -> "FederatedData":
+    def to(self, device: torch.device | str) -> FederatedData:
         for k in ("train_x", "train_y", "test_x", "test_y"):
             setattr(self, k, getattr(self, k).to(device))
         return self
@@ -232,7 +233,7 @@ class FederatedData:
         name: str = "data",
         meta: dict[str, Any] | None = None,
         dtype: torch.dtype = torch.float32,
-    ) -> "FederatedData":
+    ) -> FederatedData:
         """Build from per-client ``(x, y)`` pairs (train and test lists of equal length); features (and
         regression targets) are stored as ``dtype`` (float32 by default, float64 for exact numerics)."""
         if len(train) != len(test):

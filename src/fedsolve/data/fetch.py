@@ -33,9 +33,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class _RReader:
     numeric, integer, logical, factor and character columns. Avoids a dependency on ``rdata``/pandas."""
 
     NIL, REF, ALTREP = 254, 255, 238
-    SPECIAL = {253, 252, 251, 250, 242, 241}  # environments / markers without payload
+    SPECIAL = frozenset({253, 252, 251, 250, 242, 241})  # environments / markers without payload
 
     def __init__(self, buf: bytes) -> None:
         self.b, self.p, self.refs = buf, 0, []
@@ -142,9 +142,7 @@ class _RReader:
             n = self.length()
             v = np.frombuffer(self.b, ">f8", n, self.p).astype(np.float64)
             self.p += 8 * n
-        elif t == 16:  # STRSXP
-            v = [self.item() for _ in range(self.length())]
-        elif t in (19, 20):  # VECSXP, EXPRSXP
+        elif t in (16, 19, 20):  # STRSXP, VECSXP, EXPRSXP
             v = [self.item() for _ in range(self.length())]
         elif t == self.ALTREP:
             info, state, _attr = self.item(), self.item(), self.item()
@@ -409,10 +407,14 @@ SOURCES: dict[str, Source] = {
         "fmnist", "Fashion-MNIST 60k/10k 28x28 (Debian package dataset-fashion-mnist, gzipped IDX)", "apt-get",
         (("apt-get", "download", "dataset-fashion-mnist"),),
         {
-            _FMNIST_DIR + "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
-            _FMNIST_DIR + "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
-            _FMNIST_DIR + "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
-            _FMNIST_DIR + "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+            _FMNIST_DIR + "train-images-idx3-ubyte.gz":
+                "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+            _FMNIST_DIR + "train-labels-idx1-ubyte.gz":
+                "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+            _FMNIST_DIR + "t10k-images-idx3-ubyte.gz":
+                "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+            _FMNIST_DIR + "t10k-labels-idx1-ubyte.gz":
+                "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
         },
         lambda x: _parse_idx("", ".gz")(x / "usr" / "share" / "datasets" / "fashion-mnist"),
         _extract_deb, "dataset-fashion-mnist_*.deb",
@@ -427,7 +429,8 @@ SOURCES: dict[str, Source] = {
     "mlbench": Source(
         "mlbench", "R mlbench data sets; BostonHousing 506x14 (Debian package r-cran-mlbench)", "apt-get",
         (("apt-get", "download", "r-cran-mlbench"),),
-        {"x/" + _MLBENCH_DIR + "/BostonHousing.rda": "ba0ed85a4af37d0b89ae8742b25d8a0c79b1c132c3e25f6a413639ddbba49e1b"},
+        {"x/" + _MLBENCH_DIR + "/BostonHousing.rda":
+             "ba0ed85a4af37d0b89ae8742b25d8a0c79b1c132c3e25f6a413639ddbba49e1b"},
         _parse_mlbench,
         _extract_deb, "r-cran-mlbench_*.deb",
     ),
@@ -469,7 +472,8 @@ def _run_client(src: Source, cmd: tuple[str, ...], cwd: Path) -> None:
     try:
         res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=1800)
     except FileNotFoundError:
-        raise FetchError(f"cannot fetch dataset {src.name!r}: {argv[0]!r} not found; run by hand: {src.manual()}") from None
+        raise FetchError(f"cannot fetch dataset {src.name!r}: {argv[0]!r} not found; "
+                         f"run by hand: {src.manual()}") from None
     except subprocess.TimeoutExpired:
         raise FetchError(f"fetching dataset {src.name!r} timed out; run by hand: {src.manual()}") from None
     if res.returncode != 0:

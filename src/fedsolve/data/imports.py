@@ -13,7 +13,8 @@ import inspect
 import os
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -42,7 +43,7 @@ def resolve_target(path: str, field: str | None = None) -> Any:
             raise _error(field, f"no module named {e.name!r} for {path!r} (looked on the Python path and in the "
                                 f"current folder); allowed: an importable module") from None
         raise _error(field, f"importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
-    except Exception as e:   # the user's module raised while being imported
+    except Exception as e:   # noqa: BLE001  (the user's module raised while being imported)
         raise _error(field, f"importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
     obj: Any = module
     for part in attr.split("."):
@@ -93,7 +94,7 @@ def call_target(fn: Callable[..., Any], params: dict[str, Any], field: str, path
                 params[k] = v
     try:
         return fn(**params)
-    except Exception as e:
+    except Exception as e:   # noqa: BLE001  (the user's function raised: one line naming the field)
         msg = " ".join(str(e).split())
         raise ValueError(f"{field}: {path}({_show(params)}) raised {type(e).__name__}: {msg}") from None
 

@@ -12,7 +12,7 @@ partitioning and return the transformed arrays together with the true cluster id
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -206,7 +206,8 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
 
 PARTITIONERS: dict[str, tuple[Partitioner, str]] = {
     "iid": (iid, "uniformly random, near-equal sizes"),
-    "dirichlet": (dirichlet, "label skew: per-class Dir(alpha) over clients; min_size by moving samples from the largest"),
+    "dirichlet": (dirichlet,
+                  "label skew: per-class Dir(alpha) over clients; min_size by moving samples from the largest"),
     "shards": (shards, "pathological label skew: classes_per_client distinct classes per client"),
     "lognormal": (lognormal, "quantity skew: sizes ~ LogNormal(0, sigma), at least min_size"),
     "natural": (natural, "one client per natural group id (e.g. user); needs groups="),

@@ -14,7 +14,8 @@ identical data.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -34,7 +35,8 @@ FPFC_SCENARIOS: dict[str, tuple[int, ...]] = {
 
 
 def split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], rng: np.random.Generator,
-                  test_fraction: float) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
+                  test_fraction: float
+                  ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
     """Random per-client train/test split; the test part has ``round(test_fraction * n_i)`` samples."""
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
@@ -42,7 +44,7 @@ def split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], rng: np.ra
     for x, y in zip(xs, ys):
         n = len(y)
         perm = rng.permutation(n)
-        nt = int(round(test_fraction * n))
+        nt = round(test_fraction * n)
         te, tr = perm[:nt], perm[nt:]
         train.append((x[tr], y[tr]))
         test.append((x[te], y[te]))

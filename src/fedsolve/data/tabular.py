@@ -189,9 +189,10 @@ def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = No
         return _limit(rescale(x, scale), y, limit)
     if task == "fairness":
         if scale is not None:
-            raise ValueError("scale: only the Neyman-Pearson datasets can be re-scaled (fairness uses adult-b's recipe)")
+            raise ValueError("scale: only the Neyman-Pearson datasets can be re-scaled "
+                             "(fairness uses adult-b's recipe)")
         if name not in ("adult", "adult_synthetic"):
-            raise ValueError(f"dataset: fairness needs a sensitive attribute; allowed: adult, adult_synthetic")
+            raise ValueError("dataset: fairness needs a sensitive attribute; allowed: adult, adult_synthetic")
         x, y, x0, y0 = adult() if name == "adult" else adult_synthetic()
         x, y = _limit(x, y, limit)
         x0, y0 = _limit(x0, y0, server_limit, seed=1)

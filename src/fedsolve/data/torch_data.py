@@ -22,8 +22,8 @@ augmentation is drawn once, from torch's generator seeded by the run's seed; it 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -194,7 +194,7 @@ def _transformed(x: np.ndarray, fn: Callable, what: str) -> np.ndarray:
     for i in range(x.shape[0]):
         try:
             r = fn(torch.from_numpy(np.array(x[i])))
-        except Exception as e:
+        except Exception as e:   # noqa: BLE001  (the user's transform raised: one line naming the sample)
             raise ValueError(f"{what}: the transform raised {type(e).__name__} on sample {i}: "
                              f"{' '.join(str(e).split())}") from None
         r = r.detach().cpu().numpy() if isinstance(r, torch.Tensor) else np.asarray(r)

@@ -179,9 +179,9 @@ class DistributedTransport(Transport):
             raise DistributedError(f"--distributed: the ranks do not run the same simulation: {'; '.join(diff[:3])}"
                                    f"{hint}; every rank must get the same config, seed and --resume")
         self._owners(sim)
-        if any(e["checkpoints"] for e in every) and sim.cfg.checkpoint_every:
-            if not any(isinstance(cb, CheckpointSync) for cb in sim.callbacks):
-                sim.callbacks.append(CheckpointSync(self))
+        if (any(e["checkpoints"] for e in every) and sim.cfg.checkpoint_every
+                and not any(isinstance(cb, CheckpointSync) for cb in sim.callbacks)):
+            sim.callbacks.append(CheckpointSync(self))
 
     def abort(self, error: BaseException) -> None:
         """This rank stopped before the run started: tell the others, which wait in :meth:`start` and then stop

@@ -76,7 +76,6 @@ def new_figure(*args, **kwargs):
 def save_figure(fig, path: Path) -> None:
     """Write a matplotlib figure as PNG atomically (no half-written file) and close it."""
     import io
-
     import sys
 
     buf = io.BytesIO()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -124,7 +125,7 @@ def summarize(per_client: list[dict[str, float]], prefix: str = "test_") -> dict
         out[prefix + k] = float(vals.mean())
         if k in ("accuracy", "rmse", "f1"):
             out[prefix + k + "_std"] = float(vals.std())
-            n10 = max(1, int(math.ceil(0.1 * vals.size)))
+            n10 = max(1, math.ceil(0.1 * vals.size))
             worst = np.sort(vals)[:n10] if k != "rmse" else np.sort(vals)[-n10:]
             out[prefix + k + "_worst10"] = float(worst.mean())
     return out

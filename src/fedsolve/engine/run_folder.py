@@ -2,9 +2,9 @@
 temporary files.
 
 * **Lock** (``.fedsolve.lock``): held with ``flock(2)`` while a run, a compare or a suite writes into the
-  folder (on a system without ``fcntl`` folders are not locked). The kernel drops it when the holder ends, however it ends (``kill -9`` included), so a lock file left
-  by a dead process is simply taken over by the next run; the file names the holder's pid for the message a
-  second writer gets (:class:`FolderBusy`).
+  folder (on a system without ``fcntl`` folders are not locked). The kernel drops it when the holder ends,
+  however it ends (``kill -9`` included), so a lock file left by a dead process is simply taken over by the next
+  run; the file names the holder's pid for the message a second writer gets (:class:`FolderBusy`).
 * **Marker** (``run.json``): ``{"kind", "status", "pid", "started", "ended", "message", "provenance"}``.
   ``status`` is ``running`` from the start until the run ends, then ``completed``, ``diverged``,
   ``interrupted`` (Ctrl-C) or ``failed`` (e.g. a full disk). A folder whose marker still says ``running``
@@ -43,7 +43,7 @@ class FolderBusy(RuntimeError):
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _pid_in(fd: int) -> str:
@@ -63,7 +63,7 @@ class FolderLock:
         self.path = self.folder / LOCK
         self.fd: int | None = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         while fcntl is not None:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -97,7 +97,7 @@ class FolderLock:
         os.close(self.fd)     # closing drops the flock
         self.fd = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -183,7 +183,7 @@ class RunFolder:
         self.lock = FolderLock(self.folder)
         self.marker: dict[str, Any] | None = None
 
-    def __enter__(self) -> "RunFolder":
+    def __enter__(self) -> RunFolder:
         self.lock.acquire()
         clean_temps(self.folder)
         return self
@@ -193,7 +193,7 @@ class RunFolder:
                        "message": "", "provenance": provenance or {}}
         atomic_write_text(self.folder / MARKER, json.dumps(self.marker, indent=2))
 
-    def starter(self, config: dict[str, Any] | None, remove: tuple[str, ...] = ()) -> "_Start":
+    def starter(self, config: dict[str, Any] | None, remove: tuple[str, ...] = ()) -> _Start:
         """A simulation callback that, when the run starts (after every check has passed), removes the files
         ``remove`` of an earlier run (so a folder never holds the last run's summary beside a new run's partial
         logs) and writes the ``running`` marker with the run's provenance (``config``: its resolved config)."""

@@ -16,8 +16,9 @@ hyper-parameters) must restore it exactly. Everything random comes from ``run.rn
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 from torch import Tensor

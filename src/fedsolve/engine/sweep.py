@@ -185,7 +185,7 @@ class SweepTransport(InProcess):
         stmts = [r.stmt for r in batch]
         start = torch.cat([s.start for s in stmts])
         sizes = [s.start.shape[0] for s in stmts]
-        per_row = lambda f: _per_row([getattr(s, f) for s in stmts], sizes, start)   # noqa: E731
+        per_row = lambda f: _per_row([getattr(s, f) for s in stmts], sizes, start)
         anchor = _rows_or_none([s.anchor if s.prox != 0 else None for s in stmts], sizes, start)
         linear = _rows_or_none([s.linear for s in stmts], sizes, start)
         with batch[0].sim.on_device():

@@ -25,8 +25,9 @@ import io
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from fedsolve.engine.io import atomic_write_text
 
@@ -88,7 +89,7 @@ class CsvWriter(_Writer):
 
     def write(self, history: Sequence[dict[str, Any]]) -> None:
         """Write ``history`` (records as in ``metrics.jsonl``) as the CSV file; floats keep every digit."""
-        cols = ["round"] + list(dict.fromkeys(k for r in history for k in r if k != "round"))
+        cols = ["round", *dict.fromkeys(k for r in history for k in r if k != "round")]
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
         w.writeheader()

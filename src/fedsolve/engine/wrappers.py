@@ -19,8 +19,9 @@ shows them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from fedsolve.engine.algorithm import Algorithm
 
@@ -68,7 +69,7 @@ class Wrapper(Algorithm):
     ``inner`` (e.g. a family's helper methods). ``cfg`` and ``client_weights`` are the inner algorithm's own, so
     ``Simulation.set_hparams`` and a move to a GPU reach it."""
 
-    def __init__(self, inner: Algorithm):   # noqa: D107  (no Algorithm.__init__: nothing of its own to set up)
+    def __init__(self, inner: Algorithm):
         self.inner = inner
         self.problem = inner.problem
         self.layout = inner.layout

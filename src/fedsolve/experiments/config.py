@@ -165,7 +165,7 @@ class ModelConfig(BaseModel):
 
 def _extra_models() -> dict:
     try:
-        from fedsolve.models import multimodal  # noqa: F401
+        from fedsolve.models import multimodal
 
         return getattr(multimodal, "MODELS", {})
     except ImportError:
@@ -232,7 +232,7 @@ class AlgorithmSpec(BaseModel):
                                             "{kind: warmup_path | lambda_grid | async_fpfc | virtual_clock ..., "
                                             "params...} (fedsolve list schedules); null = the configured rounds")
 
-    def with_param(self, key: str, value: Any) -> "AlgorithmSpec":
+    def with_param(self, key: str, value: Any) -> AlgorithmSpec:
         """This spec with ``params[key] = value`` and no tuning (the run a tuned value is trained with)."""
         return self.model_copy(update={"params": {**self.params, key: value}, "tune": None})
 

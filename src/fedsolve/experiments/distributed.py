@@ -11,8 +11,8 @@ starts tells the others, which stop with one line naming it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch.distributed as dist
 
@@ -30,11 +30,11 @@ def run_distributed(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_d
     from fedsolve.experiments.runner import default_threads, run_one
 
     if spec.tune is not None:
-        raise ConfigError(f"algorithm.tune: not with --distributed (tuning runs many short runs); tune in one process "
-                          f"(fedsolve run without --distributed), then set the chosen value")
+        raise ConfigError("algorithm.tune: not with --distributed (tuning runs many short runs); tune in one process "
+                          "(fedsolve run without --distributed), then set the chosen value")
     if spec.schedule is not None:
-        raise ConfigError(f"algorithm.schedule: not with --distributed (a schedule may read and restore every "
-                          f"client's state rows between evaluations); run it in one process")
+        raise ConfigError("algorithm.schedule: not with --distributed (a schedule may read and restore every "
+                          "client's state rows between evaluations); run it in one process")
     created = not dist.is_initialized()
     try:
         where = launch(cfg.simulation.device)

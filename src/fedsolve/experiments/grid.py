@@ -278,4 +278,4 @@ def tuning_lines(rows: list[dict[str, Any]]) -> list[str]:
                 "last": "last value"}.get(t.get("edge") or "", "no")
         out.append(f"| {r['algorithm']} | {r.get('cell', '')} | {r['seed']} | {t['param']} | {t['grid']} | "
                    f"{t['metric']}: {scores} | {t['value']} | {edge} |")
-    return out + [""]
+    return [*out, ""]

@@ -35,8 +35,8 @@ from fedsolve.experiments.records import read_json
 
 STATUSES = ("reproduced", "not reproduced", "not attempted")
 FIELDS = ("id", "claim", "status", "paper", "ours", "evidence", "command")
-OPTIONAL = ("tuning", "commits", "stale", "checked_at", "note", "reference_same_run", "ratios") + ("source_only",
-                                                                                            "centralized")
+OPTIONAL = ("tuning", "commits", "stale", "checked_at", "note", "reference_same_run", "ratios", "source_only",
+            "centralized")
 #: the reference runs a claim of a federated method's gain carries (fair reporting): a mapping with the mean, the
 #: sample SD and n of the repeated measurement (and, e.g., the per-seed values and the command)
 REFERENCES = ("source_only", "centralized")

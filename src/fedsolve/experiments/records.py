@@ -198,7 +198,7 @@ def _record_differences(old: dict, new: dict, resume: bool) -> list[str]:
     """What differs between a compare folder's recorded config and a new one: the settings (all but the
     algorithms and the cosmetic fields; the round budget unless resuming, where it may grow), and each
     algorithm both list (its name, parameters and tuning)."""
-    strip = lambda d: {k: v for k, v in d.items() if k not in ("algorithms", "algorithm")}  # noqa: E731
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("algorithms", "algorithm")}
     out = config_differences(strip(old), strip(new))
     r_old, r_new = (old.get("simulation") or {}).get("rounds"), (new.get("simulation") or {}).get("rounds")
     if r_old is not None and r_old != r_new and not (resume and r_new > r_old):

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from fedsolve.engine.io import atomic_write_bytes, atomic_write_text, new_figure, save_figure  # noqa: F401
 from fedsolve.experiments.folders import default_run_dir, read_jsonl
 from fedsolve.experiments.tables import lead_sentence
-from fedsolve.engine.io import atomic_write_bytes, atomic_write_text, new_figure, save_figure  # noqa: F401
 
 LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes", "violation", "kkt")
 # metrics with no better direction: a cluster count is good when it is the true one, which a run does not
@@ -46,7 +46,7 @@ PLOT_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "train_loss
 LOG_SCALE = frozenset({"kkt_eps1", "kkt_eps2"})
 COUNTS = frozenset({"outer_iterations", "admm_rounds"})   # shown without decimals
 TABLE_METRICS = ("test_accuracy", "test_f1", "test_auc", "test_loss", "test_rmse", "test_accuracy_std",
-                 "test_accuracy_worst10", "train_loss", "num_clusters", "ari") + CERTIFICATE_METRICS
+                 "test_accuracy_worst10", "train_loss", "num_clusters", "ari", *CERTIFICATE_METRICS)
 NICE = {"test_accuracy": "accuracy", "test_f1": "weighted F1", "test_auc": "macro AUC", "test_loss": "test loss",
         "train_loss": "train loss", "test_rmse": "RMSE", "test_accuracy_std": "acc. std (clients)",
         "test_accuracy_worst10": "acc. worst 10%", "num_clusters": "clusters", "ari": "ARI",

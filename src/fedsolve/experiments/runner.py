@@ -17,29 +17,30 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import yaml
 
-from fedsolve.engine.buffers import with_buffers
-from fedsolve.engine.schedules import make_schedule
 from fedsolve.engine.algorithm import finished as algorithm_finished
-from fedsolve.engine.wrappers import wrap
-from fedsolve.families import get_algorithm
-from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
-from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug  # noqa: F401  (default_run_dir: cli)
-from fedsolve.experiments.report import has_direction, lower_is_better, write_run_report
+from fedsolve.engine.buffers import with_buffers
 from fedsolve.engine.io import atomic_write_text
+from fedsolve.engine.loop import DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation
 from fedsolve.engine.provenance import provenance
 from fedsolve.engine.run_folder import RunFolder
+from fedsolve.engine.schedules import make_schedule
 from fedsolve.engine.tracking import close_all, make_trackers
-from fedsolve.experiments.records import RESUME_FREE, RUN_FILES, check_run_folder, config_differences, read_json
-from fedsolve.problems import FederatedProblem
-from fedsolve.engine.loop import DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation
 from fedsolve.engine.transport import Transport
+from fedsolve.engine.wrappers import wrap
+from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
+from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug  # noqa: F401  (default_run_dir: cli)
+from fedsolve.experiments.records import RESUME_FREE, RUN_FILES, check_run_folder, config_differences, read_json
+from fedsolve.experiments.report import has_direction, lower_is_better, write_run_report
+from fedsolve.families import get_algorithm
+from fedsolve.problems import FederatedProblem
 
 _slug, _read_jsonl = slug, read_jsonl   # older names
 
@@ -100,7 +101,7 @@ def _build_federated(d, seed: int):
     transform = None
     if d.sample_transform is not None:
         fn, kw = resolve_target(d.sample_transform.target, "data.sample_transform.target"), d.sample_transform.params
-        transform = lambda x: fn(x, **kw)  # noqa: E731
+        transform = lambda x: fn(x, **kw)
     common = dict(partition=d.partition, partition_params=dict(d.partition_params), seed=seed,
                   test_fraction=d.test_fraction, cluster_transform=d.cluster_transform,
                   transform_params=dict(d.transform_params), sample_transform=transform)
@@ -334,7 +335,7 @@ def check_resume(run_dir: str | Path, new: dict[str, Any]) -> None:
 
         ocfg = parse_config(old)
         old = resolved_config(ocfg, ocfg.all_algorithms()[0], (old.get("seeds") or [0])[0])
-    except Exception:   # a field removed since: compare the files as they are
+    except Exception:   # noqa: BLE001  (a field removed since: compare the files as they are)
         pass
     diff = config_differences(old, new)
     if diff:
@@ -393,7 +394,7 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
     with RunFolder(run_dir, "run") as folder:
         check_run_folder(run_dir, resume, overwrite)
         plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
-        old = ("summary.json", "report.md") + plots if resume else \
+        old = ("summary.json", "report.md", *plots) if resume else \
             tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
         start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
         try:
@@ -519,7 +520,7 @@ def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path
             again = resume and (run_dir / "checkpoint.pt").exists()
             check_run_folder(run_dir, again, overwrite)
             plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
-            old = ("summary.json", "report.md") + plots if again else \
+            old = ("summary.json", "report.md", *plots) if again else \
                 tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
             start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
             prepared.append(_prepare(cfg, spec, seed, run_dir, again, False, problem, write_report, None, None, track,

@@ -184,7 +184,7 @@ def _run_here(units: list[list[Run]], n_kept: int, n_total: int, resume: bool, p
     """:func:`run_all`'s units in this process, one after another."""
     data = _DataCache()
     k = n_kept
-    for i, unit in enumerate(units):
+    for unit in units:
         data.keep(unit)
         set_threads(unit[0].cfg.threads)
         first, k = k + 1, k + len(unit)

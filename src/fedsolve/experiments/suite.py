@@ -38,18 +38,19 @@ import itertools
 import json
 import multiprocessing
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides, merged_params
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.provenance import provenance
 from fedsolve.engine.run_folder import RunFolder, busy_above
+from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides, merged_params
 from fedsolve.experiments.records import folder_kind, read_json
 from fedsolve.experiments.tables import TableSpec, table_lines
 
@@ -216,11 +217,11 @@ class Protocol:
     ``key(ctx) -> cell``: the cell whose run serves this one (a run shared by several cells, e.g. no attack at
     fraction 0)."""
 
-    run: Callable[["Context"], dict | list[dict]] | None
+    run: Callable[[Context], dict | list[dict]] | None
     Args: type[BaseModel]
     axes: tuple[str, ...] = ()
     algorithms: bool = True
-    key: Callable[["Context"], dict] | None = None
+    key: Callable[[Context], dict] | None = None
 
     @property
     def description(self) -> str:
@@ -244,7 +245,7 @@ class RunsArgs(BaseModel):
 
 
 PROTOCOLS: dict[str, Protocol] = {}
-PLOTS: dict[str, Callable[[list[dict], "SuiteConfig", Path], None]] = {}
+PLOTS: dict[str, Callable[[list[dict], SuiteConfig, Path], None]] = {}
 
 
 def builtin_protocols() -> dict[str, Protocol]:
@@ -296,7 +297,7 @@ class Context:
         self.suite, self.base, self.cell = suite, base, dict(cell or {})
         self.args = PROTOCOLS[suite.protocol].Args(**suite.args)
 
-    def for_cell(self, cell: dict) -> "Context":
+    def for_cell(self, cell: dict) -> Context:
         ctx = Context.__new__(Context)
         ctx.suite, ctx.base, ctx.args, ctx.cell = self.suite, self.base, self.args, dict(cell)
         ctx._cache = self._caches()
@@ -564,7 +565,7 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
             for f in as_completed(futs):
                 try:
                     rows = f.result()
-                except Exception as e:   # keep what the other workers finish, start nothing new, then raise
+                except Exception as e:   # noqa: BLE001  (keep what the other workers finish, start nothing new, then raise)
                     error = error or e
                     for other in futs:
                         other.cancel()

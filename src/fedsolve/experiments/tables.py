@@ -133,7 +133,7 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
     ``relative_to``: of its per-seed relative difference to that row; with ``stat: count``: k/N nonzero; with
     ``stat: max``: the largest value); a cell with diverged runs names them; a ``paper`` column where the suite
     gives the paper's numbers."""
-    order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))  # noqa: E731
+    order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))
     n_seeds = len(order("seed"))
     out = []
     for part in (order(t.split) if t.split else [None]):
@@ -142,7 +142,7 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
         head = f"## {t.title or t.metric}" + (f": {part}" if part is not None else "")
         paper = t.paper.get(str(part), t.paper) if part is not None and str(part) in t.paper else t.paper
         has_paper = bool(paper) and not (t.columns and all(isinstance(v, dict) for v in paper.values()))
-        col_name = lambda c: "ours" if c is None else f"{t.columns} {c}" if _num(c) is not None else str(c)  # noqa: E731
+        col_name = lambda c: "ours" if c is None else f"{t.columns} {c}" if _num(c) is not None else str(c)
         hdr = [t.rows] + (["paper"] if has_paper else []) + [col_name(c) for c in cols]
         paper_cols = bool(t.columns and paper and all(isinstance(v, dict) for v in paper.values()))
         if paper_cols:

@@ -54,7 +54,7 @@ class Verdict:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (now, recorded)):
             return
         self.compared += 1
-        if math.isnan(now) and math.isnan(recorded) or now == recorded:
+        if (math.isnan(now) and math.isnan(recorded)) or now == recorded:
             return
         rel = abs(now - recorded) / max(abs(recorded), 1e-300)
         self.worst = max(self.worst, rel if math.isfinite(rel) else math.inf)

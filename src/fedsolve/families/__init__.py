@@ -12,7 +12,7 @@ Importing this package registers every solver and every problem kind; :func:`get
 """
 
 from fedsolve.engine.algorithm import ALGORITHMS, Algorithm, AlgorithmConfig, lookup_algorithm, register
-from fedsolve.families import classic, personalized, clustered, constrained, bilevel, minimax  # noqa: F401
+from fedsolve.families import bilevel, classic, clustered, constrained, minimax, personalized  # noqa: F401
 from fedsolve.problems import PROBLEM_KINDS, ProblemBuilder
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsolve.flower.task import (RUN_CONFIG_DEFAULTS, DeploymentTask, FlowerUnsupportedError, check_supported,
-                                  load_task)
+from fedsolve.flower.task import RUN_CONFIG_DEFAULTS, DeploymentTask, FlowerUnsupportedError, check_supported, load_task
 
 _NEED_FLWR = {"build_server_app": "fedsolve.flower.server", "build_client_app": "fedsolve.flower.client",
               "FlowerRun": "fedsolve.flower.server"}

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--eval-timeout", type=float, default=120.0)
     a.add_argument("--wait-for-nodes", type=float, default=300.0)
     a.add_argument("--results-dir", default="")
-    a.add_argument("--threads", type=int, default=0, help="torch threads per app process (0: the experiment's threads, as its simulation)")
+    a.add_argument("--threads", type=int, default=0,
+                   help="torch threads per app process (0: the experiment's threads, as its simulation)")
     c = sub.add_parser("certs", help="CA + SuperLink certificate")
     c.add_argument("dir")
     c.add_argument("--host", action="append", default=[], help="IP or DNS name of the SuperLink (repeat)")

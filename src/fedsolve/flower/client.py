@@ -22,16 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsolve.core.rng import RngStreams
 from fedsolve.engine.buffers import scored_buffers
 from fedsolve.flower.records import from_array_record, to_array_record
-from fedsolve.flower.rounds import (client_adapt, client_eval_metrics, client_eval_params, client_update,
-                                    initial_state)
-from fedsolve.flower.task import DeploymentTask, app_threads, load_task, run_config_value
+from fedsolve.flower.rounds import client_adapt, client_eval_metrics, client_eval_params, client_update, initial_state
+from fedsolve.flower.task import DeploymentTask, app_threads, load_task
 
 META, STATE, PENDING = "fedsolve-meta", "fedsolve-state", "fedsolve-pending"
 

@@ -16,9 +16,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from fedsolve.flower.security import make_node_keys, make_tls
 
@@ -81,7 +82,8 @@ class LocalFederation:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.auth, self.insecure = auth, insecure
-        # no telemetry / update checks (offline machines, privacy); passive OpenMP waits (spinning threads stall when another process holds a core)
+        # no telemetry / update checks (offline machines, privacy); passive OpenMP waits (spinning threads stall
+        # when another process holds a core)
         self.env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "FLWR_TELEMETRY_ENABLED": "0",
                     "FLWR_DISABLE_UPDATE_CHECK": "1", **(env or {})}
         self.env.pop("FLWR_HOME", None)
@@ -107,9 +109,9 @@ class LocalFederation:
     def _popen(self, cmd: list[str], log: Path, home: Path) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "FLWR_HOME": str(home)}
-        f = open(log, "ab")
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
-                                start_new_session=True)
+        with open(log, "ab") as f:   # the child writes into its own copy of the descriptor
+            return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
+                                    start_new_session=True)
 
     def superlink_cmd(self) -> list[str]:
         cmd = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
@@ -207,7 +209,7 @@ class LocalFederation:
                     pass
                 p.wait(timeout=10)
 
-    def __enter__(self) -> "LocalFederation":
+    def __enter__(self) -> LocalFederation:
         return self
 
     def __exit__(self, *exc) -> None:

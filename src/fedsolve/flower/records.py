@@ -9,13 +9,12 @@ so an algorithm that ships ``(w_i, alpha_i)`` or ``(x, y, v)`` sends all of them
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
-from torch import Tensor
-
 from flwr.app import Array, ArrayRecord
+from torch import Tensor
 
 Record = dict[str, Tensor]
 

@@ -10,12 +10,13 @@ is exactly the plain simulation. The deployment runs clients one by one, so comp
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence  # noqa: F401
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from fedsolve.engine.buffers import without_buffers
 from fedsolve.engine.algorithm import fresh
+from fedsolve.engine.buffers import without_buffers
 from fedsolve.engine.loop import Simulation
 
 

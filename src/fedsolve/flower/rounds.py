@@ -12,7 +12,7 @@ Client:  plan = build_plans(work, ., [i], rngs, t, scale_i)  (keyed by (round, c
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor

@@ -20,8 +20,8 @@ from __future__ import annotations
 import datetime as _dt
 import ipaddress
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -51,7 +51,7 @@ def make_tls(out_dir: str | Path, hosts: Iterable[str] = ("127.0.0.1", "localhos
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hosts = list(hosts)
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedsolve Flower CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())

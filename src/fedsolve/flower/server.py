@@ -27,23 +27,23 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
-
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
-from fedsolve.flower.rounds import plan_shapes
-from fedsolve.flower.task import app_threads, load_task, run_config_value
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.loop import JsonlLogger, Simulation
 from fedsolve.engine.transport import Transport
+from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
+from fedsolve.flower.rounds import plan_shapes
+from fedsolve.flower.task import app_threads, load_task, run_config_value
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`
-    from flwr.common.logger import log as _flog
     from logging import INFO, WARNING
+
+    from flwr.common.logger import log as _flog
 
     def log(msg: str, *args: Any, level: int = INFO) -> None:
         _flog(level, "[fedsolve] " + msg, *args)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from fedsolve.engine.algorithm import Algorithm
 from fedsolve.engine.loop import SimulationConfig
@@ -153,8 +154,8 @@ def load_task(run_config: Mapping[str, Any], role: str = "any") -> DeploymentTas
     ``role`` ("server" / "client") keeps the ServerApp's and the ClientApp's algorithm objects apart
     when both run in one process (tests), as they are in a deployment.
     """
-    key = (role,) + tuple(sorted((k, str(run_config.get(k, v))) for k, v in RUN_CONFIG_DEFAULTS.items()
-                       if k in ("experiment", "algorithm", "seed", "overrides", "task")))
+    key = (role, *sorted((k, str(run_config.get(k, v))) for k, v in RUN_CONFIG_DEFAULTS.items()
+                         if k in ("experiment", "algorithm", "seed", "overrides", "task")))
     if key in _CACHE:
         return _CACHE[key]
     register_all_algorithms()

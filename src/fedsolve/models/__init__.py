@@ -7,7 +7,8 @@ blocks of the flat parameter vector (e.g. ``personal = head`` for output persona
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from .text import CharLSTM
 class LogisticRegression(nn.Module):
     """Multinomial logistic regression (or linear regression with ``out_dim=1``)."""
 
-    GROUPS = {"head": ["linear.*"], "body": []}
+    GROUPS: ClassVar[dict[str, list[str]]] = {"head": ["linear.*"], "body": []}
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
@@ -34,7 +35,7 @@ class LogisticRegression(nn.Module):
 class MLP(nn.Module):
     """Fully connected network; ``body`` = hidden layers, ``head`` = output layer."""
 
-    GROUPS = {"body": ["hidden.*"], "head": ["out.*"]}
+    GROUPS: ClassVar[dict[str, list[str]]] = {"body": ["hidden.*"], "head": ["out.*"]}
 
     def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int] = (200, 200)):
         super().__init__()
@@ -57,7 +58,8 @@ class LeNet(nn.Module):
     FPFC fuses the last layer ``fc2`` only with ``fc_hidden=0``).
     """
 
-    GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc2.*"], "last": ["fc2.*"]}
+    GROUPS = {  # noqa: RUF012  (the default, CifarCNN's too: an instance with other fc layers replaces it)
+        "body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc2.*"], "last": ["fc2.*"]}
     INPUT = "image"
 
     def __init__(self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120,
@@ -77,7 +79,8 @@ class LeNet(nn.Module):
             self.fc1 = nn.Linear(n, fc_hidden)
             if fc_hidden2:
                 self.fc_mid = nn.Linear(fc_hidden, fc_hidden2)
-                self.GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc_mid.*", "fc2.*"], "last": ["fc2.*"]}
+                self.GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc_mid.*", "fc2.*"],
+                               "last": ["fc2.*"]}
             self.fc2 = nn.Linear(fc_hidden2 or fc_hidden, out_dim)
         else:
             self.fc1 = None

@@ -23,7 +23,8 @@ Personalization (``PERSONALIZATION``): ``split_input`` = accelerometer encoder (
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -86,14 +87,14 @@ class AttentionFusion(nn.Module):
 class HARClassifier(nn.Module):
     """Accelerometer + gyroscope encoders, GRUs, attention fusion, classifier."""
 
-    GROUPS = {
+    GROUPS: ClassVar[dict[str, list[str]]] = {
         "acc_encoder": ["acc_conv.*"], "gyro_encoder": ["gyro_conv.*"],
         "acc_rnn": ["acc_rnn.*"], "gyro_rnn": ["gyro_rnn.*"],
         "fusion": ["fusion.*"], "head": ["head.*"],
         "body": ["acc_conv.*", "gyro_conv.*", "acc_rnn.*", "gyro_rnn.*", "fusion.*"],
     }
-    PERSONALIZATION = {"split_input": ["acc_encoder"], "input": ["acc_encoder", "gyro_encoder"],
-                       "output": ["head"]}
+    PERSONALIZATION: ClassVar[dict[str, list[str]]] = {"split_input": ["acc_encoder"],
+                                                       "input": ["acc_encoder", "gyro_encoder"], "output": ["head"]}
 
     def __init__(self, in_channels: int = 6, num_classes: int = 8, conv_channels: Sequence[int] = (16, 32, 32),
                  d_hid: int = 32, d_head: int = 4, d_att: int = 64, fc_hidden: int = 64):

@@ -14,7 +14,8 @@ batch statistics differ across clients; it keeps no running statistics, so every
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -53,7 +54,7 @@ class CifarResNet(nn.Module):
     """ResNet-(6n+2) for ``[C, H, W]`` images (module docstring); ``body`` = convolutions and norms,
     ``head`` = ``last`` = the final linear layer ``fc``."""
 
-    GROUPS = {"body": ["stem.*", "stages.*"], "head": ["fc.*"], "last": ["fc.*"]}
+    GROUPS: ClassVar[dict[str, list[str]]] = {"body": ["stem.*", "stages.*"], "head": ["fc.*"], "last": ["fc.*"]}
     INPUT = "image"
 
     def __init__(self, in_shape: Sequence[int] = (3, 32, 32), out_dim: int = 10, depth: int = 20, width: int = 16,

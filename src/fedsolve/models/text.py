@@ -13,7 +13,8 @@ batching rule for ``nn.LSTM``'s fused kernel.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -60,7 +61,7 @@ class CharLSTM(nn.Module):
     """Embedding - LSTM - linear on the last step (module docstring); ``body`` = embedding and LSTM,
     ``head`` = ``last`` = the output layer ``out``."""
 
-    GROUPS = {"body": ["embed.*", "lstm.*"], "head": ["out.*"], "last": ["out.*"]}
+    GROUPS: ClassVar[dict[str, list[str]]] = {"body": ["embed.*", "lstm.*"], "head": ["out.*"], "last": ["out.*"]}
     INPUT = "sequence"
 
     def __init__(self, in_shape: Sequence[int] = (80,), out_dim: int = 80, vocab_size: int | None = None,

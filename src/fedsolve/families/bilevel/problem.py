@@ -72,7 +72,7 @@ def bilevel_spec(problem: FederatedProblem) -> BilevelSpec:
         why = (f"problem: {problem.name!r} is not bilevel (it has no extras['bilevel'], a BilevelSpec); allowed: a "
                f"bilevel problem kind in the config (problem: {{kind: hyper_representation}}), or a problem from "
                f"fedsolve.families.bilevel.client_problem")
-        raise ValueError(why)  # noqa: TRY004
+        raise ValueError(why)
     return spec
 
 

@@ -20,10 +20,18 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, expand, register,
-                                       shared_mask, stale_mean_step, weighted_mean)
+from fedsolve.core.states import ClientStates
+from fedsolve.engine.algorithm import (
+    Algorithm,
+    AlgorithmConfig,
+    aggregation_weights,
+    expand,
+    register,
+    shared_mask,
+    stale_mean_step,
+    weighted_mean,
+)
 
 
 class FedADMMConfig(AlgorithmConfig):

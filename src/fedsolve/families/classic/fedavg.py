@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
-from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, Averages, expand, register, shared_mask,
-                                       weighted_mean)
+from fedsolve.core.states import ClientStates
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, expand, register, shared_mask, weighted_mean
 from fedsolve.engine.wrappers import AttackSurface
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fedsolve.core.states import ClientStates, repeat_rows
 from fedsolve.core.statements import Descend
+from fedsolve.core.states import ClientStates, repeat_rows
 from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register
 from fedsolve.engine.wrappers import AttackSurface
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
+from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, Averages, expand, register
 
 

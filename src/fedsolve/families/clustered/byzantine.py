@@ -41,7 +41,8 @@ malicious_fraction=0.4)``. The metric of the paper is the mean test accuracy of 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -76,7 +77,7 @@ def attack_rows(rows: Tensor, attack: str, sigma: float, gen: torch.Generator) -
 
 def malicious_set(m: int, fraction: float, seed: int) -> Tensor:
     """Boolean ``[m]`` mask: round(fraction * m) devices, a fixed random draw."""
-    n_bad = int(round(fraction * m))
+    n_bad = round(fraction * m)
     perm = np.random.default_rng(seed).permutation(m)
     mask = torch.zeros(m, dtype=torch.bool)
     mask[torch.as_tensor(perm[:n_bad], dtype=torch.long)] = True

@@ -5,15 +5,15 @@ Used by tests and ``experiments/fpfc/oracle_gap.yaml``; the algorithm itself nev
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedsolve.families.clustered.fpfc.penalties import penalty_value
 from fedsolve.core.linear import aug_to_flat, linear_model_problem, weight_first, with_bias_feature
+from fedsolve.families.clustered.fpfc.penalties import penalty_value
 
 
 def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> tuple[Tensor, float]:
@@ -43,13 +43,13 @@ def oracle_models(problem, labels, *, tol: float = 1e-9, max_iter: int = 50) -> 
         yc = d.train_y[rows]
         Yc = F.one_hot(yc.long(), C).to(X.dtype) if ce else yc.reshape(len(yc), -1).to(X.dtype)
 
-        def loss_res(A):                                   # F_c and the residuals dF/dz
+        def loss_res(A, Xc=Xc, wc=wc, Yc=Yc):              # F_c and the residuals dF/dz (this class's rows)
             Z = Xc @ A.T
             if ce:
                 return (wc * (torch.logsumexp(Z, 1) - (Z * Yc).sum(1))).sum(), torch.softmax(Z, 1) - Yc
             return (0.5 * wc * (Z - Yc).pow(2).sum(1)).sum(), Z - Yc
 
-        def grad(Rz):                                      # [C, F+1]
+        def grad(Rz, Xc=Xc, wc=wc):                        # [C, F+1]
             return (Rz * wc[:, None]).T @ Xc
 
         A = X.new_zeros(C, X.shape[1])

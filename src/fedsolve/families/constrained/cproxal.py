@@ -28,8 +28,7 @@ from fedsolve.core.states import ClientStates
 from fedsolve.data.federated import FederatedData
 from fedsolve.engine.algorithm import Algorithm, expand, register
 from fedsolve.engine.phases import Phase, PhaseTable
-from fedsolve.families.constrained import kkt
-from fedsolve.families.constrained import subproblem as sp
+from fedsolve.families.constrained import kkt, subproblem as sp
 from fedsolve.families.constrained.al import penalty, shifted
 from fedsolve.families.constrained.config import CProxALConfig, initial_point
 from fedsolve.families.constrained.problem import (

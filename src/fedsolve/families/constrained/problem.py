@@ -286,7 +286,7 @@ def get_spec(problem: FederatedProblem, who: str = "solver") -> ConstrainedSpec:
     section (a config error, one line from the CLI)."""
     spec = problem.extras.get("constraints") if hasattr(problem, "extras") else None
     if not isinstance(spec, ConstrainedSpec):
-        raise ValueError(  # noqa: TRY004  (bad input: the runner reports it as a config error)
+        raise ValueError(
             f"problem: {who} solves constrained problems and this one has no constraints; allowed: a 'problem: "
             f"{{kind: constrained_qp | neyman_pearson | fairness}}' section, or a problem built by "
             f"fedsolve.families.constrained.quadratic_problem / party_problem")

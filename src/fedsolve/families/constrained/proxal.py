@@ -198,7 +198,8 @@ class ProxAL(Algorithm):
         k, started = int(server["k"]), PHASES.current(server) != "start"
         out = {**cert, "outer_iterations": k, "admm_rounds": int(server["admm_rounds"]),
                "outer_rounds": k + 1 if started else 0, "inner_cap_hits": int(server["inner_caps"]),
-               "converged": int(server["converged"]), "certified": int(kkt.certified(cert, self.cfg.eps1, self.cfg.eps2)),
+               "converged": int(server["converged"]),
+               "certified": int(kkt.certified(cert, self.cfg.eps1, self.cfg.eps2)),
                "tau": float(server["tau"]), "inner_gap": float(server["gap"]),
                "client_subproblem_residual": float(server["client_res"]),
                "client_solves_above_tolerance": int(server["solve_misses"])}

@@ -9,9 +9,9 @@ Eq. 11 flag ``converged``, outer iterations K and ADMM rounds), plus the constra
 client (class-1 loss, Table 1; loss disparity, Table 2), the run's wall time and where the row came from.
 
 A cell that a ``fedsolve compare`` run has already finished is read instead of run again: ``args.adopt``
-names folders of such runs (e.g. ``runs/constrained``, one ``fedsolve compare --only LABEL`` run per method and seed); a run
-serves the cell when its ``summary.json`` has the same problem kind, dataset, n, data limits, round budget,
-method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice,
+names folders of such runs (e.g. ``runs/constrained``, one ``fedsolve compare --only LABEL`` run per method and
+seed); a run serves the cell when its ``summary.json`` has the same problem kind, dataset, n, data limits, round
+budget, method and seed (:func:`run_key`, :func:`method_label`; the newest summary when a seed was run twice,
 :func:`recorded_runs`). Then ``adopted`` is 1 and ``source`` names the run's folder; ``adopt_only`` reports a cell
 with no finished run as missing instead of running it (and ``--resume`` looks for it again); ``copy_to`` copies
 each adopted run's small files (summary.json, metrics.jsonl) there, as results/constrained/raw keeps them.
@@ -75,7 +75,7 @@ class ConstrainedRunsArgs(BaseModel):
                                                 "instead of running it")
     set_when: list[SetWhen] = Field(default_factory=list, description="experiment settings for some cells only")
     copy_to: str | None = Field(None, description="copy each adopted run's summary.json and metrics.jsonl to "
-                                                  "COPY_TO/<run folder>/<method>/seed<k>/ (e.g. results/constrained/raw)")
+                                "COPY_TO/<run folder>/<method>/seed<k>/ (e.g. results/constrained/raw)")
 
 
 # ------------------------------------------------------------------ finished runs

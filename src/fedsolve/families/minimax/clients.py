@@ -13,7 +13,8 @@ so the scored test loss of a model is the saddle value ``f(x, y)``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn

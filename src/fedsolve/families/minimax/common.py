@@ -25,8 +25,8 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedsolve.core.plans import Work
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
+from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand, weighted_mean
 from fedsolve.families.minimax.saddle import OMEGA, minimax_of, player_signs
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.families.minimax.common import GDAConfig, MinimaxAlgorithm, block_vector, descent_ascent
-from fedsolve.core.states import ClientStates
 
 
 class FedMMConfig(GDAConfig):

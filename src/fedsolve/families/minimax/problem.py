@@ -16,8 +16,9 @@ and test data are checked finite when the problem is built.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F

@@ -25,8 +25,13 @@ from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend
 from fedsolve.engine.algorithm import register
 from fedsolve.families.personalized.full import Ditto, DittoConfig, PFedMe, PFedMeConfig
-from fedsolve.families.personalized.partial import (BaselineConfig, PartialAlgorithm, PartialConfig,
-                                                    Personalization, drift)
+from fedsolve.families.personalized.partial import (
+    BaselineConfig,
+    PartialAlgorithm,
+    PartialConfig,
+    Personalization,
+    drift,
+)
 
 __all__ = ["BaselineConfig", "Ditto", "DittoConfig", "FedAlt", "FedPer", "FedRep", "FedRepConfig", "FedSim",
            "LGFedAvg", "PFedMe", "PFedMeConfig", "PartialAlgorithm", "PartialConfig", "Personalization"]

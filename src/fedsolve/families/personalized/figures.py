@@ -96,9 +96,9 @@ def _rounds(curves: dict[str, dict[int, float]]) -> list[int]:
 def _loss_section(curves: dict[str, dict[int, float]], first: str, what: str) -> list[str]:
     rounds = _rounds(curves)
     rows, level = loss_table(curves, rounds)
-    return ([f"Training loss ({what}; seed mean per evaluated round):", "",
-             f"| {first} | " + " | ".join(f"round {t}" for t in rounds) + f" | mean over rounds | first round <= "
-             f"{level:.3f} (L*) |", "|---" * (len(rounds) + 3) + "|"] + rows + [""])
+    return [f"Training loss ({what}; seed mean per evaluated round):", "",
+            f"| {first} | " + " | ".join(f"round {t}" for t in rounds) + f" | mean over rounds | first round <= "
+            f"{level:.3f} (L*) |", "|---" * (len(rounds) + 3) + "|", *rows, ""]
 
 
 def folder_report(folder: Path) -> str:
@@ -110,7 +110,7 @@ def folder_report(folder: Path) -> str:
     drifts = {k: seed_mean(v, "local_drift") for k, v in runs.items()}
     lines += ["Model deviation (Fig. 5; seed-mean local_drift):", "",
               f"| method | mean of the evaluations in rounds 1-{EARLY} | last round |", "|---|---|---|"]
-    lines += drift_rows(drifts) + [""]
+    lines += [*drift_rows(drifts), ""]
     return "\n".join(lines)
 
 

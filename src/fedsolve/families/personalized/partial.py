@@ -27,8 +27,14 @@ from fedsolve.core.context import LocalContext, ParamBlock
 from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend, Then
 from fedsolve.core.states import ClientStates
-from fedsolve.engine.algorithm import (Algorithm, AlgorithmConfig, aggregation_weights, expand, stale_mean_step,
-                                       weighted_mean)
+from fedsolve.engine.algorithm import (
+    Algorithm,
+    AlgorithmConfig,
+    aggregation_weights,
+    expand,
+    stale_mean_step,
+    weighted_mean,
+)
 from fedsolve.families.personalized.blocks import personal_mask
 
 Personalization = Literal["problem", "input", "output", "split_input", "split-input"]

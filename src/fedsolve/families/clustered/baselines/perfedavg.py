@@ -1,10 +1,10 @@
 """Per-FedAvg (Fallah et al. 2020) and LG as the FPFC reference code runs it.
 
-Per-FedAvg: ``variant='fo'`` first-order MAML local steps (w' = w - alpha g(w); w <- w - beta g(w')); ``variant='code'``:
-FedAvg local steps (what the FPFC reference code does). Evaluation: every device adapts the current global model before
-it is scored (``eval_model`` states the adaptation, ``work(None)`` plans it): one full-batch GD step of size
-``alpha``, as Fallah et al. and the reference code's synthetic scripts do after every aggregation, or
-``adapt_epochs`` epochs of SGD (its label-swap scripts).
+Per-FedAvg: ``variant='fo'`` first-order MAML local steps (w' = w - alpha g(w); w <- w - beta g(w'));
+``variant='code'``: FedAvg local steps (what the FPFC reference code does). Evaluation: every device adapts the
+current global model before it is scored (``eval_model`` states the adaptation, ``work(None)`` plans it): one
+full-batch GD step of size ``alpha``, as Fallah et al. and the reference code's synthetic scripts do after every
+aggregation, or ``adapt_epochs`` epochs of SGD (its label-swap scripts).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class PerFedAvg(FedAvg):
     def local_update(self, state, msg, ctx):
         c = self.cfg
         w = msg["w"]
-        keep = lambda w, steps: ({}, {"w": w})   # noqa: E731
+        keep = lambda w, steps: ({}, {"w": w})
         if c.variant == "code":
             if c.train_from == "adapted":   # the FPFC synthetic code: start from the one-step adaptation
                 w = ctx.descend(Descend(start=w, lr=c.alpha, phase="start", weight_decay=c.weight_decay, then=keep))

@@ -55,7 +55,12 @@ its stores), ``async_server.py`` (asyncFPFC's server), ``newcomers.py`` (the new
 The oracle of Theorem 3 and the augmented Lagrangian of Lemma 2 are in ``fedsolve.families.clustered.oracle``.
 """
 
-from fedsolve.families.clustered.clusters import adjusted_rand, cluster_average, clusters_from_norms, connected_components
+from fedsolve.families.clustered.clusters import (
+           adjusted_rand,
+           cluster_average,
+           clusters_from_norms,
+           connected_components,
+)
 from fedsolve.families.clustered.fpfc.algorithm import FPFC, FPFCL1, FPFCConfig, FPFCL1Config, paper_cost
 from fedsolve.families.clustered.fpfc.async_server import AsyncFPFC
 from fedsolve.families.clustered.fpfc.newcomers import FPFCNewcomers

@@ -26,15 +26,15 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, weighted_mean
-from fedsolve.families.clustered.clusters import adjusted_rand, cluster_average, clusters_from_norms
-from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs
-from fedsolve.families.clustered.fpfc.penalties import prox_scale
 from fedsolve.core import native
 from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates, repeat_rows
+from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, weighted_mean
 from fedsolve.engine.wrappers import AttackSurface
+from fedsolve.families.clustered.clusters import adjusted_rand, cluster_average, clusters_from_norms
+from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs
+from fedsolve.families.clustered.fpfc.penalties import prox_scale
 
 
 class FPFCConfig(AlgorithmConfig):
@@ -195,7 +195,7 @@ class FPFC(Algorithm):
             return Descend(start=state["w"], prox=rho, anchor=zeta, **step)
         w0 = state["w"].index_copy(-1, self.sidx, msg["shared"])
         fidx = self.fidx
-        pull = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))  # noqa
+        pull = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))
         return Descend(start=w0, extra=pull, **step)
 
     def server_update(self, server, ids: Tensor, W_new: Tensor) -> dict[str, Tensor]:

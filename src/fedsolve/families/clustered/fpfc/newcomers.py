@@ -19,7 +19,8 @@ Server state: ``W`` ``[n, d]`` (the newcomers' last models), ``W_old`` ``[m_old,
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor

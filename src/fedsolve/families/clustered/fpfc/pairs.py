@@ -9,7 +9,7 @@ the two); the sparse store and the newcomers' server (``newcomers.py``) call :fu
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -210,7 +210,7 @@ def run_sync_fpfc_timed(problem, algo_cfg: dict, clients_per_round: int, cfg: Cl
     given = cfg.model_dump() if isinstance(cfg, BaseModel) else dict(cfg or {})
     clock = VirtualClock(**{k: v for k, v in given.items() if k in ClockConfig.model_fields})
     c = clock.cfg
-    bound = max(1, int(math.ceil(c.horizon / max((c.compute_time + c.delay_high) * 0.5, 1e-9))))
+    bound = max(1, math.ceil(c.horizon / max((c.compute_time + c.delay_high) * 0.5, 1e-9)))
     algo = algorithm(algo_cfg, problem)
     sim_cfg = SimulationConfig(**{**(simulation or {}), "rounds": bound, "eval_every": eval_every_rounds,
                                   "metrics": [], "sampling": {"clients_per_round": clients_per_round}})

@@ -20,7 +20,8 @@ class) in :data:`RULES`:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,12 +33,20 @@ from fedsolve.core.statements import Descend
 from fedsolve.core.states import repeat_rows
 from fedsolve.engine.algorithm import Algorithm, run_statement, shared_mask
 from fedsolve.engine.loop import Simulation, SimulationConfig
+from fedsolve.engine.metrics import evaluate
 from fedsolve.families.classic.fedavg import FedAvg
 from fedsolve.families.classic.local import Local
-from fedsolve.families.clustered.baselines import (CFL, IFCA, PACFL, LGCode, PerFedAvg, pacfl_bases,
-                                                   pacfl_clusters, pacfl_proximity)
+from fedsolve.families.clustered.baselines import (
+    CFL,
+    IFCA,
+    PACFL,
+    LGCode,
+    PerFedAvg,
+    pacfl_bases,
+    pacfl_clusters,
+    pacfl_proximity,
+)
 from fedsolve.families.clustered.fpfc import FPFC, FPFCConfig, FPFCNewcomers
-from fedsolve.engine.metrics import evaluate
 
 Rule = Callable[..., Tensor]
 

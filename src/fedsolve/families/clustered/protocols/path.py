@@ -19,7 +19,8 @@ its best lambda) is part of every checkpoint, so an interrupted path resumes to 
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 

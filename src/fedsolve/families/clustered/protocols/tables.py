@@ -1,9 +1,10 @@
 """The per-cell protocols of the FPFC paper's tables and figures (run by ``fedsolve suite``).
 
 Each function runs ONE cell of a suite (an algorithm, a seed, the sweep's values) as runs of ``Simulation`` (their
-protocols as schedules, ``protocols.path`` and ``protocols.async_fpfc``) and returns a row (or rows) of metrics; ``ctx`` is the suite's cell context
-(``fedsolve.experiments.suite.Context``: the cell, the typed ``args``, the experiment's data, problem,
-algorithm parameters and simulation settings). Each ``*Args`` model is the protocol's typed arguments.
+protocols as schedules, ``protocols.path`` and ``protocols.async_fpfc``) and returns a row (or rows) of metrics;
+``ctx`` is the suite's cell context (``fedsolve.experiments.suite.Context``: the cell, the typed ``args``, the
+experiment's data, problem, algorithm parameters and simulation settings). Each ``*Args`` model is the protocol's
+typed arguments.
 
 * :func:`lambda_path`  Fig. 1: FPFC along a warm-started lambda grid, fused groups per lambda;
 * :func:`attack_grid`  Fig. 7 / E.2 / E.3: benign devices' accuracy under a Byzantine attack;
@@ -166,7 +167,7 @@ def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[
     new = []
     for c in np.unique(cl):
         members = np.flatnonzero(cl == c)
-        new += rng.choice(members, size=max(1, int(round(share * members.size))), replace=False).tolist()
+        new += rng.choice(members, size=max(1, round(share * members.size)), replace=False).tolist()
     new = sorted(new)
     old = [i for i in range(data.num_clients) if i not in set(new)]
     return old, new
@@ -174,8 +175,8 @@ def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[
 
 def newcomers(ctx) -> dict:
     """Train the cell's method on the old devices, then its own newcomer rule
-    (``fedsolve.families.clustered.protocols.newcomers``); the newcomers' mean test accuracy and, for a clustering method, the
-    clusters it found on the old devices."""
+    (``fedsolve.families.clustered.protocols.newcomers``); the newcomers' mean test accuracy and, for a clustering
+    method, the clusters it found on the old devices."""
     a = ctx.args
     data = ctx.data()
     old, new = split_old_new(data, ctx.seed, a.share)
@@ -236,7 +237,7 @@ def fpfc_tuning(ctx) -> dict:
 
     def fixed(lam: float) -> dict:
         algo = ctx.algorithm(problem, {"lam": lam})
-        sim, res = ctx.run(problem, algo, eval_every=a.eval_every)
+        sim, _ = ctx.run(problem, algo, eval_every=a.eval_every)
         out = _fpfc_score(sim, algo, problem)
         out["val_accuracy"] = evaluate(val, sim.eval_params(), which=())[0]["test_accuracy"]
         return dict(out, lam=lam)
