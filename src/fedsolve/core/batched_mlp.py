@@ -15,7 +15,8 @@ Each chunk's minibatches are gathered a block of steps at a time into a buffer l
 reads one contiguous slab instead of gathering its rows), each step trimmed to the chunk's longest batch at
 that step; clients are grouped into chunks by their number of steps (unequal work does not idle a chunk), and
 the update ``P -= lr * (G + wd P + rho (P - anchor))`` runs over the stacked rows (inactive steps leave a row
-unchanged) where it is not fused into the kernel.
+unchanged) where it is not fused into the kernel; ``rho`` is a number or one coefficient per coordinate (FPFC's pull
+on its fused block only).
 
 The update it runs is the algorithm's own statement of its local update (a plain
 :class:`~fedsolve.core.statements.Descend`: start, step size, weight decay, linear term, proximal pull, then;
@@ -51,7 +52,7 @@ from torch import Tensor, nn
 
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.executor import Plan, on_data_device
-from fedsolve.core.linear import keep_freed_memory, stacks
+from fedsolve.core.linear import coordinate_pull, keep_freed_memory, stacks
 from fedsolve.core.statements import stated
 
 
@@ -258,7 +259,7 @@ class BatchedMLPExecutor:
         backward pass where it can (``fuses_update``); otherwise ``P -= lr (G + wd P + L + rho (P - anchor))``
         over the stacked rows (``L``: the clients' constant linear terms ``[k, d]``), inactive clients unchanged.
         ``lr``, ``rho`` and ``wd`` are numbers, or one value per client ``[k]`` (runs of a sweep batched together,
-        ``engine/sweep.py``)."""
+        ``engine/sweep.py``); ``rho`` may also be one value per coordinate ``[1, d]``."""
         kern = self.kernel
         K, (S, B) = P.shape[0], idx.shape[1:]
         G = torch.empty_like(P)
@@ -301,6 +302,8 @@ class BatchedMLPExecutor:
             if Z is not None:
                 if "rho" in col:
                     G.addcmul_(P - Z, col["rho"])
+                elif isinstance(rho, Tensor):   # one coefficient per coordinate [1, d]
+                    G.addcmul_(P - Z, rho)
                 else:
                     G.add_(P - Z, alpha=rho)
             if "lr" in col:   # one step size per client: -lr_k on the live rows
@@ -337,6 +340,7 @@ class BatchedMLPExecutor:
     def sgd(self, start: Tensor, lr: float | Tensor, plan: Plan, data, anchor: Tensor | None = None,
             rho: float | Tensor = 0.0, wd: float | Tensor = 0.0, linear: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
+        ``rho``: a number, one per client ``[K]`` or one per coordinate ``[1, d]`` (the pull toward ``anchor``).
 
         On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default: the
         calibration's, else :attr:`default_chunk` and at least 4 chunks a worker): a chunk's weights stay in
@@ -352,6 +356,8 @@ class BatchedMLPExecutor:
         if not S:
             return P, P.new_zeros(K)
         Z = anchor.to(dtype) if anchor is not None and (isinstance(rho, Tensor) or rho > 0) else None
+        if isinstance(rho, Tensor) and rho.dim() == 2:
+            rho = rho.to(dtype)
         L = linear.to(dtype) if linear is not None else None
         Xf = data.train_x.reshape(data.train_x.shape[0], -1).to(dtype)
         ty = data.train_y if self.ce else data.train_y.reshape(data.train_y.shape[0], -1)
@@ -408,7 +414,7 @@ class BatchedMLPExecutor:
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         stmt = stated(algo, rows, msgs, round_)
-        if not stacks(stmt, plans):
+        if not stacks(stmt, plans, coordinate_prox=True):
             if self.fallback is None:
                 raise ValueError(f"executor: 'batched' does not run {algo.name} in round {round_ + 1}: its local "
                                  f"update is not plain local SGD on the model's loss (a Descend statement without "
@@ -418,8 +424,8 @@ class BatchedMLPExecutor:
         if self.tune_malloc:   # the linear executor's process-wide allocator setting (core/linear.py)
             keep_freed_memory()
         plan = plans[stmt.phase]
-        P, losses = self.sgd(stmt.start, stmt.lr, plan, data, stmt.anchor, float(stmt.prox), stmt.weight_decay,
-                             stmt.linear)
+        rho = stmt.prox.unsqueeze(0) if coordinate_pull(stmt) else float(stmt.prox)
+        P, losses = self.sgd(stmt.start, stmt.lr, plan, data, stmt.anchor, rho, stmt.weight_decay, stmt.linear)
         new_rows, uploads = stmt.then(P.to(stmt.start.dtype), plan.active.sum(-1).to(stmt.start.dtype))
         return new_rows, uploads, losses.to(torch.float32)
 

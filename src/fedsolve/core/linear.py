@@ -43,7 +43,7 @@ import) calls :func:`keep_freed_memory` (glibc ``mallopt``; see there), unless `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -324,8 +324,18 @@ class LinearGDExecutor:
         return new_rows, uploads, losses
 
 
-def stacks(stmt, plans) -> bool:
+def stacks(stmt, plans, coordinate_prox: bool = False) -> bool:
     """The stacked kernels run ``stmt``: plain local SGD (:meth:`Descend.plain`) on a planned phase, a proximal pull
-    only toward an anchor."""
-    return (isinstance(stmt, Descend) and stmt.plain() and stmt.phase in plans
-            and (stmt.prox == 0 or stmt.anchor is not None))
+    only toward an anchor. ``coordinate_prox``: the kernels also take a pull with one coefficient per coordinate (a
+    ``[d]`` tensor ``prox``, the same for every client, e.g. zero outside a fused block) toward an anchor."""
+    if not isinstance(stmt, Descend) or stmt.phase not in plans:
+        return False
+    if coordinate_prox and coordinate_pull(stmt):
+        return replace(stmt, prox=0.0).plain()
+    return stmt.plain() and (stmt.prox == 0 or stmt.anchor is not None)
+
+
+def coordinate_pull(stmt: Descend) -> bool:
+    """``stmt``'s proximal pull has one coefficient per coordinate (a ``[d]`` tensor ``prox``) and an anchor."""
+    return (isinstance(stmt.prox, Tensor) and stmt.prox.dim() == 1 and stmt.anchor is not None
+            and stmt.prox.shape[-1] == stmt.start.shape[-1])

@@ -82,7 +82,7 @@ def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:
     if algorithm is None or statement is None:
         return False
     work = algorithm.work(0)
-    if not stacks(statement, work):
+    if not stacks(statement, work, coordinate_prox=not full_batch):   # the batched kernels take a [d] pull too
         return False
     return (work[statement.phase].batch_size is None) if full_batch else True
 

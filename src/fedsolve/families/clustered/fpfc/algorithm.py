@@ -104,6 +104,8 @@ class FPFC(Algorithm):
             fmask = torch.ones(d, dtype=torch.bool)
         self.fidx = torch.nonzero(fmask).flatten()
         self.sidx = torch.nonzero(~fmask).flatten()
+        #: eq. 5's proximal coefficient per coordinate: rho on the fused block, 0 on the shared (averaged) one
+        self.fused_pull = torch.zeros(d, dtype=torch.float64).masked_fill_(fmask, c.rho)
         self.all_fused = self.sidx.numel() == 0
         self.df = self.fidx.numel()
         m = self.num_clients
@@ -194,9 +196,9 @@ class FPFC(Algorithm):
         if self.all_fused:
             return Descend(start=state["w"], prox=rho, anchor=zeta, **step)
         w0 = state["w"].index_copy(-1, self.sidx, msg["shared"])
-        fidx = self.fidx
-        pull = lambda p: torch.zeros_like(p).index_copy(0, fidx, rho * (p.index_select(0, fidx) - zeta))
-        return Descend(start=w0, extra=pull, **step)
+        # the pull rho (w_fused - zeta_i): coefficient rho on the fused block, 0 on the shared one
+        anchor = torch.zeros_like(w0).index_copy(-1, self.fidx, zeta)
+        return Descend(start=w0, prox=self.fused_pull.to(w0), anchor=anchor, **step)
 
     def server_update(self, server, ids: Tensor, W_new: Tensor) -> dict[str, Tensor]:
         """Write the uploads ``W_new`` of ``ids`` and update every pair touching them (eq. 6): a new record
