@@ -57,8 +57,12 @@ def test_the_ledgers_list_what_was_not_attempted():
     for need in ("table4", "table3-crisismmd", "fig4-training-loss", "fig5-model-deviation", "fig7-participation"):
         assert need in ids["fedapm"], need
     for need in ("fig3-tsne", "fig8-async", "fig9-communication-strategies", "fig-e1-initializations",
-                 "fig-e5-local-epochs"):
-        assert ids["fpfc"][need]["status"] == "not attempted", need
+                 "fig-e5-local-epochs", "fig4-label-swap-paper-scale"):
+        assert need in ids["fpfc"], need
+    for need in ("fig8-async", "fig9-communication-strategies"):   # issue 47: run at a reduced size
+        assert ids["fpfc"][need]["status"] != "not attempted" and ids["fpfc"][need]["tuning"], need
+    assert ids["fpfc"]["fig4-label-swap-paper-scale"]["status"] == "not attempted"
+    assert "GPU" in ids["fpfc"]["fig4-label-swap-paper-scale"]["ours"]
     # the known problems are said where the claims rest on them
     assert "not bracketed" in json.dumps(ids["bilevel"]["fig2-3-mlp-vs-aggitd"]["tuning"]).lower()
     assert "3.35x" in ids["bilevel"]["hvp-speedup"]["ours"] and "7.07x" in ids["bilevel"]["hvp-speedup"]["ours"]
