@@ -131,8 +131,14 @@ def test_cli_divergence_exit_code(tmp_path, capsys):
 
 def test_bad_data_params_are_config_errors(tmp_path, capsys):
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump(apply_overrides(BASE, ['data.dataset=synthetic_fpfc', 'data.num_clients=20'])))
+    raw = apply_overrides(BASE, ['data.dataset=synthetic_fpfc', 'data.num_clients=20'])
+    p.write_text(yaml.safe_dump(raw))   # BASE's dirichlet partition: refused first (the dataset comes split)
     assert main(["run", str(p), "--quiet", "--out", str(tmp_path / "o"), "--algorithm", "FedAvg"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.partition:" in err and "'dirichlet'" in err and "allowed:" in err, err
+    raw["data"] = {k: v for k, v in raw["data"].items() if not k.startswith("partition")}
+    p.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(p), "--quiet", "--out", str(tmp_path / "o2"), "--algorithm", "FedAvg"]) == 2
     err = capsys.readouterr().err
     assert "data:" in err and "num_clients" in err
 

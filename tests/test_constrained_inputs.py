@@ -78,8 +78,8 @@ def test_every_client_is_validated():
     rows = [(np.ones((3, 2)), np.zeros(3)) for _ in range(3)]
     rows[2] = (np.array([[1.0, np.nan], [0.0, 1.0]]), np.zeros(2))
     f = lambda w, i, p: (p.x @ w).pow(2).mean()   # noqa: E731
-    with pytest.raises(ConstraintError, match="^data: client 2's rows hold NaN or inf"):
-        party_problem(f, 2, data=rows_data(rows, task="regression"))
+    with pytest.raises(ValueError, match=r"^rows_data: client 2's train features hold NaN or inf \(row 0 first\)"):
+        party_problem(f, 2, data=rows_data(rows, task="regression"))   # refused where the rows come in
     ok = rows_data([(np.ones((3, 2)), np.zeros(3)), (np.ones((6, 2)), np.zeros(6))], task="regression")
     grow = lambda w, i, p: (p.x @ w)[: int(p.x.shape[0]) // 3]   # 1 value on 3 rows, 2 on client 1's 6  # noqa: E731
     with pytest.raises(ConstraintError, match=r"^constraint: expected shape \(1,\) .* got \(2,\) on client 1"):

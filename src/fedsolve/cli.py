@@ -54,12 +54,6 @@ def _cmd_run(args) -> int:
 
     cfg = load_config(args.config, args.set)
     spec = cfg.algorithm or (cfg.algorithms[0] if len(cfg.algorithms) == 1 else None)
-    if spec is None:
-        names = [a.display for a in cfg.algorithms]
-        if args.algorithm is None:
-            print(f"error: config lists several algorithms {names}; use `fedsolve compare`, or pick one "
-                  f"with --algorithm", file=sys.stderr)
-            return EXIT_CONFIG
     if args.algorithm is not None:
         match = [a for a in cfg.all_algorithms() if a.display == args.algorithm or a.name == args.algorithm]
         if not match:
@@ -67,6 +61,11 @@ def _cmd_run(args) -> int:
                   f"{[a.display for a in cfg.all_algorithms()]}", file=sys.stderr)
             return EXIT_CONFIG
         spec = match[0]
+    elif spec is None:
+        names = [a.display for a in cfg.algorithms]
+        print(f"error: config lists several algorithms {names}; use `fedsolve compare`, or pick one "
+              f"with --algorithm", file=sys.stderr)
+        return EXIT_CONFIG
     if args.seed is not None and args.seed < 0:
         print(f"error: --seed: expected a non-negative integer, got {args.seed}", file=sys.stderr)
         return EXIT_CONFIG
@@ -75,12 +74,19 @@ def _cmd_run(args) -> int:
     if args.resume and args.overwrite:
         print("error: --resume and --overwrite contradict each other; give one", file=sys.stderr)
         return EXIT_CONFIG
+    if args.resume and not run_dir.exists():
+        print(f"error: --resume: there is no run at {run_dir}; allowed: the folder of a run to continue, or leave "
+              f"out --resume to start one", file=sys.stderr)
+        return EXIT_CONFIG
     if args.distributed:   # every rank torchrun started runs this; rank 0 alone writes the folder and prints
         from fedsolve.experiments.distributed import run_distributed
 
+        def prepare() -> None:
+            _not_live(run_dir)
+            _out_dir(run_dir)
+
         summary = run_distributed(cfg, spec, seed, run_dir, resume=args.resume, progress=not args.quiet,
-                                  track=_track(args), overwrite=args.overwrite,
-                                  prepare=lambda: (_not_live(run_dir), _out_dir(run_dir)))
+                                  track=_track(args), overwrite=args.overwrite, prepare=prepare)
         if summary is None:
             return 0
     else:
@@ -91,8 +97,11 @@ def _cmd_run(args) -> int:
                           overwrite=args.overwrite)
     fin = summary["metrics"]["final"]
     shown = {k: round(v, 4) for k, v in fin.items() if k in ("test_accuracy", "test_f1", "test_auc", "test_rmse",
-                                                               "train_loss", "num_clusters", "ari")}
+                                                               "train_loss", "num_clusters", "ari", "objective",
+                                                               "kkt_eps1", "kkt_eps2")}
     print(f"{spec.display} seed {seed}: {json.dumps(shown)}  ({summary['wall_time_s']:.1f} s)")
+    if summary.get("message"):   # the solver's own verdict, e.g. Prox-AL FL's certificate
+        print(f"{spec.display}: {summary['message']}")
     print(f"run folder: {run_dir}  (report: {run_dir / 'report.md'})")
     return 0
 
@@ -228,8 +237,8 @@ def _cmd_report(args) -> int:
     try:
         print(report_dir(args.dir))
     except (ValueError, OSError) as e:   # a broken summary.json / config.yaml, a missing file
-        print(f"error: fedsolve report {args.dir}: {e}; allowed: a run or compare folder written by fedsolve",
-              file=sys.stderr)
+        allowed = "" if "allowed:" in str(e) else "; allowed: a run or compare folder written by fedsolve"
+        print(f"error: fedsolve report {args.dir}: {e}{allowed}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
 

@@ -11,7 +11,7 @@ import copy
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from torch import Tensor, nn
 from fedsolve.core.layout import ParamLayout
 from fedsolve.core.norm import RunningStats
 from fedsolve.data.federated import FederatedData
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 PerSampleLoss = Callable[[Tensor, Tensor], Tensor]
 
@@ -164,8 +167,8 @@ def _moved(obj: Any, device: torch.device) -> Any:
         new = {k: _moved(v, device) for k, v in obj.items()}
         return new if any(new[k] is not obj[k] for k in obj) else obj
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        new = [_moved(v, device) for v in obj]
-        return type(obj)(new) if any(a is not b for a, b in zip(new, obj)) else obj
+        items = [_moved(v, device) for v in obj]
+        return type(obj)(items) if any(a is not b for a, b in zip(items, obj)) else obj
     return obj
 
 
@@ -178,11 +181,22 @@ ProblemBuilder = Callable[[FederatedProblem, Mapping[str, Any], int], FederatedP
 PROBLEM_KINDS: dict[str, ProblemBuilder] = {}
 
 
-def parse_params(model: type, params: Mapping[str, Any]):
+def parse_params(model: type[BaseModel], params: Mapping[str, Any]):
     """``model(**params)``, or a ValueError with one ``field: what is wrong (got X)`` per bad field, an unknown
     key listing the allowed ones (the runner prefixes ``problem.params``)."""
+    import math
+
     from pydantic import ValidationError
 
+    def finite(v: Any, where: str) -> None:   # NaN and infinities pass bounds such as > 0 in pydantic
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{where}: expected a finite number, got {v}")
+        items = v.items() if isinstance(v, Mapping) else enumerate(v) if isinstance(v, (list, tuple)) else ()
+        for k, x in items:
+            finite(x, f"{where}.{k}")
+
+    for k, v in dict(params).items():
+        finite(v, str(k))
     try:
         return model(**dict(params))
     except ValidationError as e:

@@ -297,12 +297,36 @@ def _call_loader(name: str, params: dict[str, Any], seed: int, num_clients: int 
     bad = [k for k in params if k not in sig.parameters and not has_var]
     if bad:
         allowed = [p for p in sig.parameters if sig.parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
-        raise ValueError(f"unknown dataset_params {bad} for dataset {name!r}; allowed: {allowed}")
+        raise ValueError(f"params: unknown {bad} for dataset {name!r}; allowed: {allowed}")
     if "seed" in sig.parameters and "seed" not in params:
         params["seed"] = seed
     if num_clients is not None and "num_clients" in sig.parameters and "num_clients" not in params:
         params["num_clients"] = num_clients
-    return loader(**params)
+    return _typed(loader)(**params)
+
+
+def _typed(loader: Callable[..., Any]) -> Callable[..., Any]:
+    """``loader`` with its parameters checked against its annotations first (pydantic, lax: ``"3"`` reads as 3;
+    NaN and infinities refused): a wrong type is a ValueError ``<param>: <what is wrong> (got X)``, one line,
+    instead of a value the loader takes silently (``standardize: maybe`` is true) or a failure deep inside it.
+    A loader whose annotations pydantic cannot read is called as it is."""
+    from pydantic import ConfigDict, ValidationError, validate_call
+
+    try:
+        checked = validate_call(config=ConfigDict(allow_inf_nan=False, arbitrary_types_allowed=True))(loader)
+    except Exception:   # noqa: BLE001 - an annotation pydantic cannot build a validator for
+        return loader
+
+    def call(**params):
+        try:
+            return checked(**params)
+        except ValidationError as e:
+            if e.title != checked.__name__ and e.title != getattr(loader, "__name__", None):
+                raise ValueError(str(e).splitlines()[0]) from None   # raised inside the loader
+            raise ValueError("; ".join(
+                f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+                for err in e.errors())) from None
+    return call
 
 
 def load_dataset(name: str, **params: Any) -> PooledData | FederatedData:
@@ -353,7 +377,8 @@ def _apply_transform(name: str | None, params: dict[str, Any], train: list, test
 def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
     """The three independent random streams a federated build draws from ``seed``: the partition, the second
     partition of a dataset's own test set, and the per-client train/test splits."""
-    return tuple(np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    part, test_part, split = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    return part, test_part, split
 
 
 def build_federated(dataset: str, num_clients: int | None, partition: str = "iid",
@@ -392,7 +417,8 @@ def federate(data: Any, num_clients: int | None, partition: str = "iid",
     * ``cluster_transform`` (``"label_swap"`` or ``"rotation"``) is applied to train and test with the
       same cluster ids, which are stored in ``clusters``.
     * Federated-by-construction datasets (``synthetic_fpfc``, ``toy1d``, ``clustered_regression``,
-      ``fedprox_synthetic``, ``housing_bodyfat``) ignore ``partition``/``partition_params`` and ``test_fraction`` (they use
+      ``fedprox_synthetic``, ``housing_bodyfat``, the domain pairs) refuse a ``partition`` other than ``iid`` or
+      ``natural`` and any ``partition_params`` (they would be ignored), and ignore ``test_fraction`` (they use
       their paper's split, e.g. 80/20; pass ``dataset_params={"test_fraction": ...}`` to change it);
       ``num_clients`` must be ``None`` or equal to their number of clients.
 
@@ -409,6 +435,11 @@ def federate(data: Any, num_clients: int | None, partition: str = "iid",
         data = transform_samples(data, sample_transform, seed)
 
     if isinstance(data, FederatedData):
+        if partition not in ("iid", "natural") or partition_params:
+            raise ValueError(f"partition: {dataset!r} is already split over its {data.num_clients} clients, so "
+                             f"partition {partition!r}{f' with {partition_params}' if partition_params else ''} "
+                             f"would be ignored; allowed: leave data.partition and data.partition_params unset (or "
+                             f"let a data.target return one pooled Dataset)")
         if num_clients is not None and num_clients != data.num_clients:
             raise ValueError(f"num_clients for dataset {dataset!r} must be {data.num_clients} (or None), "
                              f"got {num_clients}")

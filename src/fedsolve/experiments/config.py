@@ -84,7 +84,9 @@ class DataConfig(BaseModel):
     @property
     def label(self) -> str:
         """What the data is called in summaries and reports: the dataset name or the target's import path."""
-        return self.dataset or self.target
+        label = self.dataset or self.target
+        assert label is not None, "the validator asks for one of data.dataset and data.target"
+        return label
 
     @field_validator("sample_transform", mode="before")
     @classmethod
@@ -155,12 +157,17 @@ class ModelConfig(BaseModel):
             raise ValueError("give one of model.name (a registry model) and model.target (an import path), not both")
         if self.target is None and self.name is None:
             self.name = "logreg"
+        if self.personalization is not None and "personal" in self.blocks:
+            raise ValueError(f"model.blocks.personal and model.personalization ({self.personalization!r}) both "
+                             f"define the personal block; allowed: one of them")
         return self
 
     @property
     def label(self) -> str:
         """What the model is called in reports: its registry name or its target's import path."""
-        return self.name or self.target
+        label = self.name or self.target
+        assert label is not None, "the validator sets model.name when model.target is not given"
+        return label
 
 
 def _extra_models() -> dict:
@@ -232,6 +239,15 @@ class AlgorithmSpec(BaseModel):
                                             "{kind: warmup_path | lambda_grid | async_fpfc | virtual_clock ..., "
                                             "params...} (fedsolve list schedules); null = the configured rounds")
 
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from fedsolve.families import ALGORITHMS
+
+        if v not in ALGORITHMS:   # here, so that the message names the field: algorithm.name, algorithms.1.name
+            raise ValueError(f"unknown algorithm {v!r}; allowed: {sorted(ALGORITHMS)} (fedsolve list algorithms)")
+        return v
+
     def with_param(self, key: str, value: Any) -> AlgorithmSpec:
         """This spec with ``params[key] = value`` and no tuning (the run a tuned value is trained with)."""
         return self.model_copy(update={"params": {**self.params, key: value}, "tune": None})
@@ -291,7 +307,7 @@ class ExperimentConfig(BaseModel):
             cls = get_algorithm(spec.name)
             params = merged_params(cls, self.defaults, spec.params)
             try:
-                _no_bool_for_numbers(cls.Config, params, f"algorithm {spec.name!r} params")
+                _plain_numbers(cls.Config, params, f"algorithm {spec.name!r} params")
                 cls.Config(**params)
             except ValidationError as e:
                 raise ValueError(_format_validation(e, prefix=f"algorithm {spec.name!r} params",
@@ -302,6 +318,7 @@ class ExperimentConfig(BaseModel):
                     raise ValueError(f"algorithm {spec.name!r} tune.param: {t.param!r} is not a field of its "
                                      f"config; allowed: {sorted(cls.Config.model_fields)}")
                 for v in t.grid:
+                    _plain_numbers(cls.Config, {t.param: v}, f"algorithm {spec.name!r} tune.grid value")
                     try:
                         cls.Config(**{**params, t.param: v})
                     except ValidationError as e:
@@ -320,7 +337,10 @@ class ExperimentConfig(BaseModel):
         return self
 
     def all_algorithms(self) -> list[AlgorithmSpec]:
-        return list(self.algorithms) if self.algorithms else [self.algorithm]
+        if self.algorithms:
+            return list(self.algorithms)
+        assert self.algorithm is not None, "the validator asks for algorithm or algorithms"
+        return [self.algorithm]
 
 
 def merged_params(cls, defaults: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -416,9 +436,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def _no_bool_for_numbers(model: Any, raw: Any, path: str = "") -> None:
-    """Refuse ``true``/``false`` where ``model`` wants a number (pydantic would read ``true`` as 1), walking the
-    nested models of ``raw`` (a config mapping)."""
+def _plain_numbers(model: Any, raw: Any, path: str = "") -> None:
+    """Refuse ``true``/``false`` where ``model`` wants a number (pydantic would read ``true`` as 1) and NaN or an
+    infinity where it wants a float (pydantic lets them through bounds such as ``> 0``), walking the nested
+    models of ``raw`` (a config mapping)."""
+    import math
     import typing
 
     if not isinstance(raw, dict) or not hasattr(model, "model_fields"):
@@ -432,22 +454,34 @@ def _no_bool_for_numbers(model: Any, raw: Any, path: str = "") -> None:
         if isinstance(v, bool) and bool not in args and any(a in (int, float) for a in args):
             kind = "an integer" if int in args else "a number"
             raise ConfigError(f"{where}: expected {kind}, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v) and float in args:
+            raise ConfigError(f"{where}: expected a finite number, got {v}; allowed: {_bounds_text(f)}")
         for a in args:
             if hasattr(a, "model_fields"):
                 if isinstance(v, dict):
-                    _no_bool_for_numbers(a, v, where)
+                    _plain_numbers(a, v, where)
                 elif isinstance(v, list):
                     for i, x in enumerate(v):
-                        _no_bool_for_numbers(a, x, f"{where}.{i}")
-            elif typing.get_origin(a) is list and any(x is int for x in typing.get_args(a)) and isinstance(v, list):
-                if any(isinstance(x, bool) for x in v):
+                        _plain_numbers(a, x, f"{where}.{i}")
+            elif typing.get_origin(a) is list and isinstance(v, list):
+                inner = typing.get_args(a)
+                if int in inner and any(isinstance(x, bool) for x in v):
                     raise ConfigError(f"{where}: expected integers, got {v!r}")
+                if float in inner and any(isinstance(x, float) and not math.isfinite(x) for x in v):
+                    raise ConfigError(f"{where}: expected finite numbers, got {v!r}")
+
+
+def _bounds_text(f: Any) -> str:
+    """A field's numeric bounds as text (``> 0, <= 1``), or ``a finite number``."""
+    ops = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    parts = [f"{ops[k]} {getattr(m, k)}" for m in f.metadata for k in ops if getattr(m, k, None) is not None]
+    return ", ".join(parts) or "a finite number"
 
 
 def parse_config(raw: dict[str, Any]) -> ExperimentConfig:
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping")
-    _no_bool_for_numbers(ExperimentConfig, raw)
+    _plain_numbers(ExperimentConfig, raw)
     try:
         return ExperimentConfig(**raw)
     except ValidationError as e:
@@ -468,6 +502,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where (line and column), without the echoed source."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem}{f' (line {mark.line + 1}, column {mark.column + 1})' if mark is not None else ''}"
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     path = Path(path)
     if not path.exists():
@@ -479,7 +520,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     try:
         raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"config: cannot read {path}: {e}") from None
     return parse_config(apply_overrides(raw, overrides or []))

@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from fedsolve.engine.buffers import with_buffers
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.loop import DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation
 from fedsolve.engine.provenance import provenance
-from fedsolve.engine.run_folder import RunFolder
+from fedsolve.engine.run_folder import RunFolder, read_marker
 from fedsolve.engine.schedules import make_schedule
 from fedsolve.engine.tracking import close_all, make_trackers
 from fedsolve.engine.transport import Transport
@@ -39,7 +40,7 @@ from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentCo
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug  # noqa: F401  (default_run_dir: cli)
 from fedsolve.experiments.records import RESUME_FREE, RUN_FILES, check_run_folder, config_differences, read_json
 from fedsolve.experiments.report import has_direction, lower_is_better, write_run_report
-from fedsolve.families import get_algorithm
+from fedsolve.families import check_fits, get_algorithm
 from fedsolve.problems import FederatedProblem
 
 _slug, _read_jsonl = slug, read_jsonl   # older names
@@ -94,7 +95,6 @@ def build_data(cfg: ExperimentConfig, seed: int):
 
 def _build_federated(d, seed: int):
     from fedsolve.data.datasets import build_federated, federate
-    from fedsolve.data.federated import FederatedData
     from fedsolve.data.imports import call_target, resolve_target
     from fedsolve.data.torch_data import as_source
 
@@ -110,11 +110,6 @@ def _build_federated(d, seed: int):
     fill = {"seed": seed, **({"num_clients": d.num_clients} if d.num_clients is not None else {})}
     built = call_target(resolve_target(d.target, "data.target"), dict(d.params), "data.target", d.target, fill)
     source = as_source(built, test_fraction=d.test_fraction, seed=seed, name=d.target)
-    if isinstance(source, FederatedData) and (d.partition not in ("iid", "natural") or d.partition_params):
-        raise ValueError(f"data.partition: {d.target} gave data already split over clients ({source.num_clients}), "
-                         f"so partition {d.partition!r}{f' with {d.partition_params}' if d.partition_params else ''} "
-                         f"would be ignored; allowed: leave "
-                         f"data.partition and data.partition_params unset, or return one pooled Dataset")
     return federate(source, d.num_clients, dataset=d.target, **common)
 
 
@@ -148,6 +143,7 @@ def model_factory(cfg: ExperimentConfig, data):
     else:
         from fedsolve.models import multimodal
 
+        assert cfg.model.name is not None, "the validator sets model.name when model.target is not given"
         fn = multimodal.build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
     try:
         fn()
@@ -227,12 +223,14 @@ def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: Federat
     cls = get_algorithm(spec.name)
     config = cls.Config(**merged_params(cls, cfg.defaults, spec.params))
     try:
+        check_fits(cls, problem)
         algo = cls(config, problem)
     except ConfigError:
         raise
     except ValueError as e:   # the problem does not fit the solver, e.g. a family's solver with no problem: section
         msg = str(e)
-        raise ConfigError(msg if msg.startswith(("data", "problem")) else f"algorithms: {spec.name}: {msg}") from None
+        raise ConfigError(msg if msg.startswith(("data", "problem", "algorithm.")) else
+                          f"algorithms: {spec.name}: {msg}") from None
     algo.sampling = cfg.simulation.sampling   # the run's client sampling: unbiased server weights depend on it
     try:
         algo = wrap(algo, spec.wrap)
@@ -328,7 +326,8 @@ def check_resume(run_dir: str | Path, new: dict[str, Any]) -> None:
     try:
         old = yaml.safe_load(f.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"--resume: {f} is not valid YAML ({e.problem}); start over with --overwrite") from None
+        raise ConfigError(f"--resume: {f} is not valid YAML ({getattr(e, 'problem', None) or e}); start over "
+                          f"with --overwrite") from None
     old = old if isinstance(old, dict) else {}
     try:   # the old config read by this fedsolve: fields added since then get their defaults, as in `new`
         from fedsolve.experiments.config import parse_config
@@ -391,8 +390,17 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
         return run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
                         write_report=write_report, track=track, overwrite=overwrite)
     run_dir = Path(run_dir)
+    existed = run_dir.is_dir()
     with RunFolder(run_dir, "run") as folder:
         check_run_folder(run_dir, resume, overwrite)
+        marker = read_marker(run_dir)
+        started = marker is not None and marker.get("status") in ("running", "interrupted", "failed")
+        empty = existed and not any(f for f in run_dir.iterdir() if not f.name.startswith("."))   # (lock aside)
+        if resume and not (run_dir / "checkpoint.pt").exists() and (started or empty):
+            # stopped before its first checkpoint (a full disk at its first write, Ctrl-C in round 0), or left an
+            # empty folder: nothing trained to keep, so the run starts over there, with the config it started with
+            check_resume(run_dir, resolved_config(cfg, spec, seed))
+            resume = False
         plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
         old = ("summary.json", "report.md", *plots) if resume else \
             tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
@@ -454,9 +462,10 @@ def _prepare(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Pat
                          callbacks=[start, JsonlLogger(run_dir / "metrics.jsonl"), watch,
                                     ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers],
                          transport=transport, schedule=schedule)
-    except ValueError as e:   # e.g. an executor that cannot run this model or algorithm
+    except ValueError as e:   # e.g. an executor that cannot run this model or algorithm, NaN in the data
         msg = str(e)
-        raise ConfigError(msg if msg.startswith("simulation.") else f"simulation.{msg}") from None
+        raise ConfigError(msg if msg.startswith(("simulation.", "data", "problem", "model")) else
+                          f"simulation.{msg}") from None
     if resume:
         sim.load_checkpoint()
         if sim.start_round > cfg.simulation.rounds:
@@ -472,11 +481,12 @@ def _conclude(p: _Prepared, run: Callable[[], RunResult]) -> dict:
     ``per_client.json`` and report; a divergence is written as such and raised."""
     cfg, spec, seed, run_dir, sim = p.cfg, p.spec, p.seed, p.run_dir, p.sim
     t0 = time.perf_counter()
+    executor = None if sim.executor is None else sim.executor.name   # None: the clients ran elsewhere
     try:
         res = run()
     except DivergenceError as e:
         summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
-                                wall=time.perf_counter() - t0, round_times=sim.round_times, executor=sim.executor.name,
+                                wall=time.perf_counter() - t0, round_times=sim.round_times, executor=executor,
                                 dataset=recorded_dataset(cfg, p.problem))
         if p.write_report:
             write_run_report(run_dir, summary, sim.history)
@@ -487,15 +497,23 @@ def _conclude(p: _Prepared, run: Callable[[], RunResult]) -> dict:
     # finished: the algorithm's stopping test passed, or the run ended before its rounds without an error (its
     # schedule stopped it: a spent budget, a virtual horizon), so a resume keeps it as it is
     early = bool(res.history) and res.history[-1]["round"] < cfg.simulation.rounds
-    summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", wall=res.wall_time_s,
-                            round_times=res.round_times, extras={**res.extras, **(p.extras or {})},
-                            executor=sim.executor.name, dataset=recorded_dataset(cfg, p.problem),
+    extras = {**res.extras, **(p.extras or {})}
+    summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", solver_status(extras),
+                            wall=res.wall_time_s, round_times=res.round_times, extras=extras,
+                            executor=executor, dataset=recorded_dataset(cfg, p.problem),
                             finished=algorithm_finished(p.algo, sim.server) or early)
     if res.per_client or not (run_dir / "per_client.json").exists():
         atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if p.write_report:
         write_run_report(run_dir, summary, res.history)
     return summary
+
+
+def solver_status(extras: dict[str, Any]) -> str:
+    """The solver's own verdict on its run where its final record gives one (e.g. Prox-AL FL's ``did not converge:
+    ...`` or ``converged (Eq. 11 passed)``, from its certificate), else ``""``: the summary's ``message``, shown
+    by ``fedsolve run`` and in report.md, so a run that ended without doing what its solver promises says so."""
+    return "; ".join(str(v["status"]) for v in extras.values() if isinstance(v, dict) and v.get("status"))
 
 
 def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path, FederatedProblem | None]],
@@ -543,7 +561,7 @@ def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path
         failed: BaseException | None = None
         for p, folder, outcome in zip(prepared, folders, outcomes):
             try:
-                summary = _conclude(p, lambda o=outcome: _given(o))
+                summary = _conclude(p, partial(_given, outcome))
             except DivergenceError as e:
                 folder.finish("diverged", str(e))
                 out.append(e)
@@ -592,7 +610,7 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
     unless ``overwrite``); ``callbacks``: more :class:`~fedsolve.engine.loop.Callback` objects, called after the
     progress bar and logger. ``result.history`` is the trajectory, ``result.eval_params()`` the models the
     clients are scored with. Bad arguments are a ``ConfigError`` (a ValueError) naming the argument."""
-    cfg, spec, seed = _api_run(config, algorithm, seed, overrides)
+    cfg, spec, seed = _api_run(config, algorithm, seed, overrides, callbacks)
     set_threads(cfg.threads)
     problem = build_problem(cfg, seed)
     _check_sampling(cfg, problem.num_clients)
@@ -618,7 +636,8 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
         return res
 
 
-def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any) -> tuple[ExperimentConfig, AlgorithmSpec, int]:
+def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any,
+             callbacks: Sequence = ()) -> tuple[ExperimentConfig, AlgorithmSpec, int]:
     """:func:`run_config`'s arguments checked and read: (config, the algorithm's spec, the seed)."""
     from fedsolve.experiments.config import apply_overrides, load_config, parse_config
 
@@ -631,12 +650,17 @@ def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any) -> tuple[Ex
         raise ConfigError(f"algorithm: expected a label or name (a string), got {algorithm!r:.60}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ConfigError(f"seed: expected a non-negative integer, got {seed!r:.60}")
+    hooks = ("on_start", "on_round", "on_eval", "on_end")
+    for i, cb in enumerate(callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]):
+        if not all(callable(getattr(cb, h, None)) for h in hooks):
+            raise ConfigError(f"callbacks[{i}]: {cb!r:.60} is not a Callback; allowed: objects with the methods "
+                              f"{', '.join(hooks)} (fedsolve.Callback)")
     if isinstance(config, ExperimentConfig):
         cfg = parse_config(apply_overrides(config.model_dump(mode="json"), list(overrides))) if overrides else config
     elif isinstance(config, dict):
         cfg = parse_config(apply_overrides(config, list(overrides)))
     else:
-        cfg = load_config(config, list(overrides))
+        cfg = load_config(os.fspath(config), list(overrides))
     specs = cfg.all_algorithms()
     if algorithm is None:
         if len(specs) != 1:
@@ -678,14 +702,19 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
     sweep (:func:`run_together`) where their executor batches.
     """
     t = spec.tune
+    if t is None:
+        raise ValueError(f"{spec.display}: nothing to tune (the algorithm has no tune: section)")
     metric = t.metric or ("test_accuracy" if data.task == "classification" else "test_rmse")
-    val_data = data.split_validation(t.val_fraction, seed)
+    try:
+        val_data = data.split_validation(t.val_fraction, seed)
+    except ValueError as e:   # e.g. domain data without labelled target validation images
+        raise ConfigError(f"algorithm.{e}" if str(e).startswith("tune") else f"algorithm.tune: {e}") from None
     rounds = cfg.simulation.rounds if t.rounds is None else min(t.rounds, cfg.simulation.rounds)
     tcfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"rounds": rounds})})
     folders = [Path(tune_dir) / _slug(f"{t.param}={v}") for v in t.grid]
     summaries = {i: d for i, d in enumerate(map(finished_summary, folders)) if resume and d is not None}
     todo = [i for i in range(len(t.grid)) if i not in summaries]
-    diverged = {"status": "diverged", "metrics": {"final": {}}}
+    diverged: dict[str, Any] = {"status": "diverged", "metrics": {"final": {}}}
     if batch and len(todo) > 1:
         outs = run_together([(tcfg, spec.with_param(t.param, t.grid[i]), seed, folders[i],
                               build_problem(tcfg, seed, data=val_data)) for i in todo], resume=resume,
@@ -713,13 +742,14 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
         val = final.get(metric) if summary.get("status") == "completed" else None
         scores.append(float(val) if isinstance(val, (int, float)) and val == val else None)
     wall = sum(summaries[i].get("wall_time_s") or 0.0 for i in range(len(t.grid)))
-    ok = [i for i, sc in enumerate(scores) if sc is not None]
+    scored = {i: sc for i, sc in enumerate(scores) if sc is not None}
+    ok = list(scored)
     if not ok:
         raise DivergenceError(f"{spec.display} seed {seed}: no tuning run of {t.param} over {t.grid} gave a "
                               f"validation {metric} (every run diverged); "
                               f"the tuning runs are in {tune_dir}")
     sign = 1.0 if lower_is_better(metric) else -1.0
-    best = min(ok, key=lambda i: (sign * scores[i], i))
+    best = min(ok, key=lambda i: (sign * scored[i], i))
     info = {"param": t.param, "value": t.grid[best], "metric": metric, "grid": list(t.grid), "scores": scores,
             "val_fraction": t.val_fraction, "rounds": tcfg.simulation.rounds, "wall_time_s": wall,
             "edge": grid_edge(t.grid, best)}

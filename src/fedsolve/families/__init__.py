@@ -21,6 +21,31 @@ def get_algorithm(name: str) -> type[Algorithm]:
     return lookup_algorithm(name)
 
 
+#: the key of ``FederatedProblem.extras`` that each structured family's problem kinds set, and the family
+STRUCTURES = {"constraints": "constrained", "bilevel": "bilevel", "minimax": "minimax"}
+
+
+def family_of(cls: type[Algorithm]) -> str | None:
+    """The family a solver belongs to: its ``family`` class attribute where it sets one (a solver of one's own,
+    registered with ``--import``), else the package under ``fedsolve.families`` that defines it."""
+    declared = getattr(cls, "family", None)
+    if declared is not None:
+        return declared
+    parts = cls.__module__.split(".")
+    return parts[2] if parts[:2] == ["fedsolve", "families"] and len(parts) > 2 else None
+
+
+def check_fits(cls: type[Algorithm], problem) -> None:
+    """A ValueError naming ``algorithm.name`` when ``problem`` carries a structured family's problem (constraints,
+    a bilevel split, a minimax game: :data:`STRUCTURES`) and the solver ``cls`` belongs to another family, which
+    would train on the plain data and ignore it; the message lists the solvers of that family."""
+    for key, fam in STRUCTURES.items():
+        if key in getattr(problem, "extras", {}) and family_of(cls) != fam:
+            fits = sorted(n for n, c in ALGORITHMS.items() if family_of(c) == fam)
+            raise ValueError(f"algorithm.name: {cls.name!r} is not a {fam} solver, it would ignore the problem's "
+                             f"{fam} structure (problem.kind); allowed: {fits}")
+
+
 def get_problem_kind(name: str) -> ProblemBuilder:
     """The problem builder registered as ``name`` (every family is imported with this package)."""
     try:
@@ -29,4 +54,5 @@ def get_problem_kind(name: str) -> ProblemBuilder:
         raise ValueError(f"problem.kind: unknown {name!r}; allowed: {sorted(PROBLEM_KINDS)}") from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm", "get_problem_kind", "register"]
+__all__ = ["ALGORITHMS", "STRUCTURES", "Algorithm", "AlgorithmConfig", "check_fits", "family_of", "get_algorithm",
+           "get_problem_kind", "register"]

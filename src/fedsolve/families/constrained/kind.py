@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedsolve.data.federated import FederatedData
+from fedsolve.data.federated import FederatedData, Task
 from fedsolve.families.constrained.parties import quadratic_problem
 from fedsolve.families.constrained.problem import (
     ConstrainedSpec,
@@ -45,7 +45,7 @@ def _offsets(sizes: list[int]) -> torch.Tensor:
 
 
 def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.ndarray, np.ndarray]] | None = None,
-              task: str = "classification", name: str = "data", meta: dict | None = None) -> FederatedData:
+              task: Task = "classification", name: str = "data", meta: dict | None = None) -> FederatedData:
     """FederatedData with float64 rows (the constrained solvers work in double precision), one ``(x, y)`` pair per
     client. ``task="classification"`` (integer labels 0/1, scored as a binary classifier) refuses targets that
     are not whole numbers, naming the client: real-valued targets need ``task="regression"`` (and the problem
@@ -53,6 +53,16 @@ def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.nd
     test = test if test is not None else train
     if task not in ("classification", "regression"):
         raise ValueError(f"rows_data: task must be 'classification' or 'regression', got {task!r}")
+    for split, parts in (("train", train), ("test", test)):
+        for i, (x, y) in enumerate(parts):
+            x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+            if x.shape[:1] != y.shape[:1]:
+                raise ValueError(f"rows_data: client {i}'s {split} rows: {x.shape[0]} feature rows but {y.shape[0]} "
+                                 f"targets; allowed: one target per row")
+            for what, a in (("features", x), ("targets", y)):
+                if not np.isfinite(a).all():
+                    raise ValueError(f"rows_data: client {i}'s {split} {what} hold NaN or inf (row "
+                                     f"{int(np.argwhere(~np.isfinite(a))[0][0])} first); allowed: finite values")
     if task == "classification":
         for split, parts in (("train", train), ("test", test)):
             for i, (_, y) in enumerate(parts):
@@ -76,6 +86,9 @@ def qp_instance(d: int, n: int, m: int, seed: int = 10, d0_zero: bool = False) -
     """The instance recipe of App. E.2: A_i = U_i D_i U_i^T (D_i ~ U[0.5, 1], U_i orthogonal from the SVD of a
     Gaussian matrix), C_i ~ N(0, 1/d), b_i and d_i uniform on the unit sphere (d_0 = 0 with ``d0_zero``, the
     authors' code)."""
+    for name, v in (("d", d), ("n", n), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"qp_instance: {name} = {v!r}; allowed: a whole number >= 1")
     rng = np.random.default_rng(seed)
 
     def sphere(k: int) -> np.ndarray:
