@@ -168,6 +168,13 @@ def _constrained_qp(seed: int = 0) -> FederatedProblem:
     return get_problem_kind("constrained_qp")(make_problem("logreg", m=4, seed=seed), {"d": 8}, seed)
 
 
+def _fairness_rows(seed: int = 0) -> FederatedProblem:
+    """A constrained problem on the clients' rows (the unconstrained baselines refuse per-party functions)."""
+    from test_constrained import _fair_problem
+
+    return _fair_problem(n=3, seed=seed)
+
+
 _GDA = {"lr": 0.1, "lr_psi": 0.1, "batch_size": None}
 #: the newer families' algorithms, each on a problem of its family: (problem builder, algorithm parameters)
 FAMILY_CASES = {
@@ -176,8 +183,8 @@ FAMILY_CASES = {
     "aggitd": (_hyper_representation, {"batch_size": 4}),
     "fedmm": (_saddle, {**_GDA, "local_steps": 5}), "fedsgda": (_saddle, _GDA),
     "fedavggda": (_saddle, {**_GDA, "local_steps": 5}), "fedproxgda": (_saddle, {**_GDA, "local_steps": 5}),
-    "proxal": (_constrained_qp, {}), "cproxal": (_constrained_qp, {}), "fedavg_uncons": (_constrained_qp, {}),
-    "fedprox_uncons": (_constrained_qp, {}),
+    "proxal": (_constrained_qp, {}), "cproxal": (_constrained_qp, {}), "fedavg_uncons": (_fairness_rows, {}),
+    "fedprox_uncons": (_fairness_rows, {}),
 }
 
 

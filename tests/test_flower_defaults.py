@@ -41,7 +41,7 @@ FAMILIES = {
 name: defaults_constrained
 seeds: [0]
 data: {dataset: breast_cancer, num_clients: 3}
-problem: {kind: constrained_qp, params: {d: 5, m: 1, instance_seed: 3}}
+problem: {kind: neyman_pearson, params: {dataset: breast_cancer, limit: 200}}
 simulation: {rounds: 30, eval_every: 15, sampling: {fraction: 1.0}, metrics: []}
 algorithm: {name: proxal, params: {beta: 10.0, s_bar: 1.0, rho: 1.0, q: 0.5}}
 """,

@@ -36,11 +36,14 @@ _COPY_BYTES = 64 * 2**20   # rows copied into a spill file per piece (its pages 
 
 
 def _close_unlink(fd: int, path: str) -> None:
-    for f, a in ((os.close, fd), (os.unlink, path)):
-        try:
-            f(a)
-        except OSError:
-            pass
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class _Spill:
@@ -140,7 +143,7 @@ class _Lookup:
 def _run_start(s: Tensor) -> int | None:
     """``s[0]`` when ``s`` (a 1-D CPU index tensor) is ``s[0], s[0] + 1, ...`` with ``s[0] >= 0``, else None."""
     first = int(s[0])
-    return first if first >= 0 and torch.equal(s, torch.arange(first, first + s.numel())) else None
+    return first if first >= 0 and torch.equal(s, torch.arange(first, first + s.numel(), device=s.device)) else None
 
 
 class ClientStates:
@@ -307,7 +310,7 @@ class ClientStates:
             if col.identity:
                 col.rows.index_copy_(0, ids if ids.device == col.rows.device else ids.to(col.rows.device), v)
                 continue
-            if gen is None:
+            if gen is None or ids_c is None:   # set together, on the first column that keeps slots
                 ids_c = ids.cpu()
                 gen = self._ids_gen(ids_c)
             look = self._lookup(col, ids_c, gen)

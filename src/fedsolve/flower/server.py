@@ -26,31 +26,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
+from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedsolve.engine.io import atomic_write_text
-from fedsolve.engine.loop import JsonlLogger, Simulation
+from fedsolve.engine.loop import Callback, JsonlLogger, Simulation
 from fedsolve.engine.transport import Transport
 from fedsolve.flower.records import from_array_record, row, stack_rows, to_array_record
 from fedsolve.flower.rounds import plan_shapes
-from fedsolve.flower.task import app_threads, load_task, run_config_value
+from fedsolve.flower.task import DeploymentTask, app_threads, load_task, run_config_value
 
 try:  # Flower's logger, so lines show up in `flwr log` / `flwr run --stream`
-    from logging import INFO, WARNING
-
     from flwr.common.logger import log as _flog
 
     def log(msg: str, *args: Any, level: int = INFO) -> None:
         _flog(level, "[fedsolve] " + msg, *args)
 except ImportError:  # pragma: no cover
     import logging
-
-    INFO, WARNING = logging.INFO, logging.WARNING
 
     def log(msg: str, *args: Any, level: int = INFO) -> None:
         logging.getLogger("fedsolve.flower").log(level, msg, *args)
@@ -108,7 +106,7 @@ class NodeRegistry:
                 if node is None or rep.has_error():
                     continue
                 info = rep.content["info"]
-                cid = int(info["partition-id"])
+                cid = int(cast(int, info["partition-id"]))   # the ClientApp's query answer (flower/client.py)
                 if not 0 <= cid < self.m:
                     log("node %s reports partition-id %s outside 0..%s; ignored", node, cid, self.m - 1,
                         level=WARNING)
@@ -190,7 +188,7 @@ class GridTransport(Transport):
         if rep.has_error():
             return None
         try:
-            return int(rep.content["info"]["client"])
+            return int(cast(Mapping[str, int], rep.content["info"])["client"])   # the ClientApp's _info record
         except KeyError:
             return None
 
@@ -234,9 +232,10 @@ class GridTransport(Transport):
         for c in part:
             self.accepted[c] = t
         answered = torch.as_tensor([sent.index(c) for c in part], dtype=torch.long)
-        uploads = stack_rows([from_array_record(got[c].content["upload"]) for c in part]) if part else {}
-        losses = torch.tensor([float(got[c].content["metrics"].get("train_loss", float("nan"))) for c in part],
-                              dtype=torch.float64)
+        uploads = (stack_rows([from_array_record(cast(ArrayRecord, got[c].content["upload"])) for c in part])
+                   if part else {})
+        metrics = [cast(Mapping[str, float], got[c].content["metrics"]) for c in part]   # {"train_loss": float}
+        losses = torch.tensor([float(mr.get("train_loss", float("nan"))) for mr in metrics], dtype=torch.float64)
         return answered, uploads, losses
 
     def score(self, sim, round_):
@@ -255,7 +254,8 @@ class GridTransport(Transport):
         for rep in send_and_receive(self.grid, out, self.eval_timeout):
             cid = self._client_of(rep)
             if cid is not None:
-                per[cid] = {k: float(v) for k, v in rep.content["metrics"].items()}
+                # the ClientApp's evaluation metrics: {name: float}
+                per[cid] = {k: float(v) for k, v in cast(Mapping[str, float], rep.content["metrics"]).items()}
         missing = sorted(set(range(m)) - set(per))
         if missing:
             log("evaluation after round %s: no metrics from clients %s", round_, missing, level=WARNING)
@@ -274,7 +274,7 @@ class FlowerRun:
         self.rc = dict(context.run_config)
         rd = str(run_config_value(self.rc, "results-dir"))
         self.out = Path(rd).expanduser() if rd else None
-        self.task = None
+        self.task: DeploymentTask | None = None
         self.sim: Simulation | None = None
         self.transport: GridTransport | None = None
 
@@ -289,6 +289,7 @@ class FlowerRun:
     @property
     def server(self) -> dict[str, torch.Tensor]:
         """The server state (the simulation's, on the server)."""
+        assert self.sim is not None, "the server state exists once setup() has built the simulation"
         return self.sim.server
 
     def setup(self) -> None:
@@ -296,7 +297,7 @@ class FlowerRun:
         torch.set_num_threads(app_threads(self.rc, self.task))
         problem = self.task.problem
         self.transport = GridTransport(self.grid, self.rc, problem.num_clients)
-        callbacks = [_Log(self.task.simulation), _Files(self)]
+        callbacks: list[Callback] = [_Log(self.task.simulation), _Files(self)]
         if self.out is not None:
             callbacks.insert(0, JsonlLogger(self.out / "metrics.jsonl", self.out / "timings.jsonl"))
         self.sim = Simulation(problem, self.task.algorithm, self.task.simulation, self.task.seed,
@@ -326,6 +327,7 @@ class FlowerRun:
     def run(self) -> list[dict[str, Any]]:
         try:
             self.setup()
+            assert self.task is not None and self.sim is not None, "setup() sets them"
             log("task %s: %s clients, %s rounds, seed %s", self.task.name, self.task.problem.num_clients,
                 self.task.simulation.rounds, self.task.seed)
             self.sim.run()
@@ -358,7 +360,8 @@ class _Log:
 
 
 class _Files:
-    """Callback: participation.json and per_client.json after every evaluation."""
+    """Callback: participation.json after every round (who took part is known as soon as a round ends, and a
+    watcher of the deployment reads it there), per_client.json with it after every evaluation."""
 
     def __init__(self, run: FlowerRun):
         self.run = run
@@ -367,7 +370,9 @@ class _Files:
         pass
 
     def on_round(self, sim, round_, info):
-        pass
+        if self.run.out is not None:
+            self.run.out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.run.out / "participation.json", json.dumps(self.run.participation))
 
     def on_eval(self, sim, record):
         self.run._write("running")
