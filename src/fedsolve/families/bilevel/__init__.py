@@ -5,6 +5,7 @@ from fedsolve.families.bilevel import (
     aggitd,  # noqa: F401
     fednest,  # noqa: F401
     kind,  # noqa: F401  (the problem kind)
+    quadratic,  # noqa: F401  (the problem kind bilevel_quadratic)
     simfbo,  # noqa: F401
 )
 from fedsolve.families.bilevel.functions import client_problem

@@ -78,6 +78,7 @@ class AggITD(BilevelAlgorithm):
     description = ("FBO-AggITD (reconstruction): lower-level SGD and ITD hypergradient in one sub-loop of N "
                    "rounds, then an x step (Xiao & Ji 2023)")
     Config = AggITDConfig
+    cfg: AggITDConfig
     phases = PHASES
 
     def setup(self):
@@ -128,6 +129,7 @@ class AggITD(BilevelAlgorithm):
             y, v = y - on * c.inner_lr * dy, v - on * c.inner_lr * dv
         up = {"y": y, "v": v}
         if last:
+            assert hx is not None, "hx starts at zero in the last round"
             up["hx"] = hx / steps
         return {}, up
 

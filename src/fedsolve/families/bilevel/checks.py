@@ -54,8 +54,10 @@ def full_split(data: FederatedData, i: int, group: str) -> tuple[Tensor, Tensor,
     """Client ``i``'s whole ``group`` split as one minibatch ``(inputs, targets, weights)``, weights 1/rows; an error
     naming the client when the split is empty."""
     x, y = data.client_train(i)
+    code = data.group_names.index(group)
     g = data.client_train_groups(i)
-    rows = g == data.group_names.index(group)
+    assert g is not None, "bilevel data carry row groups (the group was found in group_names)"
+    rows = g == code
     n = int(rows.sum())
     if n == 0:
         raise ValueError(f"data: client {i} has no rows in the {group!r} split; allowed: at least one row in each of "

@@ -3,7 +3,8 @@ variable ``y`` (and, where the solver keeps one, the linear-system variable ``v`
 model that joins ``x`` and ``y``. At each evaluation the solvers also report ``v_norm`` and, for classification,
 ``train_accuracy``: the global model (x, y) on the full training set, the left axis of SimFBO's Fig. 2; for a
 problem stated by the clients' own functions, ``upper_loss`` (sum_i p_i f_i(x, y)) and ``lower_grad_norm``
-(||sum_i p_i grad_y g_i(x, y)||), on the clients' whole splits."""
+(||sum_i p_i grad_y g_i(x, y)||), on the clients' whole splits, and ``x_dist_<name>`` (||x - point||) for each known
+point of x the problem names (``client_problem(references=...)``)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class BilevelAlgorithm(Algorithm):
 
     def objective(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """``upper_loss`` = sum_i p_i f_i(x, y) and ``lower_grad_norm`` = ||sum_i p_i grad_y g_i(x, y)||, every client
-        on its whole splits."""
+        on its whole splits; ``x_dist_<name>`` = ||x - point|| for the problem's known points of x."""
         spec, data, p = self.oracles.spec, self.problem.data, self.p()
         f = torch.zeros((), dtype=torch.float64)
         gy = torch.zeros(y.shape, dtype=torch.float64)
@@ -68,7 +69,8 @@ class BilevelAlgorithm(Algorithm):
                 O = self.oracles.on(torch.tensor(i))
                 f = f + p[i] * O.f(x, y, full_split(data, i, spec.upper_group)).detach().double()
                 gy = gy + p[i] * O.grad_y_g(x, y, full_split(data, i, spec.lower_group))[0].detach().double()
-        return {"upper_loss": float(f), "lower_grad_norm": float(gy.norm())}
+        dist = {f"x_dist_{k}": float((x.detach() - r.to(x)).norm()) for k, r in spec.functions.references.items()}
+        return {"upper_loss": float(f), "lower_grad_norm": float(gy.norm()), **dist}
 
     def train_accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """Accuracy of the global model (x, y) on every client's training rows, both splits pooled (spec 3.8:

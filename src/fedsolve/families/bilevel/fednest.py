@@ -110,6 +110,7 @@ class _Nested(BilevelAlgorithm):
     """Shared mechanics of FedNest and LFedNest: the server state and the client computations."""
 
     Config = FedNestConfig
+    cfg: FedNestConfig
 
     def setup(self):
         spec, c = self.use_oracles("autograd").spec, self.cfg
@@ -132,6 +133,7 @@ class _Nested(BilevelAlgorithm):
         return {} if round_ is None else self._work
 
     def init(self, x0, rngs):
+        assert self.phases is not None, "FedNest and LFedNest declare their phases"
         x, y = self.oracles.split(x0)
         zy, zx = torch.zeros_like(y), torch.zeros_like(x)
         server = {"x": x.clone(), "y": y.clone(), "gy_glob": zy.clone(), "p": zy.clone(), "counter": zy.clone(),
@@ -145,12 +147,14 @@ class _Nested(BilevelAlgorithm):
     def broadcast(self, server, ids, round_):
         if round_ is None:
             return sent(server, ids, ("x", "y"))
+        assert self.phases is not None, "FedNest and LFedNest declare their phases"
         ph = self.phases.current(server)
         return self.phases.message(ph, ids, **sent(server, ids, self.phases[ph].sends))
 
     def advance(self, server, round_: int, to: str, **changes):
         """``server`` with ``changes``, moved to phase ``to`` (a block that draws a new sample begins next round)."""
         out = {**server, **changes}
+        assert self.phases is not None, "FedNest and LFedNest declare their phases"
         fresh = not self.phases[to].keeps_sample
         return self.phases.enter(out, to, round_ + 1 if fresh else None)
 

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +35,7 @@ from fedsolve.families.bilevel.checks import (
     check_strongly_convex,
     full_split,
 )
-from fedsolve.families.bilevel.problem import BilevelOracles, BilevelSpec
+from fedsolve.families.bilevel.problem import Batch, BilevelOracles, BilevelSpec
 from fedsolve.problems import FederatedProblem
 
 ClientFunction = Callable[[Tensor, Tensor, Tensor, dict[str, Tensor]], Tensor]
@@ -56,13 +57,15 @@ class Variables(nn.Module):
 
 @dataclass(frozen=True)
 class ClientFunctions:
-    """The clients' own f_i and g_i (``BilevelSpec.functions``), their per-client tensors, and whether the problem
-    has samples (then the functions also receive the minibatch)."""
+    """The clients' own f_i and g_i (``BilevelSpec.functions``), their per-client tensors, whether the problem
+    has samples (then the functions also receive the minibatch), and known points of x (``references``: the solvers
+    report ``x_dist_<name>`` = ||x - point||)."""
 
     upper: ClientFunction
     lower: ClientFunction
     client_data: dict[str, Tensor] = field(default_factory=dict)
     samples: bool = False
+    references: dict[str, Tensor] = field(default_factory=dict)
 
     def oracles(self, problem: FederatedProblem, spec: BilevelSpec) -> FunctionOracles:
         return FunctionOracles(problem, spec)
@@ -134,7 +137,7 @@ def _checked_value(fn_name: str, fn: ClientFunction, i: int, x: Tensor, y: Tenso
 def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0: Tensor,
                    client_data: Mapping[str, Tensor] | None = None, data: FederatedData | None = None,
                    num_clients: int | None = None, weights: Tensor | None = None,
-                   name: str = "bilevel") -> FederatedProblem:
+                   name: str = "bilevel", references: Mapping[str, Tensor] | None = None) -> FederatedProblem:
     """A bilevel problem whose client i has its own ``upper`` f_i and ``lower`` g_i (module docstring).
 
     Args:
@@ -145,6 +148,8 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
             makes them); the functions then also see their minibatch. None: the functions read no samples.
         num_clients: the number of clients when neither ``client_data`` nor ``data`` says it.
         weights: the clients' weights (``[n]``; the solvers' ``weights: data``), default equal.
+        references: known points of x by name (e.g. ``{"true": x_star}``, the stationary point when it is known in
+            closed form); every evaluation then reports ``x_dist_<name>`` = ||x - point||.
     """
     for nm, v in (("x0", x0), ("y0", y0)):
         if not isinstance(v, Tensor) or v.dim() != 1 or not v.is_floating_point() or v.numel() == 0:
@@ -162,7 +167,7 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
     for where, n_ in sizes.items():
         if n_ is None:
             raise ValueError(f"{where}: allowed: a tensor with one row per client (shape [n, ...])")
-    counts = set(sizes.values())
+    counts = {v for v in sizes.values() if v is not None}   # every size is given (checked above)
     if len(counts) != 1 or min(counts) < 1:
         raise ValueError(f"client_data/data/num_clients: the number of clients differs or is missing "
                          f"({', '.join(f'{k} {v}' for k, v in sizes.items()) or 'none given'}); allowed: one "
@@ -170,6 +175,11 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
     n = counts.pop()
     if weights is not None and (not isinstance(weights, Tensor) or weights.shape != (n,) or bool((weights <= 0).any())):
         raise ValueError(f"weights: allowed: {n} positive client weights (a [{n}] tensor)")
+    references = dict(references or {})
+    for nm, v in references.items():
+        if not isinstance(v, Tensor) or v.shape != x0.shape or v.dtype != x0.dtype or not bool(torch.isfinite(v).all()):
+            raise ValueError(f"references[{nm!r}]: allowed: a finite tensor of x0's shape {tuple(x0.shape)} and type "
+                             f"{x0.dtype}")
     samples = data is not None
     if data is None:
         data = _placeholder_data(n, x0.dtype, weights)
@@ -181,7 +191,7 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
         check_splits(data, ("lower", "upper"))
         if weights is not None:
             data = dataclasses.replace(data, weights=weights)
-    fns = ClientFunctions(upper, lower, client_data, samples=samples)
+    fns = ClientFunctions(upper, lower, client_data, samples=samples, references=references)
     problem = FederatedProblem(data, functools.partial(Variables, x0, y0), loss="squared_error",
                                blocks={"x": ["x"], "y": ["y"]}, name=name)
     problem.extras["bilevel"] = BilevelSpec(name=name, functions=fns)
@@ -205,8 +215,8 @@ def _check_clients(problem: FederatedProblem, fns: ClientFunctions, x0: Tensor, 
 
     def grads(i: Tensor):
         O = oracles.on(i)
-        pick = lambda g: tuple(torch.index_select(torch.stack([b[k] for b in one[g]]), 0, i.reshape(1))[0]
-                               for k in range(3))
+        pick = lambda g: cast(Batch, tuple(torch.index_select(torch.stack([b[k] for b in one[g]]), 0, i.reshape(1))[0]
+                                           for k in range(3)))   # (inputs, targets, weights)
         return O.grad_y_g(x0, y0, pick(spec.lower_group))[0], O.grad_f(x0, y0, pick(spec.upper_group))[:2]
 
     mark_client_map(problem, grads)

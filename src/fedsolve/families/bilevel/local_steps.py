@@ -4,7 +4,7 @@ of one simultaneous (y, v, x) step at one point (SimFBO eq. 3; FBO-AggITD's y an
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,7 +18,9 @@ TauClients = list[int] | list[list[int]]
 
 def tau_rows(tau_clients: TauClients) -> list[list[int]]:
     """``tau_clients`` as rounds of per-client values (a persistent list is one round)."""
-    return [list(r) for r in tau_clients] if tau_clients and isinstance(tau_clients[0], list) else [list(tau_clients)]
+    if tau_clients and isinstance(tau_clients[0], list):
+        return [list(r) for r in tau_clients]
+    return [list(cast(list[int], tau_clients))]   # the TauClients union's other member: a list of ints
 
 
 def validate_tau(tau_max: int | None, tau_clients: TauClients | None) -> None:

@@ -3,6 +3,9 @@ one forward pass per minibatch (:class:`MLPHeadOracles`; ``problem.make_oracles`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -15,13 +18,13 @@ from fedsolve.families.bilevel.problem import (
 )
 from fedsolve.problems import FederatedProblem
 
-_ACT_GRAD = {  # derivative of the activation from its OUTPUT h
+# a layer without an activation (act None) is looked up in neither table
+_ACT_GRAD: dict[str, Callable[[Tensor], Tensor]] = {  # derivative of the activation from its OUTPUT h
     "relu": lambda h: (h > 0).to(h.dtype),
     "tanh": lambda h: 1 - h * h,
     "sigmoid": lambda h: h * (1 - h),
-    None: None,
 }
-_ACT = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, None: None}
+_ACT: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
 
 
 class MLPHeadOracles(BilevelOracles):
@@ -74,7 +77,9 @@ class MLPHeadOracles(BilevelOracles):
         why = self.why_not(problem, self.spec)
         if why is not None:
             raise ValueError(f"oracles: 'mlp' needs an MLP hyper-representation problem; {why}")
-        self.lam = self.spec.lower_reg.lam if self.spec.lower_reg is not None else 0.0
+        reg = self.spec.lower_reg
+        assert reg is None or isinstance(reg, ridge_on), "why_not admits no other regulariser"
+        self.lam = reg.lam if reg is not None else 0.0
         pos = {}   # flat start in the model -> (block, offset in the block)
         starts = {e.name: e.start for e in problem.layout.entries}
         for spec_, blk in ((self._xs, "x"), (self._ys, "y")):
@@ -104,11 +109,14 @@ class MLPHeadOracles(BilevelOracles):
         wo, o, i, bo = self._head
         return y[wo:wo + o * i].view(o, i), (y[bo:bo + o] if bo is not None else None)
 
-    def _y_flat(self, dW: Tensor, db: Tensor) -> Tensor:
+    def _y_flat(self, dW: Tensor, db: Tensor | None) -> Tensor:
         """A y-shaped vector from the head's (weight, bias) parts, in the block's order."""
         wo, _, _, bo = self._head
-        parts = sorted([(wo, dW.reshape(-1))] + ([(bo, db)] if bo is not None else []), key=lambda t: t[0])
-        return torch.cat([t for _, t in parts])
+        parts = [(wo, dW.reshape(-1))]
+        if bo is not None:
+            assert db is not None, "the callers pass the bias part whenever the head has a bias"
+            parts.append((bo, db))
+        return torch.cat([t for _, t in sorted(parts, key=lambda t: t[0])])
 
     def _probs(self, y: Tensor, h: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(p, p - e, per-sample cross entropy)."""
@@ -134,7 +142,7 @@ class MLPHeadOracles(BilevelOracles):
                 gW = torch.addmm(gW, d.T, hs[l])
             parts.append((wo, gW.reshape(-1)))
             if bo is not None:
-                parts.append((bo, sum(d.sum(0) for d in ds)))
+                parts.append((bo, cast(Tensor, sum(d.sum(0) for d in ds))))   # ds is not empty: a Tensor
             if l > 0:
                 W = x[wo:wo + o * i].view(o, i)
                 cur = [d @ W for d in ds]

@@ -37,7 +37,7 @@ from torch.func import functional_call, grad, grad_and_value
 from fedsolve.problems import FederatedProblem
 
 #: ``reg(params) -> scalar``: a regulariser of the model's parameters (``{name: tensor}``, both blocks)
-Regularizer = Callable[[dict[str, Tensor]], Tensor]
+Regularizer = Callable[[dict[str, Tensor]], Tensor | float]
 Batch = tuple[Tensor, Tensor, Tensor]
 
 
@@ -82,7 +82,7 @@ class ridge_on:
     def __init__(self, names: list[str], lam: float):
         self.names, self.lam = list(names), float(lam)
 
-    def __call__(self, params: dict[str, Tensor]) -> Tensor:
+    def __call__(self, params: dict[str, Tensor]) -> Tensor | float:   # 0.0 over no names
         return 0.5 * self.lam * sum(params[n].pow(2).sum() for n in self.names)
 
 

@@ -74,6 +74,7 @@ class SimFBO(BilevelAlgorithm):
     name = "simfbo"
     description = "SimFBO: simultaneous y, v, x local updates, one round per iteration (Yang, Xiao, Ji 2023)"
     Config = SimFBOConfig
+    cfg: SimFBOConfig
 
     def setup(self):
         spec = self.use_oracles(self.cfg.oracles).spec
@@ -182,3 +183,4 @@ class ShroFBO(SimFBO):
     name = "shrofbo"
     description = "ShroFBO: SimFBO with normalised client directions and server step rho^t (eq. 6-8)"
     Config = ShroFBOConfig
+    cfg: ShroFBOConfig
