@@ -27,56 +27,17 @@ the Neumann rounds, the hypergradient and the x-step): those phases keep the sam
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedsolve.core.plans import Work
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.engine.phases import Phase, PhaseTable
 from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
-from fedsolve.families.bilevel.local_steps import (
-    check_tau_clients,
-    draw_tau,
-    max_steps,
-    validate_tau,
-)
+from fedsolve.families.bilevel.fednest_config import FedNestConfig
+from fedsolve.families.bilevel.local_steps import check_tau_clients, draw_tau, max_steps
 
 
-class FedNestConfig(BaseModel):
-    """Defaults: the FedNest repository's (fig2.sh; spec 3.4)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    lr: float = Field(0.01, gt=0, description="inner (y) step size")
-    hlr: float = Field(0.01, gt=0, description="outer (x) step size and Neumann step")
-    local_ep: float = Field(5.0, gt=0, description="local epochs of y-SGD over the lower split per FedInn")
-    inner_ep: int = Field(1, ge=1, description="FedInn repetitions per outer iteration")
-    neumann: int = Field(5, ge=0, description="Neumann-series terms of the inverse-Hessian-vector product")
-    outer_tau: int = Field(1, ge=1, description="local x-steps per FedOut")
-    batch_size: int | None = Field(64, ge=1, description="minibatch of the local SGD loops (null: full split)")
-    tau_max: int | None = Field(None, ge=1, description="system heterogeneity (Fig. 4): FedInn's local y-SGD takes "
-                                "each client's persistent tau_i ~ U{1..tau_max} steps instead of local_ep epochs "
-                                "(the same draw as SimFBO's for a seed)")
-    tau_clients: list[int] | None = Field(None, description="explicit persistent tau_i of FedInn, one per client")
-    hold_sample: bool = Field(True, description="keep one client sample through FedInn (anchor + inner) and "
-                              "one through FedOut (p0 ... outer), as FedNest's code does; false: a fresh sample "
-                              "every communication round (every run before this option); LFedNest's phases "
-                              "draw afresh either way")
-    tau_outer: bool = Field(False, description="with tau_max / tau_clients: the local x-steps (FedOut) also take "
-                            "each client's tau_i steps instead of outer_tau")
-
-    @model_validator(mode="after")
-    def _tau(self):
-        validate_tau(self.tau_max, self.tau_clients)
-        if self.tau_outer and not self.heterogeneous:
-            raise ValueError("tau_outer: needs per-client tau_i (set tau_max or tau_clients)")
-        return self
-
-    @property
-    def heterogeneous(self) -> bool:
-        return self.tau_max is not None or self.tau_clients is not None
-
-
+# fmt: off
 def fednest_table(hold: bool) -> PhaseTable:
     """FedNest's rounds as phases; ``hold``: the rounds after a block's first keep its client sample."""
     return PhaseTable(
@@ -105,6 +66,8 @@ LFEDNEST = PhaseTable(
           doc="local Neumann series, local hypergradient, local x-steps; x = mean"),
     start="inner")
 
+# fmt: on
+
 
 class _Nested(BilevelAlgorithm):
     """Shared mechanics of FedNest and LFedNest: the server state and the client computations."""
@@ -116,13 +79,26 @@ class _Nested(BilevelAlgorithm):
         spec, c = self.use_oracles("autograd").spec, self.cfg
         check_tau_clients(c.tau_clients, self.num_clients)
         full = lambda g: Work(epochs=None, steps=1, batch_size=None, group=g)
-        self._work = {"lower_full": full(spec.lower_group), "upper_full": full(spec.upper_group),
-                      "lower_sgd": (Work(epochs=None, steps=max_steps(1, c.tau_max, c.tau_clients),
-                                         batch_size=c.batch_size, group=spec.lower_group) if c.heterogeneous else
-                                    Work(epochs=c.local_ep, batch_size=c.batch_size, group=spec.lower_group)),
-                      "upper_sgd": Work(epochs=None, steps=(max_steps(1, c.tau_max, c.tau_clients) if c.tau_outer
-                                                            else c.outer_tau),
-                                        batch_size=c.batch_size, group=spec.upper_group)}
+        self._work = {
+            "lower_full": full(spec.lower_group),
+            "upper_full": full(spec.upper_group),
+            "lower_sgd": (
+                Work(
+                    epochs=None,
+                    steps=max_steps(1, c.tau_max, c.tau_clients),
+                    batch_size=c.batch_size,
+                    group=spec.lower_group,
+                )
+                if c.heterogeneous
+                else Work(epochs=c.local_ep, batch_size=c.batch_size, group=spec.lower_group)
+            ),
+            "upper_sgd": Work(
+                epochs=None,
+                steps=(max_steps(1, c.tau_max, c.tau_clients) if c.tau_outer else c.outer_tau),
+                batch_size=c.batch_size,
+                group=spec.upper_group,
+            ),
+        }
 
     @property
     def rounds_per_iteration(self) -> int:
@@ -136,8 +112,17 @@ class _Nested(BilevelAlgorithm):
         assert self.phases is not None, "FedNest and LFedNest declare their phases"
         x, y = self.oracles.split(x0)
         zy, zx = torch.zeros_like(y), torch.zeros_like(x)
-        server = {"x": x.clone(), "y": y.clone(), "gy_glob": zy.clone(), "p": zy.clone(), "counter": zy.clone(),
-                  "hg_glob": zx.clone(), "done": torch.tensor(0), "iteration": torch.tensor(0), **self.phases.init()}
+        server = {
+            "x": x.clone(),
+            "y": y.clone(),
+            "gy_glob": zy.clone(),
+            "p": zy.clone(),
+            "counter": zy.clone(),
+            "hg_glob": zx.clone(),
+            "done": torch.tensor(0),
+            "iteration": torch.tensor(0),
+            **self.phases.init(),
+        }
         c = self.cfg
         if not c.heterogeneous:
             return server, ClientStates(self.num_clients)
@@ -239,16 +224,24 @@ class FedNest(_Nested):
             return self.advance(server, round_, "inner", gy_glob=mean("gy"))
         if ph == "inner":
             more = int(done) < c.inner_ep
-            return self.advance(server, round_, "anchor" if more else "p0", y=mean("y"),
-                                done=done if more else torch.tensor(0))
+            return self.advance(
+                server, round_, "anchor" if more else "p0", y=mean("y"), done=done if more else torch.tensor(0)
+            )
         if ph == "p0":
-            return self.advance(server, round_, "neumann" if c.neumann else "hypergrad", p=mean("fy"),
-                                counter=mean("fy"))
+            return self.advance(
+                server, round_, "neumann" if c.neumann else "hypergrad", p=mean("fy"), counter=mean("fy")
+            )
         if ph == "neumann":
             counter = server["counter"] - c.hlr * mean("hc")
             more = int(done) < c.neumann
-            return self.advance(server, round_, "neumann" if more else "hypergrad", counter=counter,
-                                p=server["p"] + counter, done=done if more else torch.tensor(0))
+            return self.advance(
+                server,
+                round_,
+                "neumann" if more else "hypergrad",
+                counter=counter,
+                p=server["p"] + counter,
+                done=done if more else torch.tensor(0),
+            )
         if ph == "hypergrad":
             return self.advance(server, round_, "outer", hg_glob=mean("hg"))
         return self.advance(server, round_, "anchor", x=mean("x"), iteration=server["iteration"] + 1)
@@ -271,7 +264,7 @@ class LFedNest(_Nested):
             return {}, {"y": self._lower_sgd(O, ctx, state, x, y, None)}
         _, fy, _ = O.grad_f(x, y, ctx.batch("upper_full", 0))
         p, counter = fy, fy
-        for _ in range(self.cfg.neumann):       # the client's own Hessian (no communication)
+        for _ in range(self.cfg.neumann):  # the client's own Hessian (no communication)
             counter = counter - self.cfg.hlr * O.hvp_yy_g(x, y, counter, ctx.batch("lower_full", 0))
             p = p + counter
         hg = self._local_hypergradient(O, ctx, x, y, p)
@@ -281,6 +274,11 @@ class LFedNest(_Nested):
         if self.phases.current(server) == "inner":
             done = server["done"] + 1
             more = int(done) < self.cfg.inner_ep
-            return self.advance(server, round_, "inner" if more else "outer_local", y=uploads["y"].mean(0),
-                                done=done if more else torch.tensor(0))
+            return self.advance(
+                server,
+                round_,
+                "inner" if more else "outer_local",
+                y=uploads["y"].mean(0),
+                done=done if more else torch.tensor(0),
+            )
         return self.advance(server, round_, "inner", x=uploads["x"].mean(0), iteration=server["iteration"] + 1)

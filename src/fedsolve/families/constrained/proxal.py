@@ -31,14 +31,15 @@ import torch
 from fedsolve.core.plans import Work
 from fedsolve.core.statements import Solved
 from fedsolve.engine.algorithm import Algorithm, expand, register
-from fedsolve.engine.loop import DivergenceError
 from fedsolve.engine.phases import Phase, PhaseTable
 from fedsolve.families.constrained import kkt
 from fedsolve.families.constrained.client import ClientSide
 from fedsolve.families.constrained.config import ProxALConfig, initial_point
 from fedsolve.families.constrained.problem import get_spec
 from fedsolve.families.constrained.server_side import ServerSide
+from fedsolve.families.constrained.stops import run_status, watch_feasibility
 
+# fmt: off
 PHASES = PhaseTable(
     Phase("start", sends=("w_outer",), uploads=("ut", "dmu"), then=("inner",),
           doc="Alg. 2 line 1 at w^0 (a quadratic client builds its model)"),
@@ -48,6 +49,7 @@ PHASES = PhaseTable(
           doc="Alg. 2 lines 3-10: Eqs. 18-23; Eq. 23 passed: Alg. 1 lines 3-5"),
     Phase("done", doc="Eq. 11 passed or max_outer reached"),
     start="start", done="done")
+# fmt: on
 
 F64 = torch.float64
 
@@ -61,8 +63,9 @@ class ProxAL(Algorithm):
     name = "proxal"
     description = "Prox-AL FL: proximal AL outer loop + inexact ADMM inner loop for constrained FL (He et al. 2024)"
     Config = ProxALConfig
-    reports_train_loss = False   # a round solves Eq. 19 or updates multipliers: the certificate is the record
-    watch = "w"                  # the iterate w must stay below divergence_factor x max(1, |w^0|_inf)
+    cfg: ProxALConfig
+    reports_train_loss = False  # a round solves Eq. 19 or updates multipliers: the certificate is the record
+    watch = "w"  # the iterate w must stay below divergence_factor x max(1, |w^0|_inf)
     phases = PHASES
     #: the run's client sampling (``engine.sampling.SamplingConfig``), told before the first round; None: not told
     sampling = None
@@ -77,75 +80,106 @@ class ProxAL(Algorithm):
         self.solver_kind = solver
         n = self.num_clients
         self.client = ClientSide(spec, self.cfg, n, solver)
-        self.sigma = self.client.sigma   # 1 / ((n + 1) beta): every party's share of the prox term
-        self.server_side = ServerSide(spec.server, n, self.cfg, spec.quadratic, solver)   # no client data
+        self.sigma = self.client.sigma  # 1 / ((n + 1) beta): every party's share of the prox term
+        self.server_side = ServerSide(spec.server, n, self.cfg, spec.quadratic, solver)  # no client data
 
     def work(self, round_: int | None = 0) -> dict[str, Work]:
-        return {} if round_ is None else {"train": Work(epochs=None, steps=1, batch_size=None)}   # Z_i in full
+        return {} if round_ is None else {"train": Work(epochs=None, steps=1, batch_size=None)}  # Z_i in full
 
     def init(self, x0, rngs):
         s, n = self.sampling, self.num_clients
         if s is not None and (s.count(n) != n or s.dropout > 0):
-            raise ValueError(f"simulation.sampling: Algorithms 1-2 use every client in every round, got "
-                             f"{s.count(n)} of {n} clients a round (dropout {s.dropout}); allowed: fraction 1.0 (or "
-                             f"clients_per_round {n}) and dropout 0")
+            raise ValueError(
+                f"simulation.sampling: Algorithms 1-2 use every client in every round, got "
+                f"{s.count(n)} of {n} clients a round (dropout {s.dropout}); allowed: fraction 1.0 (or "
+                f"clients_per_round {n}) and dropout 0"
+            )
         c, z = self.cfg, scalar(0.0)
         w0 = initial_point(c.w0, x0, rngs.torch("proxal_w0"))
         count = lambda: torch.zeros((), dtype=torch.long)
-        server = {**PHASES.init(), "w": w0.clone(), "w0": w0.clone(), "z": w0.clone(),
-                  "mu0": torch.full((self.spec.m_server,), c.mu0, dtype=F64), "k": count(), "t": count(),
-                  "tau": scalar(c.s_bar), "srv_res": z, "gap": z, "dw": z, "dmu": z, "dmu0": z,
-                  "admm_rounds": count(), "inner_caps": count(), "converged": count(), "client_res": z,
-                  "solve_misses": count(), "dmu_ref": scalar(1e300), "stall": count()}
+        server = {
+            **PHASES.init(),
+            "w": w0.clone(),
+            "w0": w0.clone(),
+            "z": w0.clone(),
+            "mu0": torch.full((self.spec.m_server,), c.mu0, dtype=F64),
+            "k": count(),
+            "t": count(),
+            "tau": scalar(c.s_bar),
+            "srv_res": z,
+            "gap": z,
+            "dw": z,
+            "dmu": z,
+            "dmu0": z,
+            "admm_rounds": count(),
+            "inner_caps": count(),
+            "converged": count(),
+            "client_res": z,
+            "solve_misses": count(),
+            "dmu_ref": scalar(1e300),
+            "stall": count(),
+        }
         return server, self.client.init_rows(x0.numel())
 
     def _eps(self, t: int) -> float:
-        return max(self.cfg.q ** t, self.cfg.eps_floor)
+        return max(self.cfg.q**t, self.cfg.eps_floor)
 
     # ----------------------------------------------------------------- a round
     def broadcast(self, server, ids, round_):
-        if round_ is None:   # the clients are scored with w^k
+        if round_ is None:  # the clients are scored with w^k
             return {"w": expand(server["w"], ids)}
         if ids.numel() != self.num_clients:
-            raise ValueError(f"simulation.sampling: Algorithms 1-2 use every client in every round; got "
-                             f"{ids.numel()} of {self.num_clients}; allowed: fraction 1.0")
+            raise ValueError(
+                f"simulation.sampling: Algorithms 1-2 use every client in every round; got "
+                f"{ids.numel()} of {self.num_clients}; allowed: fraction 1.0"
+            )
         phase = PHASES.current(server)
         if phase == "inner":
-            return PHASES.message("inner", ids, w=expand(server["z"], ids),
-                                  eps=expand(scalar(self._eps(int(server["t"]))), ids))
+            return PHASES.message(
+                "inner", ids, w=expand(server["z"], ids), eps=expand(scalar(self._eps(int(server["t"]))), ids)
+            )
         if phase == "done":
             return PHASES.message("done", ids)
         return PHASES.message(phase, ids, w_outer=expand(server["w"], ids))
 
     def local_update(self, state, msg, ctx):
         phase = PHASES.of(msg)
-        if phase == "inner":                     # Alg. 2 lines 7-8: Eqs. 19-22
+        if phase == "inner":  # Alg. 2 lines 7-8: Eqs. 19-22
             return self.client.step(state, msg["w"], msg["eps"], ctx)
         if phase == "done":
             return Solved({}, {})
-        return self.client.restart(state, msg["w_outer"], phase == "start", ctx)   # Alg. 1 line 7, Alg. 2 line 1
+        return self.client.restart(state, msg["w_outer"], phase == "start", ctx)  # Alg. 1 line 7, Alg. 2 line 1
 
     def aggregate(self, server, ids, uploads, round_):
         c, s, phase = self.cfg, dict(server), PHASES.current(server)
         if phase == "done":
             return s
-        if phase == "inner":                                        # Alg. 2 line 10: Eq. 23
+        if phase == "inner":  # Alg. 2 line 10: Eq. 23
             t, tau = int(server["t"]), float(server["tau"])
             server_term = {"paper": self._eps(t), "measured": float(server["srv_res"]), "code": 0.0}[c.inner_stop]
             gap = server_term + float(uploads["et"].sum())
             res = uploads["res"].double()
-            s.update(gap=scalar(gap), client_res=res.max().clamp_min(0), admm_rounds=server["admm_rounds"] + 1,
-                     solve_misses=server["solve_misses"] + int((res > c.client_tol_factor * self._eps(t)).sum()))
-            if gap > tau and t + 1 < c.max_inner:                   # the next ADMM round: Eq. 18
+            s.update(
+                gap=scalar(gap),
+                client_res=res.max().clamp_min(0),
+                admm_rounds=server["admm_rounds"] + 1,
+                solve_misses=server["solve_misses"] + int((res > c.client_tol_factor * self._eps(t)).sum()),
+            )
+            if gap > tau and t + 1 < c.max_inner:  # the next ADMM round: Eq. 18
                 s["t"] = server["t"] + 1
                 return self._solve_server(s, uploads, server["z"], t + 1)
             s["inner_caps"] = server["inner_caps"] + int(gap > tau)
-            w_new = server["z"]                                     # Alg. 1 lines 3-5: w^{k+1}, mu_0^{k+1}
+            w_new = server["z"]  # Alg. 1 lines 3-5: w^{k+1}, mu_0^{k+1}
             mu0 = self.server_side.update_mu(server["mu0"], w_new)
-            s.update(dmu0=(mu0 - server["mu0"]).abs().max() if mu0.numel() else scalar(0.0), mu0=mu0, w=w_new,
-                     dw=(w_new - server["w"]).abs().max(), k=server["k"] + 1)
+            s.update(
+                dmu0=(mu0 - server["mu0"]).abs().max() if mu0.numel() else scalar(0.0),
+                mu0=mu0,
+                w=w_new,
+                dw=(w_new - server["w"]).abs().max(),
+                k=server["k"] + 1,
+            )
             return PHASES.enter(s, "outer", round_)
-        if phase == "outer":                                        # Alg. 1 line 9: Eq. 11 for w^{k+1}, mu^{k+1}
+        if phase == "outer":  # Alg. 1 line 9: Eq. 11 for w^{k+1}, mu^{k+1}
             dw, dmu = float(server["dw"]), max(float(server["dmu0"]), float(uploads["dmu"].max()))
             s["dmu"] = scalar(dmu)
             if dw + c.beta * float(server["tau"]) <= c.beta * c.eps1 and dmu <= c.beta * c.eps2:
@@ -153,8 +187,8 @@ class ProxAL(Algorithm):
                 return PHASES.enter(s, "done", round_)
             if int(server["k"]) >= c.max_outer:
                 return PHASES.enter(s, "done", round_)
-            self._watch_feasibility(s, server, dmu, uploads["dmu"])
-        k = int(server["k"])                                        # Alg. 1 line 2, then Alg. 2 from w^k
+            watch_feasibility(self.name, c, self.spec, s, server, dmu, uploads["dmu"])
+        k = int(server["k"])  # Alg. 1 line 2, then Alg. 2 from w^k
         s.update(tau=scalar(c.s_bar / (k + 1) ** 2), t=torch.zeros((), dtype=torch.long))
         start = server["w0"] if c.admm_start == "w0" else server["w"]
         return PHASES.enter(self._solve_server(s, uploads, start, 0), "inner", round_)
@@ -165,30 +199,6 @@ class ProxAL(Algorithm):
         s.update(z=z, srv_res=scalar(res))
         return s
 
-    def _watch_feasibility(self, s, server, dmu: float, dmu_clients) -> None:
-        """An infeasible constraint: w has settled (Eq. 11's first test passes) while the largest multiplier step
-        ||mu^{k+1} - mu^k||_inf (= beta x that party's violation) has not halved in ``infeasible_patience`` outer
-        iterations -- its multiplier grows without bound. A feasible problem that converges slowly (small beta)
-        moves w as much as mu and is never stopped here."""
-        c = self.cfg
-        settled = float(server["dw"]) + c.beta * float(server["tau"]) <= c.beta * c.eps1
-        if dmu < 0.5 * float(server["dmu_ref"]) or dmu <= c.beta * c.eps2 or not settled:
-            s["stall"] = torch.zeros((), dtype=torch.long)
-            if dmu < 0.5 * float(server["dmu_ref"]) or dmu <= c.beta * c.eps2:
-                s["dmu_ref"] = scalar(dmu)
-            return
-        s["stall"] = server["stall"] + 1
-        if c.infeasible_patience and int(s["stall"]) >= c.infeasible_patience:
-            if float(server["dmu0"]) >= float(dmu_clients.max()):
-                who = f"the server constraint {list(self.spec.server.constraint.names)}"
-            else:
-                who = f"client {int(dmu_clients.argmax())}'s constraint {list(self.spec.client_constraint.names)}"
-            raise DivergenceError(
-                f"{self.name}: {who} looks infeasible: w has settled, yet after {int(server['k'])} outer iterations "
-                f"its multiplier still grows by {dmu / c.beta:.3g} x beta per iteration (no halving in "
-                f"{c.infeasible_patience}); loosen the constraint or check its data (infeasible_patience=0 turns "
-                f"this check off)")
-
     def eval_model(self, state, msg):
         return msg["w"].to(next(self.problem.model.parameters()).dtype)
 
@@ -196,28 +206,21 @@ class ProxAL(Algorithm):
     def report(self, server, clients, final: bool = False) -> dict[str, Any]:
         cert = kkt.certificate(self.spec, self.problem.data, server["w"], server["mu0"], clients["mu"])
         k, started = int(server["k"]), PHASES.current(server) != "start"
-        out = {**cert, "outer_iterations": k, "admm_rounds": int(server["admm_rounds"]),
-               "outer_rounds": k + 1 if started else 0, "inner_cap_hits": int(server["inner_caps"]),
-               "converged": int(server["converged"]),
-               "certified": int(kkt.certified(cert, self.cfg.eps1, self.cfg.eps2)),
-               "tau": float(server["tau"]), "inner_gap": float(server["gap"]),
-               "client_subproblem_residual": float(server["client_res"]),
-               "client_solves_above_tolerance": int(server["solve_misses"])}
+        out = {
+            **cert,
+            "outer_iterations": k,
+            "admm_rounds": int(server["admm_rounds"]),
+            "outer_rounds": k + 1 if started else 0,
+            "inner_cap_hits": int(server["inner_caps"]),
+            "converged": int(server["converged"]),
+            "certified": int(kkt.certified(cert, self.cfg.eps1, self.cfg.eps2)),
+            "tau": float(server["tau"]),
+            "inner_gap": float(server["gap"]),
+            "client_subproblem_residual": float(server["client_res"]),
+            "client_solves_above_tolerance": int(server["solve_misses"]),
+        }
         if not final:
             return out
-        out["status"] = run_status(self.cfg, server, cert)
+        out["status"] = run_status(self.cfg, server, cert, PHASES.finished(server))
         out.update(kkt.final_record(self.spec, self.problem.data, server["w"], server["mu0"], clients["mu"]))
         return {"constrained": out}
-
-
-def run_status(c: ProxALConfig, server, cert) -> str:
-    """The run's end in words, following its certificate (``kkt.status``)."""
-    caps, misses = int(server["inner_caps"]), int(server["solve_misses"])
-    ended = (f"outer cap max_outer={c.max_outer} reached" if PHASES.finished(server) else
-             f"the run ended (simulation.rounds) at outer iteration {int(server['k'])} before Eq. 11 passed")
-    premise = (f"{caps} inner loop(s) stopped at max_inner={c.max_inner} before Eq. 23 (Eq. 10 did not hold)"
-               if caps else None)
-    caveats = [(f"{misses} client solve(s) stopped above Eq. 19's tolerance eps_t+1: at the Newton cap "
-                f"(newton_max_iter={c.newton_max_iter}) or at float64's rounding floor once q^t is below it "
-                f"(eps_floor bounds it)")] if misses else []
-    return kkt.status(cert, c.eps1, c.eps2, bool(int(server["converged"])), ended, premise, caveats)

@@ -19,69 +19,23 @@ the package docstring has the storage layout, memory and cost.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor
 
 from fedsolve.core import native
 from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates, repeat_rows
-from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, register, weighted_mean
+from fedsolve.engine.algorithm import Algorithm, register, weighted_mean
 from fedsolve.engine.wrappers import AttackSurface
 from fedsolve.families.clustered.clusters import adjusted_rand, cluster_average, clusters_from_norms
+from fedsolve.families.clustered.fpfc.config import FPFCConfig
 from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs
 from fedsolve.families.clustered.fpfc.penalties import prox_scale
-
-
-class FPFCConfig(AlgorithmConfig):
-    lr: float = Field(0.1, gt=0, description="local step size alpha")
-    local_epochs: float | None = Field(10.0, gt=0, description="local epochs (full-batch GD: = steps T)")
-    batch_size: int | None = Field(None, ge=1, description="null = full-batch gradient descent (paper)")
-    lam: float = Field(0.6, ge=0, description="fusion penalty lambda")
-    rho: float = Field(1.0, gt=0, description="ADMM penalty rho")
-    a: float = Field(3.7, gt=1, description="SCAD concavity parameter a")
-    xi: float = Field(1e-4, gt=0, description="SCAD smoothing xi (0 < xi < lambda)")
-    penalty: Literal["scad", "l1", "l2sq"] = Field(
-        "scad", description="smoothed SCAD (FPFC), group lasso (FPFC-l1) or squared l2 (Fig. 1's ridge fusion)")
-    nu: float = Field(0.1, gt=0, description="cluster threshold: i~j iff ||theta_ij|| <= nu (paper: [xi, 0.5])")
-    pair_layout: Literal["dense", "sparse", "auto"] = Field(
-        "auto", description="server pair store; auto = dense when m^2 d_f <= 5e7 floats")
-    update_pairs: Literal["touched", "all"] = Field(
-        "touched", description="'touched': pairs with an active end (Algorithm 2); 'all': every pair (proofs)")
-    eval_with: Literal["cluster", "local"] = Field("cluster", description="score devices with their cluster's "
-                                                   "n_i-weighted average (reference code) or with w_i")
-    fused_block: str = Field("fused", description="problem block fused by FPFC; the rest is averaged over the "
-                                                  "participants (FedAvg). Absent block = the whole model")
-    shared_weighting: Literal["uniform", "samples"] = Field("uniform", description="average of the shared block "
-                                                            "(reference code: uniform over participants)")
-    local_schedule: Literal["constant", "growing"] = Field(
-        "constant", description="'growing': T_k = max(1, ceil(k / growth_rounds)) local steps (Sec. 6.4.4)")
-    growth_rounds: float = Field(20.0, gt=0, description="T_k = ceil(k / growth_rounds) (20 synthetic, 2 MNIST, "
-                                                         "1 -> k+1 for H&BF)")
-    growth_offset: int = Field(0, ge=0, description="added to k before the ceil (H&BF: T_k = k + 1 -> 1)")
-    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by lr_decay every lr_decay_every rounds")
-    lr_decay_every: int = Field(5, ge=1, description="rounds between lr decays")
-    init_std: float | None = Field(None, gt=0, description="w^0 entries ~ N(0, init_std^2) (synthetic code: 1); "
-                                                           "null = the model's own init")
-    dtype: Literal["float32", "float64"] = Field("float32", description="server pair-store dtype")
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.penalty == "scad" and self.lam > 0:
-            if self.rho <= 1 / (self.a - 1):
-                raise ValueError(f"rho: {self.rho} is at most 1/(a-1) = {1 / (self.a - 1):.4g}, where the SCAD prox is "
-                                 f"not defined; allowed: rho > 1/(a-1) (or a larger a)")
-            if self.a < 1 + 1 / self.rho:
-                raise ValueError(f"a: {self.a} is below 1 + 1/rho = {1 + 1 / self.rho:.4g} (the prox's branch order); "
-                                 f"allowed: a >= 1 + 1/rho")
-            if self.xi >= self.lam:
-                raise ValueError(f"xi: {self.xi} is not below lam {self.lam}; allowed: 0 < xi < lam (the smoothing "
-                                 f"must be finer than the penalty)")
-        return self
 
 
 @register
@@ -89,7 +43,8 @@ class FPFC(Algorithm):
     name = "fpfc"
     description = "FPFC: clustered FL by smoothed-SCAD pairwise fusion, inexact ADMM (Yu et al. 2023)"
     Config = FPFCConfig
-    finite_check_keys = ("W", "R")
+    cfg: FPFCConfig
+    finite_check_keys: ClassVar[tuple[str, ...] | None] = ("W", "R")
     #: the upload ``w`` is the device's model; a device that ignores the server takes its own fused block as the
     #: proximal centre ``zeta``
     attack_surface = AttackSurface(model="w", view="zeta", view_columns="fidx")
@@ -115,7 +70,7 @@ class FPFC(Algorithm):
         self.store = PAIR_STORES[layout]
         self.pair_layout = layout
         self.sizes = self.problem.data.train_sizes.to(torch.float64)
-        self._cache: tuple[dict, float, np.ndarray] | None = None   # (server record, nu, labels)
+        self._cache: tuple[dict, float, np.ndarray] | None = None  # (server record, nu, labels)
         self.sdtype = torch.float64 if c.dtype == "float64" else torch.float32
 
     @property
@@ -126,11 +81,16 @@ class FPFC(Algorithm):
 
     @kernel.setter
     def kernel(self, kernel: str) -> None:
-        if kernel == "native" and self.pair_layout == "dense" and self.sdtype == torch.float32 \
-                and DensePairs.compiled(self.sdtype) is None:
+        if (
+            kernel == "native"
+            and self.pair_layout == "dense"
+            and self.sdtype == torch.float32
+            and DensePairs.compiled(self.sdtype) is None
+        ):
             why = "it is turned off (FEDSOLVE_NATIVE=0)" if not native.enabled() else "no C compiler could build it"
-            raise ValueError(f"linear_kernel: 'native' is not available for FPFC's pair update ({why}); "
-                             "use 'auto' or 'torch'")
+            raise ValueError(
+                f"linear_kernel: 'native' is not available for FPFC's pair update ({why}); use 'auto' or 'torch'"
+            )
         self._kernel = kernel
 
     @property
@@ -151,7 +111,7 @@ class FPFC(Algorithm):
 
     def work(self, round_: int | None = 0) -> dict[str, Work]:
         c = self.cfg
-        if round_ is None:   # scored as they are: no adaptation before evaluation
+        if round_ is None:  # scored as they are: no adaptation before evaluation
             return {}
         return {"train": Work(epochs=c.local_epochs, steps=self.local_steps_at(round_), batch_size=c.batch_size)}
 
@@ -192,7 +152,9 @@ class FPFC(Algorithm):
     def local_update(self, state, msg, ctx):
         """Eq. 5: GD on f_i + (rho/2)||w_fused - zeta_i||^2 from w_i (the shared block from the server's)."""
         rho, zeta, c = self.cfg.rho, msg["zeta"], self.cfg
-        step = dict(lr=self.lr_at(ctx.round), weight_decay=c.weight_decay, then=lambda w, steps: ({"w": w}, {"w": w}))
+        step: dict[str, Any] = dict(
+            lr=self.lr_at(ctx.round), weight_decay=c.weight_decay, then=lambda w, steps: ({"w": w}, {"w": w})
+        )
         if self.all_fused:
             return Descend(start=state["w"], prox=rho, anchor=zeta, **step)
         w0 = state["w"].index_copy(-1, self.sidx, msg["shared"])
@@ -262,8 +224,12 @@ class FPFC(Algorithm):
         lab = self.cluster_labels(server)
         out: dict[str, Any] = {"num_clusters": float(lab.max() + 1)}
         if final:
-            out = {"clusters": lab.tolist(), "num_clusters": int(lab.max() + 1),
-                   "cluster_sizes": np.bincount(lab).tolist(), "pair_layout": self.pair_layout}
+            out = {
+                "clusters": lab.tolist(),
+                "num_clusters": int(lab.max() + 1),
+                "cluster_sizes": np.bincount(lab).tolist(),
+                "pair_layout": self.pair_layout,
+            }
         truth = self.problem.data.clusters
         if truth is not None:
             out["ari"] = adjusted_rand(lab, truth.numpy())
@@ -286,3 +252,4 @@ class FPFCL1(FPFC):
     name = "fpfc_l1"
     description = "FPFC-l1: FPFC with the group-lasso fusion penalty (group soft-thresholding prox)"
     Config = FPFCL1Config
+    cfg: FPFCL1Config
