@@ -28,9 +28,9 @@ import tempfile
 import torch
 from pydantic import Field
 
+from fedsolve.core import ClientStates
 from fedsolve.core.statements import Descend
 from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand, register, weighted_mean
-from fedsolve.core import ClientStates
 
 
 # --------------------------------------------------------------------------- the algorithm
@@ -46,6 +46,7 @@ class FedAvgM(Algorithm):
     name = "my_fedavgm"
     description = "FedAvgM: FedAvg with server momentum (Hsu et al. 2019) -- docs example"
     Config = FedAvgMConfig
+    cfg: FedAvgMConfig
 
     def init(self, x0, rngs):
         # server state: the global model and the momentum buffer; no per-client state
@@ -84,8 +85,8 @@ def tiny_problem(num_clients: int = 8, seed: int = 0):
 
 
 def simulate(problem, name: str, params: dict, executor: str, rounds: int = 5, seed: int = 0):
-    from fedsolve.families import get_algorithm
     from fedsolve.engine import Simulation, SimulationConfig
+    from fedsolve.families import get_algorithm
 
     algo = get_algorithm(name)(params, problem)
     cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor=executor, sampling={"fraction": 0.5})

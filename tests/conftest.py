@@ -67,7 +67,7 @@ def suite_param(path, real: set[str]):
 #: tests, the structural limits, and every family end to end at smoke size (test_smoke_families.py); their slow
 #: cases stay out. The full suite runs in CI.
 FAST_MODULES = {"test_architecture", "test_smoke_families", "test_core", "test_engine", "test_plans",
-                "test_server_pieces", "test_sweep", "test_states_readonly", "test_metrics", "test_context_blocks"}
+                "test_server_pieces", "test_sweep", "test_states_readonly", "test_metrics", "test_context_blocks", "test_lint"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -35,9 +35,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from fedsolve.engine.tracking import CsvWriter, MlflowWriter, TensorBoardWriter, WandbWriter
 
 #: names loaded on first use (``fedsolve.Callback``), from the module that defines them
-_LAZY = {"Callback": "fedsolve.engine.loop", "CsvWriter": "fedsolve.engine.tracking",
-         "TensorBoardWriter": "fedsolve.engine.tracking", "WandbWriter": "fedsolve.engine.tracking",
-         "MlflowWriter": "fedsolve.engine.tracking"}
+_LAZY = {
+    "Callback": "fedsolve.engine.loop",
+    "CsvWriter": "fedsolve.engine.tracking",
+    "TensorBoardWriter": "fedsolve.engine.tracking",
+    "WandbWriter": "fedsolve.engine.tracking",
+    "MlflowWriter": "fedsolve.engine.tracking",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -48,9 +52,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fedsolve' has no attribute {name!r}")
 
 
-def run(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
-        out: str | None = None, progress: bool = False, callbacks: Sequence[Callback] = (),
-        overwrite: bool = False, **unknown: Any) -> RunResult:
+def run(
+    config: Any,
+    algorithm: str | None = None,
+    seed: int | None = None,
+    overrides: Sequence[str] = (),
+    out: str | None = None,
+    progress: bool = False,
+    callbacks: Sequence[Callback] = (),
+    overwrite: bool = False,
+    **unknown: Any,
+) -> RunResult:
     """Run one algorithm of an experiment config and return its :class:`~fedsolve.engine.loop.RunResult`.
 
     ``config``: a YAML path, a config mapping or an ``ExperimentConfig``; ``algorithm``: label or name (needed
@@ -69,10 +81,19 @@ def run(config: Any, algorithm: str | None = None, seed: int | None = None, over
         allowed = ["config", "algorithm", "seed", "overrides", "out", "progress", "callbacks", "overwrite"]
         name = sorted(unknown)[0]
         near = difflib.get_close_matches(name, allowed, n=1)
-        raise ConfigError(f"run(): unknown keyword {name!r}{f' (did you mean {near[0]!r}?)' if near else ''}; "
-                          f"allowed: {allowed}")
-    return run_config(config, algorithm=algorithm, seed=seed, overrides=overrides, out=out, progress=progress,
-                      callbacks=callbacks, overwrite=overwrite)
+        raise ConfigError(
+            f"run(): unknown keyword {name!r}{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: {allowed}"
+        )
+    return run_config(
+        config,
+        algorithm=algorithm,
+        seed=seed,
+        overrides=overrides,
+        out=out,
+        progress=progress,
+        callbacks=callbacks,
+        overwrite=overwrite,
+    )
 
 
 __all__ = ["__version__", "run", "Callback", "CsvWriter", "TensorBoardWriter", "WandbWriter", "MlflowWriter"]

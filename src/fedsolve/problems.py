@@ -90,21 +90,26 @@ class FederatedProblem:
         float64 (the engine's flat parameter rows carry the data's type: ``data.dtype: float64``)."""
         x = self.data.train_x
         kinds = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
-        wider = ({k for k in kinds if torch.finfo(k).bits > torch.finfo(x.dtype).bits} if x.is_floating_point()
-                 else set())
+        wider = (
+            {k for k in kinds if torch.finfo(k).bits > torch.finfo(x.dtype).bits} if x.is_floating_point() else set()
+        )
         if wider:
             got = ", ".join(sorted(str(k).removeprefix("torch.") for k in kinds))
             want = str(x.dtype).removeprefix("torch.")
-            raise ValueError(f"model_fn: the model's parameters are {got} but the data's features are {want}; "
-                             f"allowed: the same type for both (data.with_dtype(torch.{got}) or a {want} model)")
+            raise ValueError(
+                f"model_fn: the model's parameters are {got} but the data's features are {want}; "
+                f"allowed: the same type for both (data.with_dtype(torch.{got}) or a {want} model)"
+            )
 
     def check_finite(self) -> None:
         """Every client's features and (float) targets, train and test, hold finite values; else a ValueError
         naming the first client and split that does not. The engine asks it before a run, so a run that then
         produces NaN/inf owes it to its steps (a family's problem kind may check its own pieces earlier)."""
         d = self.data
-        for split, x, y, off in (("training", d.train_x, d.train_y, d.train_offsets),
-                                 ("test", d.test_x, d.test_y, d.test_offsets)):
+        for split, x, y, off in (
+            ("training", d.train_x, d.train_y, d.train_offsets),
+            ("test", d.test_x, d.test_y, d.test_offsets),
+        ):
             for what, t in (("features", x), ("targets", y)):
                 if not t.is_floating_point() or t.numel() == 0:
                     continue
@@ -113,8 +118,10 @@ class FederatedProblem:
                     continue
                 row = int((~ok).nonzero()[0, 0])
                 i = int(torch.searchsorted(off.cpu(), torch.tensor(row), right=True)) - 1
-                raise ValueError(f"data: client {i}'s {split} {what} hold NaN or inf (its row {row - int(off[i])}); "
-                                 f"allowed: finite values only")
+                raise ValueError(
+                    f"data: client {i}'s {split} {what} hold NaN or inf (its row {row - int(off[i])}); "
+                    f"allowed: finite values only"
+                )
 
     @property
     def num_clients(self) -> int:
@@ -138,12 +145,12 @@ class FederatedProblem:
         the parameter blocks' masks. Offsets, client weights and row groups stay on the CPU: they index and
         plan (sampling, minibatch plans), and the engine moves what it needs per round."""
         device = torch.device(device)
-        self.data = copy.copy(self.data).to(device)   # a copy: data shared with other problems stays put
+        self.data = copy.copy(self.data).to(device)  # a copy: data shared with other problems stays put
         self.model.to(device)
-        with torch.device(device):   # the same masks, rebuilt on the device (add_block replaces a block)
+        with torch.device(device):  # the same masks, rebuilt on the device (add_block replaces a block)
             for name, patterns in self.blocks.items():
                 self.layout.add_block(name, patterns)
-        self.extras = {k: _moved(v, device) for k, v in self.extras.items()}   # e.g. the server's own data
+        self.extras = {k: _moved(v, device) for k, v in self.extras.items()}  # e.g. the server's own data
         return self
 
 
@@ -188,7 +195,7 @@ def parse_params(model: type[BaseModel], params: Mapping[str, Any]):
 
     from pydantic import ValidationError
 
-    def finite(v: Any, where: str) -> None:   # NaN and infinities pass bounds such as > 0 in pydantic
+    def finite(v: Any, where: str) -> None:  # NaN and infinities pass bounds such as > 0 in pydantic
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{where}: expected a finite number, got {v}")
         items = v.items() if isinstance(v, Mapping) else enumerate(v) if isinstance(v, (list, tuple)) else ()
@@ -203,7 +210,7 @@ def parse_params(model: type[BaseModel], params: Mapping[str, Any]):
         lines = []
         for err in e.errors():
             where = ".".join(str(x) for x in err["loc"])
-            if err["type"] == "extra_forbidden":   # the allowed keys are known here for top-level keys only
+            if err["type"] == "extra_forbidden":  # the allowed keys are known here for top-level keys only
                 msg = "unknown key" + (f"; allowed keys: {sorted(model.model_fields)}" if len(err["loc"]) == 1 else "")
             else:
                 msg = err["msg"].removeprefix("Value error, ") + f" (got {err.get('input')!r})"

@@ -9,6 +9,20 @@ from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
 from fedsolve.core.states import ClientStates, repeat_rows
 
-__all__ = ["CommLedger", "record_bytes", "row_bytes", "LocalContext", "Plan", "SequentialExecutor",
-           "VectorizedExecutor", "Work", "build_plans", "make_executor", "ParamLayout", "patterns_for",
-           "RngStreams", "ClientStates", "repeat_rows"]
+__all__ = [
+    "CommLedger",
+    "record_bytes",
+    "row_bytes",
+    "LocalContext",
+    "Plan",
+    "SequentialExecutor",
+    "VectorizedExecutor",
+    "Work",
+    "build_plans",
+    "make_executor",
+    "ParamLayout",
+    "patterns_for",
+    "RngStreams",
+    "ClientStates",
+    "repeat_rows",
+]

@@ -20,6 +20,7 @@ rounding (``tests/test_batched_conv.py``). The SGD loop, chunking and the update
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,11 +36,11 @@ _POOLS = (max_pool2x2, torch.max_pool2d, F.max_pool2d)
 
 @dataclass(frozen=True)
 class _Op:
-    kind: str                               # conv | linear | act | pool | flatten
-    w: tuple[int, tuple[int, ...]] | None = None   # (start, shape) of the weight in the flat vector
-    b: tuple[int, int] | None = None               # (start, size) of the bias
-    conv: tuple = ()                        # stride, padding, dilation of a convolution
-    fn: object = None                       # the activation
+    kind: str  # conv | linear | act | pool | flatten
+    w: tuple[int, tuple[int, ...]] | None = None  # (start, shape) of the weight in the flat vector
+    b: tuple[int, int] | None = None  # (start, size) of the bias
+    conv: tuple = ()  # stride, padding, dilation of a convolution
+    fn: Callable[[Tensor], Tensor] | None = None  # the activation
 
 
 def _pool2(node) -> bool:
@@ -47,18 +48,31 @@ def _pool2(node) -> bool:
     if node.target is max_pool2x2:
         return len(node.args) == 1 and not node.kwargs
     ks = node.args[1] if len(node.args) > 1 else node.kwargs.get("kernel_size")
-    rest = dict(zip(("stride", "padding", "dilation", "ceil_mode"), node.args[2:]), **{
-        k: v for k, v in node.kwargs.items() if k != "kernel_size"})
-    return ks in (2, (2, 2), [2, 2]) and rest.get("stride") in (None, 2, (2, 2), [2, 2], []) and \
-        rest.get("padding", 0) in (0, (0, 0)) and rest.get("dilation", 1) in (1, (1, 1)) and \
-        not rest.get("ceil_mode", False) and not rest.get("return_indices", False)
+    rest = dict(
+        zip(("stride", "padding", "dilation", "ceil_mode"), node.args[2:]),
+        **{k: v for k, v in node.kwargs.items() if k != "kernel_size"},
+    )
+    return (
+        ks in (2, (2, 2), [2, 2])
+        and rest.get("stride") in (None, 2, (2, 2), [2, 2], [])
+        and rest.get("padding", 0) in (0, (0, 0))
+        and rest.get("dilation", 1) in (1, (1, 1))
+        and not rest.get("ceil_mode", False)
+        and not rest.get("return_indices", False)
+    )
 
 
 def _pool2_module(mod: nn.MaxPool2d) -> bool:
     """``mod`` is 2x2 max pooling with stride 2 and no padding, dilation, ceil mode or indices."""
     pair = lambda v: v if isinstance(v, tuple) else (v, v)
-    return (pair(mod.kernel_size) == (2, 2) and pair(mod.stride) == (2, 2) and pair(mod.padding) == (0, 0)
-            and pair(mod.dilation) == (1, 1) and not mod.ceil_mode and not mod.return_indices)
+    return (
+        pair(mod.kernel_size) == (2, 2)
+        and pair(mod.stride) == (2, 2)
+        and pair(mod.padding) == (0, 0)
+        and pair(mod.dilation) == (1, 1)
+        and not mod.ceil_mode
+        and not mod.return_indices
+    )
 
 
 def cnn_ops(problem) -> list[_Op]:
@@ -92,21 +106,31 @@ def cnn_ops(problem) -> list[_Op]:
                 why = f"convolution {node.target} has groups, a padding mode or 'same' padding"
                 break
             b = (starts[f"{node.target}.bias"], mod.out_channels) if mod.bias is not None else None
-            ops.append(_Op("conv", (starts[f"{node.target}.weight"], tuple(mod.weight.shape)), b,
-                           (mod.stride, mod.padding, mod.dilation)))
+            ops.append(
+                _Op(
+                    "conv",
+                    (starts[f"{node.target}.weight"], tuple(mod.weight.shape)),
+                    b,
+                    (mod.stride, mod.padding, mod.dilation),
+                )
+            )
         elif isinstance(mod, nn.Linear) and flat:
             b = (starts[f"{node.target}.bias"], mod.out_features) if mod.bias is not None else None
             ops.append(_Op("linear", (starts[f"{node.target}.weight"], tuple(mod.weight.shape)), b))
             flat = True
-        elif (mod is not None and type(mod) in _ACT_MODULES) or (node.op == "call_function"
-                                                                  and node.target in _ACT_FNS):
+        elif (mod is not None and type(mod) in _ACT_MODULES) or (
+            node.op == "call_function" and node.target in _ACT_FNS
+        ):
             ops.append(_Op("act", fn=_ACT_MODULES[type(mod)] if mod is not None else _ACT_FNS[node.target]))
-        elif not flat and ((node.op == "call_function" and node.target in _POOLS and _pool2(node)) or (
-                isinstance(mod, nn.MaxPool2d) and _pool2_module(mod))):
+        elif not flat and (
+            (node.op == "call_function" and node.target in _POOLS and _pool2(node))
+            or (isinstance(mod, nn.MaxPool2d) and _pool2_module(mod))
+        ):
             ops.append(_Op("pool"))
-        elif not flat and ((node.op == "call_method" and node.target == "flatten" and node.args[1:] == (1,)
-                            and not node.kwargs) or (isinstance(mod, nn.Flatten) and mod.start_dim == 1
-                                                     and mod.end_dim == -1)):
+        elif not flat and (
+            (node.op == "call_method" and node.target == "flatten" and node.args[1:] == (1,) and not node.kwargs)
+            or (isinstance(mod, nn.Flatten) and mod.start_dim == 1 and mod.end_dim == -1)
+        ):
             ops.append(_Op("flatten"))
             flat = True
         else:
@@ -115,8 +139,12 @@ def cnn_ops(problem) -> list[_Op]:
         cur = node
     if why is None:
         n_par = sum(1 for _ in model.parameters())
-        if n_par != sum(1 + (o.b is not None) for o in ops if o.w is not None) or not any(
-                o.kind == "conv" for o in ops) or not ops or ops[-1].kind != "linear":
+        if (
+            n_par != sum(1 + (o.b is not None) for o in ops if o.w is not None)
+            or not any(o.kind == "conv" for o in ops)
+            or not ops
+            or ops[-1].kind != "linear"
+        ):
             why = "its parameters are not those of convolutions followed by nn.Linear layers ending in a linear output"
     if why is not None:
         raise ValueError(f"{type(model).__name__}: {why}")
@@ -135,8 +163,9 @@ class StackedCNN:
         self.ops = ops
         self.in_shape = tuple(problem.data.input_shape)
         self.loss_fn = problem.loss_fn
-        self.params = [o.w for o in ops if o.w is not None] + [(s, (n,)) for o in ops if o.b is not None
-                                                               for s, n in [o.b]]
+        self.params = [o.w for o in ops if o.w is not None] + [
+            (s, (n,)) for o in ops if o.b is not None for s, n in [o.b]
+        ]
 
     def buffers(self, k: int, B: int, like: Tensor) -> None:
         return None
@@ -157,13 +186,16 @@ class StackedCNN:
         while j < len(ops):
             op = ops[j]
             if op.kind == "conv":
+                assert op.w is not None, "a conv op is built with its weight"
                 s, shape = op.w
                 W = leaves[s].reshape(k * shape[0], *shape[1:])
                 if h.is_contiguous(memory_format=torch.channels_last) and not h.is_contiguous():
                     W = W.contiguous(memory_format=torch.channels_last)
                 bias = leaves[op.b[0]].reshape(-1) if op.b is not None else None
-                h = F.conv2d(h, W, bias, *op.conv, groups=k)
+                stride, padding, dilation = op.conv
+                h = F.conv2d(h, W, bias, stride, padding, dilation, groups=k)
             elif op.kind == "linear":
+                assert op.w is not None, "a linear op is built with its weight"
                 s, (o, i) = op.w
                 W = leaves[s].view(k, o, i).transpose(1, 2)
                 h = torch.baddbmm(leaves[op.b[0]].unsqueeze(1), h, W) if op.b is not None else torch.bmm(h, W)
@@ -171,24 +203,26 @@ class StackedCNN:
                 h = torch.relu(torch.max_pool2d(h, 2))
                 j += 1
             elif op.kind == "act":
+                assert op.fn is not None, "an act op is built with its function"
                 h = op.fn(h)
             elif op.kind == "pool":
                 h = torch.max_pool2d(h, 2)
-            else:   # flatten: [B, k * C', H', W'] -> [k, B, C' H' W'] (client j's features are channel block j)
+            else:  # flatten: [B, k * C', H', W'] -> [k, B, C' H' W'] (client j's features are channel block j)
                 h = h.contiguous().reshape(B, k, -1).transpose(0, 1)
             j += 1
         return h
 
-    def loss_grad(self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, bufs=None,
-                  lr: float | None = None) -> Tensor:
+    def loss_grad(
+        self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, bufs=None, lr: float | None = None
+    ) -> Tensor:
         """Weighted mean loss ``[k]`` of each client at its rows of ``P`` ``[k, d]``; the gradients into ``G``."""
         k, B = w.shape
-        leaves = {s: P[:, s:s + int(torch.Size(shape).numel())].detach().requires_grad_() for s, shape in self.params}
+        leaves = {s: P[:, s : s + int(torch.Size(shape).numel())].detach().requires_grad_() for s, shape in self.params}
         with torch.enable_grad():
             out = self.forward(leaves, X, k)
             per = self.loss_fn(out.reshape(k * B, -1), Y.reshape(k * B, *Y.shape[2:])).view(k, B)
             loss = (per * w).sum(1)
             grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
-        for (s, g) in zip(leaves, grads):
-            G[:, s:s + g.shape[1]].copy_(g)
+        for s, g in zip(leaves, grads):
+            G[:, s : s + g.shape[1]].copy_(g)
         return loss.detach()

@@ -42,19 +42,20 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
-from fedsolve.core.executor import Plan, on_data_device
+from fedsolve.core.executor import Executor, Plan, on_data_device
 from fedsolve.core.linear import coordinate_pull, keep_freed_memory, stacks
 from fedsolve.core.statements import stated
-
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: None}
 _ACT_FNS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", torch.sigmoid: "sigmoid"}
@@ -62,9 +63,9 @@ _ACT_FNS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", torch.sigmoi
 
 @dataclass(frozen=True)
 class _Layer:
-    w: tuple[int, int, int]           # (start in the flat vector, out, in)
-    b: int | None                     # start of the bias, None without one
-    act: str | None                   # activation after the layer
+    w: tuple[int, int, int]  # (start in the flat vector, out, in)
+    b: int | None  # start of the bias, None without one
+    act: str | None  # activation after the layer
 
 
 def mlp_layers(problem) -> list[_Layer]:
@@ -75,8 +76,10 @@ def mlp_layers(problem) -> list[_Layer]:
     try:
         gm = torch.fx.symbolic_trace(model)
     except Exception as e:  # noqa: BLE001 - any tracing failure means "not a plain MLP"
-        raise ValueError(f"executor: 'batched' needs a model made of nn.Linear layers and elementwise "
-                         f"activations; {type(model).__name__} could not be traced ({e})") from None
+        raise ValueError(
+            f"executor: 'batched' needs a model made of nn.Linear layers and elementwise "
+            f"activations; {type(model).__name__} could not be traced ({e})"
+        ) from None
     mods = dict(gm.named_modules())
     starts = {e.name: e.start for e in problem.layout.entries}
     layers: list[list] = []
@@ -85,10 +88,11 @@ def mlp_layers(problem) -> list[_Layer]:
         if node.op == "placeholder":
             cur = node
         elif node.op == "call_function" and node.target in (getattr, operator.getitem):
-            continue   # x.shape[0] of the flattening reshape
-        elif node.op == "call_method" and node.target in ("reshape", "view", "flatten") and not layers:
-            cur = node
-        elif node.op == "call_module" and isinstance(mods[node.target], nn.Flatten) and not layers:
+            continue  # x.shape[0] of the flattening reshape
+        elif not layers and (
+            (node.op == "call_method" and node.target in ("reshape", "view", "flatten"))
+            or (node.op == "call_module" and isinstance(mods[node.target], nn.Flatten))
+        ):
             cur = node
         elif node.op == "call_module" and isinstance(mods[node.target], nn.Linear) and node.args[0] is cur:
             lin = mods[node.target]
@@ -99,10 +103,17 @@ def mlp_layers(problem) -> list[_Layer]:
             b0 = starts[f"{node.target}.bias"] if lin.bias is not None else None
             layers.append([(w0, lin.out_features, lin.in_features), lin.out_features, b0, None])
             cur = node
-        elif node.args and node.args[0] is cur and layers and layers[-1][3] is None and (
+        elif (
+            node.args
+            and node.args[0] is cur
+            and layers
+            and layers[-1][3] is None
+            and (
                 (node.op == "call_module" and type(mods[node.target]) in _ACTS)
-                or (node.op == "call_function" and node.target in _ACT_FNS)):
-            layers[-1][3] = (_ACTS[type(mods[node.target])] if node.op == "call_module" else _ACT_FNS[node.target])
+                or (node.op == "call_function" and node.target in _ACT_FNS)
+            )
+        ):
+            layers[-1][3] = _ACTS[type(mods[node.target])] if node.op == "call_module" else _ACT_FNS[node.target]
             cur = node
         elif node.op == "output" and node.args[0] is cur:
             break
@@ -110,16 +121,21 @@ def mlp_layers(problem) -> list[_Layer]:
             why = f"unsupported operation {node.op} {node.target!r}"
             break
     n_lin = sum(isinstance(m, nn.Linear) for m in model.modules())
-    if why is None and (not layers or len(layers) != n_lin or layers[-1][3] is not None
-                        or sum(1 for _ in model.parameters()) != sum(1 + (ly[2] is not None) for ly in layers)):
+    if why is None and (
+        not layers
+        or len(layers) != n_lin
+        or layers[-1][3] is not None
+        or sum(1 for _ in model.parameters()) != sum(1 + (ly[2] is not None) for ly in layers)
+    ):
         why = "its parameters are not those of a chain of nn.Linear layers ending in a linear output"
     if why is not None:
-        raise ValueError(f"executor: 'batched' needs a model made of nn.Linear layers and elementwise activations "
-                         f"(ReLU, Tanh, Sigmoid), e.g. 'mlp' or 'logreg'; {type(model).__name__}: {why}; use "
-                         f"'auto', 'vectorized' or 'sequential'")
+        raise ValueError(
+            f"executor: 'batched' needs a model made of nn.Linear layers and elementwise activations "
+            f"(ReLU, Tanh, Sigmoid), e.g. 'mlp' or 'logreg'; {type(model).__name__}: {why}; use "
+            f"'auto', 'vectorized' or 'sequential'"
+        )
     if problem.loss_name not in ("cross_entropy", "squared_error"):
-        raise ValueError(f"executor: 'batched' supports loss cross_entropy or squared_error, got "
-                         f"{problem.loss_name!r}")
+        raise ValueError(f"executor: 'batched' supports loss cross_entropy or squared_error, got {problem.loss_name!r}")
     return [_Layer(w, b, act) for w, _, b, act in layers]
 
 
@@ -138,11 +154,12 @@ class StackedMLP:
 
     def buffers(self, k: int, B: int, like: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Activation ``[k, B, out]`` and back-propagated error ``[k, B, in]`` buffers of every layer."""
-        return ([like.new_empty(k, B, ly.w[1]) for ly in self.layers],
-                [like.new_empty(k, B, ly.w[2]) for ly in self.layers[1:]])
+        return (
+            [like.new_empty(k, B, ly.w[1]) for ly in self.layers],
+            [like.new_empty(k, B, ly.w[2]) for ly in self.layers[1:]],
+        )
 
-    def loss_grad(self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, bufs,
-                  lr: float | None = None) -> Tensor:
+    def loss_grad(self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, bufs, lr: float | None = None) -> Tensor:
         """Weighted mean loss ``[k]`` at ``P`` ``[k, d]`` on ``X`` ``[k, B, in]``; its gradient into ``G``, or
         with ``lr`` the step ``P -= lr * gradient`` applied in place (each layer's weights after its error has
         been propagated through them)."""
@@ -151,10 +168,10 @@ class StackedMLP:
         Ws, hs = [], [X]
         for ly, z in zip(self.layers, zs):
             s, o, i = ly.w
-            W = P[:, s:s + o * i].view(K, o, i)
+            W = P[:, s : s + o * i].view(K, o, i)
             Ws.append(W)
             if ly.b is not None:
-                torch.baddbmm(P[:, ly.b:ly.b + o].unsqueeze(1), hs[-1], W.transpose(1, 2), out=z)
+                torch.baddbmm(P[:, ly.b : ly.b + o].unsqueeze(1), hs[-1], W.transpose(1, 2), out=z)
             else:
                 torch.bmm(hs[-1], W.transpose(1, 2), out=z)
             if ly.act == "relu":
@@ -170,8 +187,8 @@ class StackedMLP:
             m = z.amax(-1, keepdim=True)
             dz = z.sub_(m).exp_()
             se = dz.sum(-1, keepdim=True)
-            loss = ((se.log().add_(m)).squeeze(-1).sub_(zy) * w).sum(1)   # logsumexp - z_y
-            dz.div_(se)   # softmax
+            loss = ((se.log().add_(m)).squeeze(-1).sub_(zy) * w).sum(1)  # logsumexp - z_y
+            dz.div_(se)  # softmax
             dz.scatter_add_(-1, Y.unsqueeze(-1), torch.full_like(dz[..., :1], -1.0))
         else:
             dz = z.sub_(Y.reshape(z.shape).to(z.dtype))
@@ -181,24 +198,25 @@ class StackedMLP:
             ly, h = self.layers[l], hs[l]
             s, o, i = ly.w
             dh = None
-            if l > 0:   # the error of the layer below, through this layer's weights before they move
+            if l > 0:  # the error of the layer below, through this layer's weights before they move
                 dh = torch.bmm(dz, Ws[l], out=dhs[l - 1])
                 act = self.layers[l - 1].act
-                if act == "relu":   # relu's own backward, in place (h is the post-activation output)
+                if act == "relu":  # relu's own backward, in place (h is the post-activation output)
                     torch.ops.aten.threshold_backward.grad_input(dh, h, 0.0, grad_input=dh)
                 elif act == "tanh":
                     dh.mul_(1 - h * h)
                 elif act == "sigmoid":
                     dh.mul_(h * (1 - h))
             if lr is None:
-                torch.bmm(dz.transpose(1, 2), h, out=G[:, s:s + o * i].view(K, o, i))
+                torch.bmm(dz.transpose(1, 2), h, out=G[:, s : s + o * i].view(K, o, i))
                 if ly.b is not None:
-                    torch.sum(dz, 1, out=G[:, ly.b:ly.b + o])
+                    torch.sum(dz, 1, out=G[:, ly.b : ly.b + o])
             else:
                 Ws[l].baddbmm_(dz.transpose(1, 2), h, alpha=-lr)
                 if ly.b is not None:
-                    P[:, ly.b:ly.b + o].sub_(dz.sum(1), alpha=lr)
-            dz = dh
+                    P[:, ly.b : ly.b + o].sub_(dz.sum(1), alpha=lr)
+            if dh is not None:  # None below the first layer, where the loop ends
+                dz = dh
         return loss
 
 
@@ -207,19 +225,20 @@ def stacked_kernel(problem):
     ``nn.Linear`` layers, ``core.batched_conv.StackedCNN`` for convolutions followed by one; raises
     ``ValueError`` saying why neither applies."""
     if problem.loss_name not in ("cross_entropy", "squared_error"):
-        raise ValueError(f"executor: 'batched' supports loss cross_entropy or squared_error, got "
-                         f"{problem.loss_name!r}")
+        raise ValueError(f"executor: 'batched' supports loss cross_entropy or squared_error, got {problem.loss_name!r}")
     if not any(isinstance(m, nn.modules.conv._ConvNd) for m in problem.model.modules()):
         return StackedMLP(problem, mlp_layers(problem))
     try:
         return StackedCNN(problem, cnn_ops(problem))
     except ValueError as e:
-        raise ValueError(f"executor: 'batched' needs a model made of nn.Linear layers and elementwise activations, "
-                         f"or a small CNN (convolutions with elementwise activations and 2x2 max pooling, then "
-                         f"nn.Linear layers, e.g. 'lenet'); {e}; use 'auto', 'vectorized' or 'sequential'") from None
+        raise ValueError(
+            f"executor: 'batched' needs a model made of nn.Linear layers and elementwise activations, "
+            f"or a small CNN (convolutions with elementwise activations and 2x2 max pooling, then "
+            f"nn.Linear layers, e.g. 'lenet'); {e}; use 'auto', 'vectorized' or 'sequential'"
+        ) from None
 
 
-class BatchedMLPExecutor:
+class BatchedMLPExecutor(Executor):
     """The ``batched`` executor (module docstring): stacked MLPs (:class:`StackedMLP`) and small CNNs
     (``core.batched_conv.StackedCNN``); same ``run`` interface as ``core.executor``."""
 
@@ -247,9 +266,21 @@ class BatchedMLPExecutor:
         self.default_chunk = 8 if isinstance(self.kernel, StackedMLP) else 16
 
     # ---------------------------------------------------------------- the steps of a chunk of clients
-    def _sgd_chunk(self, P: Tensor, Z: Tensor | None, Xf: Tensor, ty: Tensor, idx: Tensor, wts: Tensor,
-                   active: Tensor, fixed: bool, lr: float | Tensor, rho: float | Tensor, wd: float | Tensor,
-                   L: Tensor | None = None) -> Tensor:
+    def _sgd_chunk(
+        self,
+        P: Tensor,
+        Z: Tensor | None,
+        Xf: Tensor,
+        ty: Tensor,
+        idx: Tensor,
+        wts: Tensor,
+        active: Tensor,
+        fixed: bool,
+        lr: float | Tensor,
+        rho: float | Tensor,
+        wd: float | Tensor,
+        L: Tensor | None = None,
+    ) -> Tensor:
         """All steps of the clients of one chunk, in place on their rows ``P`` ``[k, d]``; their summed loss.
 
         The chunk's minibatches are gathered a block of steps at a time (:attr:`gather_bytes`) into a buffer
@@ -263,22 +294,26 @@ class BatchedMLPExecutor:
         kern = self.kernel
         K, (S, B) = P.shape[0], idx.shape[1:]
         G = torch.empty_like(P)
-        lens = (wts > 0).sum(-1).amax(0).clamp_min(1).tolist()   # per step: the chunk's longest batch
+        lens = (wts > 0).sum(-1).amax(0).clamp_min(1).tolist()  # per step: the chunk's longest batch
         live_all = active.all(0).tolist()
-        per_row = lambda v: isinstance(v, Tensor) and v.dim() == 1   # noqa: E731
-        col = {name: v.to(P.dtype).unsqueeze(1) for name, v in (("lr", lr), ("rho", rho), ("wd", wd)) if per_row(v)}
+        col = {
+            name: v.to(P.dtype).unsqueeze(1)
+            for name, v in (("lr", lr), ("rho", rho), ("wd", wd))
+            if isinstance(v, Tensor) and v.dim() == 1
+        }  # one value per client
         fuse = kern.fuses_update and not col and wd == 0 and Z is None and L is None
         loss_sum = P.new_zeros(K)
         bufs: dict[int, object] = {}
         row = Xf.shape[1] * Xf.element_size()
         block = 1 if fixed else max(1, min(S, self.gather_bytes // max(1, K * B * row)))
-        order = (1, 2, 0) if kern.batch_major else (1, 0, 2)   # [steps, B, k] or [steps, k, B]
+        order = (1, 2, 0) if kern.batch_major else (1, 0, 2)  # [steps, B, k] or [steps, k, B]
         xbuf = ybuf = None
         for s in range(S):
             if s % block == 0 and (xbuf is None or not fixed):
-                ix = idx[:, s:s + block]
+                ix = idx[:, s : s + block]
                 xbuf = Xf.index_select(0, ix.permute(*order).reshape(-1)).view(ix.shape[1], -1, Xf.shape[1])
                 ybuf = ty.index_select(0, ix.transpose(0, 1).reshape(-1)).view(ix.shape[1], K, B, *ty.shape[1:])
+            assert xbuf is not None and ybuf is not None, "step 0 gathers the first block"
             j = 0 if fixed else s % block
             b = lens[s]
             if kern.batch_major:
@@ -295,23 +330,23 @@ class BatchedMLPExecutor:
                 continue
             if "wd" in col:
                 G.addcmul_(P, col["wd"])
-            elif wd > 0:
-                G.add_(P, alpha=wd)
+            elif wd > 0:  # not one per client: a number
+                G.add_(P, alpha=cast(float, wd))
             if L is not None:
                 G.add_(L)
             if Z is not None:
                 if "rho" in col:
                     G.addcmul_(P - Z, col["rho"])
-                elif isinstance(rho, Tensor):   # one coefficient per coordinate [1, d]
+                elif isinstance(rho, Tensor):  # one coefficient per coordinate [1, d]
                     G.addcmul_(P - Z, rho)
                 else:
                     G.add_(P - Z, alpha=rho)
-            if "lr" in col:   # one step size per client: -lr_k on the live rows
+            if "lr" in col:  # one step size per client: -lr_k on the live rows
                 P.addcmul_(G, col["lr"] * live.to(P.dtype).unsqueeze(1), value=-1.0)
-            elif live_all[s]:   # the update of the chunk's stacked flat rows
-                P.add_(G, alpha=-lr)
+            elif live_all[s]:  # the update of the chunk's stacked flat rows (lr not one per client: a number)
+                P.add_(G, alpha=-cast(float, lr))
             else:
-                P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-lr)
+                P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-cast(float, lr))
         return loss_sum
 
     def chunks(self, active: Tensor, size: int, samples: Tensor | None = None) -> list[Tensor]:
@@ -324,9 +359,12 @@ class BatchedMLPExecutor:
         if bool((steps == steps[0]).all()) and same:
             return [torch.arange(a, min(a + size, len(steps))) for a in range(0, len(steps), size)]
         key = steps.double() * (1 + (0 if samples is None else float(samples.max()))) + (
-            0 if samples is None else samples.double())
+            0 if samples is None else samples.double()
+        )
         order = torch.argsort(key, descending=True, stable=True)
-        out, cur, first = [], [], 0
+        out: list[Tensor] = []
+        cur: list[int] = []
+        first = 0
         for pos, n in zip(order.tolist(), steps[order].tolist()):
             if cur and (len(cur) >= size or n < 0.85 * first):
                 out.append(torch.tensor(cur))
@@ -337,8 +375,17 @@ class BatchedMLPExecutor:
         out.append(torch.tensor(cur))
         return out
 
-    def sgd(self, start: Tensor, lr: float | Tensor, plan: Plan, data, anchor: Tensor | None = None,
-            rho: float | Tensor = 0.0, wd: float | Tensor = 0.0, linear: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def sgd(
+        self,
+        start: Tensor,
+        lr: float | Tensor,
+        plan: Plan,
+        data,
+        anchor: Tensor | None = None,
+        rho: float | Tensor = 0.0,
+        wd: float | Tensor = 0.0,
+        linear: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
         ``rho``: a number, one per client ``[K]`` or one per coordinate ``[1, d]`` (the pull toward ``anchor``).
 
@@ -348,7 +395,7 @@ class BatchedMLPExecutor:
         dtype = data.train_x.dtype if data.train_x.dtype == torch.float64 else torch.float32
         P = start.to(dtype).clone(memory_format=torch.contiguous_format)
         K = P.shape[0]
-        if plan.active.device != P.device:   # a plan drawn on the CPU, called directly (e.g. the calibration)
+        if plan.active.device != P.device:  # a plan drawn on the CPU, called directly (e.g. the calibration)
             plan = plan.to(P.device)
         active = plan.active
         S = active.shape[1] if K else 0
@@ -369,7 +416,7 @@ class BatchedMLPExecutor:
         # stall under load (seen as a run that did not answer Ctrl-C in CI), so chunks run in this thread by default
         workers = min(self.workers or 1, threads)
         size = self.chunk
-        if cpu and size is None:   # the calibration's fastest chunk size for this batch size, looked up once
+        if cpu and size is None:  # the calibration's fastest chunk size for this batch size, looked up once
             bs = None if plan.fixed else B
             if bs not in self._calibrated:
                 self._calibrated[bs] = calibrated_chunk(self.problem, bs, self.workers)
@@ -378,26 +425,39 @@ class BatchedMLPExecutor:
             # with several workers at least 4 chunks a worker, so that a worker slowed by another process's job
             # leaves the others more chunks to take (the pool hands them out as workers free up)
             size = max(1, min(self.default_chunk, math.ceil(K / (4 * workers if workers > 1 else 1))))
-        groups = self.chunks(active, size, (wts > 0).sum((1, 2)).cpu()) if cpu else [torch.arange(K)]
+        # on the CPU ``size`` is set above (the calibration's or the default)
+        groups = self.chunks(active, cast(int, size), (wts > 0).sum((1, 2)).cpu()) if cpu else [torch.arange(K)]
         contiguous = all(int(g[0]) + len(g) - 1 == int(g[-1]) for g in groups) and bool(
-            (torch.cat(groups) == torch.arange(K)).all())
+            (torch.cat(groups) == torch.arange(K)).all()
+        )
 
-        def rows(t: Tensor, g: Tensor) -> Tensor:   # a chunk's rows: a view when the chunks are in order
-            return t[int(g[0]):int(g[0]) + len(g)] if contiguous else t[g]
+        def rows(t: Tensor, g: Tensor) -> Tensor:  # a chunk's rows: a view when the chunks are in order
+            return t[int(g[0]) : int(g[0]) + len(g)] if contiguous else t[g]
 
         def run_chunk(g):
             if workers > 1:
-                torch.set_num_threads(1)   # this pool thread's intra-op count
+                torch.set_num_threads(1)  # this pool thread's intra-op count
             Pc = rows(P, g)
-            own = lambda v: rows(v, g) if isinstance(v, Tensor) and v.dim() == 1 else v   # noqa: E731
-            loss = self._sgd_chunk(Pc, None if Z is None else rows(Z, g), Xf, ty, rows(idx, g), rows(wts, g),
-                                   rows(active, g), plan.fixed, own(lr), own(rho), own(wd),
-                                   None if L is None else rows(L, g))
+            own = lambda v: rows(v, g) if isinstance(v, Tensor) and v.dim() == 1 else v
+            loss = self._sgd_chunk(
+                Pc,
+                None if Z is None else rows(Z, g),
+                Xf,
+                ty,
+                rows(idx, g),
+                rows(wts, g),
+                rows(active, g),
+                plan.fixed,
+                own(lr),
+                own(rho),
+                own(wd),
+                None if L is None else rows(L, g),
+            )
             if not contiguous:
                 P[g] = Pc
             return loss
 
-        if workers > 1 and len(groups) > 1:   # every chunk on one thread, `workers` at a time
+        if workers > 1 and len(groups) > 1:  # every chunk on one thread, `workers` at a time
             torch.set_num_threads(1)
             try:
                 with ThreadPoolExecutor(workers) as pool:
@@ -416,16 +476,20 @@ class BatchedMLPExecutor:
         stmt = stated(algo, rows, msgs, round_)
         if not stacks(stmt, plans, coordinate_prox=True):
             if self.fallback is None:
-                raise ValueError(f"executor: 'batched' does not run {algo.name} in round {round_ + 1}: its local "
-                                 f"update is not plain local SGD on the model's loss (a Descend statement without "
-                                 f"objective, mask, block, stopping rule or optimizer); use 'auto', 'vectorized' "
-                                 f"or 'sequential'")
+                raise ValueError(
+                    f"executor: 'batched' does not run {algo.name} in round {round_ + 1}: its local "
+                    f"update is not plain local SGD on the model's loss (a Descend statement without "
+                    f"objective, mask, block, stopping rule or optimizer); use 'auto', 'vectorized' "
+                    f"or 'sequential'"
+                )
             return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
-        if self.tune_malloc:   # the linear executor's process-wide allocator setting (core/linear.py)
+        if self.tune_malloc:  # the linear executor's process-wide allocator setting (core/linear.py)
             keep_freed_memory()
         plan = plans[stmt.phase]
-        rho = stmt.prox.unsqueeze(0) if coordinate_pull(stmt) else float(stmt.prox)
+        # coordinate_pull: prox is a [d] tensor
+        rho = cast(Tensor, stmt.prox).unsqueeze(0) if coordinate_pull(stmt) else float(stmt.prox)
         P, losses = self.sgd(stmt.start, stmt.lr, plan, data, stmt.anchor, rho, stmt.weight_decay, stmt.linear)
+        assert stmt.then is not None, "a returned Descend states its then"
         new_rows, uploads = stmt.then(P.to(stmt.start.dtype), plan.active.sum(-1).to(stmt.start.dtype))
         return new_rows, uploads, losses.to(torch.float32)
 
@@ -473,31 +537,34 @@ def calibration_key(problem, batch_size: int | None, loss=None) -> str:
     dev = d.train_x.device
     devname = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     model = ",".join(f"{e.name}:{'x'.join(map(str, e.shape))}" for e in problem.layout.entries)
-    return (f"{_machine()}|{devname}|{type(problem.model).__name__}[{model}]|{problem.loss_name}|"
-            f"in{tuple(d.input_shape)}|{d.train_x.dtype}|batch {batch_size}|threads {torch.get_num_threads()}|"
-            f"v{CALIBRATION_VERSION}" + ("" if loss is None else f"|objective {getattr(loss, '__qualname__', 'custom')}"))
+    return (
+        f"{_machine()}|{devname}|{type(problem.model).__name__}[{model}]|{problem.loss_name}|"
+        f"in{tuple(d.input_shape)}|{d.train_x.dtype}|batch {batch_size}|threads {torch.get_num_threads()}|"
+        f"v{CALIBRATION_VERSION}" + ("" if loss is None else f"|objective {getattr(loss, '__qualname__', 'custom')}")
+    )
 
 
 def _best_times(fns: dict, device: torch.device, repeats: int = 5) -> dict[str, float]:
     """Best of ``repeats`` timings of each function after one warm-up (vmap tracing, allocations), the
     candidates interleaved so that a load that comes and goes hits them alike; inf for one that fails."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    best = {}
+    best: dict[str, float | None] = {}
     for name, fn in fns.items():
         try:
             fn()
             sync()
             best[name] = math.inf
-        except (RuntimeError, ValueError, IndexError):   # a candidate that cannot run this model is never chosen
+        except (RuntimeError, ValueError, IndexError):  # a candidate that cannot run this model is never chosen
             best[name] = None
     for _ in range(repeats):
         for name, fn in fns.items():
-            if best[name] is None:
+            prev = best[name]
+            if prev is None:
                 continue
             t0 = time.perf_counter()
             fn()
             sync()
-            best[name] = min(best[name], time.perf_counter() - t0)
+            best[name] = min(prev, time.perf_counter() - t0)
     return {k: math.inf if v is None else v for k, v in best.items()}
 
 
@@ -511,8 +578,15 @@ def _batched_variant(name: str) -> tuple[int | None, int | None]:
     return (1 if base == "batched:1" else None), (int(chunk) if chunk else None)
 
 
-def measure(problem, candidates: list[str], batch_size: int | None, clients: int = 32, steps: int = 2,
-            chunk_size: int | None = None, loss=None) -> dict[str, float]:
+def measure(
+    problem,
+    candidates: list[str],
+    batch_size: int | None,
+    clients: int = 32,
+    steps: int = 2,
+    chunk_size: int | None = None,
+    loss=None,
+) -> dict[str, float]:
     """Seconds of ``steps`` SGD steps of ``clients`` clients (the first ones) with each candidate executor
     (``batched[:1][@chunk]``: the batched executor with one worker / that many clients a chunk), on the model's
     loss or on ``loss`` (the algorithm's local objective)."""
@@ -520,21 +594,22 @@ def measure(problem, candidates: list[str], batch_size: int | None, clients: int
     from fedsolve.core.rng import RngStreams
 
     d = problem.data
-    ids = torch.arange(min(clients, d.num_clients))   # 32: with 2 threads, chunks of 4 (8 at one thread)
+    ids = torch.arange(min(clients, d.num_clients))  # 32: with 2 threads, chunks of 4 (8 at one thread)
     plans = build_plans({"train": Work(steps=steps, batch_size=batch_size)}, d.train_offsets, ids, RngStreams(0), 0)
-    plans["train"].idx   # built outside the timing
+    _ = plans["train"].idx  # built outside the timing
     x0 = problem.layout.flatten(problem.model).detach().to(d.train_x.device)
     start = x0.unsqueeze(0).repeat(ids.numel(), 1)
     lr = 1e-4
-    fns = {}
+    fns: dict[str, Callable[..., Any]] = {}
     for name in candidates:
         if name.startswith("batched"):
             workers, chunk = _batched_variant(name)
             ex = BatchedMLPExecutor(problem, chunk=chunk, workers=workers)
             fns[name] = lambda ex=ex: ex.sgd(start, lr, plans["train"], d)
         else:
-            ex = SequentialExecutor() if name == "sequential" else VectorizedExecutor(chunk_size)
-            fns[name] = lambda ex=ex, work=_PlainSGD(problem, lr, loss): ex.run(work, {"w": start}, {}, ids, plans, d)
+            generic = SequentialExecutor() if name == "sequential" else VectorizedExecutor(chunk_size)
+            work = _PlainSGD(problem, lr, loss)
+            fns[name] = lambda ex=generic, work=work: ex.run(work, {"w": start}, {}, ids, plans, d)
     with torch.enable_grad():
         return _best_times(fns, d.train_x.device)
 
@@ -546,8 +621,9 @@ def _load_cache() -> dict:
         return {}
 
 
-def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
-                      chunk_size: int | None = None, loss=None) -> str | None:
+def calibrated_choice(
+    problem, candidates: list[str], batch_size: int | None, chunk_size: int | None = None, loss=None
+) -> str | None:
     """The fastest of ``candidates`` on this machine for this model and batch size (and local objective
     ``loss``, when the algorithm's steps descend one other than the model's loss): from the cache when measured
     before, else measured now (:func:`measure`) and cached; None when no candidate ran (nothing is cached then,
@@ -566,12 +642,18 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
     key = calibration_key(problem, batch_size, loss)
     path = calibration_path()
     entry = _load_cache().get(key)
-    if entry and all(c in entry.get("seconds", {}) for c in candidates) \
-            and any(math.isfinite(entry["seconds"][c]) for c in candidates):
+    if (
+        entry
+        and all(c in entry.get("seconds", {}) for c in candidates)
+        and any(math.isfinite(entry["seconds"][c]) for c in candidates)
+    ):
         return min(candidates, key=lambda c: entry["seconds"][c]).split("@")[0]
     # the first run of a model on a machine pauses here (seconds, longer on a loaded machine): say so
-    print(f"[fedsolve] timing the executors for this model on this machine (once; cached in {path}) ...",
-          file=sys.stderr, flush=True)
+    print(
+        f"[fedsolve] timing the executors for this model on this machine (once; cached in {path}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     t0 = time.perf_counter()
     secs = measure(problem, candidates, batch_size, chunk_size=chunk_size, loss=loss)
     print(f"[fedsolve] executors timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -579,7 +661,7 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
         return None
     if entry:
         secs = {**entry.get("seconds", {}), **secs}
-    cache = _load_cache()   # merged again: another process may have written meanwhile
+    cache = _load_cache()  # merged again: another process may have written meanwhile
     cache[key] = {"seconds": secs, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -587,7 +669,7 @@ def calibrated_choice(problem, candidates: list[str], batch_size: int | None,
         tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
         os.replace(tmp, path)
     except OSError:
-        pass   # an unwritable cache only costs a new measurement next time
+        pass  # an unwritable cache only costs a new measurement next time
     return min(candidates, key=lambda c: secs[c]).split("@")[0]
 
 
@@ -599,4 +681,4 @@ def calibrated_chunk(problem, batch_size: int | None, workers: int | None) -> in
     secs = _load_cache().get(calibration_key(problem, batch_size), {}).get("seconds", {})
     base = "batched:1" if workers == 1 and torch.get_num_threads() > 1 else "batched"
     timed = {c: t for c, t in secs.items() if c.startswith(base + "@")}
-    return int(min(timed, key=timed.get).split("@")[1]) if timed else None
+    return int(min(timed, key=timed.__getitem__).split("@")[1]) if timed else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor
 
@@ -44,8 +45,9 @@ class CommLedger:
     downlink_floats: int = 0
     per_round: list[dict[str, int]] = field(default_factory=list)
 
-    def add_round(self, round_: int, down: Mapping[str, Tensor], up: Mapping[str, Tensor],
-                  extra_down: int = 0, extra_up: int = 0) -> dict[str, int]:
+    def add_round(
+        self, round_: int, down: Mapping[str, Tensor], up: Mapping[str, Tensor], extra_down: int = 0, extra_up: int = 0
+    ) -> dict[str, int]:
         d, u = record_bytes(down) + extra_down, record_bytes(up) + extra_up
         df, uf = record_floats(down), record_floats(up)
         self.downlink_bytes += d
@@ -57,10 +59,14 @@ class CommLedger:
         return entry
 
     def state_dict(self) -> dict:
-        return {"uplink_bytes": self.uplink_bytes, "downlink_bytes": self.downlink_bytes,
-                "uplink_floats": self.uplink_floats, "downlink_floats": self.downlink_floats,
-                "per_round": list(self.per_round)}
+        return {
+            "uplink_bytes": self.uplink_bytes,
+            "downlink_bytes": self.downlink_bytes,
+            "uplink_floats": self.uplink_floats,
+            "downlink_floats": self.downlink_floats,
+            "per_round": list(self.per_round),
+        }
 
     @classmethod
-    def from_state_dict(cls, d: Mapping) -> CommLedger:
-        return cls(**{k: (list(v) if k == "per_round" else v) for k, v in d.items()})
+    def from_state_dict(cls, d: Mapping[str, Any]) -> CommLedger:
+        return cls(**{**d, "per_round": list(d.get("per_round", []))})

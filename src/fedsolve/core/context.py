@@ -17,7 +17,8 @@ forms and sums one ``[d]`` gradient per parameter tensor).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -37,21 +38,24 @@ class ParamBlock:
     ``functional_call``; ``gather`` / ``scatter`` convert between the flat ``[..., d]`` vector and (block, rest).
     """
 
-    def __init__(self, layout, mask: Tensor, _rest: "ParamBlock | None" = None):
+    def __init__(self, layout, mask: Tensor, _rest: ParamBlock | None = None):
         mask = torch.as_tensor(mask).to(torch.bool).cpu()
         if mask.shape != (layout.dim,):
-            raise ValueError(f"ParamBlock: mask must be a boolean [d] vector with d = {layout.dim}, "
-                             f"got shape {tuple(mask.shape)}")
+            raise ValueError(
+                f"ParamBlock: mask must be a boolean [d] vector with d = {layout.dim}, got shape {tuple(mask.shape)}"
+            )
         self.mask = mask
         #: ``(name, shape, offset in the block vector, numel)`` of the block's tensors, in layout order
         self.entries: list[tuple[str, tuple[int, ...], int, int]] = []
         off = 0
         for e in layout.entries:
-            part = mask[e.start:e.start + e.numel]
+            part = mask[e.start : e.start + e.numel]
             inside = bool(part.all())
             if not inside and bool(part.any()):
-                raise ValueError(f"ParamBlock: the mask covers part of parameter {e.name!r} only; a block is made "
-                                 f"of whole parameter tensors")
+                raise ValueError(
+                    f"ParamBlock: the mask covers part of parameter {e.name!r} only; a block is made "
+                    f"of whole parameter tensors"
+                )
             if inside:
                 self.entries.append((e.name, tuple(e.shape), off, e.numel))
                 off += e.numel
@@ -60,10 +64,10 @@ class ParamBlock:
         self.index = mask.nonzero().flatten()
         self._layout = layout
         self._rest = _rest
-        self._order: Tensor | None = None   # the permutation of scatter, built on first use
+        self._order: Tensor | None = None  # the permutation of scatter, built on first use
 
     @property
-    def rest(self) -> "ParamBlock":
+    def rest(self) -> ParamBlock:
         """The complement block (the parameters this block leaves out)."""
         if self._rest is None:
             self._rest = ParamBlock(self._layout, ~self.mask, _rest=self)
@@ -72,12 +76,13 @@ class ParamBlock:
     def unflatten(self, vec: Tensor) -> dict[str, Tensor]:
         """Block vector ``[..., size]`` -> ``{name: tensor[..., *shape]}`` (views)."""
         lead = vec.shape[:-1]
-        return {n: vec[..., o:o + k].reshape(*lead, *sh) for n, sh, o, k in self.entries}
+        return {n: vec[..., o : o + k].reshape(*lead, *sh) for n, sh, o, k in self.entries}
 
     def flatten(self, tensors: Mapping[str, Tensor]) -> Tensor:
         """``{name: tensor}`` (e.g. gradients) -> block vector, concatenated in layout order."""
-        parts = [tensors[n].reshape(*tensors[n].shape[:tensors[n].dim() - len(sh)], -1)
-                 for n, sh, _, _ in self.entries]
+        parts = [
+            tensors[n].reshape(*tensors[n].shape[: tensors[n].dim() - len(sh)], -1) for n, sh, _, _ in self.entries
+        ]
         return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
 
     def gather(self, full: Tensor) -> Tensor:
@@ -110,6 +115,15 @@ class TensorLoss:
         return self.fn(self.layout.unflatten(params), x, y, w)
 
 
+class _Normed(Protocol):
+    """What :meth:`LocalContext._normed` returns: ``p -> (value, [(mean, unbiased variance), ...])`` and the
+    BatchNorm layer indices of its last call in ``layers``."""
+
+    layers: list[int]
+
+    def __call__(self, p: Any) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]: ...
+
+
 class LocalContext:
     """What ``local_update`` may use: gradients on its planned minibatches and local SGD loops.
 
@@ -117,8 +131,17 @@ class LocalContext:
     so ``local_update`` code is written for one client and never sees the client dimension.
     """
 
-    def __init__(self, problem, plans: Mapping[str, Plan], n: Tensor, weight: Tensor, client: Tensor,
-                 train_x: Tensor, train_y: Tensor, round_: int = 0):
+    def __init__(
+        self,
+        problem,
+        plans: Mapping[str, Plan],
+        n: Tensor,
+        weight: Tensor,
+        client: Tensor,
+        train_x: Tensor,
+        train_y: Tensor,
+        round_: int = 0,
+    ):
         self._problem = problem
         self._model = problem.model
         self._layout = problem.layout
@@ -142,11 +165,12 @@ class LocalContext:
         #: this client's running statistics ``{buffer name: tensor}`` when the engine keeps them (each step's batch
         #: statistics are folded in by :meth:`record_loss`), else None
         self.buffers: dict[str, Tensor] | None = None
-        self._seen: list = []   # batch statistics of the forward passes since the last recorded step
+        self._seen: list = []  # batch statistics of the forward passes since the last recorded step
 
     # -------------------------------------------------------------- gradients
     def loss_on(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """Weighted mean loss of the model with flat ``params`` on ``(x, y)``."""
+
         def f(p):
             return (self._loss(functional_call(self._model, self._layout.unflatten(p), (x,)), y) * w).sum()
 
@@ -157,8 +181,13 @@ class LocalContext:
         self._seen += [(j, m, s) for j, (m, s) in zip(g.layers, seen)]
         return v
 
-    def loss_grad(self, params: Tensor, phase: str = "train", step: int = 0,
-                  loss: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def loss_grad(
+        self,
+        params: Tensor,
+        phase: str = "train",
+        step: int = 0,
+        loss: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """``(loss, grad)`` on minibatch ``step`` of ``phase`` (weighted mean over its samples).
 
         ``loss(params, x, y, w)`` replaces the model loss (e.g. a bilevel or adversarial objective); a
@@ -167,13 +196,13 @@ class LocalContext:
         x, y, w = self._batch(phase, step)
         if loss is None or isinstance(loss, TensorLoss):
             return self._model_loss_grad(params, x, y, w, None if loss is None else loss.fn)
-        if self._stats is not None:   # the objective may run the model: batch statistics as for the model's loss
+        if self._stats is not None:  # the objective may run the model: batch statistics as for the model's loss
             return self._normed_grad(self._normed(lambda q: loss(q, x, y, w), w), params)
-        if self.eager:   # one client: plain autograd (torch.func's transform costs about 2x on small models)
+        if self.eager:  # one client: plain autograd (torch.func's transform costs about 2x on small models)
             q = params.detach().requires_grad_(True)
             with torch.enable_grad():
                 v = loss(q, x, y, w)
-                g, = torch.autograd.grad(v, q)
+                (g,) = torch.autograd.grad(v, q)
             return v.detach(), g
         g, v = grad_and_value(lambda q: loss(q, x, y, w))(params)
         return v, g
@@ -216,8 +245,9 @@ class LocalContext:
         v, gd = self._dict_loss_grad(self._layout.unflatten(params), {}, x, y, w, fn)
         return v, torch.cat([gd[e.name].reshape(-1) for e in self._layout.entries])
 
-    def _dict_loss_grad(self, var: dict[str, Tensor], const: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor,
-                        fn=None) -> tuple[Tensor, dict[str, Tensor]]:
+    def _dict_loss_grad(
+        self, var: dict[str, Tensor], const: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor, fn=None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Model loss (or ``fn(params, x, y, w)``, a :class:`TensorLoss`'s function) and its gradient w.r.t. the
         tensors ``var`` only; ``const`` (the model's other tensors) enter ``functional_call`` as constants: no
         gradient is formed for them or propagated below the lowest of ``var``."""
@@ -241,8 +271,9 @@ class LocalContext:
         gd, v = grad_and_value(f)(var)
         return v, gd
 
-    def block_loss_grad(self, block: ParamBlock, params: Tensor, rest: Tensor, phase: str = "train", step: int = 0
-                        ) -> tuple[Tensor, Tensor]:
+    def block_loss_grad(
+        self, block: ParamBlock, params: Tensor, rest: Tensor, phase: str = "train", step: int = 0
+    ) -> tuple[Tensor, Tensor]:
         """``(loss, grad)`` on minibatch ``step`` of ``phase`` w.r.t. the block vector ``params`` only, the model's
         other tensors fixed at ``rest`` (``block.rest``'s vector): ``grad`` is ``[block.size]``."""
         x, y, w = self._batch(phase, step)
@@ -259,7 +290,7 @@ class LocalContext:
     def is_active(self, phase: str, step: int) -> Tensor:
         return self.plans[phase].active[step]
 
-    def _normed(self, f: Callable, w: Tensor) -> Callable:
+    def _normed(self, f: Callable, w: Tensor) -> _Normed:
         """``f`` with the model's BatchNorm layers normalizing by the statistics of the rows that carry weight ``w``
         (all rows of a trimmed, one-client batch): ``p -> (f(p), [(layer, mean, unbiased variance), ...])``. The
         layer indices are plain ints held beside the tensors (a transform's auxiliary output holds tensors only)."""
@@ -267,24 +298,29 @@ class LocalContext:
         layers: list[int] = []
 
         def g(p):
+            assert self._stats is not None, "_normed is called only when the model has BatchNorm layers"
             with self._stats.batch_statistics(mask) as seen:
                 v = f(p)
             layers[:] = [j for j, _, _ in seen]
             return v, [(m, s) for _, m, s in seen]
 
-        g.layers = layers
-        return g
+        normed = cast(_Normed, g)  # a plain function; it gets the ``layers`` attribute of _Normed right here
+        normed.layers = layers
+        return normed
 
-    def _normed_grad(self, g: Callable, var):
+    def _normed_grad(self, g: _Normed, var: Tensor | dict[str, Tensor]) -> tuple[Tensor, Any]:
         """``(value, gradient)`` of :meth:`_normed`'s ``g`` at ``var`` (a tensor or a dict of tensors); the batch
         statistics wait in ``_seen`` for :meth:`record_loss`."""
         if self.eager:
-            leaves = ({k: t.detach().requires_grad_(True) for k, t in var.items()} if isinstance(var, dict)
-                      else var.detach().requires_grad_(True))
+            leaves = (
+                {k: t.detach().requires_grad_(True) for k, t in var.items()}
+                if isinstance(var, dict)
+                else var.detach().requires_grad_(True)
+            )
             with torch.enable_grad():
                 v, seen = g(leaves)
-                gs = torch.autograd.grad(v, list(leaves.values()) if isinstance(var, dict) else [leaves])
-            grads = dict(zip(leaves, gs)) if isinstance(var, dict) else gs[0]
+                gs = torch.autograd.grad(v, list(leaves.values()) if isinstance(leaves, dict) else [leaves])
+            grads = dict(zip(leaves, gs)) if isinstance(leaves, dict) else gs[0]
             v = v.detach()
         else:
             grads, (v, seen) = grad_and_value(g, has_aux=True)(var)
@@ -299,6 +335,7 @@ class LocalContext:
         self._loss_cnt = self._loss_cnt + a
         if self._seen:
             if self.buffers is not None:
+                assert self._stats is not None, "batch statistics are seen only when the model has BatchNorm layers"
                 self.buffers = self._stats.fold(self.buffers, self._seen, active)
             self._seen = []
 
@@ -313,11 +350,14 @@ class LocalContext:
             return stmt.rows, stmt.upload
         if isinstance(stmt, Descend):
             p = self.descend(stmt)
+            assert stmt.then is not None, "a returned Descend states its then"
             return stmt.then(p, self.num_steps(stmt.phase).to(p.dtype))
         if isinstance(stmt, Minimize):
             return self.minimize(stmt)
-        raise TypeError(f"local_update returned {type(stmt).__name__}: expected a statement of "
-                        f"fedsolve.core.statements or a (new rows, upload) pair")
+        raise TypeError(
+            f"local_update returned {type(stmt).__name__}: expected a statement of "
+            f"fedsolve.core.statements or a (new rows, upload) pair"
+        )
 
     def minimize(self, s: Minimize) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """:class:`~fedsolve.core.statements.Minimize` for this client: Newton on its full batch of ``s.phase`` until
@@ -325,16 +365,18 @@ class LocalContext:
         if not self.plans[s.phase].fixed:
             raise ValueError(f"Minimize: phase {s.phase!r} must be planned as one full batch (Work(batch_size=None))")
         x, y, w = self._batch(s.phase, 0)
-        u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, alone=self.eager, args=(x, y, w, *s.args),
-                           modified=s.modified)
+        u, res, _ = newton(
+            s.fun, s.start, s.tol, s.max_iter, alone=self.eager, args=(x, y, w, *s.args), modified=s.modified
+        )
         return s.then(u, res, lambda fn, v, *fargs: grad(fn)(v, x, y, w, *fargs))
 
     def descend(self, s: Descend) -> Tensor:
         """The parameters after :class:`~fedsolve.core.statements.Descend`'s steps (its docstring has the rule)."""
         if s.block is not None:
             if s.optimizer != "sgd" or s.mask is not None or s.objective is not None:
-                raise ValueError("Descend: a block step takes plain SGD on the model's loss (no optimizer, mask or "
-                                 "objective)")
+                raise ValueError(
+                    "Descend: a block step takes plain SGD on the model's loss (no optimizer, mask or objective)"
+                )
             a = s.prox
             if s.weight_decay > 0:
                 a = s.scale * s.weight_decay + a
@@ -342,12 +384,15 @@ class LocalContext:
             if s.anchor is not None:
                 pull = -s.prox * s.anchor
                 c = pull if c is None else c + pull
-            return self.block_sgd(s.block, s.start, s.rest, s.lr, s.phase, scale=s.scale, affine=(a, c),
-                                  extra=s.extra, until=s.until)
+            assert s.rest is not None, "Descend(block=...) states the rest of the model's vector in ``rest``"
+            return self.block_sgd(
+                s.block, s.start, s.rest, s.lr, s.phase, scale=s.scale, affine=(a, c), extra=s.extra, until=s.until
+            )
         extra = _extra_terms(s)
         if s.optimizer == "sgd":
-            return self.sgd(s.start, s.lr, s.phase, extra=extra, mask=s.mask, scale=s.scale, until=s.until,
-                            loss=s.objective)
+            return self.sgd(
+                s.start, s.lr, s.phase, extra=extra, mask=s.mask, scale=s.scale, until=s.until, loss=s.objective
+            )
         return self._adaptive(s, extra)
 
     def _adaptive(self, s: Descend, extra) -> Tensor:
@@ -376,20 +421,27 @@ class LocalContext:
             if s.optimizer == "momentum":
                 buf = torch.where(live, s.momentum * buf + g, buf)
                 direction = buf
-            else:   # adam, bias-corrected
+            else:  # adam, bias-corrected
                 count = count + on
                 buf = torch.where(live, b1 * buf + (1 - b1) * g, buf)
                 sq = torch.where(live, b2 * sq + (1 - b2) * g * g, sq)
                 n = count.clamp_min(1.0)
-                direction = (buf / (1 - b1 ** n)) / ((sq / (1 - b2 ** n)).sqrt() + s.eps)
+                direction = (buf / (1 - b1**n)) / ((sq / (1 - b2**n)).sqrt() + s.eps)
             params = params - on * s.lr * direction
         return params
 
     # -------------------------------------------------------------- loops
-    def sgd(self, params: Tensor, lr: float | Tensor, phase: str = "train",
-            extra: Callable[[Tensor], Tensor] | None = None, mask: Tensor | None = None,
-            scale: float | Tensor = 1.0, until: Callable[[Tensor, Tensor], Tensor] | None = None,
-            loss: Callable | None = None) -> Tensor:
+    def sgd(
+        self,
+        params: Tensor,
+        lr: float | Tensor,
+        phase: str = "train",
+        extra: Callable[[Tensor], Tensor] | None = None,
+        mask: Tensor | None = None,
+        scale: float | Tensor = 1.0,
+        until: Callable[[Tensor, Tensor], Tensor] | None = None,
+        loss: Callable | None = None,
+    ) -> Tensor:
         """Plain (minibatch) gradient descent over the planned steps of ``phase``.
 
         Each step: ``g = scale * grad f(params) + extra(params)``; ``g *= mask``;
@@ -398,7 +450,7 @@ class LocalContext:
         """
         steps = self.max_steps(phase)
         done = torch.zeros((), dtype=torch.bool)
-        neg_lr = -lr   # once, not every step
+        neg_lr = -lr  # once, not every step
         for s in range(steps):
             fval, g = self.loss_grad(params, phase, s, loss)
             if not (isinstance(scale, (int, float)) and scale == 1.0):
@@ -416,11 +468,18 @@ class LocalContext:
             params = torch.addcmul(params, g, live.to(params.dtype) * neg_lr)
         return params
 
-    def block_sgd(self, block: ParamBlock, params: Tensor, rest: Tensor, lr: float | Tensor, phase: str = "train",
-                  scale: float | Tensor = 1.0,
-                  affine: tuple[float | Tensor, Tensor | float | None] | None = None,
-                  extra: Callable[[Tensor], Tensor] | None = None,
-                  until: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+    def block_sgd(
+        self,
+        block: ParamBlock,
+        params: Tensor,
+        rest: Tensor,
+        lr: float | Tensor,
+        phase: str = "train",
+        scale: float | Tensor = 1.0,
+        affine: tuple[float | Tensor, Tensor | float | None] | None = None,
+        extra: Callable[[Tensor], Tensor] | None = None,
+        until: Callable[[Tensor, Tensor], Tensor] | None = None,
+    ) -> Tensor:
         """Gradient descent on one block over the planned steps of ``phase``, the rest of the model fixed.
 
         ``params`` is the block vector (``block.gather(full)``), ``rest`` the complement's (fixed during the
@@ -438,11 +497,13 @@ class LocalContext:
         if c is not None and not isinstance(c, Tensor):
             c = torch.as_tensor(c, dtype=params.dtype, device=params.device)
         if c is not None and c.dim() and c.shape[-1] != block.size:
-            raise ValueError(f"block_sgd: affine offset c must be a scalar or a block vector of {block.size} "
-                             f"entries, got shape {tuple(c.shape)}")
+            raise ValueError(
+                f"block_sgd: affine offset c must be a scalar or a block vector of {block.size} "
+                f"entries, got shape {tuple(c.shape)}"
+            )
         const = block.rest.unflatten(rest)
         flat = extra is not None or until is not None
-        ps = block.unflatten(params)    # views of the caller's vector (never written in place)
+        ps = block.unflatten(params)  # views of the caller's vector (never written in place)
         cs = block.unflatten(c) if c is not None and c.dim() else dict.fromkeys(block.names, c)
         done = torch.zeros((), dtype=torch.bool)
         for s in range(self.max_steps(phase)):
@@ -468,23 +529,27 @@ class LocalContext:
 def _extra_terms(s: Descend):
     """``p -> scale * weight_decay * p + linear + prox * (p - anchor) + extra(p)`` (the terms present, in this order;
     the L2 term scaled with ``f_i``), or None when there is none."""
-    parts = []
+    parts: list[Callable[[Tensor], Tensor]] = []
     if s.linear is not None:
-        parts.append(lambda p, c=s.linear: c)
+        linear = s.linear
+        parts.append(lambda p: linear)
     if not (isinstance(s.prox, (int, float)) and s.prox == 0):
         if s.anchor is None:
             parts.append(lambda p: s.prox * p)
         else:
-            parts.append(lambda p: s.prox * (p - s.anchor))
+            anchor = s.anchor
+            parts.append(lambda p: s.prox * (p - anchor))
     if s.extra is not None:
         parts.append(s.extra)
     base = None
     if parts:
+
         def base(p):
             out = parts[0](p)
             for f in parts[1:]:
                 out = out + f(p)
             return out
+
     if s.weight_decay > 0:
         wd, scale = s.weight_decay, s.scale
         return (lambda p: scale * wd * p + base(p)) if base is not None else (lambda p: scale * wd * p + 0.0)
@@ -493,14 +558,15 @@ def _extra_terms(s: Descend):
 
 def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c: Tensor | None) -> Tensor:
     """``scale * g + a * p + c`` in two passes (the second in place on the first's new tensor: no allocation)."""
-    num = lambda v: isinstance(v, (int, float))  # noqa: E731
     if c is not None:
-        q = torch.add(c, g, alpha=scale) if num(scale) else torch.addcmul(c, g, scale)
-    elif not (num(scale) and scale == 1.0):
+        q = torch.add(c, g, alpha=scale) if isinstance(scale, (int, float)) else torch.addcmul(c, g, scale)
+    elif not (isinstance(scale, (int, float)) and scale == 1.0):
         q = g * scale
-    else:   # q would be autograd's gradient itself, which may be an expanded view: no in-place update
-        return g if num(a) and a == 0 else (torch.add(g, p, alpha=a) if num(a) else torch.addcmul(g, p, a))
-    if num(a):
+    else:  # q would be autograd's gradient itself, which may be an expanded view: no in-place update
+        if isinstance(a, (int, float)):
+            return g if a == 0 else torch.add(g, p, alpha=a)
+        return torch.addcmul(g, p, a)
+    if isinstance(a, (int, float)):
         return q.add_(p, alpha=a) if a != 0 else q
     return torch.addcmul(q, p, a)
 

@@ -29,7 +29,7 @@ def physical_cores(root: str | Path = "/", cpus: set[int] | None = None) -> int:
         f = root / f"sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"
         try:
             cores.add(f.read_text().strip())
-        except OSError:   # no topology file: count the CPU as its own core
+        except OSError:  # no topology file: count the CPU as its own core
             cores.add(f"cpu{c}")
     n = len(cores) or os.cpu_count() or 1
     quota = cgroup_cpu_quota(root)

@@ -21,7 +21,7 @@ batch runs the same program.
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -32,8 +32,17 @@ from fedsolve.core.newton import newton
 from fedsolve.core.plans import Plan, Work, build_plans
 from fedsolve.core.statements import Minimize, Solved, is_statement, stated
 
-__all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "LocalContext", "Plan", "Work", "build_plans",
-           "on_data_device", "carry_out"]
+__all__ = [
+    "Executor",
+    "SequentialExecutor",
+    "VectorizedExecutor",
+    "LocalContext",
+    "Plan",
+    "Work",
+    "build_plans",
+    "on_data_device",
+    "carry_out",
+]
 
 Record = dict[str, Tensor]
 
@@ -42,13 +51,14 @@ Record = dict[str, Tensor]
 class Executor:
     name = "base"
 
-    def run(self, algo, rows: Record, msgs: Record, ids: Tensor, plans: Mapping[str, Plan], data,
-            round_: int = 0) -> tuple[Record, Record, Tensor]:
+    def run(
+        self, algo, rows: Record, msgs: Record, ids: Tensor, plans: Mapping[str, Plan], data, round_: int = 0
+    ) -> tuple[Record, Record, Tensor]:
         raise NotImplementedError
 
 
 def _ctx_inputs(data, ids: Tensor):
-    ids, dev = ids.cpu(), data.train_x.device   # sizes and weights stay on the CPU (they plan and sample)
+    ids, dev = ids.cpu(), data.train_x.device  # sizes and weights stay on the CPU (they plan and sample)
     n = data.train_sizes[ids].to(dev, torch.float32)
     w = data.weights[ids].to(dev, torch.float32)
     return n, w
@@ -65,8 +75,7 @@ def on_data_device(run):
         if dev.type == "cpu":
             return run(self, algo, rows, msgs, ids, plans, data, round_)
         with torch.device(dev):
-            return run(self, algo, rows, msgs, ids.to(dev), {p: pl.to(dev) for p, pl in plans.items()}, data,
-                       round_)
+            return run(self, algo, rows, msgs, ids.to(dev), {p: pl.to(dev) for p, pl in plans.items()}, data, round_)
 
     return wrapped
 
@@ -81,11 +90,20 @@ class SequentialExecutor(Executor):
         n, wt = _ctx_inputs(data, ids)
         outs_s, outs_u, losses = [], [], []
         for k in range(ids.numel()):
-            ctx = LocalContext(algo.problem, {p: pl.row(k) for p, pl in plans.items()}, n[k], wt[k], ids[k],
-                               data.train_x, data.train_y, round_)
+            ctx = LocalContext(
+                algo.problem,
+                {p: pl.row(k) for p, pl in plans.items()},
+                n[k],
+                wt[k],
+                ids[k],
+                data.train_x,
+                data.train_y,
+                round_,
+            )
             ctx.eager = True
-            s, u = carry_out(algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()},
-                                               ctx), ctx)
+            s, u = carry_out(
+                algo.local_update({a: b[k] for a, b in rows.items()}, {a: b[k] for a, b in msgs.items()}, ctx), ctx
+            )
             outs_s.append(s)
             outs_u.append(u)
             losses.append(ctx.train_loss)
@@ -116,9 +134,11 @@ class VectorizedExecutor(Executor):
             bsz = (pl.w > 0).sum(-1).amax(-1).clamp_min(1)
             cost += pl.active.sum(-1).clamp_min(1) * bsz
         order = torch.argsort(cost, descending=True, stable=True)
-        groups, cur, first = [], [], None
+        groups: list[Tensor] = []
+        cur: list[int] = []
+        first = None
         cap = self.chunk_size or K
-        costs = cost.tolist()   # one transfer (not one per client on a GPU)
+        costs = cost.tolist()  # one transfer (not one per client on a GPU)
         for pos in order.tolist():
             c = costs[pos]
             if cur and (len(cur) >= cap or c * self.bucket_ratio < first):
@@ -134,13 +154,15 @@ class VectorizedExecutor(Executor):
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
         if not algo.problem.vmappable:
-            raise ValueError("executor: 'vectorized' needs a model whose only buffers are BatchNorm running "
-                             "statistics (which the engine keeps per client or averaged); use executor: sequential "
-                             "or auto")
-        probe = stated(algo, rows, msgs, round_)   # the update stated for the stacked rows, or None
-        if isinstance(probe, Solved):   # closed form, batch-agnostic: the probe computed every client's update
+            raise ValueError(
+                "executor: 'vectorized' needs a model whose only buffers are BatchNorm running "
+                "statistics (which the engine keeps per client or averaged); use executor: sequential "
+                "or auto"
+            )
+        probe = stated(algo, rows, msgs, round_)  # the update stated for the stacked rows, or None
+        if isinstance(probe, Solved):  # closed form, batch-agnostic: the probe computed every client's update
             return probe.rows, probe.upload, torch.zeros(ids.numel(), dtype=torch.float32)
-        if isinstance(probe, Minimize):   # Newton on the stacked clients, each until its own tolerance is met
+        if isinstance(probe, Minimize):  # Newton on the stacked clients, each until its own tolerance is met
             s, u = minimize_stacked(probe, plans, data)
             return s, u, torch.zeros(ids.numel(), dtype=torch.float32)
         n, wt = _ctx_inputs(data, ids)
@@ -159,7 +181,8 @@ class VectorizedExecutor(Executor):
         whole = len(groups) == 1 and torch.equal(groups[0], torch.arange(K))
         outs = []
         for g in groups:
-            take = (lambda v: v) if whole else (lambda v, g=g: v[g])   # one bucket of every client: no row copies
+            # one bucket of every client: no row copies
+            take: Callable[..., Tensor] = (lambda v: v) if whole else (lambda v, g=g: v[g])
             idxs, ws, acts = [], [], []
             for p in phases:
                 pl = plans[p]
@@ -169,8 +192,18 @@ class VectorizedExecutor(Executor):
                 idxs.append(take(pl.idx)[:, :S, :B])
                 ws.append(take(pl.w)[:, :S, :B])
                 acts.append(a[:, :S])
-            outs.append(f({k: take(v) for k, v in rows.items()}, {k: take(v) for k, v in msgs.items()}, idxs, ws,
-                          acts, take(n), take(wt), take(ids)))
+            outs.append(
+                f(
+                    {k: take(v) for k, v in rows.items()},
+                    {k: take(v) for k, v in msgs.items()},
+                    idxs,
+                    ws,
+                    acts,
+                    take(n),
+                    take(wt),
+                    take(ids),
+                )
+            )
         if whole:
             return outs[0]
         inv = torch.empty(K, dtype=torch.long)
@@ -188,8 +221,7 @@ def minimize_stacked(s: Minimize, plans: Mapping[str, Plan], data) -> tuple[Reco
     if not plan.fixed:
         raise ValueError(f"Minimize: phase {s.phase!r} must be planned as one full batch (Work(batch_size=None))")
     x, y, w = full_batches(plan, data.train_x, data.train_y)
-    u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, args=(x, y, w, *s.args), stacked=True,
-                       modified=s.modified)
+    u, res, _ = newton(s.fun, s.start, s.tol, s.max_iter, args=(x, y, w, *s.args), stacked=True, modified=s.modified)
     return s.then(u, res, lambda fn, v, *fargs: vmap(grad(fn))(v, x, y, w, *fargs))
 
 

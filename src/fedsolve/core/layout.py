@@ -51,8 +51,9 @@ class ParamLayout:
     # ------------------------------------------------------------ conversion
     def flatten(self, module_or_params: nn.Module | Mapping[str, Tensor]) -> Tensor:
         """Module (or a name->tensor dict) -> flat vector (a copy, never aliased)."""
-        params = (dict(module_or_params.named_parameters()) if isinstance(module_or_params, nn.Module)
-                  else module_or_params)
+        params = (
+            dict(module_or_params.named_parameters()) if isinstance(module_or_params, nn.Module) else module_or_params
+        )
         missing = [e.name for e in self.entries if e.name not in params]
         if missing:
             raise KeyError(f"parameters missing from the input: {missing}")
@@ -61,7 +62,7 @@ class ParamLayout:
     def unflatten(self, vec: Tensor) -> dict[str, Tensor]:
         """Flat vector ``[..., d]`` -> ``{name: tensor[..., *shape]}`` (views, differentiable)."""
         lead = vec.shape[:-1]
-        return {e.name: vec[..., e.start:e.start + e.numel].reshape(*lead, *e.shape) for e in self.entries}
+        return {e.name: vec[..., e.start : e.start + e.numel].reshape(*lead, *e.shape) for e in self.entries}
 
     def load_into(self, module: nn.Module, vec: Tensor) -> None:
         """Copy ``vec`` into ``module`` (not alias: with ``vector_to_parameters``' views an in-place optimizer step
@@ -78,11 +79,10 @@ class ParamLayout:
         matched = False
         for e in self.entries:
             if any(fnmatch.fnmatchcase(e.name, p) for p in pats):
-                mask[e.start:e.start + e.numel] = True
+                mask[e.start : e.start + e.numel] = True
                 matched = True
         if pats and not matched:
-            raise ValueError(
-                f"block {name!r}: patterns {pats} match no parameter; parameters are {self.names}")
+            raise ValueError(f"block {name!r}: patterns {pats} match no parameter; parameters are {self.names}")
         self._blocks[name] = mask
         return mask
 
@@ -105,7 +105,7 @@ class ParamLayout:
     def block_params(self, name: str) -> list[str]:
         """Parameter names that fall (entirely) inside a block."""
         m = self.mask(name)
-        return [e.name for e in self.entries if bool(m[e.start:e.start + e.numel].all())]
+        return [e.name for e in self.entries if bool(m[e.start : e.start + e.numel].all())]
 
     def block_size(self, name: str) -> int:
         return int(self.mask(name).sum())

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeGuard, cast
 
 import torch
 from torch import Tensor
 
 from fedsolve.core import native
-from fedsolve.core.executor import on_data_device
+from fedsolve.core.executor import Executor, on_data_device
 from fedsolve.core.statements import Descend, stated
 
 Record = dict[str, Tensor]
@@ -87,8 +87,12 @@ def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
 def linear_model_problem(problem) -> bool:
     """True when ``problem``'s model is one ``nn.Linear`` (weight + bias) with a supported loss."""
     lins = [mod for mod in problem.model.modules() if isinstance(mod, torch.nn.Linear)]
-    return (len(lins) == 1 and len(list(problem.model.parameters())) == 2 and lins[0].bias is not None
-            and problem.loss_name in ("cross_entropy", "squared_error"))
+    return (
+        len(lins) == 1
+        and len(list(problem.model.parameters())) == 2
+        and lins[0].bias is not None
+        and problem.loss_name in ("cross_entropy", "squared_error")
+    )
 
 
 def weight_first(problem) -> bool:
@@ -112,11 +116,11 @@ def aug_to_flat(A: Tensor, w_first: bool) -> Tensor:
 class _Selected:
     """The chunks of the selected clients' data, gathered once per round (see ``LinearGDExecutor``)."""
 
-    owner: Tensor     # [B] which selected client each chunk belongs to
-    XA: Tensor        # [B, C, in+1]
-    CW: Tensor        # [B, 1, C]
+    owner: Tensor  # [B] which selected client each chunk belongs to
+    XA: Tensor  # [B, C, in+1]
+    CW: Tensor  # [B, 1, C]
     Y: Tensor
-    inv_n: Tensor     # [k, 1, 1] 1/n_i
+    inv_n: Tensor  # [k, 1, 1] 1/n_i
 
     @property
     def k(self) -> int:
@@ -127,7 +131,7 @@ class FullBatch:
     """The selected clients' full-batch loss and gradient with the executor's kernels:
     ``loss(w [k, d]) -> [k]`` and ``grad(w [k, d]) -> [k, d]`` (mean loss, no weight decay)."""
 
-    def __init__(self, executor: "LinearGDExecutor", ids: Tensor):
+    def __init__(self, executor: LinearGDExecutor, ids: Tensor):
         self._ex, self._ids = executor, ids
         self._sel: _Selected | None = None
 
@@ -148,10 +152,12 @@ class FullBatch:
         return self._loss_grad(w, grad=False)[0]
 
     def grad(self, w: Tensor) -> Tensor:
-        return self._ex._from_aug(self._loss_grad(w, grad=True)[1]).to(w.dtype)
+        g = self._loss_grad(w, grad=True)[1]
+        assert g is not None, "_loss_grad(grad=True) returns the gradient"
+        return self._ex._from_aug(g).to(w.dtype)
 
 
-class LinearGDExecutor:
+class LinearGDExecutor(Executor):
     """The ``linear`` executor (module docstring); same ``run`` interface as ``core.executor``.
 
     ``tune_malloc``: call :func:`keep_freed_memory` when the first round runs (process-wide; about 1.25-4x
@@ -161,11 +167,19 @@ class LinearGDExecutor:
 
     name = "linear"
 
-    def __init__(self, problem, chunk: int = 256, tune_malloc: bool = True,
-                 kernel: Literal["auto", "native", "torch"] = "auto", fallback=None):
+    def __init__(
+        self,
+        problem,
+        chunk: int = 256,
+        tune_malloc: bool = True,
+        kernel: Literal["auto", "native", "torch"] = "auto",
+        fallback=None,
+    ):
         if not linear_model_problem(problem):
-            raise ValueError("executor: 'linear' needs a model made of one nn.Linear with bias (e.g. 'logreg') "
-                             f"and loss cross_entropy or squared_error (got loss {problem.loss_name!r})")
+            raise ValueError(
+                "executor: 'linear' needs a model made of one nn.Linear with bias (e.g. 'logreg') "
+                f"and loss cross_entropy or squared_error (got loss {problem.loss_name!r})"
+            )
         if kernel not in ("auto", "native", "torch"):
             raise ValueError(f"linear_kernel: expected 'auto', 'native' or 'torch', got {kernel!r}")
         self.tune_malloc = tune_malloc
@@ -183,20 +197,27 @@ class LinearGDExecutor:
         self.n = d.train_sizes.to(X.device, self.dtype)
         self.native: native.SoftmaxData | None = None
         if kernel == "native" and X.device.type != "cpu":
-            raise ValueError(f"linear_kernel: 'native' runs on the CPU only (the data is on {X.device}); "
-                             f"use 'auto' or 'torch'")
+            raise ValueError(
+                f"linear_kernel: 'native' runs on the CPU only (the data is on {X.device}); use 'auto' or 'torch'"
+            )
         if kernel == "native" and self.dtype != torch.float32:
-            raise ValueError("linear_kernel: 'native' computes in float32 and the data is float64; use 'auto' "
-                             "or 'torch'")
-        if kernel != "torch" and X.device.type == "cpu" and self.dtype == torch.float32:   # CPU, float32 only
+            raise ValueError(
+                "linear_kernel: 'native' computes in float32 and the data is float64; use 'auto' or 'torch'"
+            )
+        if kernel != "torch" and X.device.type == "cpu" and self.dtype == torch.float32:  # CPU, float32 only
             lib = native.softmax_gd_kernel(self.out_dim) if self.ce else None
             if lib is not None:
                 self.native = native.SoftmaxData(lib, X, d.train_y, d.train_offsets, self.out_dim)
             elif kernel == "native":
-                why = ("it covers cross-entropy only" if not self.ce else
-                       "it is turned off (FEDSOLVE_NATIVE=0)" if not native.enabled() else
-                       f"it supports 2 to {native.MAX_CLASSES} classes" if not 2 <= self.out_dim <= native.MAX_CLASSES
-                       else "no C compiler could build it")
+                why = (
+                    "it covers cross-entropy only"
+                    if not self.ce
+                    else "it is turned off (FEDSOLVE_NATIVE=0)"
+                    if not native.enabled()
+                    else f"it supports 2 to {native.MAX_CLASSES} classes"
+                    if not 2 <= self.out_dim <= native.MAX_CLASSES
+                    else "no C compiler could build it"
+                )
                 raise ValueError(f"linear_kernel: 'native' is not available here ({why}); use 'auto' or 'torch'")
         self.kernel = "native" if self.native is not None else "torch"
         if self.native is None:
@@ -214,27 +235,29 @@ class LinearGDExecutor:
             nc = max(1, math.ceil(n / chunk))
             pad = nc * chunk - n
             XA.append(torch.cat([X[a:b], X.new_zeros(pad, X.shape[1])]).reshape(nc, chunk, -1))
-            CW.append(torch.cat([torch.ones(n, dtype=X.dtype), torch.zeros(pad, dtype=X.dtype)]).reshape(
-                nc, 1, chunk))
+            CW.append(torch.cat([torch.ones(n, dtype=X.dtype), torch.zeros(pad, dtype=X.dtype)]).reshape(nc, 1, chunk))
             if self.ce:
                 yi = torch.cat([d.train_y[a:b].long(), torch.zeros(pad, dtype=torch.long)]).reshape(nc, 1, chunk)
             else:
-                yi = torch.cat([d.train_y[a:b].reshape(n, -1).to(X.dtype),
-                                torch.zeros(pad, self.out_dim, dtype=X.dtype)])
+                yi = torch.cat(
+                    [d.train_y[a:b].reshape(n, -1).to(X.dtype), torch.zeros(pad, self.out_dim, dtype=X.dtype)]
+                )
                 yi = yi.reshape(nc, chunk, -1).transpose(1, 2)
             Y.append(yi)
-            first.append(c0); count.append(nc); c0 += nc
-        self.XA = torch.cat(XA).contiguous()      # [N_chunks, C, in+1]; padding rows are all zero
-        self.CW = torch.cat(CW).contiguous()      # [N_chunks, 1, C]  1 on samples, 0 on padding
+            first.append(c0)
+            count.append(nc)
+            c0 += nc
+        self.XA = torch.cat(XA).contiguous()  # [N_chunks, C, in+1]; padding rows are all zero
+        self.CW = torch.cat(CW).contiguous()  # [N_chunks, 1, C]  1 on samples, 0 on padding
         self.Y = torch.cat(Y).contiguous()
         self.first = torch.tensor(first)
         self.count = torch.tensor(count)
 
     # ---------------------------------------------------------------- flat <-> [out, in+1]
     def _to_aug(self, w: Tensor) -> Tensor:
-        k = w.shape[0]; o, i = self.out_dim, self.in_dim
+        k, o, i = w.shape[0], self.out_dim, self.in_dim
         if self.w_first:
-            W, b = w[:, :o * i].reshape(k, o, i), w[:, o * i:]
+            W, b = w[:, : o * i].reshape(k, o, i), w[:, o * i :]
         else:
             W, b = w[:, o:].reshape(k, o, i), w[:, :o]
         return torch.cat([W, b.unsqueeze(-1)], 2)
@@ -246,19 +269,20 @@ class LinearGDExecutor:
     def _select(self, ids: Tensor) -> _Selected:
         cnt = self.count[ids]
         owner = torch.repeat_interleave(torch.arange(ids.numel()), cnt)
-        chunk_ids = torch.repeat_interleave(self.first[ids] - torch.cumsum(cnt, 0) + cnt, cnt) + \
-            torch.arange(int(cnt.sum()))
+        chunk_ids = torch.repeat_interleave(self.first[ids] - torch.cumsum(cnt, 0) + cnt, cnt) + torch.arange(
+            int(cnt.sum())
+        )
         XA, CW, Y = (t.index_select(0, chunk_ids) for t in (self.XA, self.CW, self.Y))
         return _Selected(owner, XA, CW, Y, (1.0 / self.n[ids]).view(-1, 1, 1))
 
     def _loss_grad(self, sel: _Selected, A: Tensor, grad: bool, out: Tensor | None = None):
         """Mean loss ``[k]`` and, if ``grad``, its gradient ``[k, out, in+1]`` at ``A`` (``out``: a buffer)."""
-        z = torch.bmm(A.index_select(0, sel.owner), sel.XA.transpose(1, 2))      # [B, out, C]
+        z = torch.bmm(A.index_select(0, sel.owner), sel.XA.transpose(1, 2))  # [B, out, C]
         if self.ce:
             G = torch.softmax(z, 1)
             lc = -(G.gather(1, sel.Y).clamp_min(1e-30).log() * sel.CW).sum((1, 2))
             if grad:
-                G.scatter_add_(1, sel.Y, sel.CW.neg())   # -1 at the label (0 on padding, whose X rows are 0)
+                G.scatter_add_(1, sel.Y, sel.CW.neg())  # -1 at the label (0 on padding, whose X rows are 0)
         else:
             G = z.sub_(sel.Y)
             lc = (0.5 * G.pow(2).sum(1, keepdim=True) * sel.CW).sum((1, 2))
@@ -278,18 +302,40 @@ class LinearGDExecutor:
         stmt = stated(algo, rows, msgs, round_)
         if not (stacks(stmt, plans) and plans[stmt.phase].fixed):
             if self.fallback is None:
-                raise ValueError(f"executor: 'linear' does not run {algo.name} in round {round_ + 1}: its local "
-                                 f"update is not full-batch GD on the model's loss (a Descend statement without "
-                                 f"objective, mask, block, stopping rule or optimizer, on a full-batch phase); use "
-                                 f"'auto', 'vectorized' or 'sequential'")
+                raise ValueError(
+                    f"executor: 'linear' does not run {algo.name} in round {round_ + 1}: its local "
+                    f"update is not full-batch GD on the model's loss (a Descend statement without "
+                    f"objective, mask, block, stopping rule or optimizer, on a full-batch phase); use "
+                    f"'auto', 'vectorized' or 'sequential'"
+                )
             return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
-        return self._gd(stmt.start, stmt.lr, stmt.anchor, float(stmt.prox), stmt.linear, plans[stmt.phase], ids,
-                        stmt.then, stmt.weight_decay)
+        # stacks() held, so stmt.plain(): lr is a Python number
+        return self._gd(
+            stmt.start,
+            cast(float, stmt.lr),
+            stmt.anchor,
+            float(stmt.prox),
+            stmt.linear,
+            plans[stmt.phase],
+            ids,
+            stmt.then,
+            stmt.weight_decay,
+        )
 
-    def _gd(self, start: Tensor, lr: float, anchor: Tensor | None, rho: float, linear: Tensor | None, plan, ids,
-            then, wd: float):
+    def _gd(
+        self,
+        start: Tensor,
+        lr: float,
+        anchor: Tensor | None,
+        rho: float,
+        linear: Tensor | None,
+        plan,
+        ids,
+        then,
+        wd: float,
+    ):
         """Full-batch GD of the clients ``ids`` from ``start`` over ``plan``'s steps; ``then(w, steps)``."""
-        if self.tune_malloc:   # the process-wide allocator setting, when the first round runs
+        if self.tune_malloc:  # the process-wide allocator setting, when the first round runs
             keep_freed_memory()
         k = ids.numel()
         steps = plan.active.sum(1)
@@ -297,7 +343,7 @@ class LinearGDExecutor:
         A = self._to_aug(start.to(self.dtype))
         Z = self._to_aug(anchor.to(self.dtype)) if anchor is not None and rho > 0 else None
         L = self._to_aug(linear.to(self.dtype)) if linear is not None else None
-        done = lambda A: then(self._from_aug(A).to(start.dtype), steps.to(start.dtype))  # noqa: E731
+        done = lambda A: then(self._from_aug(A).to(start.dtype), steps.to(start.dtype))
         if self.native is not None and L is None:
             A, losses = self.native.run(ids, A, steps, Z, lr, rho if Z is not None else 0.0, wd)
             new_rows, uploads = done(A)
@@ -324,7 +370,7 @@ class LinearGDExecutor:
         return new_rows, uploads, losses
 
 
-def stacks(stmt, plans, coordinate_prox: bool = False) -> bool:
+def stacks(stmt, plans, coordinate_prox: bool = False) -> TypeGuard[Descend]:
     """The stacked kernels run ``stmt``: plain local SGD (:meth:`Descend.plain`) on a planned phase, a proximal pull
     only toward an anchor. ``coordinate_prox``: the kernels also take a pull with one coefficient per coordinate (a
     ``[d]`` tensor ``prox``, the same for every client, e.g. zero outside a fused block) toward an anchor."""
@@ -332,10 +378,14 @@ def stacks(stmt, plans, coordinate_prox: bool = False) -> bool:
         return False
     if coordinate_prox and coordinate_pull(stmt):
         return replace(stmt, prox=0.0).plain()
-    return stmt.plain() and (stmt.prox == 0 or stmt.anchor is not None)
+    return stmt.plain() and bool(stmt.prox == 0 or stmt.anchor is not None)
 
 
 def coordinate_pull(stmt: Descend) -> bool:
     """``stmt``'s proximal pull has one coefficient per coordinate (a ``[d]`` tensor ``prox``) and an anchor."""
-    return (isinstance(stmt.prox, Tensor) and stmt.prox.dim() == 1 and stmt.anchor is not None
-            and stmt.prox.shape[-1] == stmt.start.shape[-1])
+    return (
+        isinstance(stmt.prox, Tensor)
+        and stmt.prox.dim() == 1
+        and stmt.anchor is not None
+        and stmt.prox.shape[-1] == stmt.start.shape[-1]
+    )

@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,17 +42,18 @@ import torch
 from torch import Tensor
 
 KERNEL_DIR = Path(__file__).with_name("kernels")
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC",
-         "-shared"]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _I64 = ctypes.c_int64
 SIGNATURES = {
     "softmax_gd": {"softmax_gd": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _F, _F, _F, _P, _P, _P]},
-    "pair_update": {"pair_delta": [_P, _P, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _P],
-                    "pair_write": [_P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P]},
+    "pair_update": {
+        "pair_delta": [_P, _P, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _P],
+        "pair_write": [_P, _P, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P],
+    },
     "maxpool2": {"maxpool2_fwd": [_P, _I64, _I64, _I64, _P, _P, _P, _P]},
 }
-LANES, BLOCK = 8, 16          # as in softmax_gd.c
+LANES, BLOCK = 8, 16  # as in softmax_gd.c
 MAX_CLASSES = 64
 
 _lock = threading.Lock()
@@ -92,8 +94,9 @@ def _build(name: str, defines: dict[str, int] | None = None) -> Path:
     source = KERNEL_DIR / f"{name}.c"
     flags = FLAGS + [f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([source.read_bytes(), " ".join(flags).encode(), version.encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join([source.read_bytes(), " ".join(flags).encode(), version.encode(), _cpu_signature().encode()])
+    ).hexdigest()[:16]
     tag = "".join(f"_{k.lower()}{v}" for k, v in sorted((defines or {}).items()))
     out = cache_dir() / f"{name}{tag}_{key}.so"
     if out.exists():
@@ -129,8 +132,11 @@ def load(name: str, defines: dict[str, int] | None = None) -> ctypes.CDLL | None
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                 _loaded[key] = None
                 if not _warned:
-                    warnings.warn(f"fedsolve: compiled kernel unavailable ({e}); using the PyTorch path "
-                                  f"(slower, same results)", RuntimeWarning, stacklevel=2)
+                    warnings.warn(
+                        f"fedsolve: compiled kernel unavailable ({e}); using the PyTorch path (slower, same results)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
                     _warned = True
         return _loaded[key]
 
@@ -149,7 +155,7 @@ def _threads() -> ThreadPoolExecutor:
     return _pool
 
 
-def parallel(fn, parts: list) -> list:
+def parallel(fn, parts: Sequence) -> list:
     """``[fn(p) for p in parts]``, on the kernel threads when there is more than one part."""
     if len(parts) <= 1:
         return [fn(p) for p in parts]
@@ -181,8 +187,8 @@ class SoftmaxData:
         Xb = torch.zeros(start[-1], F, dtype=torch.float32)
         Y = torch.full((start[-1],), -1, dtype=torch.int32)
         for i, k in enumerate(n):
-            Xb[start[i]:start[i] + k] = X[off[i]:off[i + 1]]
-            Y[start[i]:start[i] + k] = y[off[i]:off[i + 1]].to(torch.int32)
+            Xb[start[i] : start[i] + k] = X[off[i] : off[i + 1]]
+            Y[start[i] : start[i] + k] = y[off[i] : off[i + 1]].to(torch.int32)
         # [blocks, BLOCK, F] -> [blocks, F, BLOCK]: each block's features contiguous, rows in the lanes
         self.X = Xb.view(-1, BLOCK, F).transpose(1, 2).contiguous()
         self.y = Y
@@ -202,8 +208,17 @@ class SoftmaxData:
             load[j] += cost[p]
         return [torch.tensor(sorted(p), dtype=torch.long) for p in parts if p]
 
-    def run(self, ids: Tensor, A: Tensor, steps: Tensor | None = None, Z: Tensor | None = None, lr: float = 0.0,
-            rho: float = 0.0, wd: float = 0.0, grad: bool = False) -> tuple[Tensor, Tensor]:
+    def run(
+        self,
+        ids: Tensor,
+        A: Tensor,
+        steps: Tensor | None = None,
+        Z: Tensor | None = None,
+        lr: float = 0.0,
+        rho: float = 0.0,
+        wd: float = 0.0,
+        grad: bool = False,
+    ) -> tuple[Tensor, Tensor]:
         """``A`` ``[k, C, F]`` float32 (one row per id). GD mode: ``steps`` ``[k]`` steps each, returns the final
         ``A`` and the mean loss over each client's steps. ``grad=True``: returns the mean loss and its gradient
         at ``A`` (no step)."""
@@ -214,7 +229,7 @@ class SoftmaxData:
         loss = torch.zeros(k, dtype=torch.float64)
         G = torch.empty(k, self.C, self.F) if grad else None
         if k == 0:
-            return (loss, G) if grad else (A, loss)
+            return (loss, G) if G is not None else (A, loss)
 
         def work(pos: Tensor):
             """One thread's clients (positions ``pos``); every buffer it passes is its own."""
@@ -222,23 +237,42 @@ class SoftmaxData:
             a = A[pos].contiguous()
             z = None if Z is None else Z[pos].contiguous()
             g = torch.empty(pos.numel(), self.C, self.F) if grad else None
-            lo, npd, n, st = (self.start[dev].contiguous(), self.npad[dev].contiguous(), self.n[dev].contiguous(),
-                              steps[pos].contiguous())
+            lo, npd, n, st = (
+                self.start[dev].contiguous(),
+                self.npad[dev].contiguous(),
+                self.n[dev].contiguous(),
+                steps[pos].contiguous(),
+            )
             ls = torch.zeros(pos.numel(), dtype=torch.float64)
             scratch = torch.empty(P * (LANES + 1) + 16)
-            off = (-scratch.data_ptr() // 4) % 8           # 32-byte alignment for the vector scratch
+            off = (-scratch.data_ptr() // 4) % 8  # 32-byte alignment for the vector scratch
             ws = scratch[off:]
-            self.lib.softmax_gd(pointer(self.X), pointer(self.y), self.F, pos.numel(), pointer(lo), pointer(npd),
-                                pointer(n), pointer(st), pointer(a), pointer(z), lr, rho, wd, pointer(ls),
-                                pointer(g), pointer(ws))
+            self.lib.softmax_gd(
+                pointer(self.X),
+                pointer(self.y),
+                self.F,
+                pos.numel(),
+                pointer(lo),
+                pointer(npd),
+                pointer(n),
+                pointer(st),
+                pointer(a),
+                pointer(z),
+                lr,
+                rho,
+                wd,
+                pointer(ls),
+                pointer(g),
+                pointer(ws),
+            )
             return pos, a, ls, g
 
-        for pos, a, ls, g in parallel(work, self._split(ids, steps)):   # written back on this thread
+        for pos, a, ls, g in parallel(work, self._split(ids, steps)):  # written back on this thread
             A[pos] = a
             loss[pos] = ls
-            if grad:
+            if G is not None:
                 G[pos] = g
-        return (loss, G) if grad else (A, loss)
+        return (loss, G) if G is not None else (A, loss)
 
 
 class _MaxPool2x2(torch.autograd.Function):
@@ -267,9 +301,16 @@ def max_pool2x2(x: Tensor) -> Tensor:
     The compiled path takes a contiguous float32 ``[B, C, H, W]`` CPU tensor with even H and W, outside
     torch.func transforms (under ``vmap``/``grad`` of the vectorized executor, and for any other input,
     torch's own op runs)."""
-    if (x.dim() == 4 and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-            and x.shape[-1] % 2 == 0 and x.shape[-2] % 2 == 0 and x.numel() > 0
-            and not torch._C._are_functorch_transforms_active()):
+    if (
+        x.dim() == 4
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.is_contiguous()
+        and x.shape[-1] % 2 == 0
+        and x.shape[-2] % 2 == 0
+        and x.numel() > 0
+        and not torch._C._are_functorch_transforms_active()
+    ):
         lib = load("maxpool2")
         if lib is not None:
             return _MaxPool2x2.apply(x, lib)

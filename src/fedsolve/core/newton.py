@@ -30,9 +30,18 @@ def inf_norm(g: Tensor) -> Tensor:
     return g.abs().amax(-1)
 
 
-def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter: int = 20,
-           ls_steps: int | None = None, c1: float = 1e-4, alone: bool = False,
-           args: tuple = (), stacked: bool = False, modified: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+def newton(
+    fun: Callable[..., Tensor],
+    u0: Tensor,
+    tol: Tensor | float,
+    max_iter: int = 20,
+    ls_steps: int | None = None,
+    c1: float = 1e-4,
+    alone: bool = False,
+    args: tuple = (),
+    stacked: bool = False,
+    modified: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Minimise the strongly convex ``fun(u, *args)`` from ``u0`` until ``||grad||_inf <= tol``; with ``modified``
     a nonconvex one to a local minimiser (:func:`positive_definite`; ``False``: the Hessian as it is, a scaled
     gradient step where its step is no descent direction).
@@ -45,7 +54,7 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
     masked. Line search: at most ``ls_steps`` halvings, by default 12 under vmap and 60 otherwise (far from the
     minimiser of a locally Lipschitz problem a Newton step can need 2^-13, seen with rho = 0.01 and beta = 300).
     """
-    loops = alone or stacked   # Python may branch on the masks: stop once every party is done
+    loops = alone or stacked  # Python may branch on the masks: stop once every party is done
     if ls_steps is None:
         ls_steps = 60 if loops else 12
     tol = torch.as_tensor(tol, dtype=u0.dtype)
@@ -57,7 +66,7 @@ def newton(fun: Callable[..., Tensor], u0: Tensor, tol: Tensor | float, max_iter
         f = lambda u: fun(u, *args)
         g_of = grad(f)
         h_of = jacrev(g_of)  # reverse-over-reverse: ~10x cheaper than jacfwd(jacrev) at small d
-    col = lambda m: m[..., None]   # a per-party value against a [.., d] row
+    col = lambda m: m[..., None]  # a per-party value against a [.., d] row
     u = u0
     g = g_of(u)
     done = inf_norm(g) <= tol
@@ -118,8 +127,9 @@ def positive_definite(H: Tensor, check: bool = True) -> Tensor:
     return H + tau[..., None, None] * torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
 
 
-def scipy_lbfgsb(fun: Callable[[Tensor], Tensor], u0: Tensor, tol: float,
-                 max_iter: int = 15000) -> tuple[Tensor, Tensor, Tensor]:
+def scipy_lbfgsb(
+    fun: Callable[[Tensor], Tensor], u0: Tensor, tol: float, max_iter: int = 15000
+) -> tuple[Tensor, Tensor, Tensor]:
     """A reference solver: ``scipy.optimize.minimize(method="L-BFGS-B", options={"gtol": tol})`` on one party,
     then the test ``||grad||_inf <= tol`` is verified (returned as the second value). Runs on one party's plain
     tensors only (SciPy takes NumPy arrays), so never inside a vectorized call."""
@@ -134,7 +144,12 @@ def scipy_lbfgsb(fun: Callable[[Tensor], Tensor], u0: Tensor, tol: float,
         gv, val = vg(t)
         return float(val), gv.numpy().astype(np.float64)
 
-    res = minimize(f, u0.detach().numpy().astype(np.float64), jac=True, method="L-BFGS-B",
-                   options={"gtol": float(tol), "ftol": 0.0, "maxiter": max_iter, "maxcor": 20})
+    res = minimize(
+        f,
+        u0.detach().numpy().astype(np.float64),
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": float(tol), "ftol": 0.0, "maxiter": max_iter, "maxcor": 20},
+    )
     u = torch.as_tensor(res.x, dtype=u0.dtype)
     return u, inf_norm(grad(fun)(u)), torch.as_tensor(float(res.nit), dtype=u0.dtype)

@@ -35,11 +35,13 @@ class RunningStats:
     ``"bn1.running_mean"``, as ``model.named_buffers()`` spells them)."""
 
     def __init__(self, model: nn.Module):
-        self.layers: list[tuple[str, _BatchNorm]] = [(n, m) for n, m in model.named_modules()
-                                                     if isinstance(m, _BatchNorm)]
+        self.layers: list[tuple[str, _BatchNorm]] = [
+            (n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm)
+        ]
         self.tracked = [(n, m) for n, m in self.layers if m.track_running_stats]
-        self.names = [f"{n}.{b}" if n else b for n, m in self.tracked for b in BUFFERS
-                      if getattr(m, b, None) is not None]
+        self.names = [
+            f"{n}.{b}" if n else b for n, m in self.tracked for b in BUFFERS if getattr(m, b, None) is not None
+        ]
         self._model = model
 
     def __bool__(self) -> bool:
@@ -67,12 +69,13 @@ class RunningStats:
         record: list = []
         tracked = {id(m): j for j, (_, m) in enumerate(self.tracked)}
         for _, mod in self.layers:
-            mod.forward = _masked_forward(mod, mask, record, tracked.get(id(mod)))
+            # an instance attribute over the class's forward, deleted in the finally block below
+            mod.forward = _masked_forward(mod, mask, record, tracked.get(id(mod)))  # type: ignore[method-assign]
         try:
             yield record
         finally:
             for _, mod in self.layers:
-                del mod.forward   # the class's forward again
+                del mod.forward  # the class's forward again
 
     def fold(self, buffers: dict[str, Tensor], record: list, live: Tensor) -> dict[str, Tensor]:
         """``buffers`` moved by each recorded call's statistics in turn (the module docstring's rule), where
@@ -102,7 +105,7 @@ def _masked_forward(mod: _BatchNorm, mask: Tensor | None, record: list, index: i
         if not mod.training:
             return own(mod, x)
         dims = [0, *range(2, x.dim())]
-        if mask is None or mask.shape[0] != x.shape[0]:   # every row counts: PyTorch's own kernel
+        if mask is None or mask.shape[0] != x.shape[0]:  # every row counts: PyTorch's own kernel
             y = F.batch_norm(x, None, None, mod.weight, mod.bias, True, 0.0, mod.eps)
             if index is not None:
                 with torch.no_grad():
@@ -111,7 +114,7 @@ def _masked_forward(mod: _BatchNorm, mask: Tensor | None, record: list, index: i
             return y
         shape = [1, -1] + [1] * (x.dim() - 2)
         m = mask.to(x.dtype).reshape(-1, *[1] * (x.dim() - 1))
-        count = (m.sum() * (x[0, 0].numel())).clamp_min(1)   # an inactive padded step has no row: no NaN
+        count = (m.sum() * (x[0, 0].numel())).clamp_min(1)  # an inactive padded step has no row: no NaN
         mean = (x * m).sum(dims) / count
         xc = x - mean.reshape(shape)
         var = (xc * xc * m).sum(dims) / count

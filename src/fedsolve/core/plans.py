@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -55,28 +56,35 @@ class Plan:
 
     __slots__ = ("_idx", "_w", "active", "_build", "fixed", "_lengths")
 
-    def __init__(self, idx: Tensor | None, w: Tensor | None, active: Tensor,
-                 build: Callable[[], tuple[Tensor, Tensor]] | None = None, fixed: bool = False):
+    def __init__(
+        self,
+        idx: Tensor | None,
+        w: Tensor | None,
+        active: Tensor,
+        build: Callable[[], tuple[Tensor, Tensor]] | None = None,
+        fixed: bool = False,
+    ):
         if (idx is None or w is None) and build is None:
             raise ValueError("Plan: give idx and w, or a build function")
         self._idx, self._w, self.active, self._build = idx, w, active, build
         self.fixed = bool(fixed)
         self._lengths: list[int] | None = None
 
-    def _materialize(self) -> None:
-        if self._idx is None:
+    def _materialize(self) -> tuple[Tensor, Tensor]:
+        if self._idx is None or self._w is None:
+            if self._build is None:  # the constructor asks for one or the other
+                raise RuntimeError("Plan: neither idx and w nor a build function")
             self._idx, self._w = self._build()
             self._build = None
+        return self._idx, self._w
 
     @property
     def idx(self) -> Tensor:
-        self._materialize()
-        return self._idx
+        return self._materialize()[0]
 
     @property
     def w(self) -> Tensor:
-        self._materialize()
-        return self._w
+        return self._materialize()[1]
 
     def row(self, k: int) -> Plan:
         return Plan(self.idx[k], self.w[k], self.active[k], fixed=self.fixed)
@@ -84,11 +92,16 @@ class Plan:
     def to(self, device: torch.device | str) -> Plan:
         """The same plan on ``device`` (a plan is drawn on the CPU; an executor moves it to the data once per
         round). A lazy plan stays lazy: its index is built on the CPU and moved when first needed."""
-        if self._idx is not None:
-            return Plan(self._idx.to(device), self._w.to(device), self.active.to(device), fixed=self.fixed)
         build = self._build
-        return Plan(None, None, self.active.to(device), fixed=self.fixed,
-                    build=lambda: tuple(t.to(device) for t in build()))
+        if build is None or (self._idx is not None and self._w is not None):
+            idx, w = self._materialize()
+            return Plan(idx.to(device), w.to(device), self.active.to(device), fixed=self.fixed)
+
+        def moved() -> tuple[Tensor, Tensor]:
+            idx, w = build()
+            return idx.to(device), w.to(device)
+
+        return Plan(None, None, self.active.to(device), fixed=self.fixed, build=moved)
 
     def length(self, step: int) -> int:
         """One client's plan (``w`` ``[S, B]``): how many leading samples of minibatch ``step`` can carry
@@ -139,8 +152,10 @@ def _stack_plan(d: _Drawn) -> tuple[Tensor, Tensor]:
         # full batches: every step repeats the client's step 0 (zeros past its steps)
         idx1, w1 = (t.numpy() for t in _stack_plan(replace(d, steps=np.ones_like(d.steps))))
         if np.all(d.steps == S):
-            return (torch.from_numpy(np.broadcast_to(idx1, (K, S, B)).copy()),
-                    torch.from_numpy(np.broadcast_to(w1, (K, S, B)).copy()))
+            return (
+                torch.from_numpy(np.broadcast_to(idx1, (K, S, B)).copy()),
+                torch.from_numpy(np.broadcast_to(w1, (K, S, B)).copy()),
+            )
         live = (np.arange(S) < d.steps[:, None])[:, :, None]
         return torch.from_numpy(np.where(live, idx1, 0)), torch.from_numpy(np.where(live, w1, np.float32(0)))
     if np.all((d.bs == B) & (d.n % B == 0) & (d.steps == S) & (d.stride == d.n)):
@@ -158,18 +173,25 @@ def _stack_plan(d: _Drawn) -> tuple[Tensor, Tensor]:
         per_epoch, bs, start = d.per_epoch[sl, None], d.bs[sl, None], d.start[sl, None]
         e = s // per_epoch
         b = s - e * per_epoch
-        off = d.base[sl, None] + e * d.stride[sl, None] + b * bs                      # [k, S]
-        length = np.minimum(bs, d.n[sl, None] - b * bs)                               # [k, S]
-        live = s < d.steps[sl, None]                                                  # [k, S]
-        m = (j < length[:, :, None]) & live[:, :, None]                               # [k, S, B]
+        off = d.base[sl, None] + e * d.stride[sl, None] + b * bs  # [k, S]
+        length = np.minimum(bs, d.n[sl, None] - b * bs)  # [k, S]
+        live = s < d.steps[sl, None]  # [k, S]
+        m = (j < length[:, :, None]) & live[:, :, None]  # [k, S, B]
         rows = d.flat[np.where(m, off[:, :, None] + j, 0)]
         idx[sl] = np.where(m, rows + start[:, :, None], (start * live)[:, :, None])
         w[sl] = np.where(m, (1.0 / length).astype(np.float32)[:, :, None], np.float32(0))
     return torch.from_numpy(idx), torch.from_numpy(w)
 
 
-def _group_rows(groups: tuple[Tensor, Sequence[str]] | None, phase: str, name: str, start: np.ndarray,
-                n: np.ndarray, cids: np.ndarray, bad_n: int) -> tuple[np.ndarray, np.ndarray]:
+def _group_rows(
+    groups: tuple[Tensor, Sequence[str]] | None,
+    phase: str,
+    name: str,
+    start: np.ndarray,
+    n: np.ndarray,
+    cids: np.ndarray,
+    bad_n: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """The client-relative rows of row group ``name`` among each client's rows ``start:start+n``:
     ``(rows of all clients, concatenated; how many per client)``. ``bad_n``: the first client with no rows
     (K if none), whose error comes first as in a client-by-client check."""
@@ -182,18 +204,27 @@ def _group_rows(groups: tuple[Tensor, Sequence[str]] | None, phase: str, name: s
         raise ValueError(f"work phase {phase!r}: unknown row group {name!r}; allowed: {list(names)}")
     n = np.maximum(n, 0)
     rel = _ranges(n)
-    hit = (gids.cpu().numpy()[np.repeat(start, n) + rel] == names.index(name))
+    hit = gids.cpu().numpy()[np.repeat(start, n) + rel] == names.index(name)
     counts = np.bincount(np.repeat(np.arange(len(n)), n)[hit], minlength=len(n))
     empty = np.flatnonzero(counts == 0)
     if empty.size and empty[0] < bad_n:
-        raise ValueError(f"client {int(cids[empty[0]])} has no training samples in row group {name!r} "
-                         f"(phase {phase!r})")
+        raise ValueError(
+            f"client {int(cids[empty[0]])} has no training samples in row group {name!r} (phase {phase!r})"
+        )
     return rel[hit], counts
 
 
-def _draw_phase(phase: str, wk: Work, cids: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
-                rngs: RngStreams, round_: int, scale: np.ndarray | None,
-                groups: tuple[Tensor, Sequence[str]] | None) -> tuple[_Drawn, bool]:
+def _draw_phase(
+    phase: str,
+    wk: Work,
+    cids: np.ndarray,
+    sizes: np.ndarray,
+    starts: np.ndarray,
+    rngs: RngStreams,
+    round_: int,
+    scale: np.ndarray | None,
+    groups: tuple[Tensor, Sequence[str]] | None,
+) -> tuple[_Drawn, bool]:
     """One phase's plans for every client: epoch-aligned passes, each a fresh permutation of the client's
     ``n`` rows from its stream ``("batches", round_, cid, phase)`` split into ``ceil(n / bs)`` batches (the
     last may be short); a client with ``bs = n`` uses its rows in order at every step and draws nothing."""
@@ -213,9 +244,9 @@ def _draw_phase(phase: str, wk: Work, cids: np.ndarray, sizes: np.ndarray, start
     else:
         steps = np.maximum(1, np.ceil(wk.epochs * per_epoch)).astype(np.int64)
     if scale is not None:
-        steps = np.maximum(1, np.rint(steps * scale)).astype(np.int64)   # rint: round half to even, as round()
+        steps = np.maximum(1, np.rint(steps * scale)).astype(np.int64)  # rint: round half to even, as round()
     drawn = bs < n
-    passes = np.where(drawn, -(-steps // per_epoch), 1)     # the passes the steps reach (one for a full batch)
+    passes = np.where(drawn, -(-steps // per_epoch), 1)  # the passes the steps reach (one for a full batch)
     seg = passes * n
     base = np.cumsum(seg) - seg
     # a full batch's pass is arange(n); a drawn pass is g.permutation(n) = arange(n) shuffled (in a small
@@ -232,15 +263,21 @@ def _draw_phase(phase: str, wk: Work, cids: np.ndarray, sizes: np.ndarray, start
             for e in range(passes_l[i]):
                 b[:] = a
                 g.shuffle(b)
-                flat[b0 + e * ni:b0 + (e + 1) * ni] = b
-    if rows is not None:                                     # group phases: pass positions -> the group's rows
+                flat[b0 + e * ni : b0 + (e + 1) * ni] = b
+    if rows is not None:  # group phases: pass positions -> the group's rows
         flat = rows[np.repeat(np.cumsum(n) - n, seg) + flat]
     return _Drawn(flat, starts, n, bs, per_epoch, steps, base, np.where(drawn, n, 0)), not drawn.any()
 
 
-def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: RngStreams, round_: int,
-                scale: Tensor | None = None, groups: tuple[Tensor, Sequence[str]] | None = None
-                ) -> dict[str, Plan]:
+def build_plans(
+    work: Mapping[str, Work],
+    offsets: Tensor,
+    ids: Tensor,
+    rngs: RngStreams,
+    round_: int,
+    scale: Tensor | None = None,
+    groups: tuple[Tensor, Sequence[str]] | None = None,
+) -> dict[str, Plan]:
     """Draw every selected client's minibatch plan for every phase (deterministic per client).
 
     ``groups``: ``(train_groups, group_names)`` of the data, aligned with ``offsets``, for phases whose
@@ -252,15 +289,17 @@ def build_plans(work: Mapping[str, Work], offsets: Tensor, ids: Tensor, rngs: Rn
     sc = None
     if scale is not None:
         sc = scale.detach().cpu().to(torch.float64).numpy().reshape(-1)
-        if sc.shape[0] < len(cids) or not np.all(np.isfinite(sc[:len(cids)])):
-            raise ValueError(f"build_plans: scale needs one finite work fraction per selected client "
-                             f"({len(cids)}), got {tuple(scale.shape)}")
-        sc = sc[:len(cids)]
+        if sc.shape[0] < len(cids) or not np.all(np.isfinite(sc[: len(cids)])):
+            raise ValueError(
+                f"build_plans: scale needs one finite work fraction per selected client "
+                f"({len(cids)}), got {tuple(scale.shape)}"
+            )
+        sc = sc[: len(cids)]
     if work and len(cids) == 0:
         raise ValueError("build_plans: no clients selected (ids is empty)")
     plans: dict[str, Plan] = {}
     for phase, wk in work.items():
         d, fixed = _draw_phase(phase, wk, cids, sizes, starts, rngs, round_, sc, groups)
         act = torch.from_numpy(np.arange(int(d.steps.max())) < d.steps[:, None])
-        plans[phase] = Plan(None, None, act, build=lambda d=d: _stack_plan(d), fixed=fixed)
+        plans[phase] = Plan(None, None, act, build=partial(_stack_plan, d), fixed=fixed)
     return plans

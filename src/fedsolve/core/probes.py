@@ -23,7 +23,7 @@ def linear_chain(problem) -> list:
     a ``ValueError`` naming what is not otherwise."""
     try:
         return mlp_layers(problem)
-    except ValueError as e:   # the message names the fast kernels it was written for: keep only the reason
+    except ValueError as e:  # the message names the fast kernels it was written for: keep only the reason
         msg = str(e)
         why = msg.split("; ", 1)[1].rsplit("; use", 1)[0] if "; " in msg else f"loss {problem.loss_name!r}"
         raise ValueError(f"the model is not a chain of nn.Linear layers with elementwise activations ({why})") from None
@@ -35,7 +35,7 @@ def maps_over_clients(fn: Callable[[torch.Tensor], Any], num_clients: int) -> bo
     ids = torch.arange(min(num_clients, 3))
     try:
         together = torch.func.vmap(fn, randomness="error")(ids)
-    except Exception:   # noqa: BLE001  (any failure: the function runs client by client only)
+    except Exception:  # noqa: BLE001  (any failure: the function runs client by client only)
         return False
     leaves = torch.utils._pytree.tree_leaves
     for k in range(ids.numel()):

@@ -53,7 +53,7 @@ def _seed_seq_state(entropy: list[int | np.ndarray]) -> np.ndarray:
         return v ^ (v >> np.uint32(_XSHIFT))
 
     def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        r = np.uint32(_MIX_MULT_L) * x - np.uint32(_MIX_MULT_R) * y
+        r: np.ndarray = np.uint32(_MIX_MULT_L) * x - np.uint32(_MIX_MULT_R) * y
         return r ^ (r >> np.uint32(_XSHIFT))
 
     zero = np.zeros(K, np.uint32)
@@ -100,9 +100,9 @@ class RngStreams:
         ``numpy(stream, *keys with v_i)`` (the same PCG64 state). ONE generator object is re-seeded per ``i``:
         draw from it before taking the next."""
         arrays = [i for i, k in enumerate(keys) if isinstance(k, np.ndarray)]
-        if len(arrays) != 1 or not np.issubdtype(keys[arrays[0]].dtype, np.integer) or keys[arrays[0]].ndim != 1:
+        vals = keys[arrays[0]] if len(arrays) == 1 else None
+        if not isinstance(vals, np.ndarray) or not np.issubdtype(vals.dtype, np.integer) or vals.ndim != 1:
             raise ValueError("numpy_each: give exactly one key as a 1-D integer numpy array")
-        vals = keys[arrays[0]]
         if vals.size == 0:
             return
         varying = (vals.astype(np.uint64) & np.uint64(_MASK32)).astype(np.uint32)
@@ -114,8 +114,12 @@ class RngStreams:
         for i in range(len(s0)):
             inc = (((q0[i] << 64) | q1[i]) << 1 | 1) & _MASK128
             state = ((inc + ((s0[i] << 64) | s1[i])) * _PCG_MULT + inc) & _MASK128
-            bit_gen.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
-                             "has_uint32": 0, "uinteger": 0}
+            bit_gen.state = {
+                "bit_generator": "PCG64",
+                "state": {"state": state, "inc": inc},
+                "has_uint32": 0,
+                "uinteger": 0,
+            }
             yield i, gen
 
     def torch(self, stream: str, *keys: object, device: str | torch.device = "cpu") -> torch.Generator:

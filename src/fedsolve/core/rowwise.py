@@ -19,7 +19,7 @@ def rowwise_mismatch(fn: Callable[[Tensor], Tensor], rows: Tensor, rtol: float =
     dimension of ``rows`` and gives the values it gives row by row (to ``rtol``); else why not, in one line."""
     try:
         together = torch.func.vmap(fn)(rows)
-    except Exception as e:   # noqa: BLE001  (any failure: the function cannot run for all rows at once)
+    except Exception as e:  # noqa: BLE001  (any failure: the function cannot run for all rows at once)
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return f"it does not run for all clients at once ({why[:160]})"
     alone = torch.stack([fn(r) for r in rows.unbind(0)])

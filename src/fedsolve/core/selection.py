@@ -11,14 +11,14 @@ executors import the shared machinery and the choice imports the executors, neve
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
 from fedsolve.core import batched_mlp as bm
-from fedsolve.core.executor import Executor, SequentialExecutor, VectorizedExecutor, Work  # noqa: F401
+from fedsolve.core.executor import Executor, SequentialExecutor, VectorizedExecutor, Work
 from fedsolve.core.linear import LinearGDExecutor, linear_model_problem, stacks
 from fedsolve.core.statements import initial_statement
-
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
 #: Measured in benchmarks/round_time.py on a 2-core CPU (see docs/concepts.md).
@@ -82,7 +82,7 @@ def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:
     if algorithm is None or statement is None:
         return False
     work = algorithm.work(0)
-    if not stacks(statement, work, coordinate_prox=not full_batch):   # the batched kernels take a [d] pull too
+    if not stacks(statement, work, coordinate_prox=not full_batch):  # the batched kernels take a [d] pull too
         return False
     return (work[statement.phase].batch_size is None) if full_batch else True
 
@@ -91,8 +91,14 @@ def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:
 ASK = object()
 
 
-def make_executor(name: str, problem, chunk_size: int | None = None, linear_kernel: str = "auto",
-                  algorithm=None, statement=ASK) -> Executor:
+def make_executor(
+    name: str,
+    problem,
+    chunk_size: int | None = None,
+    linear_kernel: Literal["auto", "native", "torch"] = "auto",
+    algorithm=None,
+    statement=ASK,
+) -> Executor:
     """``sequential`` | ``vectorized`` | ``linear`` | ``batched`` | ``auto``, chosen by the engine from how
     ``algorithm`` states its update (``statement``: its round-0 statement, :func:`core.statements.stated`) and
     what the model is. ``auto``: ``linear`` where it applies, else the fastest of ``batched`` (where it applies:
@@ -106,8 +112,9 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
     if name == "fpfc_linear":
         name = "linear"
     if statement is ASK:
-        statement = initial_statement(algorithm) if algorithm is not None and name in ("auto", "linear",
-                                                                                         "batched") else None
+        statement = (
+            initial_statement(algorithm) if algorithm is not None and name in ("auto", "linear", "batched") else None
+        )
     if name == "sequential":
         return SequentialExecutor()
     if name == "vectorized":
@@ -115,17 +122,21 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
     what = getattr(algorithm, "name", "this algorithm")
     if name == "linear" or (name == "auto" and linear_gd_applies(algorithm, problem, statement=statement)):
         if algorithm is None or not linear_gd_applies(algorithm, problem, check_problem=False, statement=statement):
-            raise ValueError(f"executor: 'linear' does not run {what} with this configuration (it needs "
-                             f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
-                             f"'sequential', 'vectorized'")
+            raise ValueError(
+                f"executor: 'linear' does not run {what} with this configuration (it needs "
+                f"full-batch local GD on the whole model: batch_size null); allowed: 'auto', "
+                f"'sequential', 'vectorized'"
+            )
         fallback = _generic(problem, chunk_size) if name == "auto" else None
         return LinearGDExecutor(problem, kernel=linear_kernel, fallback=fallback)
     if name == "batched":
         if algorithm is None or not batched_applies(algorithm, problem, check_problem=False, statement=statement):
-            raise ValueError(f"executor: 'batched' does not run {what} with this configuration (it needs plain "
-                             f"local SGD on the model's loss, one phase); allowed: 'auto', 'sequential', "
-                             f"'vectorized'")
-        return bm.BatchedMLPExecutor(problem)   # raises with the reason when the model is not a stacked MLP
+            raise ValueError(
+                f"executor: 'batched' does not run {what} with this configuration (it needs plain "
+                f"local SGD on the model's loss, one phase); allowed: 'auto', 'sequential', "
+                f"'vectorized'"
+            )
+        return bm.BatchedMLPExecutor(problem)  # raises with the reason when the model is not a stacked MLP
     if name == "auto":
         batched = algorithm is not None and batched_applies(algorithm, problem, statement=statement)
         choice = None
@@ -133,24 +144,30 @@ def make_executor(name: str, problem, chunk_size: int | None = None, linear_kern
             # the fastest that applies, measured once per machine, model and local objective (core/batched_mlp.py)
             cands = (["batched"] if batched else []) + (["vectorized"] if problem.vmappable else []) + ["sequential"]
             bs = algorithm.work(0).get("train", Work()).batch_size
-            loss = getattr(statement, "objective", None)   # a saddle or bilevel objective is timed as itself
+            loss = getattr(statement, "objective", None)  # a saddle or bilevel objective is timed as itself
             choice = bm.calibrated_choice(problem, cands, bs, chunk_size, loss=loss)
-        if choice is None:   # no workload to time, FEDSOLVE_CALIBRATE=0, or no candidate ran in the calibration
+        if choice is None:  # no workload to time, FEDSOLVE_CALIBRATE=0, or no candidate ran in the calibration
             if batched:
                 return bm.BatchedMLPExecutor(problem, fallback=_generic(problem, chunk_size))
             return _generic(problem, chunk_size)
-        if choice in ("batched", "batched:1"):   # batched:1: its chunks one after another (other jobs hold cores)
-            return bm.BatchedMLPExecutor(problem, workers=1 if choice == "batched:1" else None,
-                                         fallback=_generic(problem, chunk_size))
+        if choice in ("batched", "batched:1"):  # batched:1: its chunks one after another (other jobs hold cores)
+            return bm.BatchedMLPExecutor(
+                problem, workers=1 if choice == "batched:1" else None, fallback=_generic(problem, chunk_size)
+            )
         return make_executor(choice, problem, chunk_size, linear_kernel, algorithm, statement)
-    raise ValueError(f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
-                     f"'sequential', 'vectorized', 'linear', 'batched'")
+    raise ValueError(
+        f"executor: {name!r} is not available for this algorithm/model; allowed: 'auto', "
+        f"'sequential', 'vectorized', 'linear', 'batched'"
+    )
 
 
 def _generic(problem, chunk_size: int | None) -> Executor:
     """The generic executor ``auto`` falls back to: vectorized for small buffer-free models without large
     convolutions, else sequential."""
-    if (problem.vmappable and problem.layout.dim <= AUTO_MAX_PARAMS
-            and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS):
+    if (
+        problem.vmappable
+        and problem.layout.dim <= AUTO_MAX_PARAMS
+        and conv_positions(problem) <= AUTO_MAX_CONV_POSITIONS
+    ):
         return VectorizedExecutor(chunk_size)
     return SequentialExecutor()

@@ -52,7 +52,7 @@ class Descend:
 
     start: Tensor
     lr: float | Tensor
-    then: Then
+    then: Then | None  # None only for a statement a client runs itself (``ctx.descend``), never returned
     phase: str = "train"
     weight_decay: float = 0.0
     linear: Tensor | None = None
@@ -72,10 +72,18 @@ class Descend:
 
     def plain(self) -> bool:
         """Plain SGD on the model's own loss, whole model, no stopping rule: what the stacked kernels run."""
-        return (self.objective is None and self.until is None and self.mask is None and self.optimizer == "sgd"
-                and self.extra is None and self.block is None
-                and isinstance(self.scale, (int, float)) and self.scale == 1.0
-                and isinstance(self.prox, (int, float)) and isinstance(self.lr, (int, float)))
+        return (
+            self.objective is None
+            and self.until is None
+            and self.mask is None
+            and self.optimizer == "sgd"
+            and self.extra is None
+            and self.block is None
+            and isinstance(self.scale, (int, float))
+            and self.scale == 1.0
+            and isinstance(self.prox, (int, float))
+            and isinstance(self.lr, (int, float))
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,7 +146,7 @@ def stated(algo, rows: Record, msgs: Record, round_: int = 0) -> Statement | Non
     executors then run it client by client, where any real error surfaces)."""
     try:
         out = algo.local_update(rows, msgs, ProbeContext(round_))
-    except Exception:   # noqa: BLE001  (not stated for stacked rows; the generic path reports real errors)
+    except Exception:  # noqa: BLE001  (not stated for stacked rows; the generic path reports real errors)
         return None
     return out if is_statement(out) else None
 
@@ -152,11 +160,11 @@ def initial_statement(algo, round_: int = 0) -> Statement | None:
 
     problem = algo.problem
     rngs = RngStreams(0)
-    try:   # a server state that a driver completes after construction (e.g. newcomers) broadcasts nothing yet
+    try:  # a server state that a driver completes after construction (e.g. newcomers) broadcasts nothing yet
         server, clients = algo.init(problem.init_params(rngs.torch("init")), rngs)
         ids = torch.arange(min(2, problem.num_clients))
         with torch.no_grad():
             msgs = algo.broadcast(server, ids, round_)
-    except Exception:   # noqa: BLE001
+    except Exception:  # noqa: BLE001
         return None
     return stated(algo, clients.gather(ids), msgs, round_)

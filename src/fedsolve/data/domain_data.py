@@ -35,30 +35,37 @@ class DomainData(FederatedData):
     @classmethod
     def of(cls, data: FederatedData, validation: tuple | None) -> DomainData:
         """``data`` with the labelled target validation pair ``validation`` (``(x, y)`` arrays, or None)."""
-        vx, vy = (None, None) if validation is None else (torch.as_tensor(np.asarray(validation[0]),
-                                                                           dtype=data.train_x.dtype),
-                                                          torch.as_tensor(np.asarray(validation[1]),
-                                                                          dtype=torch.long))
-        return cls(**{f.name: getattr(data, f.name) for f in fields(FederatedData)}, validation_x=vx,
-                   validation_y=vy)
+        vx, vy = (
+            (None, None)
+            if validation is None
+            else (
+                torch.as_tensor(np.asarray(validation[0]), dtype=data.train_x.dtype),
+                torch.as_tensor(np.asarray(validation[1]), dtype=torch.long),
+            )
+        )
+        return cls(**{f.name: getattr(data, f.name) for f in fields(FederatedData)}, validation_x=vx, validation_y=vy)
 
     def split_validation(self, fraction: float = 0.2, seed: int = 0) -> FederatedData:
         """The validation problem of tuning: every client trains on its training rows less a held-out
         ``fraction`` (at random, ``seed``; :meth:`FederatedData.split_validation`) and is scored on its share of
         the labelled target validation images (split over the clients at random, ``seed``)."""
         if self.validation_x is None or self.validation_y is None or len(self.validation_y) == 0:
-            raise ValueError(f"tune: the domain data {self.name!r} has no labelled target validation images "
-                             f"(its target training rows are unlabelled); allowed: a domain dataset built with a "
-                             f"validation set (mnist_mnistm: data.params.val_limit)")
+            raise ValueError(
+                f"tune: the domain data {self.name!r} has no labelled target validation images "
+                f"(its target training rows are unlabelled); allowed: a domain dataset built with a "
+                f"validation set (mnist_mnistm: data.params.val_limit)"
+            )
         rest = super().split_validation(fraction, seed)
         rng = np.random.default_rng(20_000 + seed)
         parts = np.array_split(rng.permutation(len(self.validation_y)), self.num_clients)
         order = torch.as_tensor(np.concatenate(parts), dtype=torch.long)
-        return replace(rest, test_x=self.validation_x[order].to(rest.train_x.dtype),
-                       test_y=self.validation_y[order],
-                       test_offsets=torch.as_tensor(np.cumsum([0] + [len(p) for p in parts]), dtype=torch.long),
-                       meta={**rest.meta, "test": "target validation images (labelled, disjoint from training and "
-                                                  "test)"})
+        return replace(
+            rest,
+            test_x=self.validation_x[order].to(rest.train_x.dtype),
+            test_y=self.validation_y[order],
+            test_offsets=torch.as_tensor(np.cumsum([0] + [len(p) for p in parts]), dtype=torch.long),
+            meta={**rest.meta, "test": "target validation images (labelled, disjoint from training and test)"},
+        )
 
     def with_dtype(self, dtype: torch.dtype) -> DomainData:
         out = super().with_dtype(dtype)

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,19 @@ import torch.nn.functional as F
 from .domain_data import DomainData
 from .federated import FederatedData
 
-__all__ = ["domain_split", "check_domains", "toy_domains", "mnist_mnistm", "mnist_digits", "digit_domains",
-           "mnistm_blend", "skimage_photos", "DIGIT_DOMAINS", "DOMAIN_DATASETS", "TEST_ON"]
+__all__ = [
+    "domain_split",
+    "check_domains",
+    "toy_domains",
+    "mnist_mnistm",
+    "mnist_digits",
+    "digit_domains",
+    "mnistm_blend",
+    "skimage_photos",
+    "DIGIT_DOMAINS",
+    "DOMAIN_DATASETS",
+    "TEST_ON",
+]
 
 GROUPS = ("source", "target")
 
@@ -81,45 +93,72 @@ def check_domains(pairs: dict[str, tuple], num_classes: int) -> None:
             raise ValueError(f"{name}: expected an (x, y) pair of arrays")
         x, y = (np.asarray(a.cpu() if isinstance(a, torch.Tensor) else a) for a in pair)
         if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
-            raise ValueError(f"{name}: x of shape {x.shape} and y of shape {y.shape}; allowed: x [n, ...] with one "
-                             f"label per row, y [n]")
+            raise ValueError(
+                f"{name}: x of shape {x.shape} and y of shape {y.shape}; allowed: x [n, ...] with one "
+                f"label per row, y [n]"
+            )
         shapes[name] = x.shape[1:]
         first = next(iter(shapes))
         if shapes[name] != shapes[first]:
-            raise ValueError(f"{name}: samples of shape {shapes[name]} but {first}'s are {shapes[first]}; allowed: "
-                             f"one shape for every domain (resize the images to one size)")
+            raise ValueError(
+                f"{name}: samples of shape {shapes[name]} but {first}'s are {shapes[first]}; allowed: "
+                f"one shape for every domain (resize the images to one size)"
+            )
         if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
             raise ValueError(f"{name}: x of type {x.dtype}; allowed: real numbers")
         bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if len(x) else np.zeros(0, bool)
         if bad.any():
-            raise ValueError(f"{name}: {int(bad.sum())} sample(s) hold NaN/inf values (row {int(np.argmax(bad))} "
-                             f"first); allowed: finite values only")
+            raise ValueError(
+                f"{name}: {int(bad.sum())} sample(s) hold NaN/inf values (row {int(np.argmax(bad))} "
+                f"first); allowed: finite values only"
+            )
         if len(y) and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes):
-            what = f"labels of type {y.dtype}" if not np.issubdtype(y.dtype, np.integer) else \
-                f"label {int(y.max()) if y.max() >= num_classes else int(y.min())}"
-            raise ValueError(f"{name}: {what} outside the {num_classes} classes; allowed: integer labels 0 to "
-                             f"{num_classes - 1} (num_classes = {num_classes})")
+            what = (
+                f"labels of type {y.dtype}"
+                if not np.issubdtype(y.dtype, np.integer)
+                else f"label {int(y.max()) if y.max() >= num_classes else int(y.min())}"
+            )
+            raise ValueError(
+                f"{name}: {what} outside the {num_classes} classes; allowed: integer labels 0 to "
+                f"{num_classes - 1} (num_classes = {num_classes})"
+            )
 
 
-def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray, np.ndarray],
-                 target_test: tuple[np.ndarray, np.ndarray], num_classes: int, num_clients: int = 2,
-                 p: float | None = None, source_clients: int | None = None, classes_per_client: int | None = None,
-                 seed: int = 0, name: str = "domains", meta: dict | None = None,
-                 target_val: tuple[np.ndarray, np.ndarray] | None = None) -> DomainData:
+def domain_split(
+    source: tuple[np.ndarray, np.ndarray],
+    target: tuple[np.ndarray, np.ndarray],
+    target_test: tuple[np.ndarray, np.ndarray],
+    num_classes: int,
+    num_clients: int = 2,
+    p: float | None = None,
+    source_clients: int | None = None,
+    classes_per_client: int | None = None,
+    seed: int = 0,
+    name: str = "domains",
+    meta: dict | None = None,
+    target_val: tuple[np.ndarray, np.ndarray] | None = None,
+) -> DomainData:
     """Federate a domain pair (see the module docstring). ``source``, ``target``, ``target_test``: ``(x, y)`` array
     pairs (images ``[n, C, H, W]`` or feature rows ``[n, d]``, one shape for all three; labels ``0 ..
     num_classes - 1``). ``target``'s labels are used only to split by class (``classes_per_client``); they are
     replaced by -1 in the result. ``target_val``: labelled target images for tuning (:class:`DomainData`),
     disjoint from the others. Each pair is checked (:func:`check_domains`)."""
-    check_domains({"source": source, "target": target, "target_test": target_test,
-                   **({"target_val": target_val} if target_val is not None else {})}, num_classes)
+    check_domains(
+        {
+            "source": source,
+            "target": target,
+            "target_test": target_test,
+            **({"target_val": target_val} if target_val is not None else {}),
+        },
+        num_classes,
+    )
     rng = np.random.default_rng(seed)
     xs, ys = source
     xt, yt = target
     if num_clients < 1:
         raise ValueError(f"num_clients must be >= 1, got {num_clients}")
     if source_clients is None:
-        if num_clients == 1:   # the pooled (centralized) run: one client holding everything
+        if num_clients == 1:  # the pooled (centralized) run: one client holding everything
             src_parts, tgt_parts = [np.arange(len(ys))], [np.arange(len(yt))]
         elif num_clients == 2:
             p = 1.0 if p is None else float(p)
@@ -130,16 +169,19 @@ def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray
             src_parts = [np.sort(ps[:ns]), np.sort(ps[ns:])]
             tgt_parts = [np.sort(pt[:nt]), np.sort(pt[nt:])]
         else:
-            raise ValueError(f"num_clients={num_clients}: give source_clients (the number of source-only clients; "
-                             f"the rest are target-only); p applies to 2 clients")
+            raise ValueError(
+                f"num_clients={num_clients}: give source_clients (the number of source-only clients; "
+                f"the rest are target-only); p applies to 2 clients"
+            )
         if classes_per_client is not None:
             raise ValueError("classes_per_client needs source_clients (domain-pure clients)")
     else:
         if p is not None:
             raise ValueError("give p (2 clients, mixed) or source_clients (domain-pure clients), not both")
         if not 1 <= source_clients < num_clients:
-            raise ValueError(f"source_clients must be in [1, num_clients - 1] = [1, {num_clients - 1}], "
-                             f"got {source_clients}")
+            raise ValueError(
+                f"source_clients must be in [1, num_clients - 1] = [1, {num_clients - 1}], got {source_clients}"
+            )
         ks, kt = source_clients, num_clients - source_clients
         if classes_per_client is None:
             sp, tp = _parts(len(ys), ks, rng), _parts(len(yt), kt, rng)
@@ -154,29 +196,62 @@ def domain_split(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray
     for i in range(num_clients):
         s, t = src_parts[i], tgt_parts[i]
         if len(s) + len(t) == 0:
-            raise ValueError(f"client {i} gets no training rows (too few samples for this split)")
-        train.append((np.concatenate([xs[s], xt[t]]).astype(np.float32),
-                      np.concatenate([ys[s].astype(np.int64), np.full(len(t), -1, np.int64)])))
+            raise ValueError(
+                f"num_clients: client {i} of {num_clients} gets no training rows ({len(ys)} source and "
+                f"{len(yt)} target rows to share); allowed: fewer clients, or more rows"
+            )
+        train.append(
+            (
+                np.concatenate([xs[s], xt[t]]).astype(np.float32),
+                np.concatenate([ys[s].astype(np.int64), np.full(len(t), -1, np.int64)]),
+            )
+        )
         groups.append(np.concatenate([np.zeros(len(s), np.int64), np.ones(len(t), np.int64)]))
         test.append((target_test[0][test_parts[i]].astype(np.float32), target_test[1][test_parts[i]].astype(np.int64)))
     data = FederatedData.from_client_arrays(
-        train, test, num_classes=num_classes, name=name,
-        meta={"test": "target domain", **(meta or {}),
-              "split": {"num_clients": num_clients, "p": p, "source_clients": source_clients,
-                        "classes_per_client": classes_per_client, "seed": seed}})
+        train,
+        test,
+        num_classes=num_classes,
+        name=name,
+        meta={
+            "test": "target domain",
+            **(meta or {}),
+            "split": {
+                "num_clients": num_clients,
+                "p": p,
+                "source_clients": source_clients,
+                "classes_per_client": classes_per_client,
+                "seed": seed,
+            },
+        },
+    )
     data.train_groups = torch.as_tensor(np.concatenate(groups))
     data.group_names = GROUPS
     return DomainData.of(data, target_val)
 
 
 # ------------------------------------------------------------------ two moons (tests, quick configs)
-def toy_domains(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
-                classes_per_client: int | None = None, n: int = 300, n_test: int = 200, rotation: float = 35.0,
-                noise: float = 0.1, n_val: int = 0, seed: int = 0) -> DomainData:
+def toy_domains(
+    num_clients: int = 2,
+    p: float | None = None,
+    source_clients: int | None = None,
+    classes_per_client: int | None = None,
+    n: int = 300,
+    n_test: int = 200,
+    rotation: float = 35.0,
+    noise: float = 0.1,
+    n_val: int = 0,
+    seed: int = 0,
+) -> DomainData:
     """Two moons (labelled source) -> the same distribution rotated by ``rotation`` degrees (unlabelled target);
     ``n_val`` > 0: that many labelled rotated points for tuning (:class:`~fedsolve.data.domain_data.DomainData`)."""
     from sklearn.datasets import make_moons
 
+    for name, v, low in (("n", n, 1), ("n_test", n_test, 1), ("n_val", n_val, 0)):
+        if v < low:
+            raise ValueError(f"{name}: {v} points; allowed: a whole number >= {low}")
+    if noise < 0:
+        raise ValueError(f"noise: {noise}; allowed: a standard deviation >= 0")
     rng = np.random.default_rng(seed)
     r = np.deg2rad(rotation)
     rot = np.array([[np.cos(r), -np.sin(r)], [np.sin(r), np.cos(r)]])
@@ -188,20 +263,37 @@ def toy_domains(num_clients: int = 2, p: float | None = None, source_clients: in
     xs, ys = moons(n)
     xt, yt = moons(n)
     xe, ye = moons(n_test)
-    if n_val < 0:
-        raise ValueError(f"n_val must be >= 0, got {n_val}")
-    xv, yv = moons(n_val) if n_val else (None, None)
-    return domain_split((xs, ys), (xt @ rot.T, yt), (xe @ rot.T, ye), 2, num_clients, p, source_clients,
-                        classes_per_client, seed, "toy_domains",
-                        {"dataset": "toy_domains", "source": "two moons",
-                         "target": f"two moons rotated {rotation} deg"},
-                        target_val=(xv @ rot.T, yv) if n_val else None)
+    val = moons(n_val) if n_val else None
+    return domain_split(
+        (xs, ys),
+        (xt @ rot.T, yt),
+        (xe @ rot.T, ye),
+        2,
+        num_clients,
+        p,
+        source_clients,
+        classes_per_client,
+        seed,
+        "toy_domains",
+        {"dataset": "toy_domains", "source": "two moons", "target": f"two moons rotated {rotation} deg"},
+        target_val=(val[0] @ rot.T, val[1]) if val is not None else None,
+    )
 
 
 # ------------------------------------------------------------------ MNIST -> MNIST-M-like
 #: colour photos of scikit-image 0.26.0 (skimage/data), the stand-in for BSDS500 (data-sources.md)
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "hubble_deep_field.jpg", "ihc.png",
-          "retina.jpg", "motorcycle_left.png", "motorcycle_right.png", "color.png")
+PHOTOS = (
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "rocket.jpg",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "retina.jpg",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "color.png",
+)
 
 
 def skimage_photos(download: bool = True) -> list[np.ndarray]:
@@ -219,8 +311,10 @@ def skimage_photos(download: bool = True) -> list[np.ndarray]:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
             wheels = list(Path(tmp).glob("scikit_image-*.whl"))
             if res.returncode != 0 or not wheels:
-                raise RuntimeError("fetching the scikit-image wheel failed; run by hand in an empty folder: "
-                                   f"{' '.join(cmd[1:])} ...\n{res.stderr[-800:]}")
+                raise RuntimeError(
+                    "fetching the scikit-image wheel failed; run by hand in an empty folder: "
+                    f"{' '.join(cmd[1:])} ...\n{res.stderr[-800:]}"
+                )
             from PIL import Image
 
             arrays = {}
@@ -230,7 +324,7 @@ def skimage_photos(download: bool = True) -> list[np.ndarray]:
                     arrays[name.split(".")[0]] = np.asarray(img, dtype=np.uint8)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp_path = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp_path, **arrays)
+        np.savez_compressed(tmp_path, **arrays)  # type: ignore[arg-type]  # the stub lets **arrays fill allow_pickle
         tmp_path.replace(path)
     with np.load(path) as z:
         return [z[k] for k in sorted(z.files)]
@@ -243,11 +337,11 @@ def mnistm_blend(digits: np.ndarray, photos: list[np.ndarray], rng: np.random.Ge
     n, h, w = digits.shape
     out = np.empty((n, 3, h, w), dtype=np.float32)
     binary = (digits > 0).astype(np.float32)
-    which = rng.integers(len(photos), size=n)
+    which = rng.integers(len(photos), size=int(n))
     for i in range(n):
         ph = photos[which[i]]
         a, b = rng.integers(ph.shape[0] - h + 1), rng.integers(ph.shape[1] - w + 1)
-        crop = ph[a:a + h, b:b + w].astype(np.float32).transpose(2, 0, 1) / 255.0
+        crop = ph[a : a + h, b : b + w].astype(np.float32).transpose(2, 0, 1) / 255.0
         out[i] = np.abs(crop - binary[i][None])
     return out
 
@@ -263,17 +357,31 @@ def _mnist(limit: int | None, test_limit: int | None, seed: int):
     from .datasets import load_mnist
 
     d = load_mnist(limit=limit, test_limit=test_limit, seed=seed)
+    if d.x_test is None or d.y_test is None:
+        raise ValueError("MNIST: the loader gave no test split")
     return d.x[:, 0], d.y, d.x_test[:, 0], d.y_test
 
 
 #: what the test split of :func:`mnist_mnistm` scores
-TEST_ON = {"target": "target domain", "source": "source domain (twin run: the source accuracy)",
-           "validation": "target validation images (choosing problem settings; not the test images)"}
+TEST_ON = {
+    "target": "target domain",
+    "source": "source domain (twin run: the source accuracy)",
+    "validation": "target validation images (choosing problem settings; not the test images)",
+}
 
 
-def mnist_mnistm(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
-                 classes_per_client: int | None = None, limit: int | None = 10000, test_limit: int | None = 2000,
-                 size: int = 28, val_limit: int | None = None, test_on: str = "target", seed: int = 0) -> DomainData:
+def mnist_mnistm(
+    num_clients: int = 2,
+    p: float | None = None,
+    source_clients: int | None = None,
+    classes_per_client: int | None = None,
+    limit: int | None = 10000,
+    test_limit: int | None = 2000,
+    size: int = 28,
+    val_limit: int | None = None,
+    test_on: str = "target",
+    seed: int = 0,
+) -> DomainData:
     """MNIST (binarized, 3 channels; labelled source) -> MNIST-M-like (unlabelled target), both built from the
     SAME ``limit`` MNIST training images (as the paper); target test = MNIST-M-like of ``test_limit`` MNIST test
     images. ``size``: resize both domains (16 keeps the reduced runs cheap). ``val_limit``: that many further
@@ -303,20 +411,47 @@ def mnist_mnistm(num_clients: int = 2, p: float | None = None, source_clients: i
     tgt = mnistm_blend(x, photos, rng)
     tgt_test = mnistm_blend(xte, photos, rng)
     val = None if val_limit is None else (_resize(mnistm_blend(xv, photos, rng), size), yv)
-    scored = {"target": lambda: (_resize(tgt_test, size), yte), "validation": lambda: val,
-              "source": lambda: (_resize(np.repeat((xte > 0).astype(np.float32)[:, None], 3, axis=1), size), yte)}
-    return domain_split((_resize(src, size), y), (_resize(tgt, size), y), scored[test_on](), 10,
-                        num_clients, p, source_clients, classes_per_client, seed, "mnist_mnistm",
-                        {"dataset": "mnist_mnistm", "source": "MNIST (binarized, RGB)",
-                         "target": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
-                         "limit": limit, "test_limit": test_limit, "size": size, "val_limit": val_limit,
-                         "test": TEST_ON[test_on]},
-                        target_val=val)
+    scored = {
+        "target": lambda: (_resize(tgt_test, size), yte),
+        "validation": lambda: val,
+        "source": lambda: (_resize(np.repeat((xte > 0).astype(np.float32)[:, None], 3, axis=1), size), yte),
+    }
+    target_test = scored[test_on]()
+    assert target_test is not None, "test_on 'validation' comes with val_limit (checked above)"
+    return domain_split(
+        (_resize(src, size), y),
+        (_resize(tgt, size), y),
+        target_test,
+        10,
+        num_clients,
+        p,
+        source_clients,
+        classes_per_client,
+        seed,
+        "mnist_mnistm",
+        {
+            "dataset": "mnist_mnistm",
+            "source": "MNIST (binarized, RGB)",
+            "target": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
+            "limit": limit,
+            "test_limit": test_limit,
+            "size": size,
+            "val_limit": val_limit,
+            "test": TEST_ON[test_on],
+        },
+        target_val=val,
+    )
 
 
-def mnist_digits(num_clients: int = 2, p: float | None = None, source_clients: int | None = None,
-                 classes_per_client: int | None = None, limit: int | None = 10000, test_fraction: float = 0.3,
-                 seed: int = 0) -> FederatedData:
+def mnist_digits(
+    num_clients: int = 2,
+    p: float | None = None,
+    source_clients: int | None = None,
+    classes_per_client: int | None = None,
+    limit: int | None = 10000,
+    test_fraction: float = 0.3,
+    seed: int = 0,
+) -> FederatedData:
     """MNIST resized to 8x8 (labelled source) -> scikit-learn digits 8x8 (UCI optdigits, other writers and
     scanner; unlabelled target). ``test_fraction`` of the digits (stratified) is the target test set."""
     from sklearn.datasets import load_digits
@@ -329,20 +464,37 @@ def mnist_digits(num_clients: int = 2, p: float | None = None, source_clients: i
     d = load_digits()
     xd = (d.images / 16.0).astype(np.float32)[:, None]
     tr, te = stratified_split(d.target, test_fraction, np.random.default_rng(seed))
-    return domain_split((src, y), (xd[tr], d.target[tr]), (xd[te], d.target[te]), 10, num_clients, p,
-                        source_clients, classes_per_client, seed, "mnist_digits",
-                        {"dataset": "mnist_digits", "source": "MNIST resized to 8x8",
-                         "target": "sklearn load_digits (optdigits)", "limit": limit})
+    return domain_split(
+        (src, y),
+        (xd[tr], d.target[tr]),
+        (xd[te], d.target[te]),
+        10,
+        num_clients,
+        p,
+        source_clients,
+        classes_per_client,
+        seed,
+        "mnist_digits",
+        {
+            "dataset": "mnist_digits",
+            "source": "MNIST resized to 8x8",
+            "target": "sklearn load_digits (optdigits)",
+            "limit": limit,
+        },
+    )
 
 
 #: the three domains of :func:`digit_domains` (the Office-31-shaped grid's stand-ins for A, D, W)
-DIGIT_DOMAINS = {"mnist": "MNIST (binarized, RGB)",
-                 "mnistm": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
-                 "digits": "scikit-learn digits (UCI optdigits, other writers and scanner; grey as RGB)"}
+DIGIT_DOMAINS = {
+    "mnist": "MNIST (binarized, RGB)",
+    "mnistm": "MNIST-M-like: |crop of a scikit-image colour photo - digit| (BSDS500 stand-in)",
+    "digits": "scikit-learn digits (UCI optdigits, other writers and scanner; grey as RGB)",
+}
 
 
-def _digit_domain(name: str, limit: int | None, test_limit: int | None, size: int, test_fraction: float,
-                  seed: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def _digit_domain(
+    name: str, limit: int | None, test_limit: int | None, size: int, test_fraction: float, seed: int
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """``((x_train, y_train), (x_test, y_test))`` of one domain, ``x`` as ``[n, 3, size, size]`` in [0, 1]. The
     MNIST-based domains use the same ``limit`` MNIST training images (as the paper's MNIST -> MNIST-M) and the
     first ``test_limit`` test images; ``digits`` holds out ``test_fraction`` (stratified) of its 1,797 images."""
@@ -366,26 +518,54 @@ def _digit_domain(name: str, limit: int | None, test_limit: int | None, size: in
     return (_resize(mnistm_blend(x, photos, rng), size), y), (_resize(mnistm_blend(xte, photos, rng), size), yte)
 
 
-def digit_domains(source: str = "mnist", target: str = "mnistm", num_clients: int = 2, p: float | None = None,
-                  source_clients: int | None = None, classes_per_client: int | None = None,
-                  limit: int | None = 5000, test_limit: int | None = 1000, size: int = 8,
-                  test_fraction: float = 0.3, seed: int = 0) -> FederatedData:
+def digit_domains(
+    source: str = "mnist",
+    target: str = "mnistm",
+    num_clients: int = 2,
+    p: float | None = None,
+    source_clients: int | None = None,
+    classes_per_client: int | None = None,
+    limit: int | None = 5000,
+    test_limit: int | None = 1000,
+    size: int = 8,
+    test_fraction: float = 0.3,
+    seed: int = 0,
+) -> FederatedData:
     """One ordered pair of the three-domain grid (:data:`DIGIT_DOMAINS`): labelled ``source`` training rows,
     unlabelled ``target`` training rows, the ``target`` test set scored; all RGB ``size`` x ``size``."""
     if source == target:
         raise ValueError(f"target: must differ from source ({source!r}); allowed: {sorted(DIGIT_DOMAINS)}")
     src, _ = _digit_domain(source, limit, test_limit, size, test_fraction, seed)
     tgt, tgt_test = _digit_domain(target, limit, test_limit, size, test_fraction, seed)
-    return domain_split(src, tgt, tgt_test, 10, num_clients, p, source_clients, classes_per_client, seed,
-                        f"{source}_{target}",
-                        {"dataset": "digit_domains", "source": DIGIT_DOMAINS[source], "target": DIGIT_DOMAINS[target],
-                         "limit": limit, "test_limit": test_limit, "size": size})
+    return domain_split(
+        src,
+        tgt,
+        tgt_test,
+        10,
+        num_clients,
+        p,
+        source_clients,
+        classes_per_client,
+        seed,
+        f"{source}_{target}",
+        {
+            "dataset": "digit_domains",
+            "source": DIGIT_DOMAINS[source],
+            "target": DIGIT_DOMAINS[target],
+            "limit": limit,
+            "test_limit": test_limit,
+            "size": size,
+        },
+    )
 
 
-DOMAIN_DATASETS = {
+DOMAIN_DATASETS: dict[str, tuple[Callable[..., FederatedData], str]] = {
     "toy_domains": (toy_domains, "two moons -> rotated two moons, labelled source / unlabelled target (federated)"),
     "mnist_mnistm": (mnist_mnistm, "MNIST -> MNIST-M-like (scikit-image photo crops, not BSDS500) (federated)"),
     "mnist_digits": (mnist_digits, "MNIST 8x8 -> sklearn digits, labelled source / unlabelled target (federated)"),
-    "digit_domains": (digit_domains, "any ordered pair of mnist / mnistm (MNIST-M-like) / digits (sklearn), RGB, "
-                                     "the Office-31-shaped grid (federated)"),
+    "digit_domains": (
+        digit_domains,
+        "any ordered pair of mnist / mnistm (MNIST-M-like) / digits (sklearn), RGB, "
+        "the Office-31-shaped grid (federated)",
+    ),
 }

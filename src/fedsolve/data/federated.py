@@ -80,7 +80,7 @@ class FederatedData:
         if int(self.test_offsets[-1]) != self.test_x.shape[0] or self.test_y.shape[0] != self.test_x.shape[0]:
             raise ValueError("test_offsets[-1] must equal the number of test rows")
         if self.task == "classification" and self.num_classes is not None:
-            self._check_labels()
+            self._check_labels(self.num_classes)
         if self.weights is None:
             n = self.train_sizes.to(torch.float64)
             # in the features' float type: float64 data gets exact n_i / n (aggregation weights summing to 1)
@@ -94,26 +94,33 @@ class FederatedData:
             self.train_groups = torch.as_tensor(self.train_groups, dtype=torch.long)
             self.group_names = tuple(self.group_names)
             if self.train_groups.shape != (self.train_x.shape[0],):
-                raise ValueError(f"train_groups must have one group id per training row ({self.train_x.shape[0]}), "
-                                 f"got shape {tuple(self.train_groups.shape)}")
+                raise ValueError(
+                    f"train_groups must have one group id per training row ({self.train_x.shape[0]}), "
+                    f"got shape {tuple(self.train_groups.shape)}"
+                )
             if len(set(self.group_names)) != len(self.group_names) or not self.group_names:
                 raise ValueError(f"group_names must be distinct and non-empty, got {self.group_names}")
-            if self.train_groups.numel() and not (int(self.train_groups.min()) >= 0
-                                                  and int(self.train_groups.max()) < len(self.group_names)):
+            if self.train_groups.numel() and not (
+                int(self.train_groups.min()) >= 0 and int(self.train_groups.max()) < len(self.group_names)
+            ):
                 raise ValueError(f"train_groups values must index group_names {self.group_names}")
 
-    def _check_labels(self) -> None:
+    def _check_labels(self, num_classes: int) -> None:
         """Classification labels lie in ``0 .. num_classes - 1`` (``-1``: an unlabelled row, e.g. a target
         domain's); anything else would index past the model's outputs in the middle of a run."""
-        k = int(self.num_classes)
+        k = int(num_classes)
         for split, y in (("train_y", self.train_y), ("test_y", self.test_y)):
             if y.is_floating_point():
-                raise ValueError(f"{split}: classification labels must be integers, got {y.dtype}; allowed: "
-                                 f"integer labels 0 to {k - 1}, or task='regression' for real-valued targets")
+                raise ValueError(
+                    f"{split}: classification labels must be integers, got {y.dtype}; allowed: "
+                    f"integer labels 0 to {k - 1}, or task='regression' for real-valued targets"
+                )
             if y.numel() and (int(y.max()) >= k or int(y.min()) < -1):
                 bad = int(y.max()) if int(y.max()) >= k else int(y.min())
-                raise ValueError(f"{split}: label {bad} is outside the {k} classes (num_classes = {k}); allowed: "
-                                 f"labels 0 to {k - 1} (-1 marks an unlabelled row), or a larger num_classes")
+                raise ValueError(
+                    f"{split}: label {bad} is outside the {k} classes (num_classes = {k}); allowed: "
+                    f"labels 0 to {k - 1} (-1 marks an unlabelled row), or a larger num_classes"
+                )
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -146,7 +153,11 @@ class FederatedData:
         """Client ``i``'s row groups (``train_groups`` of its training rows), or None without groups."""
         if self.train_groups is None:
             return None
-        return self.train_groups[int(self.train_offsets[i]):int(self.train_offsets[i + 1])]
+        return self.train_groups[self._train_rows(i)]
+
+    def _train_rows(self, i: int) -> slice:
+        """Client ``i``'s rows of the training arrays."""
+        return slice(int(self.train_offsets[i]), int(self.train_offsets[i + 1]))
 
     def client_test(self, i: int) -> tuple[Tensor, Tensor]:
         a, b = int(self.test_offsets[i]), int(self.test_offsets[i + 1])
@@ -165,12 +176,20 @@ class FederatedData:
             test_x=torch.cat([x for x, _ in te]) if te else self.test_x[:0],
             test_y=torch.cat([y for _, y in te]) if te else self.test_y[:0],
             test_offsets=_offsets([x.shape[0] for x, _ in te]),
-            task=self.task, num_classes=self.num_classes, weights=w,
+            task=self.task,
+            num_classes=self.num_classes,
+            weights=w,
             clusters=self.clusters[clients] if self.clusters is not None else None,
-            train_groups=(torch.cat([self.client_train_groups(i) for i in clients]) if clients
-                          else self.train_groups[:0]) if self.train_groups is not None else None,
+            train_groups=(
+                torch.cat([self.train_groups[self._train_rows(i)] for i in clients])
+                if clients
+                else self.train_groups[:0]
+            )
+            if self.train_groups is not None
+            else None,
             group_names=self.group_names,
-            name=self.name, meta=dict(self.meta),
+            name=self.name,
+            meta=dict(self.meta),
         )
 
     def split_validation(self, fraction: float = 0.2, seed: int = 0) -> FederatedData:
@@ -191,12 +210,17 @@ class FederatedData:
             va.append((x[perm[:nv]], y[perm[:nv]]))
             tr.append((x[perm[nv:]], y[perm[nv:]]))
             if self.train_groups is not None:
-                groups.append(self.client_train_groups(i)[perm[nv:]])
+                groups.append(self.train_groups[self._train_rows(i)][perm[nv:]])
         out = FederatedData.from_client_arrays(
-            tr, va, task=self.task, num_classes=self.num_classes,
-            clusters=self.clusters.tolist() if self.clusters is not None else None, name=self.name,
+            tr,
+            va,
+            task=self.task,
+            num_classes=self.num_classes,
+            clusters=self.clusters.tolist() if self.clusters is not None else None,
+            name=self.name,
             meta={**self.meta, "validation_split": {"fraction": fraction, "seed": seed}},
-            dtype=self.train_x.dtype if self.train_x.is_floating_point() else torch.float32)
+            dtype=self.train_x.dtype if self.train_x.is_floating_point() else torch.float32,
+        )
         if groups:  # the training rows keep their groups (the held-out rows are scored, not trained on)
             out.train_groups, out.group_names = torch.cat(groups), self.group_names
         return out
@@ -207,13 +231,21 @@ class FederatedData:
         n = self.train_sizes.to(torch.float64)
         default = self.weights is not None and torch.allclose(self.weights.double(), n / n.sum(), rtol=1e-6, atol=0)
         return FederatedData(
-            train_x=self.train_x.to(dtype), test_x=self.test_x.to(dtype),
+            train_x=self.train_x.to(dtype),
+            test_x=self.test_x.to(dtype),
             train_y=self.train_y if self.task == "classification" else self.train_y.to(dtype),
             test_y=self.test_y if self.task == "classification" else self.test_y.to(dtype),
-            train_offsets=self.train_offsets, test_offsets=self.test_offsets, task=self.task,
-            num_classes=self.num_classes, weights=None if default else self.weights.to(dtype),
-            clusters=self.clusters, train_groups=self.train_groups, group_names=self.group_names,
-            name=self.name, meta=dict(self.meta))
+            train_offsets=self.train_offsets,
+            test_offsets=self.test_offsets,
+            task=self.task,
+            num_classes=self.num_classes,
+            weights=None if default or self.weights is None else self.weights.to(dtype),
+            clusters=self.clusters,
+            train_groups=self.train_groups,
+            group_names=self.group_names,
+            name=self.name,
+            meta=dict(self.meta),
+        )
 
     def to(self, device: torch.device | str) -> FederatedData:
         for k in ("train_x", "train_y", "test_x", "test_y"):
@@ -246,11 +278,15 @@ class FederatedData:
         xdt = dtype
         ydt = torch.long if task == "classification" else dtype
         return cls(
-            train_x=cat(train, 0, xdt), train_y=cat(train, 1, ydt),
+            train_x=cat(train, 0, xdt),
+            train_y=cat(train, 1, ydt),
             train_offsets=_offsets([len(p[1]) for p in train]),
-            test_x=cat(test, 0, xdt), test_y=cat(test, 1, ydt),
+            test_x=cat(test, 0, xdt),
+            test_y=cat(test, 1, ydt),
             test_offsets=_offsets([len(p[1]) for p in test]),
-            task=task, num_classes=num_classes,
+            task=task,
+            num_classes=num_classes,
             clusters=None if clusters is None else torch.as_tensor(list(clusters)),
-            name=name, meta=meta or {},
+            name=name,
+            meta=meta or {},
         )

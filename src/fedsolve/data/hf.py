@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .datasets import PooledData
+from .federated import Task
 from .torch_data import image_to_array
 
 __all__ = ["pooled_from_hf", "load_hf", "flwr_partition"]
@@ -37,12 +38,14 @@ def _require(module: str, what: str):
 
 def _column(ds, col: str) -> np.ndarray:
     values = list(ds[col])
-    if values and hasattr(values[0], "getbands"):   # PIL images (a datasets.Image feature)
+    if values and hasattr(values[0], "getbands"):  # PIL images (a datasets.Image feature)
         arrays = [image_to_array(v) for v in values]
         shapes = {a.shape for a in arrays}
         if len(shapes) > 1:
-            raise ValueError(f"input: the images of column {col!r} have different sizes {sorted(shapes)[:3]}; "
-                             f"allowed: one size (resize them with ds.map first)")
+            raise ValueError(
+                f"input: the images of column {col!r} have different sizes {sorted(shapes)[:3]}; "
+                f"allowed: one size (resize them with ds.map first)"
+            )
         return np.stack(arrays)
     return np.asarray(values)
 
@@ -75,15 +78,20 @@ def pooled_from_hf(obj: Any, input: str | None = None, label: str = "label", nam
     elif isinstance(obj, datasets.Dataset):
         splits = {"train": obj}
     else:
-        raise ValueError(f"a {type(obj).__name__} is not a datasets.Dataset or DatasetDict; allowed: a map-style "
-                         f"dataset held locally (an iterable/streaming dataset cannot be read into memory once)")
+        raise ValueError(
+            f"a {type(obj).__name__} is not a datasets.Dataset or DatasetDict; allowed: a map-style "
+            f"dataset held locally (an iterable/streaming dataset cannot be read into memory once)"
+        )
     if "train" not in splits:
-        raise ValueError(f"split: the DatasetDict has splits {sorted(splits)}; allowed: one named 'train' (and "
-                         f"'test'), or pass one split")
+        raise ValueError(
+            f"split: the DatasetDict has splits {sorted(splits)}; allowed: one named 'train' (and "
+            f"'test'), or pass one split"
+        )
     x, y, col = _split(splits["train"], input, label)
     xt, yt = _split(splits["test"], col, label)[:2] if "test" in splits else (None, None)
     feature = splits["train"].features.get(label)
     classes = list(getattr(feature, "names", None) or []) or None
+    task: Task
     if np.issubdtype(y.dtype, np.integer) and (yt is None or np.issubdtype(yt.dtype, np.integer)):
         k = max(int(y.max(initial=-1)), int(yt.max(initial=-1)) if yt is not None else -1) + 1
         task, k = "classification", max(k, len(classes or []))
@@ -91,13 +99,31 @@ def pooled_from_hf(obj: Any, input: str | None = None, label: str = "label", nam
     else:
         task, k = "regression", None
         y, yt = y.astype(np.float32), None if yt is None else yt.astype(np.float32)
-    return PooledData(x, y, task, k, name, x_test=xt, y_test=yt,
-                      meta={"source": "Hugging Face datasets", "input": col, "label": label, "class_names": classes,
-                            "splits": sorted(splits)})
+    return PooledData(
+        x,
+        y,
+        task,
+        k,
+        name,
+        x_test=xt,
+        y_test=yt,
+        meta={
+            "source": "Hugging Face datasets",
+            "input": col,
+            "label": label,
+            "class_names": classes,
+            "splits": sorted(splits),
+        },
+    )
 
 
-def load_hf(path: str | None = None, name: str | None = None, config: str | None = None,
-            input: str | None = None, label: str = "label") -> PooledData:
+def load_hf(
+    path: str | None = None,
+    name: str | None = None,
+    config: str | None = None,
+    input: str | None = None,
+    label: str = "label",
+) -> PooledData:
     """Dataset ``hf``: a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (``path``),
     or ``datasets.load_dataset(name, config)`` from the hub (downloads); then :func:`pooled_from_hf`."""
     datasets = _require("datasets", "dataset 'hf'")
@@ -113,8 +139,14 @@ def load_hf(path: str | None = None, name: str | None = None, config: str | None
     return pooled_from_hf(obj, input=input, label=label, name=name or "hf")
 
 
-def flwr_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-                   partitioner: str = "DirichletPartitioner", **params: Any) -> list[np.ndarray]:
+def flwr_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    partitioner: str = "DirichletPartitioner",
+    **params: Any,
+) -> list[np.ndarray]:
     """Partition ``flwr``: the flwr-datasets class ``partitioner`` with ``params`` (e.g. ``alpha``,
     ``min_partition_size``) over a table of the labels (column ``label``); ``num_partitions`` is
     ``num_clients``, ``partition_by`` defaults to ``label`` and ``seed`` to a draw from ``rng``. Some
@@ -128,8 +160,10 @@ def flwr_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generato
     accepted = [p for p in inspect.signature(cls).parameters if p != "self"]
     bad = sorted(set(params) - set(accepted))
     if bad or "num_partitions" in params:
-        raise ValueError(f"partition_params: {partitioner} takes no {bad or ['num_partitions']} here; allowed: "
-                         f"{[p for p in accepted if p != 'num_partitions']} (num_partitions is num_clients)")
+        raise ValueError(
+            f"partition_params: {partitioner} takes no {bad or ['num_partitions']} here; allowed: "
+            f"{[p for p in accepted if p != 'num_partitions']} (num_partitions is num_clients)"
+        )
     kw = dict(params)
     if "num_partitions" in accepted:
         kw["num_partitions"] = num_clients

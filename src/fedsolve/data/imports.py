@@ -27,8 +27,11 @@ def check_target(path: str, field: str | None = None) -> None:
     """Raise ``ValueError`` (naming ``field``, when given) unless ``path`` has the form
     ``package.module:attribute``."""
     if not isinstance(path, str) or not _PATH.match(path):
-        raise _error(field, f"{path!r} is not an import path; allowed: 'package.module:attribute' (a module on "
-                            f"the Python path or in the current folder, a colon, a name in it)")
+        raise _error(
+            field,
+            f"{path!r} is not an import path; allowed: 'package.module:attribute' (a module on "
+            f"the Python path or in the current folder, a colon, a name in it)",
+        )
 
 
 def resolve_target(path: str, field: str | None = None) -> Any:
@@ -40,10 +43,13 @@ def resolve_target(path: str, field: str | None = None) -> Any:
         module = _import(mod_name)
     except ModuleNotFoundError as e:
         if e.name and (mod_name == e.name or mod_name.startswith(e.name + ".")):
-            raise _error(field, f"no module named {e.name!r} for {path!r} (looked on the Python path and in the "
-                                f"current folder); allowed: an importable module") from None
+            raise _error(
+                field,
+                f"no module named {e.name!r} for {path!r} (looked on the Python path and in the "
+                f"current folder); allowed: an importable module",
+            ) from None
         raise _error(field, f"importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
-    except Exception as e:   # noqa: BLE001  (the user's module raised while being imported)
+    except Exception as e:  # noqa: BLE001  (the user's module raised while being imported)
         raise _error(field, f"importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
     obj: Any = module
     for part in attr.split("."):
@@ -67,19 +73,19 @@ def _import(name: str):
         return importlib.import_module(name)
 
 
-def call_target(fn: Callable[..., Any], params: dict[str, Any], field: str, path: str,
-                fill: dict[str, Any] | None = None) -> Any:
+def call_target(
+    fn: Callable[..., Any], params: dict[str, Any], field: str, path: str, fill: dict[str, Any] | None = None
+) -> Any:
     """``fn(**params)``, with the entries of ``fill`` added for the parameters ``fn`` takes by those names and
     ``params`` does not set (e.g. ``seed``, ``out_dim``). A parameter ``fn`` does not take (named as the
     ``params`` beside ``field``: ``model.target`` -> ``model.params``), or an exception raised by ``fn``,
     becomes one ``ValueError`` naming the field and ``path``."""
     if not callable(fn):
-        raise ValueError(f"{field}: {path!r} is a {type(fn).__name__}, not a function or class; allowed: a "
-                         f"callable")
+        raise ValueError(f"{field}: {path!r} is a {type(fn).__name__}, not a function or class; allowed: a callable")
     params = dict(params)
     try:
         sig = inspect.signature(fn)
-    except (TypeError, ValueError):   # a builtin without a signature: call with the params as given
+    except (TypeError, ValueError):  # a builtin without a signature: call with the params as given
         sig = None
     if sig is not None:
         ps = sig.parameters
@@ -94,7 +100,7 @@ def call_target(fn: Callable[..., Any], params: dict[str, Any], field: str, path
                 params[k] = v
     try:
         return fn(**params)
-    except Exception as e:   # noqa: BLE001  (the user's function raised: one line naming the field)
+    except Exception as e:  # noqa: BLE001  (the user's function raised: one line naming the field)
         msg = " ".join(str(e).split())
         raise ValueError(f"{field}: {path}({_show(params)}) raised {type(e).__name__}: {msg}") from None
 

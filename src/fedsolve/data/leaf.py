@@ -37,8 +37,10 @@ def _files(path: Path, what: str) -> list[Path]:
         return [path]
     files = sorted(path.glob("*.json")) if path.is_dir() else []
     if not files:
-        raise ValueError(f"{what}: no LEAF .json file at {path} (relative paths start in the current folder); "
-                         f"allowed: a folder with train/ and test/ of LEAF files, a folder of them, or one file")
+        raise ValueError(
+            f"{what}: no LEAF .json file at {path} (relative paths start in the current folder); "
+            f"allowed: a folder with train/ and test/ of LEAF files, a folder of them, or one file"
+        )
     return files
 
 
@@ -49,8 +51,10 @@ def _read_files(files: list[Path], what: str) -> dict[str, tuple[list, list]]:
             d = json.loads(f.read_text())
             order, data = d["users"], d["user_data"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{what}: {f} is not a LEAF file ({type(e).__name__}: {e}); allowed: JSON with "
-                             f"'users' and 'user_data' {{user: {{'x': [...], 'y': [...]}}}}") from None
+            raise ValueError(
+                f"{what}: {f} is not a LEAF file ({type(e).__name__}: {e}); allowed: JSON with "
+                f"'users' and 'user_data' {{user: {{'x': [...], 'y': [...]}}}}"
+            ) from None
         for u in order:
             if u not in data or len(data[u].get("x", [])) != len(data[u].get("y", [])):
                 raise ValueError(f"{what}: {f}: user {u!r} has no user_data entry with as many 'x' as 'y'")
@@ -60,8 +64,9 @@ def _read_files(files: list[Path], what: str) -> dict[str, tuple[list, list]]:
     return users
 
 
-def read_leaf(root: str | Path, what: str = "root") -> tuple[dict[str, tuple[list, list]],
-                                                           dict[str, tuple[list, list]] | None]:
+def read_leaf(
+    root: str | Path, what: str = "root"
+) -> tuple[dict[str, tuple[list, list]], dict[str, tuple[list, list]] | None]:
     """``(train, test)``: per user (in file order) its ``(x list, y list)``; ``test`` is None unless ``root``
     has ``train/`` and ``test/`` subfolders."""
     root = Path(root)
@@ -70,8 +75,10 @@ def read_leaf(root: str | Path, what: str = "root") -> tuple[dict[str, tuple[lis
         test = _read_files(_files(root / "test", what), what)
         if set(train) != set(test):
             only = sorted(set(train) ^ set(test))[:5]
-            raise ValueError(f"{what}: {root}: train/ and test/ list different users (e.g. {only}); allowed: "
-                             f"LEAF's sample split (every user in both)")
+            raise ValueError(
+                f"{what}: {root}: train/ and test/ list different users (e.g. {only}); allowed: "
+                f"LEAF's sample split (every user in both)"
+            )
         return train, test
     return _read_files(_files(root, what), what), None
 
@@ -95,19 +102,35 @@ def _pooled(root: str, users: int | None, convert, name: str, num_classes: int, 
 
     x, y, g = arrays(train)
     xt, yt, gt = arrays(test) if test is not None else (None, None, None)
-    return PooledData(x, y, "classification", num_classes, name, groups=g, x_test=xt, y_test=yt, groups_test=gt,
-                      meta={**meta, "source": f"LEAF JSON {root}", "users": names if len(names) <= 50 else
-                            len(names), "split": "LEAF train/test" if test is not None else "none (test_fraction)"})
+    return PooledData(
+        x,
+        y,
+        "classification",
+        num_classes,
+        name,
+        groups=g,
+        x_test=xt,
+        y_test=yt,
+        groups_test=gt,
+        meta={
+            **meta,
+            "source": f"LEAF JSON {root}",
+            "users": names if len(names) <= 50 else len(names),
+            "split": "LEAF train/test" if test is not None else "none (test_fraction)",
+        },
+    )
 
 
 def load_femnist(root: str, users: int | None = None) -> PooledData:
     """FEMNIST from LEAF's JSON (module docstring): ``[1, 28, 28]`` images as stored, 62 classes, one group per
     writer."""
+
     def convert(xs, ys, u):
         x = np.asarray(xs, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != 784:
-            raise ValueError(f"root: FEMNIST user {u!r}: 'x' rows have shape {x.shape[1:]}; allowed: 784 pixels "
-                             f"(28x28)")
+            raise ValueError(
+                f"root: FEMNIST user {u!r}: 'x' rows have shape {x.shape[1:]}; allowed: 784 pixels (28x28)"
+            )
         y = np.asarray(ys, dtype=np.int64)
         if y.size and (y.min() < 0 or y.max() >= 62):
             raise ValueError(f"root: FEMNIST user {u!r}: labels outside 0..61")
@@ -125,14 +148,17 @@ def load_shakespeare(root: str, users: int | None = None, vocab: str = LEAF_CHAR
         try:
             return [index[c] for c in s]
         except KeyError as e:
-            raise ValueError(f"root: Shakespeare user {u!r}: character {e.args[0]!r} is not in the alphabet; "
-                             f"allowed: LEAF's 80 characters, or give the alphabet as vocab") from None
+            raise ValueError(
+                f"root: Shakespeare user {u!r}: character {e.args[0]!r} is not in the alphabet; "
+                f"allowed: LEAF's 80 characters, or give the alphabet as vocab"
+            ) from None
 
     def convert(xs, ys, u):
         lengths = {len(s) for s in xs}
         if len(lengths) > 1:
-            raise ValueError(f"root: Shakespeare user {u!r}: sequences of lengths {sorted(lengths)}; allowed: one "
-                             f"length (LEAF: 80)")
+            raise ValueError(
+                f"root: Shakespeare user {u!r}: sequences of lengths {sorted(lengths)}; allowed: one length (LEAF: 80)"
+            )
         if any(len(c) != 1 for c in ys):
             raise ValueError(f"root: Shakespeare user {u!r}: a 'y' entry is not one character")
         x = np.asarray([encode(s, u) for s in xs], dtype=np.float32).reshape(len(xs), -1)

@@ -19,9 +19,19 @@ import numpy as np
 Partitioner = Callable[..., list[np.ndarray]]
 
 __all__ = [
-    "PARTITIONERS", "CLUSTER_TRANSFORMS", "get_partitioner", "partition",
-    "iid", "dirichlet", "shards", "lognormal", "natural",
-    "cluster_blocks", "label_swap", "rotation", "rotate_images",
+    "PARTITIONERS",
+    "CLUSTER_TRANSFORMS",
+    "get_partitioner",
+    "partition",
+    "iid",
+    "dirichlet",
+    "shards",
+    "lognormal",
+    "natural",
+    "cluster_blocks",
+    "label_swap",
+    "rotation",
+    "rotate_images",
 ]
 
 
@@ -33,7 +43,9 @@ def _check_common(labels: np.ndarray, num_clients: int) -> np.ndarray:
     if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
         raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
     if num_clients > labels.shape[0]:
-        raise ValueError(f"num_clients={num_clients} exceeds the number of samples ({labels.shape[0]})")
+        raise ValueError(
+            f"num_clients: {num_clients} clients exceed the {labels.shape[0]} samples; allowed: 1 to {labels.shape[0]}"
+        )
     return labels
 
 
@@ -43,7 +55,8 @@ def _check_min_size(min_size: int, n: int, num_clients: int) -> None:
     if min_size * num_clients > n:
         raise ValueError(
             f"min_size={min_size} is infeasible: {num_clients} clients x {min_size} > {n} samples; "
-            f"allowed values are 0..{n // num_clients}")
+            f"allowed values are 0..{n // num_clients}"
+        )
 
 
 def _sorted(parts: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -108,8 +121,9 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return _sorted(np.array_split(perm, num_clients))
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-              alpha: float = 0.5, min_size: int = 0) -> list[np.ndarray]:
+def dirichlet(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, alpha: float = 0.5, min_size: int = 0
+) -> list[np.ndarray]:
     """Label skew by a Dirichlet over clients per class (Hsu et al. 2019; FPFC's MNIST protocol).
 
     For each class ``c`` draw ``p_c ~ Dir(alpha * 1_m)`` and cut the shuffled indices of class ``c`` at
@@ -137,8 +151,9 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     return _sorted(parts)
 
 
-def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-           classes_per_client: int = 2) -> list[np.ndarray]:
+def shards(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, classes_per_client: int = 2
+) -> list[np.ndarray]:
     """Pathological label skew: each client holds ``classes_per_client`` distinct classes (McMahan et al. 2017).
 
     Classes are permuted at random and client ``i`` gets classes ``perm[(i*k + j) mod C]``,
@@ -150,8 +165,9 @@ def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     classes = np.unique(labels)
     C = classes.size
     if not isinstance(classes_per_client, (int, np.integer)) or not 1 <= classes_per_client <= C:
-        raise ValueError(f"classes_per_client must be an integer in 1..{C} (number of classes), "
-                         f"got {classes_per_client!r}")
+        raise ValueError(
+            f"classes_per_client must be an integer in 1..{C} (number of classes), got {classes_per_client!r}"
+        )
     k = int(classes_per_client)
     perm = rng.permutation(C)
     holders: list[list[int]] = [[] for _ in range(C)]
@@ -168,8 +184,9 @@ def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     return _sorted([np.concatenate(b) if b else np.zeros(0, np.int64) for b in buckets])
 
 
-def lognormal(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-              sigma: float = 1.0, min_size: int = 1) -> list[np.ndarray]:
+def lognormal(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, sigma: float = 1.0, min_size: int = 1
+) -> list[np.ndarray]:
     """Quantity skew: client sizes proportional to LogNormal(0, sigma) draws, labels IID (Li et al. 2022).
 
     Each client first gets ``min_size`` samples; the rest are allocated proportionally to the draws
@@ -186,8 +203,9 @@ def lognormal(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
     return _sorted(np.split(perm, np.cumsum(sizes)[:-1]))
 
 
-def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
-            groups: np.ndarray | Sequence[int]) -> list[np.ndarray]:
+def natural(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, groups: np.ndarray | Sequence[int]
+) -> list[np.ndarray]:
     """Natural partition: one client per group id (e.g. HAPT users), clients ordered by sorted group id.
 
     ``num_clients`` must equal the number of distinct groups; ``rng`` is unused.
@@ -198,16 +216,20 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
         raise ValueError(f"groups must have one id per sample ({labels.shape[0]}), got shape {groups.shape}")
     ids, inv = np.unique(groups, return_inverse=True)
     if num_clients != ids.size:
-        raise ValueError(f"num_clients must equal the number of groups for partition 'natural': "
-                         f"allowed value {ids.size}, got {num_clients}")
+        raise ValueError(
+            f"num_clients must equal the number of groups for partition 'natural': "
+            f"allowed value {ids.size}, got {num_clients}"
+        )
     order = np.argsort(inv, kind="stable")
     return _sorted(np.split(order, np.cumsum(np.bincount(inv, minlength=ids.size))[:-1]))
 
 
 PARTITIONERS: dict[str, tuple[Partitioner, str]] = {
     "iid": (iid, "uniformly random, near-equal sizes"),
-    "dirichlet": (dirichlet,
-                  "label skew: per-class Dir(alpha) over clients; min_size by moving samples from the largest"),
+    "dirichlet": (
+        dirichlet,
+        "label skew: per-class Dir(alpha) over clients; min_size by moving samples from the largest",
+    ),
     "shards": (shards, "pathological label skew: classes_per_client distinct classes per client"),
     "lognormal": (lognormal, "quantity skew: sizes ~ LogNormal(0, sigma), at least min_size"),
     "natural": (natural, "one client per natural group id (e.g. user); needs groups="),
@@ -222,8 +244,7 @@ def get_partitioner(name: str) -> Partitioner:
         raise ValueError(f"partition must be one of {sorted(PARTITIONERS)}, got {name!r}") from None
 
 
-def partition(name: str, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-              **params) -> list[np.ndarray]:
+def partition(name: str, labels: np.ndarray, num_clients: int, rng: np.random.Generator, **params) -> list[np.ndarray]:
     """Run partitioner ``name``; unknown keyword parameters raise ValueError naming the allowed ones."""
     import inspect
 
@@ -231,7 +252,7 @@ def partition(name: str, labels: np.ndarray, num_clients: int, rng: np.random.Ge
     sig = inspect.signature(fn).parameters
     allowed = [p for p in sig if p not in ("labels", "num_clients", "rng") and sig[p].kind is not sig[p].VAR_KEYWORD]
     bad = sorted(set(params) - set(allowed))
-    if bad and not any(p.kind is p.VAR_KEYWORD for p in sig.values()):   # **params: the partitioner checks them
+    if bad and not any(p.kind is p.VAR_KEYWORD for p in sig.values()):  # **params: the partitioner checks them
         raise ValueError(f"unknown parameter(s) {bad} for partition {name!r}; allowed: {allowed}")
     return fn(labels, num_clients, rng, **params)
 
@@ -244,9 +265,14 @@ def cluster_blocks(num_clients: int, num_clusters: int) -> np.ndarray:
     return (np.arange(num_clients) * int(num_clusters)) // int(num_clients)
 
 
-def label_swap(client_labels: Sequence[np.ndarray], num_clusters: int = 4, *,
-               pairs: Sequence[tuple[int, int]] | None = None, swap_sum: int = 8,
-               clusters: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+def label_swap(
+    client_labels: Sequence[np.ndarray],
+    num_clusters: int = 4,
+    *,
+    pairs: Sequence[tuple[int, int]] | None = None,
+    swap_sum: int = 8,
+    clusters: np.ndarray | None = None,
+) -> tuple[list[np.ndarray], np.ndarray]:
     """FPFC's label-swap clusters (Sattler et al. CFL protocol; FPFC Sec. 6.3).
 
     Client ``i`` belongs to cluster ``p = i // (m/L)`` and, in cluster ``p``, labels ``p`` and
@@ -265,8 +291,10 @@ def label_swap(client_labels: Sequence[np.ndarray], num_clusters: int = 4, *,
         raise ValueError(f"pairs must give one (a, b) pair per cluster ({L}), got {len(pairs)}")
     same = [p for p in range(L) if pairs[p][0] == pairs[p][1]]
     if same:
-        raise ValueError(f"label_swap: cluster(s) {same} would swap a label with itself (pairs {list(pairs[:L])}); "
-                         f"use num_clusters <= swap_sum // 2 ({swap_sum // 2}) or give distinct pairs")
+        raise ValueError(
+            f"label_swap: cluster(s) {same} would swap a label with itself (pairs {list(pairs[:L])}); "
+            f"use num_clusters <= swap_sum // 2 ({swap_sum // 2}) or give distinct pairs"
+        )
     out = []
     for i, y in enumerate(client_labels):
         a, b = pairs[int(cl[i])]
@@ -303,9 +331,13 @@ def rotate_images(x: np.ndarray, angle: float) -> np.ndarray:
     return out
 
 
-def rotation(client_images: Sequence[np.ndarray], num_clusters: int = 4, *,
-             angles: Sequence[float] | None = None,
-             clusters: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
+def rotation(
+    client_images: Sequence[np.ndarray],
+    num_clusters: int = 4,
+    *,
+    angles: Sequence[float] | None = None,
+    clusters: np.ndarray | None = None,
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Rotated-image clusters (Ghosh et al. IFCA protocol): cluster ``c`` rotates its images by ``angles[c]``.
 
     Default ``angles[c] = 90 * c`` degrees; clusters are contiguous blocks ``i // (m/L)`` unless

@@ -21,7 +21,7 @@ import _codecs
 import gzip
 import pickle
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,8 +31,12 @@ __all__ = ["read_torchvision_idx", "load_cifar10", "load_cifar100", "read_cifar_
 
 #: the class folder name torchvision gives each IDX set under ``root``
 TORCHVISION_FOLDERS = {"mnist": "MNIST", "fmnist": "FashionMNIST"}
-_IDX_FILES = {"x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
-              "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+_IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
 
 
 def read_torchvision_idx(root: str | Path, name: str) -> dict[str, np.ndarray]:
@@ -49,19 +53,21 @@ def read_torchvision_idx(root: str | Path, name: str) -> dict[str, np.ndarray]:
                 found[key] = f
         if len(found) == len(_IDX_FILES):
             return {k: read_idx(f) for k, f in found.items()}
-    raise ValueError(f"root: no torchvision {folder} folder at {root} (looked for {folder}/raw/"
-                     f"{_IDX_FILES['x_train']}[.gz] and the three other IDX files); allowed: the root folder that "
-                     f"torchvision.datasets.{folder}(root, download=True) filled, or leave root unset to use the "
-                     f"registry mirror")
+    raise ValueError(
+        f"root: no torchvision {folder} folder at {root} (looked for {folder}/raw/"
+        f"{_IDX_FILES['x_train']}[.gz] and the three other IDX files); allowed: the root folder that "
+        f"torchvision.datasets.{folder}(root, download=True) filled, or leave root unset to use the "
+        f"registry mirror"
+    )
 
 
 def _restricted_unpickler(f, what: str) -> pickle.Unpickler:
     try:
         from numpy._core.multiarray import _reconstruct
-        from numpy._core.numeric import _frombuffer
+        from numpy._core.numeric import _frombuffer  # type: ignore[attr-defined]  # private, not in the stubs
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct  # type: ignore
-        from numpy.core.numeric import _frombuffer  # type: ignore
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]  # the same function, older path
+        from numpy.core.numeric import _frombuffer  # type: ignore[no-redef]  # the same function, older path
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): _codecs.encode}
     for core in ("numpy.core", "numpy._core"):
         allowed[(f"{core}.multiarray", "_reconstruct")] = _reconstruct
@@ -72,13 +78,14 @@ def _restricted_unpickler(f, what: str) -> pickle.Unpickler:
             try:
                 return allowed[(module, name)]
             except KeyError:
-                raise pickle.UnpicklingError(f"{what}: refused global {module}.{name}; a CIFAR batch holds "
-                                             f"only numpy arrays, lists and strings") from None
+                raise pickle.UnpicklingError(
+                    f"{what}: refused global {module}.{name}; a CIFAR batch holds only numpy arrays, lists and strings"
+                ) from None
 
     return Unpickler(f, encoding="bytes")
 
 
-def read_cifar_batch(path: str | Path) -> dict[str, object]:
+def read_cifar_batch(path: str | Path) -> dict[str, Any]:
     """One CIFAR python batch as a dict with ``str`` keys (the file's keys are bytes, written by Python 2)."""
     path = Path(path)
     if not path.is_file():
@@ -108,8 +115,18 @@ def _names(meta: dict, key: str) -> list[str]:
 def _pooled(name: str, x, y, xt, yt, classes: list[str], num_classes: int, limit, test_limit, seed, meta):
     from .datasets import pooled_images
 
-    return pooled_images(name, x, np.asarray(y), xt, np.asarray(yt), num_classes, limit, test_limit, seed,
-                         {**meta, "class_names": classes})
+    return pooled_images(
+        name,
+        x,
+        np.asarray(y),
+        xt,
+        np.asarray(yt),
+        num_classes,
+        limit,
+        test_limit,
+        seed,
+        {**meta, "class_names": classes},
+    )
 
 
 def _cifar_dir(root: str | Path, sub: str, cls: str) -> Path:
@@ -117,9 +134,11 @@ def _cifar_dir(root: str | Path, sub: str, cls: str) -> Path:
     for d in (root / sub, root):
         if d.is_dir() and d.name == sub:
             return d
-    raise ValueError(f"root: no {sub}/ folder at {root}; allowed: the root folder that torchvision.datasets."
-                     f"{cls}(root, download=True) filled (CIFAR is in no package registry: download it on a machine "
-                     f"with the internet and copy the folder)")
+    raise ValueError(
+        f"root: no {sub}/ folder at {root}; allowed: the root folder that torchvision.datasets."
+        f"{cls}(root, download=True) filled (CIFAR is in no package registry: download it on a machine "
+        f"with the internet and copy the folder)"
+    )
 
 
 def load_cifar10(root: str, limit: int | None = None, test_limit: int | None = None, seed: int = 0):
@@ -133,12 +152,28 @@ def load_cifar10(root: str, limit: int | None = None, test_limit: int | None = N
         ys += list(b["labels"])
     t = read_cifar_batch(d / "test_batch")
     meta = read_cifar_batch(d / "batches.meta") if (d / "batches.meta").is_file() else {}
-    return _pooled("cifar10", np.concatenate(xs), ys, _images(t, d / "test_batch"), t["labels"],
-                   _names(meta, "label_names"), 10, limit, test_limit, seed, {"source": f"torchvision folder {d}"})
+    return _pooled(
+        "cifar10",
+        np.concatenate(xs),
+        ys,
+        _images(t, d / "test_batch"),
+        t["labels"],
+        _names(meta, "label_names"),
+        10,
+        limit,
+        test_limit,
+        seed,
+        {"source": f"torchvision folder {d}"},
+    )
 
 
-def load_cifar100(root: str, labels: Literal["fine", "coarse"] = "fine", limit: int | None = None,
-                  test_limit: int | None = None, seed: int = 0):
+def load_cifar100(
+    root: str,
+    labels: Literal["fine", "coarse"] = "fine",
+    limit: int | None = None,
+    test_limit: int | None = None,
+    seed: int = 0,
+):
     """CIFAR-100 from torchvision's folder ``root/cifar-100-python/``: 50k train + 10k test ``[3, 32, 32]`` in
     [0, 1]; ``labels``: ``fine`` (100 classes) or ``coarse`` (20 superclasses)."""
     if labels not in ("fine", "coarse"):
@@ -147,6 +182,16 @@ def load_cifar100(root: str, labels: Literal["fine", "coarse"] = "fine", limit: 
     tr, te = read_cifar_batch(d / "train"), read_cifar_batch(d / "test")
     meta = read_cifar_batch(d / "meta") if (d / "meta").is_file() else {}
     key = f"{labels}_labels"
-    return _pooled("cifar100", _images(tr, d / "train"), tr[key], _images(te, d / "test"), te[key],
-                   _names(meta, f"{labels}_label_names"), 100 if labels == "fine" else 20, limit, test_limit, seed,
-                   {"source": f"torchvision folder {d}", "labels": labels})
+    return _pooled(
+        "cifar100",
+        _images(tr, d / "train"),
+        tr[key],
+        _images(te, d / "test"),
+        te[key],
+        _names(meta, f"{labels}_label_names"),
+        100 if labels == "fine" else 20,
+        limit,
+        test_limit,
+        seed,
+        {"source": f"torchvision folder {d}", "labels": labels},
+    )

@@ -21,22 +21,29 @@ import numpy as np
 
 from .federated import FederatedData
 
-__all__ = ["FPFC_SCENARIOS", "fpfc_sizes", "fpfc_synthetic", "toy1d", "clustered_regression", "fedprox_synthetic",
-           "split_clients"]
+__all__ = [
+    "FPFC_SCENARIOS",
+    "fpfc_sizes",
+    "fpfc_synthetic",
+    "toy1d",
+    "clustered_regression",
+    "fedprox_synthetic",
+    "split_clients",
+]
 
 #: cluster sizes (devices per cluster) of FPFC's scenarios (App. E.1).
 FPFC_SCENARIOS: dict[str, tuple[int, ...]] = {
     "S1": (25, 25, 25, 25),  # balanced, L = 4, m = 100 (main)
     "S2": (10, 40, 10, 40),  # unbalanced, L = 4, m = 100
-    "S3": (50, 50),          # balanced, L = 2, m = 100
-    "S4": (50,),             # unstructured, L = 1, m = 50
-    "S5": (1,) * 50,         # personalized, L = m = 50
+    "S3": (50, 50),  # balanced, L = 2, m = 100
+    "S4": (50,),  # unstructured, L = 1, m = 50
+    "S5": (1,) * 50,  # personalized, L = m = 50
 }
 
 
-def split_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], rng: np.random.Generator,
-                  test_fraction: float
-                  ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
+def split_clients(
+    xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], rng: np.random.Generator, test_fraction: float
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[np.ndarray, np.ndarray]]]:
     """Random per-client train/test split; the test part has ``round(test_fraction * n_i)`` samples."""
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
@@ -55,8 +62,9 @@ def _scenario_sizes(scenario: str | Sequence[int]) -> tuple[int, ...]:
     if isinstance(scenario, str):
         key = scenario.upper()
         if key not in FPFC_SCENARIOS:
-            raise ValueError(f"scenario must be one of {sorted(FPFC_SCENARIOS)} or a list of cluster sizes, "
-                             f"got {scenario!r}")
+            raise ValueError(
+                f"scenario must be one of {sorted(FPFC_SCENARIOS)} or a list of cluster sizes, got {scenario!r}"
+            )
         return FPFC_SCENARIOS[key]
     sizes = tuple(int(s) for s in scenario)
     if not sizes or min(sizes) < 1:
@@ -64,8 +72,14 @@ def _scenario_sizes(scenario: str | Sequence[int]) -> tuple[int, ...]:
     return sizes
 
 
-def fpfc_sizes(num_clients: int, rng: np.random.Generator, *, size_scale: float = 1.0,
-               max_size: int | None = None, min_size: int = 2) -> np.ndarray:
+def fpfc_sizes(
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    size_scale: float = 1.0,
+    max_size: int | None = None,
+    min_size: int = 2,
+) -> np.ndarray:
     """Device sample counts ``n_i = 5 * (int(LogNormal(4, 2)) + 50)`` (FPFC code; range [250, ~25810]).
 
     ``size_scale`` multiplies the counts (e.g. 0.05 for fast tests) and ``max_size`` caps them; the
@@ -80,10 +94,18 @@ def fpfc_sizes(num_clients: int, rng: np.random.Generator, *, size_scale: float 
     return np.maximum(n, int(min_size))
 
 
-def fpfc_synthetic(scenario: str | Sequence[int] = "S1", *, seed: int = 0, dim: int = 60, num_classes: int = 10,
-                   features: Literal["normal", "uniform"] = "normal", noise_std: float = 0.5,
-                   size_scale: float = 1.0, max_size: int | None = None,
-                   test_fraction: float = 0.2) -> FederatedData:
+def fpfc_synthetic(
+    scenario: str | Sequence[int] = "S1",
+    *,
+    seed: int = 0,
+    dim: int = 60,
+    num_classes: int = 10,
+    features: Literal["normal", "uniform"] = "normal",
+    noise_std: float = 0.5,
+    size_scale: float = 1.0,
+    max_size: int | None = None,
+    test_fraction: float = 0.2,
+) -> FederatedData:
     """FPFC synthetic multinomial-logistic clusters (FPFC Sec. 6.1 / App. E.1).
 
     Devices form contiguous blocks of the scenario's cluster sizes (S1: 4 x 25). Device counts follow
@@ -116,17 +138,36 @@ def fpfc_synthetic(scenario: str | Sequence[int] = "S1", *, seed: int = 0, dim: 
     train, test = split_clients(xs, ys, rng, test_fraction)
     name = scenario.upper() if isinstance(scenario, str) else "custom"
     return FederatedData.from_client_arrays(
-        train, test, task="classification", num_classes=num_classes, clusters=clusters.tolist(),
+        train,
+        test,
+        task="classification",
+        num_classes=num_classes,
+        clusters=clusters.tolist(),
         name=f"synthetic_fpfc_{name}",
-        meta={"dataset": "synthetic_fpfc", "scenario": name, "cluster_sizes": list(sizes), "seed": seed,
-              "features": features, "size_scale": size_scale, "max_size": max_size,
-              "true_W": np.stack(Ws).tolist() if dim * num_classes * len(sizes) <= 20000 else None,
-              "true_b": np.stack(bs).tolist()})
+        meta={
+            "dataset": "synthetic_fpfc",
+            "scenario": name,
+            "cluster_sizes": list(sizes),
+            "seed": seed,
+            "features": features,
+            "size_scale": size_scale,
+            "max_size": max_size,
+            "true_W": np.stack(Ws).tolist() if dim * num_classes * len(sizes) <= 20000 else None,
+            "true_b": np.stack(bs).tolist(),
+        },
+    )
 
 
-def toy1d(*, seed: int = 0, num_clients: int = 50, samples_per_client: int = 20,
-          betas: Sequence[float] = (-1.0, 1.0), noise_std: float = 0.5, intercept_only: bool = False,
-          test_fraction: float = 0.2) -> FederatedData:
+def toy1d(
+    *,
+    seed: int = 0,
+    num_clients: int = 50,
+    samples_per_client: int = 20,
+    betas: Sequence[float] = (-1.0, 1.0),
+    noise_std: float = 0.5,
+    intercept_only: bool = False,
+    test_fraction: float = 0.2,
+) -> FederatedData:
     """FPFC Fig. 1 toy: 1-D regression, ``num_clients`` devices in contiguous blocks over ``betas``.
 
     ``y = beta_i x + N(0, noise_std^2)`` with ``x ~ N(0, 1)`` and ``x`` of shape ``[n, 1]``
@@ -146,15 +187,32 @@ def toy1d(*, seed: int = 0, num_clients: int = 50, samples_per_client: int = 20,
         ys.append(y.astype(np.float32))
     train, test = split_clients(xs, ys, rng, test_fraction)
     return FederatedData.from_client_arrays(
-        train, test, task="regression", clusters=clusters.tolist(), name="toy1d",
-        meta={"dataset": "toy1d", "betas": list(betas), "noise_std": noise_std, "seed": seed,
-              "intercept_only": intercept_only})
+        train,
+        test,
+        task="regression",
+        clusters=clusters.tolist(),
+        name="toy1d",
+        meta={
+            "dataset": "toy1d",
+            "betas": list(betas),
+            "noise_std": noise_std,
+            "seed": seed,
+            "intercept_only": intercept_only,
+        },
+    )
 
 
-def clustered_regression(*, seed: int = 0, cluster_sizes: Sequence[int] = (5, 5), dim: int = 10,
-                         samples_per_client: int | Sequence[int] = 50, noise_std: float = 0.1,
-                         center_scale: float = 1.0, within_std: float = 0.0,
-                         test_fraction: float = 0.2) -> FederatedData:
+def clustered_regression(
+    *,
+    seed: int = 0,
+    cluster_sizes: Sequence[int] = (5, 5),
+    dim: int = 10,
+    samples_per_client: int | Sequence[int] = 50,
+    noise_std: float = 0.1,
+    center_scale: float = 1.0,
+    within_std: float = 0.0,
+    test_fraction: float = 0.2,
+) -> FederatedData:
     """Linear regression population with known clusters: ``y = x^T w_i + eps``.
 
     Cluster ``l`` has ``w_l ~ N(0, center_scale^2 I)``; client weights are ``w_i = w_l + N(0, within_std^2)``
@@ -176,14 +234,34 @@ def clustered_regression(*, seed: int = 0, cluster_sizes: Sequence[int] = (5, 5)
         ys.append(y.astype(np.float32))
     train, test = split_clients(xs, ys, rng, test_fraction)
     return FederatedData.from_client_arrays(
-        train, test, task="regression", clusters=clusters.tolist(), name="clustered_regression",
-        meta={"dataset": "clustered_regression", "cluster_sizes": list(sizes), "seed": seed,
-              "true_w": ws.tolist(), "noise_std": noise_std})
+        train,
+        test,
+        task="regression",
+        clusters=clusters.tolist(),
+        name="clustered_regression",
+        meta={
+            "dataset": "clustered_regression",
+            "cluster_sizes": list(sizes),
+            "seed": seed,
+            "true_w": ws.tolist(),
+            "noise_std": noise_std,
+        },
+    )
 
 
-def fedprox_synthetic(alpha: float = 0.5, beta: float = 0.5, *, seed: int = 0, num_clients: int = 30,
-                      dim: int = 60, num_classes: int = 10, size_scale: float = 1.0, max_size: int | None = None,
-                      iid: bool = False, test_fraction: float = 0.2) -> FederatedData:
+def fedprox_synthetic(
+    alpha: float = 0.5,
+    beta: float = 0.5,
+    *,
+    seed: int = 0,
+    num_clients: int = 30,
+    dim: int = 60,
+    num_classes: int = 10,
+    size_scale: float = 1.0,
+    max_size: int | None = None,
+    iid: bool = False,
+    test_fraction: float = 0.2,
+) -> FederatedData:
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, Sec. 5.1; also shipped with FedAPM's code).
 
     Device ``k``: ``u_k ~ N(0, alpha)``, ``W_k`` (``C x d``) and ``b_k`` i.i.d. ``N(u_k, 1)``;
@@ -216,6 +294,10 @@ def fedprox_synthetic(alpha: float = 0.5, beta: float = 0.5, *, seed: int = 0, n
         ys.append(np.argmax(x @ W.T + b, axis=1).astype(np.int64))
     train, test = split_clients(xs, ys, rng, test_fraction)
     return FederatedData.from_client_arrays(
-        train, test, task="classification", num_classes=num_classes,
+        train,
+        test,
+        task="classification",
+        num_classes=num_classes,
         name=f"fedprox_synthetic_{alpha}_{beta}" if not iid else "fedprox_synthetic_iid",
-        meta={"dataset": "fedprox_synthetic", "alpha": alpha, "beta": beta, "iid": iid, "seed": seed})
+        meta={"dataset": "fedprox_synthetic", "alpha": alpha, "beta": beta, "iid": iid, "seed": seed},
+    )

@@ -28,12 +28,34 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_tabular", "breast_cancer", "breast_cancer_wisc", "monks1", "adult", "adult_synthetic", "fetch_adult",
-           "adult_cached"]
+__all__ = [
+    "load_tabular",
+    "breast_cancer",
+    "breast_cancer_wisc",
+    "monks1",
+    "adult",
+    "adult_synthetic",
+    "fetch_adult",
+    "adult_cached",
+]
 
-_ADULT_COLS = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-               "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
-               "income"]
+_ADULT_COLS = [
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
+]
 
 
 def breast_cancer() -> tuple[np.ndarray, np.ndarray]:
@@ -107,15 +129,22 @@ def _adult_frame(path: Path, test: bool) -> dict[str, np.ndarray]:
 
 def _adult_features(df, ref) -> tuple[np.ndarray, np.ndarray]:
     """adult-b recipe (spec 5.2): binaries, z-scores (train statistics ``ref``), one-hots; sex last."""
-    cols = [(df["native-country"] == "United-States").astype(float)[:, None],
-            np.isin(df["marital-status"], ["Married-civ-spouse", "Married-AF-spouse"]).astype(float)[:, None],
-            (df["capital-gain"] > 0).astype(float)[:, None], (df["capital-loss"] > 0).astype(float)[:, None]]
+    cols = [
+        (df["native-country"] == "United-States").astype(float)[:, None],
+        np.isin(df["marital-status"], ["Married-civ-spouse", "Married-AF-spouse"]).astype(float)[:, None],
+        (df["capital-gain"] > 0).astype(float)[:, None],
+        (df["capital-loss"] > 0).astype(float)[:, None],
+    ]
     for c in ("age", "fnlwgt", "education-num", "hours-per-week"):
         cols.append(((df[c] - ref[c].mean()) / ref[c].std())[:, None])
     for c in ("relationship", "race", "occupation"):
         cols.append(np.stack([(df[c] == v).astype(float) for v in sorted(set(ref[c].tolist()))], 1))
-    wc = np.array(["gov" if "gov" in v else "private" if v == "Private" else "self" if "Self" in v else "other"
-                   for v in df["workclass"]])
+    wc = np.array(
+        [
+            "gov" if "gov" in v else "private" if v == "Private" else "self" if "Self" in v else "other"
+            for v in df["workclass"]
+        ]
+    )
     cols.append(np.stack([(wc == v).astype(float) for v in ("gov", "private", "self", "other")], 1))
     cols.append((df["sex"] == "Male").astype(float)[:, None])
     return np.hstack(cols), (df["income"] == ">50K").astype(np.int64)
@@ -170,8 +199,13 @@ def rescale(x: np.ndarray, scale: str | None) -> np.ndarray:
     return (x - lo) / np.where(span > 0, span, 1.0)
 
 
-def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = None,
-                 server_limit: int | None = None, scale: str | None = None):
+def load_tabular(
+    name: str,
+    task: str = "neyman_pearson",
+    limit: int | None = None,
+    server_limit: int | None = None,
+    scale: str | None = None,
+):
     """``(x, y)`` for Neyman-Pearson, ``(x, y, x_server, y_server)`` for fairness (server = test split);
     ``scale`` re-scales the Neyman-Pearson features (:func:`rescale`) before rows are drawn."""
     if task == "neyman_pearson":
@@ -184,13 +218,15 @@ def load_tabular(name: str, task: str = "neyman_pearson", limit: int | None = No
         elif name in ("adult", "adult_synthetic"):
             x, y, _, _ = adult() if name == "adult" else adult_synthetic()
         else:
-            raise ValueError(f"dataset: unknown {name!r}; allowed: breast_cancer, breast_cancer_wisc, monks1, "
-                             "adult, adult_synthetic")
+            raise ValueError(
+                f"dataset: unknown {name!r}; allowed: breast_cancer, breast_cancer_wisc, monks1, adult, adult_synthetic"
+            )
         return _limit(rescale(x, scale), y, limit)
     if task == "fairness":
         if scale is not None:
-            raise ValueError("scale: only the Neyman-Pearson datasets can be re-scaled "
-                             "(fairness uses adult-b's recipe)")
+            raise ValueError(
+                "scale: only the Neyman-Pearson datasets can be re-scaled (fairness uses adult-b's recipe)"
+            )
         if name not in ("adult", "adult_synthetic"):
             raise ValueError("dataset: fairness needs a sensitive attribute; allowed: adult, adult_synthetic")
         x, y, x0, y0 = adult() if name == "adult" else adult_synthetic()

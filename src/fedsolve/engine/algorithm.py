@@ -30,9 +30,9 @@ with client state in ``context.state``.
 from __future__ import annotations
 
 import copy
-
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,8 +41,8 @@ from torch import Tensor
 from fedsolve.core.context import LocalContext
 from fedsolve.core.plans import Work
 from fedsolve.core.rng import RngStreams
-from fedsolve.core.states import ClientStates
 from fedsolve.core.statements import Descend
+from fedsolve.core.states import ClientStates
 from fedsolve.engine.phases import PhaseTable
 
 Record = dict[str, Tensor]
@@ -76,8 +76,9 @@ class Algorithm:
     """Base class; subclasses set ``name``, ``description``, ``Config`` and the functions (module docstring)."""
 
     name: ClassVar[str] = "base"
-    description: ClassVar[str] = ""
-    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    description: str = ""  # (a wrapper sets its own per instance)
+    #: the validated config class: an AlgorithmConfig, or a solver's own pydantic model with other fields
+    Config: ClassVar[type[BaseModel]] = AlgorithmConfig
     #: False for algorithms whose clients never talk to the server (e.g. Local)
     communicates: ClassVar[bool] = True
     #: False for algorithms whose rounds minimise no training loss (the constrained solvers: their records carry the
@@ -87,29 +88,29 @@ class Algorithm:
     #: first evaluation's loss, for losses that are positive and fall), a server-state key (its largest absolute
     #: entry against ``max(1, its first value's)``: an iterate that must stay bounded, e.g. a saddle problem's
     #: model), or None (nothing beyond NaN/inf)
-    watch: ClassVar[str | None] = "train_loss"
+    watch: str | None = "train_loss"
     #: server-state keys checked for NaN/inf each round (None: all); large pair stores may opt out
     finite_check_keys: ClassVar[tuple[str, ...] | None] = None
     #: how the server averages, for server pieces and DP (``engine/server.py``); None: no single averaged model
     averages: ClassVar[Averages | None] = None
     #: the protocol's phases (``engine/phases.py``), for a protocol with several message types or nested loops
-    phases: ClassVar[PhaseTable | None] = None
+    phases: PhaseTable | None = None
     #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
     kernel: str = "auto"
     #: the run's client sampling (``simulation.sampling``), set by the engine before ``init``: a solver whose server
     #: weights depend on how clients are drawn reads it (None: outside a run)
     sampling: Any = None
 
-    def __init__(self, config: AlgorithmConfig | Mapping[str, Any] | None, problem):
+    def __init__(self, config: BaseModel | Mapping[str, Any] | None, problem):
         if config is None:
             config = self.Config()
         elif not isinstance(config, self.Config):
             config = self.Config(**dict(config))
-        self.cfg = config
+        self.cfg: Any = config  # a subclass declares its own ``cfg: XConfig`` for the type checker
         self.problem = problem
         self.layout = problem.layout
         self.num_clients = problem.num_clients
-        self.client_weights = problem.data.weights   # n_i / n in the data's float type (float64 data: exact)
+        self.client_weights = problem.data.weights  # n_i / n in the data's float type (float64 data: exact)
         self.setup()
 
     # ----------------------------------------------------------- the functions
@@ -162,14 +163,24 @@ def shared_mask(algo: Algorithm) -> Tensor | None:
     if not getattr(algo.cfg, "shared_only", False):
         return None
     if not algo.layout.has_block("personal"):
-        raise ValueError(f"{algo.name}: shared_only=true needs a 'personal' block in the problem "
-                         f"(model.blocks or model.personalization)")
+        raise ValueError(
+            f"{algo.name}: shared_only=true needs a 'personal' block in the problem "
+            f"(model.blocks or model.personalization)"
+        )
     return (~algo.layout.mask("personal")).to(torch.float32)
 
 
 # ------------------------------------------------------------------ evaluation
-def scored_params(algo: Algorithm, states: Record, msg: Record, problem, rngs: RngStreams, round_: int,
-                  vectorized: bool, executor: str = "auto") -> Tensor:
+def scored_params(
+    algo: Algorithm,
+    states: Record,
+    msg: Record,
+    problem,
+    rngs: RngStreams,
+    round_: int,
+    vectorized: bool,
+    executor: str = "auto",
+) -> Tensor:
     """Every client's scored parameters ``[m, d]`` from the state rows ``states`` and the scoring message ``msg``
     (``[m, ...]``): ``eval_model`` per client (vmapped when ``vectorized``); where it returns a ``Descend``
     statement (the adaptation a client does right before it is scored), that statement carried out for every
@@ -180,8 +191,9 @@ def scored_params(algo: Algorithm, states: Record, msg: Record, problem, rngs: R
     if vectorized:
         return torch.func.vmap(algo.eval_model)(states, msg)
     m = next(iter(states.values())).shape[0] if states else next(iter(msg.values())).shape[0]
-    return torch.stack([algo.eval_model({k: v[i] for k, v in states.items()}, {k: v[i] for k, v in msg.items()})
-                        for i in range(m)])
+    return torch.stack(
+        [algo.eval_model({k: v[i] for k, v in states.items()}, {k: v[i] for k, v in msg.items()}) for i in range(m)]
+    )
 
 
 def _eval_statement(algo: Algorithm, states: Record, msg: Record) -> Descend | None:
@@ -190,7 +202,7 @@ def _eval_statement(algo: Algorithm, states: Record, msg: Record) -> Descend | N
         return None
     try:
         out = algo.eval_model(states, msg)
-    except Exception:   # noqa: BLE001  (not batch-agnostic: it returns parameters, computed per client)
+    except Exception:  # noqa: BLE001  (not batch-agnostic: it returns parameters, computed per client)
         return None
     return out if isinstance(out, Descend) else None
 
@@ -218,8 +230,11 @@ class _Stated:
         """The start as the clients' rows; the tensor fields with a row per client (``[m, d]``, like the start) as
         their message; the rest (numbers, a ``[d]`` mask or per-coordinate step size) shared."""
         s = self.stmt
-        msgs = {k: getattr(s, k) for k in self.TENSORS
-                if isinstance(getattr(s, k), Tensor) and getattr(s, k).dim() == s.start.dim()}
+        msgs = {
+            k: getattr(s, k)
+            for k in self.TENSORS
+            if isinstance(getattr(s, k), Tensor) and getattr(s, k).dim() == s.start.dim()
+        }
         return {"w": s.start}, msgs
 
     def local_update(self, state, msg, ctx):
@@ -227,8 +242,9 @@ class _Stated:
         return replace(self.stmt, start=state["w"], then=lambda w, steps: ({"w": w}, {}), **fields)
 
 
-def run_statement(problem, stmt: Descend, phases: dict[str, Work], rngs: RngStreams, round_: int = 0,
-                  executor: str = "auto") -> Tensor:
+def run_statement(
+    problem, stmt: Descend, phases: dict[str, Work], rngs: RngStreams, round_: int = 0, executor: str = "auto"
+) -> Tensor:
     """The stacked statement ``stmt`` (one row per client of ``problem``) carried out for every client, with the
     minibatch plans of ``phases`` drawn from ``rngs`` at ``round_``: the final parameters ``[m, d]``."""
     from fedsolve.core.plans import build_plans

@@ -69,7 +69,7 @@ class RunningBuffers(Wrapper):
         return msg
 
     def local_update(self, state, msg, ctx):
-        if not isinstance(ctx, LocalContext):   # a probe of the statement, or a data-free update: nothing moves
+        if not isinstance(ctx, LocalContext):  # a probe of the statement, or a data-free update: nothing moves
             return self.inner.local_update(_strip(state), _strip(msg), ctx)
         own = state if self.mode == "local" else msg
         ctx.buffers = {n: own[KEY + n] for n in self.names}
@@ -85,7 +85,7 @@ class RunningBuffers(Wrapper):
         for k in self._keys():
             if self.mode == "local":
                 continue
-            if k not in uploads:   # an update that read no data moved no buffer
+            if k not in uploads:  # an update that read no data moved no buffer
                 new[k] = server[k]
                 continue
             w = self.client_weights[ids].to(uploads[k].device, torch.float64)

@@ -57,13 +57,18 @@ class Launch:
 
 def _env_int(name: str, default: int | None = None) -> int:
     raw = os.environ.get(name)
-    if raw is None and default is not None:
-        return default
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"--distributed: the environment variable {name}={raw!r} is not a whole number; launch "
-                         f"with torchrun, which sets it") from None
+    if raw is None:
+        if default is not None:
+            return default
+    else:
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+    raise ValueError(
+        f"--distributed: the environment variable {name}={raw!r} is not a whole number; launch "
+        f"with torchrun, which sets it"
+    )
 
 
 def launch(device: str = "auto", backend: str | None = None) -> Launch:
@@ -73,15 +78,19 @@ def launch(device: str = "auto", backend: str | None = None) -> Launch:
     ``ValueError`` with one line when the environment is not torchrun's."""
     missing = [k for k in ENV if k not in os.environ]
     if missing:
-        raise ValueError(f"--distributed: {', '.join(missing)} not set (this is not a torchrun process); launch "
-                         f"with: torchrun --nproc-per-node N -m fedsolve run CONFIG --distributed")
+        raise ValueError(
+            f"--distributed: {', '.join(missing)} not set (this is not a torchrun process); launch "
+            f"with: torchrun --nproc-per-node N -m fedsolve run CONFIG --distributed"
+        )
     _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("MASTER_PORT")
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if gpu and device in ("auto", "cuda"):   # one process per GPU; an explicit cuda:N is used as given
+    if gpu and device in ("auto", "cuda"):  # one process per GPU; an explicit cuda:N is used as given
         if local_rank >= torch.cuda.device_count():
-            raise ValueError(f"--distributed: LOCAL_RANK {local_rank} but {torch.cuda.device_count()} GPU(s) "
-                             f"visible; start at most one process per GPU (--nproc-per-node)")
+            raise ValueError(
+                f"--distributed: LOCAL_RANK {local_rank} but {torch.cuda.device_count()} GPU(s) "
+                f"visible; start at most one process per GPU (--nproc-per-node)"
+            )
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend or ("nccl" if gpu else "gloo"))
@@ -100,8 +109,13 @@ def shard_clients(sizes: Tensor, world: int) -> Tensor:
     return (mid * world / n.sum()).floor().long().clamp_(0, world - 1)
 
 
-def all_gather_rows(local: Record | None, counts: list[int], schema: dict[str, tuple[tuple[int, ...], torch.dtype]],
-                    device: torch.device, group=None) -> list[Record]:
+def all_gather_rows(
+    local: Record | None,
+    counts: list[int],
+    schema: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    device: torch.device,
+    group=None,
+) -> list[Record]:
     """Every rank's record on every rank: rank ``r`` holds ``counts[r]`` rows of each key of ``schema`` (``{key:
     (row shape, dtype)}``; ``local`` is this rank's, None when it holds none). One ``all_gather`` per dtype of
     ``[max(counts), row widths]`` tensors on ``device`` (bool travels as uint8); returns the ranks' records, their
@@ -110,18 +124,20 @@ def all_gather_rows(local: Record | None, counts: list[int], schema: dict[str, t
     out: list[Record] = [{} for _ in counts]
     if top == 0:
         return out
+    if counts[me] and local is None:
+        raise ValueError(f"all_gather_rows: rank {me} holds {counts[me]} rows, but its record is None")
     dtypes = sorted({dt for _, dt in schema.values()}, key=str)
     for dt in dtypes:
         keys = sorted(k for k, (_, d) in schema.items() if d == dt)
         wire = torch.uint8 if dt == torch.bool else dt
         widths = [math.prod(schema[k][0]) for k in keys]
         buf = torch.zeros(top, sum(widths), dtype=wire, device=device)
-        if counts[me]:
-            buf[:counts[me]] = torch.cat([local[k].reshape(counts[me], -1).to(device, wire) for k in keys], 1)
+        if counts[me] and local is not None:
+            buf[: counts[me]] = torch.cat([local[k].reshape(counts[me], -1).to(device, wire) for k in keys], 1)
         parts = [torch.empty_like(buf) for _ in counts]
         dist.all_gather(parts, buf, group=group)
         for r, part in enumerate(parts):
-            for k, col in zip(keys, part[:counts[r]].split(widths, 1)):
+            for k, col in zip(keys, part[: counts[r]].split(widths, 1)):
                 out[r][k] = col.reshape(counts[r], *schema[k][0]).to(dt)
     return out
 
@@ -139,15 +155,20 @@ class DistributedTransport(Transport):
 
     def __init__(self, group=None):
         if not dist.is_initialized():
-            raise ValueError("DistributedTransport: torch.distributed is not initialized; call "
-                             "fedsolve.engine.distributed.launch() first, in a process torchrun started")
+            raise ValueError(
+                "DistributedTransport: torch.distributed is not initialized; call "
+                "fedsolve.engine.distributed.launch() first, in a process torchrun started"
+            )
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         #: where gathered tensors travel: the GPU for NCCL, the CPU for gloo
-        self.comm_device = (torch.device("cuda", torch.cuda.current_device())
-                            if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+        self.comm_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(group) == "nccl"
+            else torch.device("cpu")
+        )
         self.started = False
-        self.owner: Tensor | None = None   # [m]: the rank of each client
+        self.owner: Tensor | None = None  # [m]: the rank of each client
         self._dirty: Tensor | None = None  # [m] bool: trained since the rows were last gathered everywhere
         self._local = InProcess()
 
@@ -161,26 +182,45 @@ class DistributedTransport(Transport):
         """Check that every rank runs the same simulation (algorithm, seed, clients, parameters, round, executor)
         and stop every rank with one message when another rank stopped before the run (:meth:`abort`). Adds the
         :class:`CheckpointSync` callback when a rank writes checkpoints."""
-        mine = {"error": None, "algorithm": sim.algo.name, "seed": sim.seed, "clients": sim.problem.num_clients,
-                "dim": sim.problem.layout.dim, "round": max(sim.round, sim.start_round),
-                "evaluations": len(sim.history), "executor": getattr(sim.executor, "name", None),
-                "checkpoints": sim.checkpoint_path is not None}
+        mine = {
+            "error": None,
+            "algorithm": sim.algo.name,
+            "seed": sim.seed,
+            "clients": sim.problem.num_clients,
+            "dim": sim.problem.layout.dim,
+            "round": max(sim.round, sim.start_round),
+            "evaluations": len(sim.history),
+            "executor": getattr(sim.executor, "name", None),
+            "checkpoints": sim.checkpoint_path is not None,
+        }
         every = self._exchange(mine)
         self.started = True
         stopped = [(r, e["error"]) for r, e in enumerate(every) if e["error"] is not None]
         if stopped:
             r, why = stopped[0]
             raise DistributedError(f"--distributed: rank {r} stopped before the run ({why}); every rank stops")
-        diff = [f"{k} (rank 0: {every[0][k]!r}, rank {r}: {e[k]!r})" for r, e in enumerate(every)
-                for k in mine if k not in ("error", "checkpoints") and e[k] != every[0][k]]
+        diff = [
+            f"{k} (rank 0: {every[0][k]!r}, rank {r}: {e[k]!r})"
+            for r, e in enumerate(every)
+            for k in mine
+            if k not in ("error", "checkpoints") and e[k] != every[0][k]
+        ]
         if diff:
-            hint = ("; simulation.executor 'auto' chose differently on the ranks: set it explicitly"
-                    if any(d.startswith("executor") for d in diff) else "")
-            raise DistributedError(f"--distributed: the ranks do not run the same simulation: {'; '.join(diff[:3])}"
-                                   f"{hint}; every rank must get the same config, seed and --resume")
+            hint = (
+                "; simulation.executor 'auto' chose differently on the ranks: set it explicitly"
+                if any(d.startswith("executor") for d in diff)
+                else ""
+            )
+            raise DistributedError(
+                f"--distributed: the ranks do not run the same simulation: {'; '.join(diff[:3])}"
+                f"{hint}; every rank must get the same config, seed and --resume"
+            )
         self._owners(sim)
-        if (any(e["checkpoints"] for e in every) and sim.cfg.checkpoint_every
-                and not any(isinstance(cb, CheckpointSync) for cb in sim.callbacks)):
+        if (
+            any(e["checkpoints"] for e in every)
+            and sim.cfg.checkpoint_every
+            and not any(isinstance(cb, CheckpointSync) for cb in sim.callbacks)
+        ):
             sim.callbacks.append(CheckpointSync(self))
 
     def abort(self, error: BaseException) -> None:
@@ -194,12 +234,16 @@ class DistributedTransport(Transport):
         self._exchange({"error": f"{type(error).__name__}: {text}" if text else type(error).__name__})
 
     # ---------------------------------------------------------------- ownership and rows
-    def _owners(self, sim) -> Tensor:
-        if self.owner is None:
+    def _owners_dirty(self, sim) -> tuple[Tensor, Tensor]:
+        """``(owner, dirty)``, made on first use."""
+        if self.owner is None or self._dirty is None:
             off = sim.problem.data.train_offsets.cpu()
             self.owner = shard_clients(off[1:] - off[:-1], self.world)
             self._dirty = torch.zeros(sim.problem.num_clients, dtype=torch.bool)
-        return self.owner
+        return self.owner, self._dirty
+
+    def _owners(self, sim) -> Tensor:
+        return self._owners_dirty(sim)[0]
 
     def own_clients(self, sim) -> Tensor:
         """The ids of the clients this rank owns (ascending, on the CPU)."""
@@ -208,8 +252,8 @@ class DistributedTransport(Transport):
     def sync_rows(self, sim) -> None:
         """Gather to every rank the state rows of the clients trained since the last gathering (each from the rank
         that owns it), so every rank holds every client's current rows."""
-        owner = self._owners(sim)
-        dirty = torch.nonzero(self._dirty).flatten()
+        owner, dirty_mask = self._owners_dirty(sim)
+        dirty = torch.nonzero(dirty_mask).flatten()
         if dirty.numel() == 0:
             return
         fixed = set(sim.clients.readonly())
@@ -217,19 +261,22 @@ class DistributedTransport(Transport):
         per_rank = [dirty[owner[dirty] == r] for r in range(self.world)]
         counts = [int(p.numel()) for p in per_rank]
         mine = per_rank[self.rank]
-        local = ({k: v for k, v in sim.clients.gather(mine.to(sim.device)).items() if k not in fixed}
-                 if counts[self.rank] else None)
+        local = (
+            {k: v for k, v in sim.clients.gather(mine.to(sim.device)).items() if k not in fixed}
+            if counts[self.rank]
+            else None
+        )
         parts = all_gather_rows(local, counts, _schema(first), self.comm_device, self.group)
         for r, part in enumerate(parts):
             if r != self.rank and counts[r]:
                 sim.clients.scatter(per_rank[r].to(sim.device), {k: v.to(sim.device) for k, v in part.items()})
-        self._dirty.zero_()
+        dirty_mask.zero_()
 
     # ---------------------------------------------------------------- the transport
     def train(self, sim, t, ids, msgs, scale):
         """This rank's selected clients on its executor, then every selected client's upload and loss on every
         rank, in the order of ``ids``."""
-        owner = self._owners(sim)
+        owner, dirty_mask = self._owners_dirty(sim)
         cpu_ids = ids.cpu()
         n = cpu_ids.numel()
         where = owner[cpu_ids]
@@ -239,16 +286,20 @@ class DistributedTransport(Transport):
         if counts[self.rank]:
             pos = positions[self.rank]
             dpos = pos.to(ids.device)
-            _, uploads, losses = self._local.train(sim, t, ids[dpos], {k: v[dpos] for k, v in msgs.items()},
-                                                   None if scale is None else scale[pos])
+            _, uploads, losses = self._local.train(
+                sim, t, ids[dpos], {k: v[dpos] for k, v in msgs.items()}, None if scale is None else scale[pos]
+            )
             local = {**uploads, _LOSS: losses.reshape(-1)}
         schema = _schema(local) if local is not None else None
-        if min(counts) == 0:   # a rank without clients this round learns the uploads' shapes from one with some
+        if min(counts) == 0:  # a rank without clients this round learns the uploads' shapes from one with some
             src = counts.index(next(c for c in counts if c))
             box = [schema]
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, src) if self.group else src,
-                                       group=self.group)
+            dist.broadcast_object_list(
+                box, src=dist.get_global_rank(self.group, src) if self.group else src, group=self.group
+            )
             schema = box[0]
+        if schema is None:
+            raise DistributedError("--distributed: no rank trained a client this round, so no upload shapes")
         parts = all_gather_rows(local, counts, schema, self.comm_device, self.group)
         full = {k: torch.empty((n, *shape), dtype=dt, device=sim.device) for k, (shape, dt) in schema.items()}
         for r, part in enumerate(parts):
@@ -256,7 +307,7 @@ class DistributedTransport(Transport):
                 p = positions[r].to(sim.device)
                 for k, v in part.items():
                     full[k][p] = v.to(sim.device)
-        self._dirty[cpu_ids] = True
+        dirty_mask[cpu_ids] = True
         losses = full.pop(_LOSS)
         return None, full, losses
 
@@ -266,8 +317,13 @@ class DistributedTransport(Transport):
         self.sync_rows(sim)
         params = sim.eval_params(round_)
         mine = self.own_clients(sim).tolist()
-        per = evaluate(sim.problem, params, sim.vectorized_eval, tuple(sim.cfg.metrics), ids=mine,
-                       buffers=sim.eval_buffers())[1] if mine else []
+        per = (
+            evaluate(
+                sim.problem, params, sim.vectorized_eval, tuple(sim.cfg.metrics), ids=mine, buffers=sim.eval_buffers()
+            )[1]
+            if mine
+            else []
+        )
         every: list[Any] = [None] * self.world
         dist.all_gather_object(every, per, group=self.group)
         return [row for part in every for row in part], {}

@@ -42,7 +42,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if isinstance(e, OSError) and e.filename is None:   # e.g. a full disk: name the file it happened to
+        if isinstance(e, OSError) and e.filename is None:  # e.g. a full disk: name the file it happened to
             raise OSError(e.errno, e.strerror or str(e), str(path)) from None
         raise
 
@@ -80,6 +80,6 @@ def save_figure(fig, path: Path) -> None:
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    if "matplotlib.pyplot" in sys.modules:   # a pyplot figure of the caller's: free it
+    if "matplotlib.pyplot" in sys.modules:  # a pyplot figure of the caller's: free it
         sys.modules["matplotlib.pyplot"].close(fig)
     atomic_write_bytes(path, buf.getvalue())

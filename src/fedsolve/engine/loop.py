@@ -16,25 +16,30 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedsolve.engine.algorithm import finished, place_algorithm, sampling_round, scored_params
 from fedsolve.core.comm import CommLedger
+from fedsolve.core.executor import Executor
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
 from fedsolve.core.statements import stated
 from fedsolve.core.states import ClientStates
+from fedsolve.engine.algorithm import finished, place_algorithm, sampling_round, scored_params
 from fedsolve.engine.buffers import run_buffers, with_buffers
 from fedsolve.engine.io import atomic_torch_save, atomic_write_bytes, atomic_write_text  # noqa: F401  (re-exported)
 from fedsolve.engine.metrics import evaluate, summarize
-from fedsolve.engine.transport import InProcess, Transport
-from fedsolve.engine.schedules import Schedule
 from fedsolve.engine.sampling import SamplingConfig, sample_clients
+from fedsolve.engine.schedules import Schedule
+from fedsolve.engine.transport import InProcess, Transport
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 class DivergenceError(RuntimeError):
@@ -59,9 +64,14 @@ class WorkConfig(BaseModel):
     """Per-client variable amounts of local work (a fraction of the configured steps)."""
 
     model_config = ConfigDict(extra="forbid")
-    variable: Literal["none", "uniform"] = Field("none", description="'uniform': each participant does a "
-                                                 "U[min_fraction, 1] fraction of its local steps")
+    variable: Literal["none", "uniform"] = Field(
+        "none", description="'uniform': each participant does a U[min_fraction, 1] fraction of its local steps"
+    )
     min_fraction: float = Field(0.1, gt=0, le=1, description="smallest fraction of local work")
+
+
+def _all_metrics() -> list[Literal["f1", "auc"]]:
+    return ["f1", "auc"]
 
 
 class SimulationConfig(BaseModel):
@@ -72,22 +82,37 @@ class SimulationConfig(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     work: WorkConfig = Field(default_factory=WorkConfig)
     executor: Literal["auto", "sequential", "vectorized", "batched", "linear", "fpfc_linear"] = Field(
-        "auto", description="how clients run ('batched': stacked-weight SGD for MLPs, core/batched_mlp.py; 'linear': "
-                            "batched full-batch GD for one-layer models, core/linear.py; 'fpfc_linear' is its former "
-                            "name; 'auto': calibrated once per machine and model, cached)")
+        "auto",
+        description="how clients run ('batched': stacked-weight SGD for MLPs, core/batched_mlp.py; 'linear': "
+        "batched full-batch GD for one-layer models, core/linear.py; 'fpfc_linear' is its former "
+        "name; 'auto': calibrated once per machine and model, cached)",
+    )
     linear_kernel: Literal["auto", "native", "torch"] = Field(
-        "auto", description="kernels of the 'linear' executor and of FPFC's dense pair update: 'native' "
-                            "(compiled at first use), 'torch' (tensor operations), 'auto' = native where it applies")
+        "auto",
+        description="kernels of the 'linear' executor and of FPFC's dense pair update: 'native' "
+        "(compiled at first use), 'torch' (tensor operations), 'auto' = native where it applies",
+    )
     chunk_size: int | None = Field(None, ge=1, description="max clients per vectorized call (memory bound)")
-    device: str = Field("auto", description="where the run's tensors live: 'cpu', 'cuda', 'cuda:N', or 'auto' "
-                                            "(cuda when a GPU is available, else cpu)")
-    tf32: bool = Field(False, description="let CUDA matrix products and cuDNN convolutions use TensorFloat-32 (faster "
-                                           "on Ampere and later GPUs, but float32 rounds then differ from the CPU's by "
-                                           "about 1e-3 relative); off by default, so a GPU run gives the CPU's numbers")
-    state_memory_mb: float | None = Field(None, gt=0, description="memory budget of the clients' stored state rows; "
-                                          "over it they move to a memory-mapped file (null: no budget)")
-    metrics: list[Literal["f1", "auc"]] = Field(default_factory=lambda: ["f1", "auc"],
-                                                description="extra classification metrics")
+    device: str = Field(
+        "auto",
+        description="where the run's tensors live: 'cpu', 'cuda', 'cuda:N', or 'auto' "
+        "(cuda when a GPU is available, else cpu)",
+    )
+    tf32: bool = Field(
+        False,
+        description="let CUDA matrix products and cuDNN convolutions use TensorFloat-32 (faster "
+        "on Ampere and later GPUs, but float32 rounds then differ from the CPU's by "
+        "about 1e-3 relative); off by default, so a GPU run gives the CPU's numbers",
+    )
+    state_memory_mb: float | None = Field(
+        None,
+        gt=0,
+        description="memory budget of the clients' stored state rows; "
+        "over it they move to a memory-mapped file (null: no budget)",
+    )
+    metrics: list[Literal["f1", "auc"]] = Field(
+        default_factory=_all_metrics, description="extra classification metrics"
+    )
     checkpoint_every: int = Field(0, ge=0, description="write checkpoint.pt every k rounds (0: at evaluations)")
     divergence_factor: float = Field(1e4, gt=1, description="stop when train loss exceeds factor x first loss")
 
@@ -107,15 +132,18 @@ def resolve_device(name: str) -> torch.device:
     dev = torch.device(name)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            built = "built with CUDA, but no GPU is visible" if torch.backends.cuda.is_built() else \
-                f"this torch {torch.__version__} is built without CUDA"
-            raise ValueError(f"simulation.device: {name!r} asked for, but CUDA is not available ({built}); "
-                             f"use 'auto' or 'cpu'")
+            built = (
+                "built with CUDA, but no GPU is visible"
+                if torch.backends.cuda.is_built()
+                else f"this torch {torch.__version__} is built without CUDA"
+            )
+            raise ValueError(
+                f"simulation.device: {name!r} asked for, but CUDA is not available ({built}); use 'auto' or 'cpu'"
+            )
         n = torch.cuda.device_count()
         index = torch.cuda.current_device() if dev.index is None else dev.index
         if index >= n:
-            raise ValueError(f"simulation.device: {name!r} asked for, but there are {n} GPU(s): cuda:0 to "
-                             f"cuda:{n - 1}")
+            raise ValueError(f"simulation.device: {name!r} asked for, but there are {n} GPU(s): cuda:0 to cuda:{n - 1}")
         dev = torch.device("cuda", index)
     return dev
 
@@ -152,10 +180,10 @@ def _on_run_device(method):
 
 
 class Callback(Protocol):
-    def on_start(self, sim: "Simulation") -> None: ...
-    def on_round(self, sim: "Simulation", round_: int, info: dict[str, Any]) -> None: ...
-    def on_eval(self, sim: "Simulation", record: dict[str, Any]) -> None: ...
-    def on_end(self, sim: "Simulation") -> None: ...
+    def on_start(self, sim: Simulation) -> None: ...
+    def on_round(self, sim: Simulation, round_: int, info: dict[str, Any]) -> None: ...
+    def on_eval(self, sim: Simulation, record: dict[str, Any]) -> None: ...
+    def on_end(self, sim: Simulation) -> None: ...
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -166,9 +194,16 @@ def _all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def check_round(round_: int, train_loss: float | None, server: dict[str, torch.Tensor], uploads: dict[str, torch.Tensor],
-                keys: tuple[str, ...] | None, first_loss: float | None, factor: float,
-                reason: str | None = None) -> float:
+def check_round(
+    round_: int,
+    train_loss: float | None,
+    server: dict[str, torch.Tensor],
+    uploads: dict[str, torch.Tensor],
+    keys: tuple[str, ...] | None,
+    first_loss: float | None,
+    factor: float,
+    reason: str | None = None,
+) -> float | None:
     """The divergence checks after round ``round_`` (shared by ``Simulation`` and the Flower server): no NaN/inf
     in the server-state entries ``keys`` (None: all), in the uploads or in ``train_loss``; no ``reason`` from the
     watched measure (:func:`watched`); and ``train_loss`` at most ``factor`` x the first loss (``None``: not
@@ -176,16 +211,21 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
     vals = [server[k] for k in keys or server]
     vals += uploads.values()
     floats = [v for v in vals if v.is_floating_point()]
-    if floats and all(v.is_cpu and v.numel() <= 4096 for v in floats) and _all_finite(
-            torch.cat([v.reshape(-1) for v in floats])):   # cat promotes to the widest type
-        bad = []   # every entry small: one pass over them all (a millisecond round has dozens of scalars)
+    if (
+        floats
+        and all(v.is_cpu and v.numel() <= 4096 for v in floats)
+        and _all_finite(torch.cat([v.reshape(-1) for v in floats]))
+    ):  # cat promotes to the widest type
+        bad = []  # every entry small: one pass over them all (a millisecond round has dozens of scalars)
     else:
         named = [(k, server[k]) for k in keys or server] + [(f"upload:{k}", v) for k, v in uploads.items()]
         bad = [k for k, v in named if v.is_floating_point() and not _all_finite(v)]
     if bad or (train_loss is not None and not math.isfinite(train_loss)):
-        raise DivergenceError(f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; the data and the "
-                              f"problem were checked finite, so the step is too large: try a smaller learning rate. "
-                              f"The last good checkpoint is kept.")
+        raise DivergenceError(
+            f"round {round_ + 1}: non-finite values in {bad or ['train loss']}; the data and the "
+            f"problem were checked finite, so the step is too large: try a smaller learning rate. "
+            f"The last good checkpoint is kept."
+        )
     if reason:
         raise DivergenceError(f"round {round_ + 1}: {reason}. The last good checkpoint is kept.")
     if train_loss is None:
@@ -193,9 +233,11 @@ def check_round(round_: int, train_loss: float | None, server: dict[str, torch.T
     if first_loss is None:
         return max(abs(train_loss), 1e-8)
     if train_loss > factor * first_loss:
-        raise DivergenceError(f"round {round_ + 1}: train loss {train_loss:.4g} exploded (> "
-                              f"{factor:g} x first loss {first_loss:.4g}); "
-                              f"try a smaller learning rate. The last good checkpoint is kept.")
+        raise DivergenceError(
+            f"round {round_ + 1}: train loss {train_loss:.4g} exploded (> "
+            f"{factor:g} x first loss {first_loss:.4g}); "
+            f"try a smaller learning rate. The last good checkpoint is kept."
+        )
     return first_loss
 
 
@@ -206,8 +248,10 @@ def watched(algo, server: dict[str, torch.Tensor], start: float | None, factor: 
         return None
     size = float(server[algo.watch].abs().max())
     if size > factor * start:
-        return (f"the iterate {algo.watch!r} diverged (|{algo.watch}|_inf = {size:.3g} > divergence_factor {factor:g} "
-                f"x max(1, its first |.|_inf) = {factor * start:.3g}); try smaller step sizes")
+        return (
+            f"the iterate {algo.watch!r} diverged (|{algo.watch}|_inf = {size:.3g} > divergence_factor {factor:g} "
+            f"x max(1, its first |.|_inf) = {factor * start:.3g}); try smaller step sizes"
+        )
     return None
 
 
@@ -218,7 +262,7 @@ def watch_start(algo, server: dict[str, torch.Tensor]) -> float | None:
     return max(1.0, float(server[algo.watch].abs().max()))
 
 
-def eval_due(done: int, cfg: "SimulationConfig", finished: bool = False) -> bool:
+def eval_due(done: int, cfg: SimulationConfig, finished: bool = False) -> bool:
     """The evaluation cadence (shared by ``Simulation`` and the Flower server): after every ``cfg.eval_every``
     rounds and after the last one, ``cfg.rounds`` or the round after which the algorithm has ``finished``
     (``done`` rounds finished; round 0 is evaluated before the first)."""
@@ -235,8 +279,8 @@ class RunResult:
     round_times: list[float]
     extras: dict[str, Any] = field(default_factory=dict)
     per_client: list[dict[str, float]] = field(default_factory=list)
-    timings: list[dict[str, float]] = field(default_factory=list)   # {"round", "time_s"} per evaluation
-    simulation: Any = field(default=None, repr=False)   # the Simulation that produced this result
+    timings: list[dict[str, float]] = field(default_factory=list)  # {"round", "time_s"} per evaluation
+    simulation: Any = field(default=None, repr=False)  # the Simulation that produced this result
 
     def eval_params(self) -> torch.Tensor:
         """``[num_clients, d]``: the model each client is scored with at the end (:meth:`Simulation.eval_params`)."""
@@ -246,18 +290,26 @@ class RunResult:
 class Simulation:
     """Runs one algorithm on one problem for ``cfg.rounds`` rounds."""
 
-    def __init__(self, problem, algorithm, cfg: SimulationConfig, seed: int, out_dir: str | Path | None = None,
-                 callbacks: list[Callback] | None = None, schedule: Schedule | None = None,
-                 transport: Transport | None = None):
+    def __init__(
+        self,
+        problem,
+        algorithm,
+        cfg: SimulationConfig,
+        seed: int,
+        out_dir: str | Path | None = None,
+        callbacks: list[Callback] | None = None,
+        schedule: Schedule | None = None,
+        transport: Transport | None = None,
+    ):
         self.problem = problem
         #: how the clients' work reaches them (``engine/transport.py``): in this process, or a Flower grid
         self.transport = transport if transport is not None else InProcess()
         #: the protocol that steers the run round by round (``engine/schedules.py``); the plain schedule changes nothing
         self.schedule = schedule if schedule is not None else Schedule()
-        self._log: dict[str, float] = {}   # the schedule's numbers for the next evaluation record
-        if hasattr(problem, "check_finite"):   # finite data: a NaN in a round owes it to the steps (check_round)
+        self._log: dict[str, float] = {}  # the schedule's numbers for the next evaluation record
+        if hasattr(problem, "check_finite"):  # finite data: a NaN in a round owes it to the steps (check_round)
             problem.check_finite()
-        algorithm = with_buffers(algorithm)   # BatchNorm running statistics kept as state (engine/buffers.py)
+        algorithm = with_buffers(algorithm)  # BatchNorm running statistics kept as state (engine/buffers.py)
         self.algo = algorithm
         self.cfg = cfg
         self.seed = seed
@@ -266,37 +318,39 @@ class Simulation:
         self.callbacks = list(callbacks or [])
         self.device = resolve_device(cfg.device)
         if self.device.type != "cpu" and cfg.linear_kernel == "native":
-            raise ValueError(f"simulation.linear_kernel: 'native' (compiled C kernels) runs on the CPU only; with "
-                             f"simulation.device {cfg.device!r} use 'auto' or 'torch'")
+            raise ValueError(
+                f"simulation.linear_kernel: 'native' (compiled C kernels) runs on the CPU only; with "
+                f"simulation.device {cfg.device!r} use 'auto' or 'torch'"
+            )
         #: the kernels in use: ``cfg.linear_kernel`` on the CPU, the tensor operations (``torch``) on a GPU
         self.linear_kernel = cfg.linear_kernel if self.device.type == "cpu" else "torch"
-        algorithm.kernel = self.linear_kernel   # the algorithm's own compiled kernels (FPFC's pair update)
+        algorithm.kernel = self.linear_kernel  # the algorithm's own compiled kernels (FPFC's pair update)
         self.vectorized_eval = problem.vmappable
         self.history: list[dict[str, Any]] = []
         self.round_times: list[float] = []
-        self.timings: list[dict[str, float]] = []   # {"round", "time_s"} per evaluation (timings.jsonl)
-        self.checkpoint_round: int | None = None     # round of the last checkpoint written or loaded
+        self.timings: list[dict[str, float]] = []  # {"round", "time_s"} per evaluation (timings.jsonl)
+        self.checkpoint_round: int | None = None  # round of the last checkpoint written or loaded
         self.ledger = CommLedger()
         self.start_round = 0
-        self.round = 0   # rounds run by run_round / step so far (the next round's index)
+        self.round = 0  # rounds run by run_round / step so far (the next round's index)
         self._first_loss: float | None = None
         self._elapsed = 0.0
         self._t0 = time.perf_counter()
         self.per_client: list[dict[str, float]] = []
-        if problem.device.type != "cpu":   # a problem placed on a device before (its data stays): init on the CPU
+        if problem.device.type != "cpu":  # a problem placed on a device before (its data stays): init on the CPU
             place_algorithm(algorithm, "cpu")
-        algorithm.sampling = cfg.sampling   # the run's client sampling, told before init (Algorithm.sampling)
+        algorithm.sampling = cfg.sampling  # the run's client sampling, told before init (Algorithm.sampling)
         x0 = problem.init_params(self.rngs.torch("init"))
-        self.server, self.clients = algorithm.init(x0, self.rngs)   # on the CPU: the same numbers on any device
-        if self.device.type != "cpu" or problem.device.type != "cpu":   # placed on the run's device once
+        self.server, self.clients = algorithm.init(x0, self.rngs)  # on the CPU: the same numbers on any device
+        if self.device.type != "cpu" or problem.device.type != "cpu":  # placed on the run's device once
             problem.to(self.device)
             place_algorithm(algorithm, self.device)
             self.server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in self.server.items()}
             self.clients = self.clients.to(self.device)
         self._watch_start = watch_start(algorithm, self.server)
-        if not self.transport.holds_clients:   # the nodes hold their client's rows: the server keeps none
+        if not self.transport.holds_clients:  # the nodes hold their client's rows: the server keeps none
             self.clients = None
-            self.executor = None
+            self.executor: Executor | None = None
             return
         self._state_budget()
         self.use_executor(cfg.executor)
@@ -330,16 +384,29 @@ class Simulation:
     def save_checkpoint(self, next_round: int) -> None:
         if self.checkpoint_path is None:
             return
-        atomic_torch_save({
-            "round": next_round, "seed": self.seed, "algorithm": self.algo.name,
-            "num_clients": self.problem.num_clients, "dim": self.problem.layout.dim,
-            "server": self.server, "clients": self.clients.compact_state_dict(), "ledger": self.ledger.state_dict(),
-            "history": self.history, "round_times": self.round_times, "timings": self.timings,
-            "first_loss": self._first_loss, "per_client": self.per_client,
-            "elapsed": self._elapsed + time.perf_counter() - self._t0,
-            "schedule": self.schedule.state_dict(), "schedule_log": self._log, "hparams": self.algo.cfg.model_dump(),
-            "watch_start": self._watch_start,
-        }, self.checkpoint_path)
+        atomic_torch_save(
+            {
+                "round": next_round,
+                "seed": self.seed,
+                "algorithm": self.algo.name,
+                "num_clients": self.problem.num_clients,
+                "dim": self.problem.layout.dim,
+                "server": self.server,
+                "clients": self.clients.compact_state_dict(),
+                "ledger": self.ledger.state_dict(),
+                "history": self.history,
+                "round_times": self.round_times,
+                "timings": self.timings,
+                "first_loss": self._first_loss,
+                "per_client": self.per_client,
+                "elapsed": self._elapsed + time.perf_counter() - self._t0,
+                "schedule": self.schedule.state_dict(),
+                "schedule_log": self._log,
+                "hparams": self.algo.cfg.model_dump(),
+                "watch_start": self._watch_start,
+            },
+            self.checkpoint_path,
+        )
         self.checkpoint_round = next_round
 
     def load_checkpoint(self, path: str | Path | None = None) -> None:
@@ -352,29 +419,32 @@ class Simulation:
             ck = torch.load(path, weights_only=False, map_location=self.device, mmap=self.device.type == "cpu")
             if not isinstance(ck, dict) or not {"round", "seed", "algorithm", "server", "clients"} <= set(ck):
                 raise ValueError("not a fedsolve checkpoint")
-        except Exception as e:   # truncated, garbage or foreign: torch raises many types
-            raise ResumeError(f"--resume: {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); "
-                              f"start over with --overwrite") from None
+        except Exception as e:  # noqa: BLE001  (truncated, garbage or foreign: torch raises many types)
+            raise ResumeError(
+                f"--resume: {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); start over with --overwrite"
+            ) from None
         self._check_checkpoint(ck, path)
         self.start_round = ck["round"]
         self.server = ck["server"]
         budget, where = self._budget_and_folder()
-        self.clients = ClientStates.load(ck["clients"], self.problem.num_clients, budget_bytes=budget,
-                                         spill_dir=where)   # the stored rows only, over the budget in spill files
+        self.clients = ClientStates.load(
+            ck["clients"], self.problem.num_clients, budget_bytes=budget, spill_dir=where
+        )  # the stored rows only, over the budget in spill files
         self.ledger = CommLedger.from_state_dict(ck["ledger"])
         self.history = ck["history"]
         self.round_times = ck["round_times"]
         # a checkpoint of an older fedsolve kept time_s in the records: move it to the timings
-        self.timings = ck.get("timings") or [{"round": r["round"], "time_s": r["time_s"]} for r in self.history
-                                             if "time_s" in r]
+        self.timings = ck.get("timings") or [
+            {"round": r["round"], "time_s": r["time_s"]} for r in self.history if "time_s" in r
+        ]
         self.history = [{k: v for k, v in r.items() if k != "time_s"} for r in self.history]
         self._first_loss = ck["first_loss"]
         self._elapsed = ck["elapsed"]
-        self.per_client = ck.get("per_client", [])   # the last evaluation's (a finished run keeps its own)
+        self.per_client = ck.get("per_client", [])  # the last evaluation's (a finished run keeps its own)
         self.checkpoint_round = self.start_round
         self.round = self.start_round
         if ck.get("hparams") is not None and ck["hparams"] != self.algo.cfg.model_dump():
-            self.set_hparams(**ck["hparams"])   # a schedule changed them (e.g. lambda along a path)
+            self.set_hparams(**ck["hparams"])  # a schedule changed them (e.g. lambda along a path)
         self.schedule.load_state_dict(self, ck.get("schedule", {}))
         self._log = dict(ck.get("schedule_log", {}))
         self._watch_start = ck.get("watch_start", self._watch_start)
@@ -382,28 +452,41 @@ class Simulation:
     def _check_checkpoint(self, ck: dict[str, Any], path: Path) -> None:
         """Refuse a checkpoint of another run: algorithm, seed, number of clients, parameter count, and the
         names and shapes of the server and client state (what this run's ``init`` gives)."""
-        mine = {"algorithm": self.algo.name, "seed": self.seed, "num_clients": self.problem.num_clients,
-                "dim": self.problem.layout.dim}
+        mine = {
+            "algorithm": self.algo.name,
+            "seed": self.seed,
+            "num_clients": self.problem.num_clients,
+            "dim": self.problem.layout.dim,
+        }
         diff = [f"{k} {ck[k]!r} (this run: {v!r})" for k, v in mine.items() if k in ck and ck[k] != v]
-        for where, new, old in (("server", self.server, ck["server"]),
-                                ("client state", ClientStates.shapes(self.clients),
-                                 ClientStates.shapes(ck["clients"]))):
+        for where, new, old in (
+            ("server", self.server, ck["server"]),
+            ("client state", ClientStates.shapes(self.clients), ClientStates.shapes(ck["clients"])),
+        ):
             missing = sorted(set(new) - set(old))
-            if missing:   # e.g. a checkpoint of an older version of the algorithm, whose state had other names
-                diff.append(f"{where} {', '.join(map(repr, missing))} missing (the checkpoint has "
-                            f"{', '.join(map(repr, sorted(old))) or 'nothing'}: written by another version?)")
+            if missing:  # e.g. a checkpoint of an older version of the algorithm, whose state had other names
+                diff.append(
+                    f"{where} {', '.join(map(repr, missing))} missing (the checkpoint has "
+                    f"{', '.join(map(repr, sorted(old))) or 'nothing'}: written by another version?)"
+                )
             for k in sorted(set(new) & set(old)):
                 if not isinstance(new[k], torch.Tensor):
                     continue
                 # a server pool that starts empty and grows (FPFC's sparse pairs) may have any leading size
                 lead = 1 if where == "server" and new[k].dim() and new[k].shape[0] == 0 else 0
-                if not isinstance(old[k], torch.Tensor) or tuple(old[k].shape)[lead:] != tuple(new[k].shape)[lead:] \
-                        or old[k].dim() != new[k].dim() or old[k].dtype != new[k].dtype:
+                if (
+                    not isinstance(old[k], torch.Tensor)
+                    or tuple(old[k].shape)[lead:] != tuple(new[k].shape)[lead:]
+                    or old[k].dim() != new[k].dim()
+                    or old[k].dtype != new[k].dtype
+                ):
                     got = (tuple(old[k].shape), old[k].dtype) if isinstance(old[k], torch.Tensor) else type(old[k])
                     diff.append(f"{where} {k!r} {got} (this run: {(tuple(new[k].shape), new[k].dtype)})")
         if diff:
-            raise ResumeError(f"--resume: {path} belongs to another run: {'; '.join(diff)}; use another --out, "
-                              f"or start over with --overwrite")
+            raise ResumeError(
+                f"--resume: {path} belongs to another run: {'; '.join(diff)}; use another --out, "
+                f"or start over with --overwrite"
+            )
 
     # ------------------------------------------------------------ evaluation
     @_on_run_device
@@ -420,8 +503,9 @@ class Simulation:
         if round_ is None:
             round_ = self.history[-1]["round"] if self.history else 0
         executor = self.cfg.executor if self.cfg.executor in ("sequential", "vectorized") else "auto"
-        return scored_params(self.algo, self.clients.state_dict(), msg, self.problem, self.rngs, round_,
-                             self.vectorized_eval, executor)
+        return scored_params(
+            self.algo, self.clients.state_dict(), msg, self.problem, self.rngs, round_, self.vectorized_eval, executor
+        )
 
     @_on_run_device
     def eval_buffers(self) -> dict[str, torch.Tensor] | None:
@@ -445,10 +529,15 @@ class Simulation:
         rec.update(extra)
         if self.clients is not None:
             for key, value in self.algo.report(self.server, self.clients).items():
-                if isinstance(value, torch.Tensor) and value.dim() == 2:   # more models to score, under the key
+                if isinstance(value, torch.Tensor) and value.dim() == 2:  # more models to score, under the key
                     s, _ = evaluate(self.problem, value, self.vectorized_eval, (), buffers=self.eval_buffers())
-                    rec.update({key + k.removeprefix("test_"): v for k, v in s.items()
-                                if k in ("test_accuracy", "test_loss", "test_rmse")})
+                    rec.update(
+                        {
+                            key + k.removeprefix("test_"): v
+                            for k, v in s.items()
+                            if k in ("test_accuracy", "test_loss", "test_rmse")
+                        }
+                    )
                 else:
                     rec[key] = value
         rec.update(self._log)
@@ -462,10 +551,17 @@ class Simulation:
     def _check(self, round_: int, train_loss: float | None, uploads: dict[str, torch.Tensor]) -> None:
         watch_loss = train_loss if self.algo.watch == "train_loss" else None
         if not (train_loss is None or math.isfinite(train_loss)):
-            watch_loss = train_loss   # a non-finite loss is always an error
-        self._first_loss = check_round(round_, watch_loss, self.server, uploads, self.algo.finite_check_keys,
-                                       self._first_loss, self.cfg.divergence_factor,
-                                       watched(self.algo, self.server, self._watch_start, self.cfg.divergence_factor))
+            watch_loss = train_loss  # a non-finite loss is always an error
+        self._first_loss = check_round(
+            round_,
+            watch_loss,
+            self.server,
+            uploads,
+            self.algo.finite_check_keys,
+            self._first_loss,
+            self.cfg.divergence_factor,
+            watched(self.algo, self.server, self._watch_start, self.cfg.divergence_factor),
+        )
 
     # ------------------------------------------------------------ main loop
     def participants(self, t: int, ids: torch.Tensor) -> torch.Tensor:
@@ -480,9 +576,10 @@ class Simulation:
         data = self.problem.data
         if ids is None:
             draw = sampling_round(self.algo, self.server, t)
-            ids = self.participants(t, sample_clients(self.cfg.sampling, m, data.weights,
-                                                      lambda: self.rngs.numpy("sampling", draw)))
-        if ids.numel() == 0:   # nobody took part: the round still counts (states unchanged)
+            ids = self.participants(
+                t, sample_clients(self.cfg.sampling, m, data.weights, lambda: self.rngs.numpy("sampling", draw))
+            )
+        if ids.numel() == 0:  # nobody took part: the round still counts (states unchanged)
             self.round = t + 1
             return {"round": t, "clients": 0, "train_loss": float("nan"), "ids": ids}
         scale = None
@@ -495,7 +592,7 @@ class Simulation:
         with self.on_device():
             msgs = self.algo.broadcast(self.server, dids, t)
             answered, uploads, losses = self.transport.train(self, t, dids, msgs, scale)
-            if answered is not None:   # the clients whose uploads arrived are the round's participants
+            if answered is not None:  # the clients whose uploads arrived are the round's participants
                 ids, dids = ids[answered.cpu()], dids[answered]
                 msgs = {k: v[answered] for k, v in msgs.items()}
                 if ids.numel() == 0:
@@ -510,8 +607,12 @@ class Simulation:
             train_loss = float((losses.double().cpu() * w).sum() / w.sum())
         self._check(t, train_loss, uploads)
         self.round = t + 1
-        return {"round": t, "clients": int(ids.numel()),
-                "train_loss": float("nan") if train_loss is None else train_loss, "ids": ids}
+        return {
+            "round": t,
+            "clients": int(ids.numel()),
+            "train_loss": float("nan") if train_loss is None else train_loss,
+            "ids": ids,
+        }
 
     # ------------------------------------------------------------ the API protocols drive a run with
     def step(self, ids: torch.Tensor | None = None) -> dict[str, Any]:
@@ -540,9 +641,10 @@ class Simulation:
         """Replace the server and client states (e.g. return to a saved point of a path); the next round
         continues from them."""
         if clients.num_clients != self.problem.num_clients:
-            raise ValueError(f"set_state: {clients.num_clients} client rows, the problem has "
-                             f"{self.problem.num_clients} clients")
-        if self.device.type != "cpu":   # on the run's device (a no-op for tensors already there)
+            raise ValueError(
+                f"set_state: {clients.num_clients} client rows, the problem has {self.problem.num_clients} clients"
+            )
+        if self.device.type != "cpu":  # on the run's device (a no-op for tensors already there)
             server = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in server.items()}
             clients = clients.to(self.device)
         self.server, self.clients = server, clients
@@ -557,23 +659,24 @@ class Simulation:
         if self.device.type == "cpu":
             algo.setup()
         else:
-            place_algorithm(algo, self.device)   # runs setup on the device
+            place_algorithm(algo, self.device)  # runs setup on the device
 
     def use_executor(self, name: str) -> None:
         """Run the clients with executor ``name`` from the next round on (as ``SimulationConfig.executor``), chosen
         by how the algorithm states its update for the next round (:func:`~fedsolve.core.statements.stated`)."""
         c = self.cfg
         with self.on_device():
-            self.executor = make_executor(name, self.problem, c.chunk_size, self.linear_kernel, self.algo,
-                                          self._statement(self.round))
+            self.executor = make_executor(
+                name, self.problem, c.chunk_size, self.linear_kernel, self.algo, self._statement(self.round)
+            )
 
     def _statement(self, round_: int):
         """The algorithm's update of two clients in round ``round_`` as a statement (None: not stated)."""
         ids = torch.arange(min(2, self.problem.num_clients), device=self.device)
-        try:   # a server state that a driver completes after construction (e.g. newcomers) broadcasts nothing yet
+        try:  # a server state that a driver completes after construction (e.g. newcomers) broadcasts nothing yet
             with torch.no_grad():
                 msgs = self.algo.broadcast(self.server, ids, round_)
-        except Exception:   # noqa: BLE001
+        except Exception:  # noqa: BLE001
             return None
         return stated(self.algo, self.clients.gather(ids), msgs, round_)
 
@@ -604,7 +707,7 @@ class Simulation:
         t = self.start_round
         try:
             last_loss = self._rounds(last_loss)
-        except KeyboardInterrupt:   # Ctrl-C: the last checkpoint on disk is intact (atomic writes)
+        except KeyboardInterrupt:  # Ctrl-C: the last checkpoint on disk is intact (atomic writes)
             for cb in self.callbacks:
                 if hasattr(cb, "on_interrupt"):
                     cb.on_interrupt(self)
@@ -615,39 +718,63 @@ class Simulation:
         with self.on_device():
             extras = self.algo.report(self.server, self.clients, final=True) if self.clients is not None else {}
         extras.update(self.schedule.summary())
-        return RunResult(self.history, self.server, self.clients, self.ledger, wall, self.round_times,
-                         extras, self.per_client, self.timings, self)
+        return RunResult(
+            self.history,
+            self.server,
+            self.clients,
+            self.ledger,
+            wall,
+            self.round_times,
+            extras,
+            self.per_client,
+            self.timings,
+            self,
+        )
 
     def _rounds(self, last_loss: float | None) -> float | None:
         """Rounds ``start_round .. cfg.rounds - 1`` with their evaluations and checkpoints (:meth:`run`)."""
-        return drive_rounds(max(self.round, self.start_round), self.cfg.rounds, lambda t: self.step(),
-                            self._after_round, last_loss, finished=lambda: finished(self.algo, self.server))
+        return drive_rounds(
+            max(self.round, self.start_round),
+            self.cfg.rounds,
+            lambda t: self.step(),
+            self._after_round,
+            last_loss,
+            finished=lambda: finished(self.algo, self.server),
+        )
 
     def _after_round(self, done: int, last_loss: float | None, info: dict[str, Any]) -> None:
         """After ``done`` rounds: evaluate when due (a non-finite test loss stops the run), checkpoint when due
         (both after the round that finishes the algorithm's work, ``info["finished"]``)."""
         finished = info["finished"]
         forced = info.get("evaluate")
-        is_eval = eval_due(done, self.cfg, finished) if forced is None else (forced or finished or
-                                                                               done == self.cfg.rounds)
+        is_eval = (
+            eval_due(done, self.cfg, finished) if forced is None else (forced or finished or done == self.cfg.rounds)
+        )
         if is_eval:
             rec = self.evaluate(done, last_loss)
             tl = rec.get("test_loss", rec.get("test_rmse", 0.0))
             if not math.isfinite(tl):
-                raise DivergenceError(f"round {done}: the evaluated models give a non-finite test loss; try a "
-                                      f"smaller learning rate. The last good checkpoint is kept.")
+                raise DivergenceError(
+                    f"round {done}: the evaluated models give a non-finite test loss; try a "
+                    f"smaller learning rate. The last good checkpoint is kept."
+                )
             self.history.append(rec)
             self._log = {}
             for cb in self.callbacks:
                 cb.on_eval(self, rec)
         ck_every = self.cfg.checkpoint_every
-        if (ck_every and done % ck_every == 0) or is_eval and (not ck_every or finished):
+        if (ck_every and done % ck_every == 0) or (is_eval and (not ck_every or finished)):
             self.save_checkpoint(done)
 
 
-def drive_rounds(first: int, rounds: int, step: Callable[[int], dict[str, Any]],
-                 after: Callable[[int, float | None, dict[str, Any]], None], last_loss: float | None = None,
-                 finished: Callable[[], bool] = lambda: False) -> float | None:
+def drive_rounds(
+    first: int,
+    rounds: int,
+    step: Callable[[int], dict[str, Any]],
+    after: Callable[[int, float | None, dict[str, Any]], None],
+    last_loss: float | None = None,
+    finished: Callable[[], bool] = lambda: False,
+) -> float | None:
     """THE round loop of fedsolve, shared by :class:`Simulation` and the Flower server: for ``t`` in
     ``first .. rounds - 1``, ``info = step(t)`` runs communication round ``t`` (its ``train_loss`` may be NaN when
     nobody took part), then ``after(t + 1, last finite train loss, info)`` evaluates, logs and checkpoints
@@ -697,16 +824,30 @@ class ProgressBar:
     ``desc`` names the run (``compare`` adds "run k of N"); ``on_eval`` refreshes the shown metrics at once,
     so the bar never shows the previous evaluation's numbers after the last round."""
 
-    def __init__(self, desc: str = "", keys: tuple[str, ...] = ("train_loss", "test_accuracy", "test_rmse"),
-                 disable: bool | None = None, position: int | None = None, leave: bool = True):
+    def __init__(
+        self,
+        desc: str = "",
+        keys: tuple[str, ...] = ("train_loss", "test_accuracy", "test_rmse"),
+        disable: bool | None = None,
+        position: int | None = None,
+        leave: bool = True,
+    ):
         self.desc, self.keys, self.disable, self.position, self.leave = desc, keys, disable, position, leave
-        self.bar = None
+        self.bar: tqdm[Any] | None = None
 
     def on_start(self, sim):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=sim.cfg.rounds, initial=sim.start_round, desc=self.desc, unit="rnd",
-                        disable=self.disable, leave=self.leave, position=self.position, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=sim.cfg.rounds,
+            initial=sim.start_round,
+            desc=self.desc,
+            unit="rnd",
+            disable=self.disable,
+            leave=self.leave,
+            position=self.position,
+            dynamic_ncols=True,
+        )
         if sim.history:
             self.on_eval(sim, sim.history[-1])
 

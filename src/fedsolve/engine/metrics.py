@@ -17,10 +17,20 @@ from torch import Tensor
 from torch.func import functional_call, vmap
 
 
-def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[int], vectorized: bool,
-             chunk: int = 64, buffers: dict[str, Tensor] | None = None) -> list[Tensor]:
+def _outputs(
+    problem,
+    params: Tensor,
+    x_all: Tensor,
+    offsets: Tensor,
+    ids: list[int],
+    vectorized: bool,
+    chunk: int = 64,
+    buffers: dict[str, Tensor] | None = None,
+) -> list[Tensor]:
     """Model outputs (evaluation mode) of each client on its own rows of ``x_all`` (on the device of ``x_all`` and
     ``params``); ``buffers``: each client's BatchNorm running statistics ``{name: [m, ...]}`` (None: the model's)."""
+    if x_all.shape[0] == 0:  # no rows at all (e.g. a problem of coefficient rows has no test split): nothing
+        return [x_all[:0] for _ in ids]
     model, layout = problem.model, problem.layout
     bufs = buffers or {}
     outs: list[Tensor] = []
@@ -28,16 +38,16 @@ def _outputs(problem, params: Tensor, x_all: Tensor, offsets: Tensor, ids: list[
         if vectorized:
             f = vmap(lambda p, b, x: functional_call(model, {**layout.unflatten(p), **b}, (x,)))
             for a in range(0, len(ids), chunk):
-                cs = ids[a:a + chunk]
+                cs = ids[a : a + chunk]
                 sizes = [int(offsets[i + 1] - offsets[i]) for i in cs]
                 T = max(max(sizes), 1)
-                idx = torch.zeros(len(cs), T, dtype=torch.long, device="cpu")   # built on the CPU, moved once
+                idx = torch.zeros(len(cs), T, dtype=torch.long, device="cpu")  # built on the CPU, moved once
                 for k, i in enumerate(cs):
                     s = int(offsets[i])
-                    idx[k, :sizes[k]] = torch.arange(s, s + sizes[k], device="cpu")
-                    idx[k, sizes[k]:] = min(s, max(x_all.shape[0] - 1, 0))   # padding (a client may have none)
+                    idx[k, : sizes[k]] = torch.arange(s, s + sizes[k], device="cpu")
+                    idx[k, sizes[k] :] = min(s, max(x_all.shape[0] - 1, 0))  # padding (a client may have none)
                 o = f(params[cs], {n: v[cs] for n, v in bufs.items()}, x_all[idx.to(x_all.device)])
-                outs.extend(o[k, :sizes[k]] for k in range(len(cs)))
+                outs.extend(o[k, : sizes[k]] for k in range(len(cs)))
         else:
             for i in ids:
                 a, b = int(offsets[i]), int(offsets[i + 1])
@@ -131,9 +141,15 @@ def summarize(per_client: list[dict[str, float]], prefix: str = "test_") -> dict
     return out
 
 
-def evaluate(problem, params: Tensor, vectorized: bool | None = None, which: tuple[str, ...] = ("f1", "auc"),
-             split: str = "test", ids: list[int] | None = None, buffers: dict[str, Tensor] | None = None
-             ) -> tuple[dict[str, float], list[dict[str, float]]]:
+def evaluate(
+    problem,
+    params: Tensor,
+    vectorized: bool | None = None,
+    which: tuple[str, ...] = ("f1", "auc"),
+    split: str = "test",
+    ids: list[int] | None = None,
+    buffers: dict[str, Tensor] | None = None,
+) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Score every client ``i`` with ``params[i]`` on its ``split``; returns (summary, per-client). ``ids``: only
     these clients (``params`` still has a row per client of the problem), per-client metrics in their order.
     ``vectorized``: all clients' outputs in one ``vmap`` call (None: where the problem's model allows it).
@@ -145,8 +161,8 @@ def evaluate(problem, params: Tensor, vectorized: bool | None = None, which: tup
     x, y, off = (d.test_x, d.test_y, d.test_offsets) if split == "test" else (d.train_x, d.train_y, d.train_offsets)
     ids = list(range(d.num_clients)) if ids is None else [int(i) for i in ids]
     outs = _outputs(problem, params, x, off, ids, vectorized, buffers=buffers)
-    if x.device.type != "cpu":   # scored on the CPU: one transfer, not several per client
+    if x.device.type != "cpu":  # scored on the CPU: one transfer, not several per client
         outs = list(torch.cat(outs).cpu().split([o.shape[0] for o in outs])) if outs else outs
         y = y.cpu()
-    per = [client_metrics(problem, o, y[int(off[i]):int(off[i + 1])], which) for i, o in zip(ids, outs)]
+    per = [client_metrics(problem, o, y[int(off[i]) : int(off[i + 1])], which) for i, o in zip(ids, outs)]
     return summarize(per, prefix=split + "_"), per

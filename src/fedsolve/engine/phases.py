@@ -84,8 +84,9 @@ class PhaseTable:
         ``round_``: the round the phase is entered at, for :attr:`Phase.keeps_sample`."""
         now = self.current(server)
         if name != now and name not in self[now].then:
-            raise ValueError(f"phase table: no transition from {now!r} to {name!r} (declared: "
-                             f"{', '.join(self[now].then) or 'none'})")
+            raise ValueError(
+                f"phase table: no transition from {now!r} to {name!r} (declared: {', '.join(self[now].then) or 'none'})"
+            )
         out = dict(server)
         out["phase"] = torch.tensor(self.names.index(name))
         if round_ is not None and name != now:
@@ -113,7 +114,7 @@ class PhaseTable:
 
     def of(self, msg: Record) -> str:
         """The phase of a message (or of one client's slice of it): read from its marker key, statically."""
-        marks = [k[len(MARK):] for k in msg if k.startswith(MARK)]
+        marks = [k[len(MARK) :] for k in msg if k.startswith(MARK)]
         if len(marks) != 1:
             raise ValueError(f"a phase message carries one marker, got {marks}")
         return marks[0]
@@ -123,7 +124,9 @@ class PhaseTable:
         rows = []
         for p in self.phases:
             mark = " (start)" if p.name == self.start else " (done)" if p.name == self.done else ""
-            rows.append(f"  {p.name}{mark}: sends {', '.join(p.sends) or '-'}; uploads {', '.join(p.uploads) or '-'}"
-                        f"; then {', '.join(p.then) or '-'}{'; keeps its sample' if p.keeps_sample else ''}"
-                        + (f"  ({p.doc})" if p.doc else ""))
+            rows.append(
+                f"  {p.name}{mark}: sends {', '.join(p.sends) or '-'}; uploads {', '.join(p.uploads) or '-'}"
+                f"; then {', '.join(p.then) or '-'}{'; keeps its sample' if p.keeps_sample else ''}"
+                + (f"  ({p.doc})" if p.doc else "")
+            )
         return "\n".join(rows)

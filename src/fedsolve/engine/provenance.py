@@ -32,7 +32,7 @@ from typing import Any
 #: the ``fedsolve`` command line that started this process's runs (set by the CLI, read into provenance)
 COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("fedsolve_command", default=None)
 
-_PACKAGE = Path(__file__).resolve().parents[1]          # .../fedsolve (the package directory)
+_PACKAGE = Path(__file__).resolve().parents[1]  # .../fedsolve (the package directory)
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -92,12 +92,11 @@ def added_in(folder: str | Path) -> dict[Path, str]:
     commit that added it under its first name), from one ``git log``; {} outside a checkout."""
     folder = Path(folder).resolve()
     top = _git("rev-parse", "--show-toplevel", cwd=folder)
-    out = _git("log", "--reverse", "-M", "--diff-filter=AR", "--format=%x00%H", "--name-status", "--", ".",
-               cwd=folder)
+    out = _git("log", "--reverse", "-M", "--diff-filter=AR", "--format=%x00%H", "--name-status", "--", ".", cwd=folder)
     if top is None or not out:
         return {}
     first: dict[str, str] = {}
-    for block in out.split("\x00")[1:]:               # oldest commit first
+    for block in out.split("\x00")[1:]:  # oldest commit first
         commit, *changes = block.strip().splitlines()
         for change in changes:
             status, *names = change.split("\t")
@@ -117,8 +116,12 @@ def versions() -> dict[str, str]:
 
     from fedsolve._version import __version__
 
-    out = {"fedsolve": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
-           "python": platform.python_version()}
+    out = {
+        "fedsolve": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+    }
     try:
         out["flwr"] = metadata.version("flwr")
     except metadata.PackageNotFoundError:
@@ -141,7 +144,9 @@ def provenance(device: Any = None, config: dict[str, Any] | None = None) -> dict
     """The record described in the module docstring (``config``: the resolved config to hash)."""
     commit, dirty = source_commit()
     return {
-        "commit": commit, "dirty": dirty, "commit_source": "recorded",
+        "commit": commit,
+        "dirty": dirty,
+        "commit_source": "recorded",
         "config_hash": config_hash(config) if config is not None else None,
         "versions": versions(),
         "machine": {"platform": platform.platform(), "arch": platform.machine(), "cpu_count": os.cpu_count()},
@@ -157,5 +162,15 @@ def command_line(argv: list[str] | None) -> str:
     return shlex.join(["fedsolve", *(sys.argv[1:] if argv is None else argv)])
 
 
-__all__ = ["COMMAND", "added_in", "command_line", "config_hash", "device_info", "head_of", "provenance",
-           "source_changed", "source_commit", "versions"]
+__all__ = [
+    "COMMAND",
+    "added_in",
+    "command_line",
+    "config_hash",
+    "device_info",
+    "head_of",
+    "provenance",
+    "source_changed",
+    "source_commit",
+    "versions",
+]

@@ -26,15 +26,25 @@ from typing import Any
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not a POSIX system: folders are not locked
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # no fcntl here: folders are not locked
 
 from fedsolve.engine.io import atomic_write_text
 
 LOCK, MARKER = ".fedsolve.lock", "run.json"
 FINAL = ("completed", "diverged", "interrupted", "failed")
 # files that fedsolve writes with atomic_write_bytes; their temporary files are ".<name>.<8 random chars>[.tmp]"
-_WRITTEN = ("checkpoint.pt", "metrics.jsonl", "timings.jsonl", "summary.json", "per_client.json", "config.yaml",
-            "report.md", "run.json", "suite.json", "results.json")
+_WRITTEN = (
+    "checkpoint.pt",
+    "metrics.jsonl",
+    "timings.jsonl",
+    "summary.json",
+    "per_client.json",
+    "config.yaml",
+    "report.md",
+    "run.json",
+    "suite.json",
+    "results.json",
+)
 _TEMP = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}(\.tmp)?$")
 
 
@@ -72,9 +82,11 @@ class FolderLock:
             except BlockingIOError:
                 pid = _pid_in(fd)
                 os.close(fd)
-                raise FolderBusy(f"{self.folder} is in use by a live run (lock {self.path}, held by pid {pid}); "
-                                 f"allowed: wait for it to end or stop it, or use another --out") from None
-            try:   # its last holder may have removed the file between our open and flock: lock the new one
+                raise FolderBusy(
+                    f"{self.folder} is in use by a live run (lock {self.path}, held by pid {pid}); "
+                    f"allowed: wait for it to end or stop it, or use another --out"
+                ) from None
+            try:  # its last holder may have removed the file between our open and flock: lock the new one
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
                 same = False
@@ -94,7 +106,7 @@ class FolderLock:
                 os.unlink(self.path)
         except OSError:
             pass
-        os.close(self.fd)     # closing drops the flock
+        os.close(self.fd)  # closing drops the flock
         self.fd = None
 
     def __enter__(self) -> FolderLock:
@@ -119,7 +131,7 @@ def holder(folder: str | Path) -> str | None:
     except BlockingIOError:
         return _pid_in(fd)
     finally:
-        os.close(fd)      # also drops the shared lock taken to probe
+        os.close(fd)  # also drops the shared lock taken to probe
     return None
 
 
@@ -130,8 +142,10 @@ def busy_above(path: str | Path) -> FolderBusy | None:
     for folder in (p, *p.parents):
         pid = holder(folder)
         if pid is not None:
-            return FolderBusy(f"{folder} is in use by a live run (lock {folder / LOCK}, held by pid {pid}); "
-                              f"allowed: wait for it to end or stop it, or use another --out")
+            return FolderBusy(
+                f"{folder} is in use by a live run (lock {folder / LOCK}, held by pid {pid}); "
+                f"allowed: wait for it to end or stop it, or use another --out"
+            )
     return None
 
 
@@ -189,8 +203,15 @@ class RunFolder:
         return self
 
     def start(self, provenance: dict[str, Any] | None = None) -> None:
-        self.marker = {"kind": self.kind, "status": "running", "pid": os.getpid(), "started": _now(), "ended": None,
-                       "message": "", "provenance": provenance or {}}
+        self.marker = {
+            "kind": self.kind,
+            "status": "running",
+            "pid": os.getpid(),
+            "started": _now(),
+            "ended": None,
+            "message": "",
+            "provenance": provenance or {},
+        }
         atomic_write_text(self.folder / MARKER, json.dumps(self.marker, indent=2))
 
     def starter(self, config: dict[str, Any] | None, remove: tuple[str, ...] = ()) -> _Start:
@@ -210,11 +231,16 @@ class RunFolder:
             if typ is not None and self.marker is not None and self.marker["status"] == "running":
                 from fedsolve.engine.loop import DivergenceError
 
-                status = "interrupted" if issubclass(typ, KeyboardInterrupt) else \
-                    "diverged" if issubclass(typ, DivergenceError) else "failed"
+                status = (
+                    "interrupted"
+                    if issubclass(typ, KeyboardInterrupt)
+                    else "diverged"
+                    if issubclass(typ, DivergenceError)
+                    else "failed"
+                )
                 try:
                     self.finish(status, f"{typ.__name__}: {exc}"[:300])
-                except OSError:   # e.g. the disk is full: the marker keeps "running", read as incomplete
+                except OSError:  # e.g. the disk is full: the marker keeps "running", read as incomplete
                     pass
         finally:
             self.lock.release()
@@ -243,5 +269,16 @@ class _Start:
         pass
 
 
-__all__ = ["FINAL", "LOCK", "MARKER", "FolderBusy", "FolderLock", "RunFolder", "busy_above", "clean_temps",
-           "folder_status", "holder", "read_marker"]
+__all__ = [
+    "FINAL",
+    "LOCK",
+    "MARKER",
+    "FolderBusy",
+    "FolderLock",
+    "RunFolder",
+    "busy_above",
+    "clean_temps",
+    "folder_status",
+    "holder",
+    "read_marker",
+]

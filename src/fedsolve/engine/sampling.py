@@ -40,8 +40,9 @@ class SamplingConfig(BaseModel):
         return max(1, int(frac * m))
 
 
-def sample_clients(cfg: SamplingConfig, m: int, weights: torch.Tensor,
-                   rng: np.random.Generator | Callable[[], np.random.Generator]) -> torch.Tensor:
+def sample_clients(
+    cfg: SamplingConfig, m: int, weights: torch.Tensor, rng: np.random.Generator | Callable[[], np.random.Generator]
+) -> torch.Tensor:
     """Sorted ids of this round's participants (may be empty after dropout). ``rng`` may be a function that
     makes the round's generator: it is then made only when a draw is needed (not when every client takes
     part without dropout, whose ids are ``0..m-1`` whatever the draw)."""
@@ -85,18 +86,19 @@ def inclusion_probabilities(cfg: SamplingConfig, m: int, weights: torch.Tensor) 
     w = weights.detach().double().cpu().numpy()
     w = w / w.sum()
     if int((w > 0).sum()) < k:
-        raise ValueError(f"sampling.scheme: weighted needs {k} clients of positive weight, the data gives "
-                         f"{int((w > 0).sum())}")
+        raise ValueError(
+            f"sampling.scheme: weighted needs {k} clients of positive weight, the data gives {int((w > 0).sum())}"
+        )
     from scipy.integrate import quad_vec
 
     def stays_below(t: float) -> np.ndarray:
         """w_i exp(-w_i t) P(N_{-i}(t) <= k - 1) for every client i."""
-        q = -np.expm1(-w * t)   # P(E_j < t)
+        q = -np.expm1(-w * t)  # P(E_j < t)
         r = 1.0 - q
         pre = np.zeros((m + 1, k))
         suf = np.zeros((m + 1, k))
         pre[0, 0] = suf[m, 0] = 1.0
-        for j in range(m):   # pre[j]: the count among clients < j; suf[j]: among clients >= j (counts < k)
+        for j in range(m):  # pre[j]: the count among clients < j; suf[j]: among clients >= j (counts < k)
             pre[j + 1] = pre[j] * r[j]
             pre[j + 1, 1:] += pre[j, :-1] * q[j]
             b = m - 1 - j

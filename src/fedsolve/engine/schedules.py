@@ -91,7 +91,7 @@ def make_schedule(spec: Mapping[str, Any], algo, cfg) -> Schedule:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise ValueError(f"schedule.{where}: {err['msg']} (got {err.get('input')!r})") from None
-    except TypeError as e:   # a parameter the schedule does not take
+    except TypeError as e:  # a parameter the schedule does not take
         raise ValueError(f"schedule: {kind} {e}") from None
     schedule.check(algo, cfg)
     return schedule

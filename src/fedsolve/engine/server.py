@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +34,8 @@ from torch import Tensor
 
 from fedsolve.engine.algorithm import Averages
 from fedsolve.engine.wrappers import Wrapper, register_wrapper
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 Record = dict[str, Tensor]
 
@@ -48,6 +50,7 @@ class Piece:
 
 def chain(*pieces: Piece) -> Piece:
     """The pieces applied in order, each with its own state (``"<i>.<name>"`` keys)."""
+
     def init(params):
         return {f"{i}.{k}": v for i, p in enumerate(pieces) for k, v in p.init(params).items()}
 
@@ -58,6 +61,7 @@ def chain(*pieces: Piece) -> Piece:
             delta, new = p.update(delta, own, params)
             out.update({f"{i}.{k}": v for k, v in new.items()})
         return delta, out
+
     return Piece(init, update)
 
 
@@ -67,25 +71,34 @@ def scale(lr: float) -> Piece:
 
 def clip(max_norm: float) -> Piece:
     """``delta`` scaled down to norm ``max_norm`` when it is longer."""
+
     def update(d, s, p):
         n = float(d.norm())
         return (d * (max_norm / n) if n > max_norm else d), s
+
     return Piece(lambda p: {}, update)
 
 
 def momentum(beta: float) -> Piece:
     """Heavy ball: ``v <- beta v + delta``; the update is ``v``."""
+
     def update(d, s, p):
         v = beta * s["v"] + d
         return v, {"v": v}
+
     return Piece(lambda p: {"v": torch.zeros_like(p)}, update)
 
 
-def adaptive(kind: Literal["adam", "yogi", "adagrad"], b1: float = 0.9, b2: float = 0.99, tau: float = 1e-3,
-             v0: float | None = None) -> Piece:
+def adaptive(
+    kind: Literal["adam", "yogi", "adagrad"],
+    b1: float = 0.9,
+    b2: float = 0.99,
+    tau: float = 1e-3,
+    v0: float | None = None,
+) -> Piece:
     """Reddi et al. (2021) Alg. 2's server step direction ``m / (sqrt(v) + tau)`` (``v`` starts at ``v0``,
     default ``tau^2``)."""
-    start = tau ** 2 if v0 is None else v0
+    start = tau**2 if v0 is None else v0
 
     def update(d, s, p):
         m = b1 * s["m"] + (1 - b1) * d
@@ -97,18 +110,21 @@ def adaptive(kind: Literal["adam", "yogi", "adagrad"], b1: float = 0.9, b2: floa
         else:
             v = s["v"] + d2
         return m / (v.sqrt() + tau), {"m": m, "v": v}
+
     return Piece(lambda p: {"m": torch.zeros_like(p), "v": torch.full_like(p, start)}, update)
 
 
 # ------------------------------------------------------------------ the wrappers
 def _averaged(inner, what: str) -> Averages:
     if inner.averages is None:
-        raise ValueError(f"wrap: {what} needs a solver that averages one global model (FedAvg, FedProx, SCAFFOLD, "
-                         f"...); {inner.name} declares none")
+        raise ValueError(
+            f"wrap: {what} needs a solver that averages one global model (FedAvg, FedProx, SCAFFOLD, "
+            f"...); {inner.name} declares none"
+        )
     return inner.averages
 
 
-def _params(model: type[BaseModel], params: dict[str, Any], field: str) -> BaseModel:
+def _params(model: type[_Model], params: dict[str, Any], field: str) -> _Model:
     try:
         return model(**params)
     except ValidationError as e:
@@ -120,7 +136,8 @@ def _params(model: type[BaseModel], params: dict[str, Any], field: str) -> BaseM
 class ServerOptConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     optimizer: Literal["momentum", "adam", "yogi", "adagrad", "sgd"] = Field(
-        "momentum", description="momentum (FedAvgM), adam (FedAdam), yogi (FedYogi), adagrad (FedAdagrad), sgd")
+        "momentum", description="momentum (FedAvgM), adam (FedAdam), yogi (FedYogi), adagrad (FedAdagrad), sgd"
+    )
     lr: float = Field(1.0, gt=0, description="server step size eta")
     beta: float = Field(0.9, ge=0, lt=1, description="momentum beta (FedAvgM)")
     b1: float = Field(0.9, ge=0, lt=1, description="first-moment decay (FedAdam/FedYogi)")
@@ -221,5 +238,16 @@ def _dp(inner, params):
     return DifferentialPrivacy(inner, _params(DPConfig, params, "dp"))
 
 
-__all__ = ["Piece", "chain", "scale", "clip", "momentum", "adaptive", "ServerOptimizer", "DifferentialPrivacy",
-           "server_piece", "ServerOptConfig", "DPConfig"]
+__all__ = [
+    "Piece",
+    "chain",
+    "scale",
+    "clip",
+    "momentum",
+    "adaptive",
+    "ServerOptimizer",
+    "DifferentialPrivacy",
+    "server_piece",
+    "ServerOptConfig",
+    "DPConfig",
+]

@@ -103,7 +103,7 @@ class SweepTransport(InProcess):
             self._pending.pop(id(sim), None)
             if self._pending and len(self._pending) == len(self._active):
                 self._work()
-        if threading.get_ident() in self._holders:   # the run's thread gives the baton back
+        if threading.get_ident() in self._holders:  # the run's thread gives the baton back
             self._holders.discard(threading.get_ident())
             self._cond.release()
 
@@ -117,7 +117,7 @@ class SweepTransport(InProcess):
         algo, data = sim.algo, sim.problem.data
         rows = sim.clients.gather(ids)
         solved = stated(algo, rows, msgs, t)
-        if isinstance(solved, Solved):   # closed form from the rows: nothing to batch, no plan
+        if isinstance(solved, Solved):  # closed form from the rows: nothing to batch, no plan
             sim.clients.scatter(ids, solved.rows)
             return None, solved.upload, torch.zeros(ids.numel(), dtype=torch.float32)
         plans = build_plans(algo.work(t), data.train_offsets, ids.cpu(), sim.rngs, t, scale, data.row_groups)
@@ -134,12 +134,13 @@ class SweepTransport(InProcess):
                 raise SweepInterrupted(str(self._abort))
         if req.error is not None:
             raise req.error
+        assert req.result is not None, "a finished request holds its result or its error"
         new_rows, uploads, losses = req.result
         sim.clients.scatter(ids, new_rows)
         return None, uploads, losses
 
     def score(self, sim, round_):
-        with self._score_lock:   # runs may share a problem object (its module's train/eval flag)
+        with self._score_lock:  # runs may share a problem object (its module's train/eval flag)
             return super().score(sim, round_)
 
     # ------------------------------------------------------------------ one round of every run
@@ -147,7 +148,7 @@ class SweepTransport(InProcess):
         """Run every pending request (the caller holds the condition): the stated plain-SGD ones in one batched
         call, the others on their own executors; then wake the runs."""
         order = {id(sim): i for i, sim in enumerate(self._sims)}
-        reqs = sorted(self._pending.values(), key=lambda r: order.get(id(r.sim), len(order)))   # not arrival order
+        reqs = sorted(self._pending.values(), key=lambda r: order.get(id(r.sim), len(order)))  # not arrival order
         self._pending.clear()
         batch = []
         for r in reqs:
@@ -162,7 +163,7 @@ class SweepTransport(InProcess):
         elif batch:
             try:
                 self._together(batch)
-            except BaseException as e:   # noqa: BLE001  (every waiting run gets the error)
+            except BaseException as e:  # noqa: BLE001  (every waiting run gets the error)
                 for r in batch:
                     r.error, r.done = e, True
         self._cond.notify_all()
@@ -172,7 +173,7 @@ class SweepTransport(InProcess):
         try:
             with r.sim.on_device():
                 r.result = r.sim.executor.run(r.sim.algo, r.rows, r.msgs, r.ids, r.plans, r.sim.problem.data, r.t)
-        except BaseException as e:   # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001
             r.error = e
         r.done = True
 
@@ -189,14 +190,15 @@ class SweepTransport(InProcess):
         anchor = _rows_or_none([s.anchor if s.prox != 0 else None for s in stmts], sizes, start)
         linear = _rows_or_none([s.linear for s in stmts], sizes, start)
         with batch[0].sim.on_device():
-            P, losses = self._kernel.sgd(start, per_row("lr"), plan, pool, anchor, per_row("prox"),
-                                         per_row("weight_decay"), linear)
+            P, losses = self._kernel.sgd(
+                start, per_row("lr"), plan, pool, anchor, per_row("prox"), per_row("weight_decay"), linear
+            )
         self.batched_rounds += 1
         a = 0
         for r, s, k in zip(batch, stmts, sizes):
             steps = r.plans[phase].active.sum(-1).to(s.start.dtype)
-            new_rows, uploads = s.then(P[a:a + k].to(s.start.dtype), steps)
-            r.result, r.done = (new_rows, uploads, losses[a:a + k].to(torch.float32)), True
+            new_rows, uploads = s.then(P[a : a + k].to(s.start.dtype), steps)
+            r.result, r.done = (new_rows, uploads, losses[a : a + k].to(torch.float32)), True
             a += k
 
     def _pool_of(self) -> _Pool:
@@ -230,7 +232,9 @@ def _stack_plans(plans: list[Plan], offsets: list[int]) -> Plan:
         ww[:, :s, :b] = p.w
         a = torch.zeros((K, S), dtype=p.active.dtype)
         a[:, :s] = p.active
-        idx.append(i), w.append(ww), act.append(a)
+        idx.append(i)
+        w.append(ww)
+        act.append(a)
     return Plan(torch.cat(idx), torch.cat(w), torch.cat(act), fixed=all(p.fixed for p in plans))
 
 
@@ -260,8 +264,9 @@ def run_sweep(sims: list, resume: bool = False) -> list:
     its last checkpoint kept."""
     transports = {id(s.transport) for s in sims}
     if len(transports) != 1 or not isinstance(sims[0].transport, SweepTransport):
-        raise ValueError("run_sweep: every simulation must share one SweepTransport (Simulation(..., "
-                         "transport=shared))")
+        raise ValueError(
+            "run_sweep: every simulation must share one SweepTransport (Simulation(..., transport=shared))"
+        )
     tr: SweepTransport = sims[0].transport
     tr.runs(sims)
     results: list[Any] = [None] * len(sims)
@@ -269,7 +274,7 @@ def run_sweep(sims: list, resume: bool = False) -> list:
     def one(i: int) -> None:
         try:
             results[i] = sims[i].run(resume=resume)
-        except BaseException as e:   # noqa: BLE001  (kept in the run's place)
+        except BaseException as e:  # noqa: BLE001  (kept in the run's place)
             results[i] = e
         finally:
             tr.leave(sims[i])

@@ -46,9 +46,11 @@ def require(writer: str, module: str | None = None):
     try:
         return importlib.import_module(module or package)
     except ImportError:
-        raise MissingPackage(f"--track {writer}: the {package!r} package is not installed; install it with "
-                             f"`pip install {package}` (or fedsolve's extra: `pip install '.[{extra}]'` in the "
-                             f"checkout)") from None
+        raise MissingPackage(
+            f"--track {writer}: the {package!r} package is not installed; install it with "
+            f"`pip install {package}` (or fedsolve's extra: `pip install '.[{extra}]'` in the "
+            f"checkout)"
+        ) from None
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -111,6 +113,8 @@ class TensorBoardWriter(_Writer):
         self.writer = self._summary.SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
 
     def on_eval(self, sim, record: dict[str, Any]) -> None:
+        if self.writer is None:
+            raise RuntimeError("TensorBoardWriter: on_eval before on_start")
         for k, v in scalars(record).items():
             self.writer.add_scalar(k, v, global_step=record["round"])
         self.writer.flush()
@@ -125,10 +129,20 @@ class WandbWriter(_Writer):
     """A Weights & Biases run (``wandb.init(project=, name=, config=, dir=)``); the records go to ``run.log`` with
     the round as the step. ``WANDB_MODE=offline`` and W&B's other variables work as usual."""
 
-    def __init__(self, project: str | None = None, name: str | None = None, config: dict | None = None,
-                 dir: str | Path | None = None):
+    def __init__(
+        self,
+        project: str | None = None,
+        name: str | None = None,
+        config: dict | None = None,
+        dir: str | Path | None = None,
+    ):
         self.wandb = require("wandb")
-        self.kwargs = {"project": project, "name": name, "config": config, "dir": None if dir is None else str(dir)}
+        self.kwargs: dict[str, Any] = {
+            "project": project,
+            "name": name,
+            "config": config,
+            "dir": None if dir is None else str(dir),
+        }
         self.run = None
 
     def on_start(self, sim) -> None:
@@ -137,6 +151,8 @@ class WandbWriter(_Writer):
         self.run = self.wandb.init(**self.kwargs)
 
     def on_eval(self, sim, record: dict[str, Any]) -> None:
+        if self.run is None:
+            raise RuntimeError("WandbWriter: on_eval before on_start")
         self.run.log(scalars(record), step=record["round"])
 
     def close(self) -> None:
@@ -204,16 +220,22 @@ def parse_track(text: str | Sequence[str] | None) -> list[str]:
     names = list(dict.fromkeys(s.strip() for s in items if s.strip()))
     bad = [n for n in names if n not in TRACKERS]
     if bad:
-        raise ValueError(f"--track: {bad[0]!r} is not a tracker; allowed: a comma-separated list of "
-                         f"{', '.join(TRACKERS)}")
-    for n in names:   # fail before any run starts when an optional package is missing
+        raise ValueError(
+            f"--track: {bad[0]!r} is not a tracker; allowed: a comma-separated list of {', '.join(TRACKERS)}"
+        )
+    for n in names:  # fail before any run starts when an optional package is missing
         if n in EXTRAS:
             require(n, "torch.utils.tensorboard" if n == "tensorboard" else None)
     return names
 
 
-def make_trackers(names: Sequence[str], run_dir: str | Path, run_name: str, config: dict[str, Any] | None = None,
-                  experiment: str | None = None) -> list[_Writer]:
+def make_trackers(
+    names: Sequence[str],
+    run_dir: str | Path,
+    run_name: str,
+    config: dict[str, Any] | None = None,
+    experiment: str | None = None,
+) -> list[_Writer]:
     """The writers ``names`` (:data:`TRACKERS`) for the run in ``run_dir``: ``metrics.csv`` and ``tensorboard/``
     there; a W&B run named ``run_name`` in project ``experiment`` (unless ``WANDB_PROJECT`` is set) with the
     resolved ``config``, its files under ``run_dir/wandb``; an MLflow run named ``run_name`` in experiment
@@ -226,11 +248,22 @@ def make_trackers(names: Sequence[str], run_dir: str | Path, run_name: str, conf
         elif n == "tensorboard":
             out.append(TensorBoardWriter(run_dir / "tensorboard"))
         elif n == "wandb":
-            out.append(WandbWriter(project=os.environ.get("WANDB_PROJECT") or experiment, name=run_name,
-                                   config=config, dir=run_dir / "wandb"))
+            out.append(
+                WandbWriter(
+                    project=os.environ.get("WANDB_PROJECT") or experiment,
+                    name=run_name,
+                    config=config,
+                    dir=run_dir / "wandb",
+                )
+            )
         else:
-            out.append(MlflowWriter(experiment=None if os.environ.get("MLFLOW_EXPERIMENT_NAME") else experiment,
-                                    run_name=run_name, config=config))
+            out.append(
+                MlflowWriter(
+                    experiment=None if os.environ.get("MLFLOW_EXPERIMENT_NAME") else experiment,
+                    run_name=run_name,
+                    config=config,
+                )
+            )
     return out
 
 

@@ -44,8 +44,9 @@ class Transport:
     def participants(self, sim, t: int, ids: Tensor) -> Tensor:
         return ids
 
-    def train(self, sim, t: int, ids: Tensor, msgs: Record, scale: Tensor | None
-              ) -> tuple[Tensor | None, Record, Tensor]:
+    def train(
+        self, sim, t: int, ids: Tensor, msgs: Record, scale: Tensor | None
+    ) -> tuple[Tensor | None, Record, Tensor]:
         raise NotImplementedError
 
     def score(self, sim, round_: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
@@ -62,7 +63,7 @@ class InProcess(Transport):
         algo, data = sim.algo, sim.problem.data
         rows = sim.clients.gather(ids)
         stmt = stated(algo, rows, msgs, t)
-        if isinstance(stmt, Solved):   # closed form from the rows: no minibatch plan, no executor
+        if isinstance(stmt, Solved):  # closed form from the rows: no minibatch plan, no executor
             sim.clients.scatter(ids, stmt.rows)
             return None, stmt.upload, torch.zeros(ids.numel(), dtype=torch.float32)
         plans = build_plans(algo.work(t), data.train_offsets, ids.cpu(), sim.rngs, t, scale, data.row_groups)
@@ -72,6 +73,5 @@ class InProcess(Transport):
 
     def score(self, sim, round_):
         params = sim.eval_params(round_)
-        _, per = evaluate(sim.problem, params, sim.vectorized_eval, tuple(sim.cfg.metrics),
-                          buffers=sim.eval_buffers())
+        _, per = evaluate(sim.problem, params, sim.vectorized_eval, tuple(sim.cfg.metrics), buffers=sim.eval_buffers())
         return per, {}

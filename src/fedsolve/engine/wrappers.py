@@ -19,7 +19,7 @@ shows them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +31,17 @@ WRAPPERS: dict[str, tuple[Callable[[Algorithm, dict[str, Any]], Algorithm], str]
 
 def register_wrapper(kind: str, description: str):
     """Decorator: register ``build(inner, params) -> Algorithm`` as wrapper ``kind``."""
+
     def deco(build):
         if kind in WRAPPERS and WRAPPERS[kind][0] is not build:
             raise ValueError(f"wrapper {kind!r} registered twice")
         WRAPPERS[kind] = (build, description)
         return build
+
     return deco
 
 
-def wrap(algo: Algorithm, specs: list[Mapping[str, Any]] | None) -> Algorithm:
+def wrap(algo: Algorithm, specs: Sequence[Mapping[str, Any]] | None) -> Algorithm:
     """``algo`` wrapped by each of ``specs`` in turn (``{kind: <name>, ...params}``)."""
     for i, spec in enumerate(specs or []):
         spec = dict(spec)
@@ -74,14 +76,21 @@ class Wrapper(Algorithm):
         self.problem = inner.problem
         self.layout = inner.layout
         self.num_clients = inner.num_clients
-        self.name = inner.name
-        self.description = inner.description
-        self.Config = inner.Config
-        for attr in ("communicates", "reports_train_loss", "watch", "finite_check_keys", "averages", "phases"):
+        for attr in (
+            "name",
+            "description",
+            "Config",
+            "communicates",
+            "reports_train_loss",
+            "watch",
+            "finite_check_keys",
+            "averages",
+            "phases",
+        ):  # per instance: the declarations of `inner`
             setattr(self, attr, getattr(inner, attr))
 
     def __getattr__(self, attr: str):
-        if attr == "inner":   # not yet set (e.g. while unpickling)
+        if attr == "inner":  # not yet set (e.g. while unpickling)
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 

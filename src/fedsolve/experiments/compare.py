@@ -37,9 +37,17 @@ from fedsolve.experiments.runner import check_resume, resolved_config, run_devic
 from fedsolve.experiments.runs import Run, run_all
 
 
-def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-            stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False,
-            track: Sequence[str] = (), batch: bool = True) -> dict[str, Any]:
+def compare(
+    cfg: ExperimentConfig,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    stop_on_divergence: bool = False,
+    jobs: int = 1,
+    overwrite: bool = False,
+    track: Sequence[str] = (),
+    batch: bool = True,
+) -> dict[str, Any]:
     """Every algorithm x every seed of ``cfg`` on the same problem (the data of a seed is shared by all) into
     ``out`` (default ``<out_dir>/<name>``); returns the folder's summary.
 
@@ -50,13 +58,28 @@ def compare(cfg: ExperimentConfig, out: str | Path | None = None, resume: bool =
     the tracking writers of every run. The summary's ``wall_time_s`` is this call's wall-clock time;
     ``run_time_s`` the sum of the runs' times."""
     base = Path(out) if out is not None else Path(cfg.out_dir) / cfg.name
-    return run_compares([(cfg, base)], resume=resume, progress=progress, stop_on_divergence=stop_on_divergence,
-                        jobs=jobs, overwrite=overwrite, track=track, batch=batch)[0]
+    return run_compares(
+        [(cfg, base)],
+        resume=resume,
+        progress=progress,
+        stop_on_divergence=stop_on_divergence,
+        jobs=jobs,
+        overwrite=overwrite,
+        track=track,
+        batch=batch,
+    )[0]
 
 
-def run_compares(cells: Sequence[tuple[ExperimentConfig, Path]], resume: bool = False, progress: bool = True,
-                 stop_on_divergence: bool = False, jobs: int = 1, overwrite: bool = False,
-                 track: Sequence[str] = (), batch: bool = True) -> list[dict[str, Any]]:
+def run_compares(
+    cells: Sequence[tuple[ExperimentConfig, Path]],
+    resume: bool = False,
+    progress: bool = True,
+    stop_on_divergence: bool = False,
+    jobs: int = 1,
+    overwrite: bool = False,
+    track: Sequence[str] = (),
+    batch: bool = True,
+) -> list[dict[str, Any]]:
     """One compare folder per ``(cfg, folder)`` of ``cells`` (module docstring), their runs all given to one
     :func:`~fedsolve.experiments.runs.run_all`; returns each folder's summary, in order."""
     if jobs < 1:
@@ -69,15 +92,26 @@ def run_compares(cells: Sequence[tuple[ExperimentConfig, Path]], resume: bool = 
             folder = stack.enter_context(RunFolder(base, "compare"))
             record = _check_compare(cfg, base, resume, overwrite)
             folder.start(provenance(run_device(cfg), cfg.model_dump(mode="json")))
-            (base / "summary.json").unlink(missing_ok=True)    # rebuilt at the end: no stale summary beside new runs
+            (base / "summary.json").unlink(missing_ok=True)  # rebuilt at the end: no stale summary beside new runs
             atomic_write_text(base / "config.yaml", yaml.safe_dump(record, sort_keys=False))
             folders.append(folder)
-        runs = [Run(cfg, spec, seed, default_run_dir(cfg, spec, seed, base))
-                for cfg, base in cells for seed in cfg.seeds for spec in cfg.all_algorithms()]
+        runs = [
+            Run(cfg, spec, seed, default_run_dir(cfg, spec, seed, base))
+            for cfg, base in cells
+            for seed in cfg.seeds
+            for spec in cfg.all_algorithms()
+        ]
         t0 = time.perf_counter()
         try:
-            summaries = run_all(runs, resume=resume, progress=progress, jobs=jobs, track=track, batch=batch,
-                                stop_on_divergence=stop_on_divergence)
+            summaries = run_all(
+                runs,
+                resume=resume,
+                progress=progress,
+                jobs=jobs,
+                track=track,
+                batch=batch,
+                stop_on_divergence=stop_on_divergence,
+            )
         except DivergenceError as e:
             for folder in folders:
                 folder.finish("diverged", str(e))
@@ -95,17 +129,22 @@ def _check_compare(cfg: ExperimentConfig, base: Path, resume: bool, overwrite: b
     ``overwrite`` no run of this call may exist yet (``--only`` may add runs); with ``resume`` every run folder
     that holds a run must agree with this config (:func:`~fedsolve.experiments.runner.check_resume`)."""
     record = compare_record(base, cfg, resume, overwrite)
-    order = [(seed, spec, default_run_dir(cfg, spec, seed, base))
-             for seed in cfg.seeds for spec in cfg.all_algorithms()]
+    order = [
+        (seed, spec, default_run_dir(cfg, spec, seed, base)) for seed in cfg.seeds for spec in cfg.all_algorithms()
+    ]
     for _, _, d in order:
         pid = holder(d)
         if pid is not None:
-            raise FolderBusy(f"{d} is in use by a live run (lock {d / '.fedsolve.lock'}, held by pid {pid}); "
-                             f"allowed: wait for it to end or stop it, or use another --out")
+            raise FolderBusy(
+                f"{d} is in use by a live run (lock {d / '.fedsolve.lock'}, held by pid {pid}); "
+                f"allowed: wait for it to end or stop it, or use another --out"
+            )
     held = [d for _, _, d in order if folder_kind(d) is not None]
     if held and not resume and not overwrite:
-        raise ConfigError(f"{base} already holds {len(held)} of these runs ({held[0].relative_to(base)} first); "
-                          f"pass --resume to continue them or --overwrite to start over")
+        raise ConfigError(
+            f"{base} already holds {len(held)} of these runs ({held[0].relative_to(base)} first); "
+            f"pass --resume to continue them or --overwrite to start over"
+        )
     if resume:
         for seed, spec, d in order:
             if spec.tune is None and d in held:
@@ -124,9 +163,12 @@ def _write_summary(cfg: ExperimentConfig, base: Path, summaries: dict[Path, dict
             histories.setdefault(spec.display, []).append(run_history(d))
     agg = aggregate_runs(cfg, runs)
     # total compute of all runs (also right after --resume, where this call only did part of it)
-    agg["run_time_s"] = sum((s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get(
-        "wall_time_s", 0.0) for lst in runs.values() for s in lst)
-    agg["wall_time_s"] = wall   # this call, as a clock on the wall shows it
+    agg["run_time_s"] = sum(
+        (s.get("wall_time_s") or 0.0) + ((s.get("extras") or {}).get("tuned") or {}).get("wall_time_s", 0.0)
+        for lst in runs.values()
+        for s in lst
+    )
+    agg["wall_time_s"] = wall  # this call, as a clock on the wall shows it
     agg["provenance"] = provenance(run_device(cfg), cfg.model_dump(mode="json"))
     atomic_write_text(base / "summary.json", json.dumps(agg, indent=2, default=str))
     write_compare_report(base, cfg, agg, histories)
@@ -137,12 +179,19 @@ def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[s
     """Per algorithm label and metric (final and best over rounds): the mean, the sample SD (n - 1 in the
     denominator; 0 for one run) and the number n of runs with a finite value (``"spread": "sample SD"``)."""
     names = {s.get("dataset") for lst in runs.values() for s in lst} - {None}
-    out: dict[str, Any] = {"experiment": cfg.name,
-                           "dataset": names.pop() if len(names) == 1 else cfg.data.label, "seeds": cfg.seeds,
-                           "spread": "sample SD", "algorithms": {}}
+    out: dict[str, Any] = {
+        "experiment": cfg.name,
+        "dataset": names.pop() if len(names) == 1 else cfg.data.label,
+        "seeds": cfg.seeds,
+        "spread": "sample SD",
+        "algorithms": {},
+    }
     for label, lst in runs.items():
-        entry: dict[str, Any] = {"algorithm": lst[0]["algorithm"], "runs": len(lst),
-                                 "diverged": sum(1 for s in lst if s.get("status") != "completed")}
+        entry: dict[str, Any] = {
+            "algorithm": lst[0]["algorithm"],
+            "runs": len(lst),
+            "diverged": sum(1 for s in lst if s.get("status") != "completed"),
+        }
         for which in ("final", "best"):
             keys = sorted({k for s in lst for k in s["metrics"][which]})
             stats = {}
@@ -150,8 +199,11 @@ def aggregate_runs(cfg: ExperimentConfig, runs: dict[str, list[dict]]) -> dict[s
                 vals = [s["metrics"][which][k] for s in lst if k in s["metrics"][which]]
                 vals = [v for v in vals if isinstance(v, (int, float)) and not math.isnan(v)]
                 if vals:
-                    stats[k] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1
-                                else 0.0, "n": len(vals)}
+                    stats[k] = {
+                        "mean": statistics.fmean(vals),
+                        "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                        "n": len(vals),
+                    }
             entry[which] = stats
         for k in ("wall_time_s", "round_time_s_median"):
             vals = [s[k] for s in lst if s.get(k) is not None]

@@ -26,8 +26,9 @@ class TargetSpec(BaseModel):
     """An object named by import path, with parameters: ``{target: "package.module:name", params: {...}}``."""
 
     model_config = ConfigDict(extra="forbid")
-    target: str = Field(..., description="import path 'package.module:name' (module on the Python path or in "
-                                         "the current folder)")
+    target: str = Field(
+        ..., description="import path 'package.module:name' (module on the Python path or in the current folder)"
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="keyword parameters it is called with")
 
     @field_validator("target")
@@ -47,38 +48,58 @@ def _importable(path: str) -> str:
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dataset: str | None = Field(None, description="dataset name (fedsolve list datasets); give this or `target`")
-    target: str | None = Field(None, description="import path 'package.module:function' of a function (or a "
-                                                 "Dataset class) that builds the data, called with `params` "
-                                                 "(and seed / num_clients when it takes them); it returns a torch "
-                                                 "Dataset, a list of Datasets (one per client), {train:, test:}, a "
-                                                 "Hugging Face dataset, PooledData or FederatedData. See "
-                                                 "docs/datasets.md")
+    target: str | None = Field(
+        None,
+        description="import path 'package.module:function' of a function (or a "
+        "Dataset class) that builds the data, called with `params` "
+        "(and seed / num_clients when it takes them); it returns a torch "
+        "Dataset, a list of Datasets (one per client), {train:, test:}, a "
+        "Hugging Face dataset, PooledData or FederatedData. See "
+        "docs/datasets.md",
+    )
     sample_transform: TargetSpec | None = Field(
-        None, description="a function applied once to every sample's input when the data is built, as "
-                          "fn(x, **params) on a float tensor: {target: 'package.module:function', params: {...}} "
-                          "or just the import path; random draws come from the run's seed, once (not per round)")
-    num_clients: int | None = Field(20, ge=1, description="number of clients m (null: the dataset's own, e.g. "
-                                                          "natural users or a paper's fixed split)")
+        None,
+        description="a function applied once to every sample's input when the data is built, as "
+        "fn(x, **params) on a float tensor: {target: 'package.module:function', params: {...}} "
+        "or just the import path; random draws come from the run's seed, once (not per round)",
+    )
+    num_clients: int | None = Field(
+        20,
+        ge=1,
+        description="number of clients m (null: the dataset's own, e.g. natural users or a paper's fixed split)",
+    )
     partition: str = Field("iid", description="partitioner name (fedsolve list partitioners)")
     partition_params: dict[str, Any] = Field(default_factory=dict, description="partitioner parameters")
-    test_fraction: float | None = Field(0.25, gt=0, lt=1, description="share of each client's samples held out "
-                                        "for test (null: keep the dataset's own test set, partitioned separately)")
+    test_fraction: float | None = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="share of each client's samples held out "
+        "for test (null: keep the dataset's own test set, partitioned separately)",
+    )
     cluster_transform: Literal["label_swap", "rotation"] | None = Field(
-        None, description="clustered transform applied per client (records true clusters)")
+        None, description="clustered transform applied per client (records true clusters)"
+    )
     transform_params: dict[str, Any] = Field(default_factory=dict, description="cluster transform parameters")
     params: dict[str, Any] = Field(default_factory=dict, description="dataset parameters")
     dtype: Literal["float32", "float64"] = Field(
-        "float32", description="floating-point type of the features (and regression targets), the model and "
-                               "every client's computation; float64 for exact numerics")
+        "float32",
+        description="floating-point type of the features (and regression targets), the model and "
+        "every client's computation; float64 for exact numerics",
+    )
 
     @model_validator(mode="after")
     def _transform(self):
         if self.transform_params and self.cluster_transform is None:
-            raise ValueError(f"transform_params {sorted(self.transform_params)} given without cluster_transform; "
-                             f"allowed: set data.cluster_transform (label_swap or rotation), or drop them")
+            raise ValueError(
+                f"transform_params {sorted(self.transform_params)} given without cluster_transform; "
+                f"allowed: set data.cluster_transform (label_swap or rotation), or drop them"
+            )
         if (self.dataset is None) == (self.target is None):
-            raise ValueError("give one of data.dataset (a registry name, fedsolve list datasets) and data.target "
-                             "(an import path 'package.module:function')" + (", not both" if self.dataset else ""))
+            raise ValueError(
+                "give one of data.dataset (a registry name, fedsolve list datasets) and data.target "
+                "(an import path 'package.module:function')" + (", not both" if self.dataset else "")
+            )
         return self
 
     @property
@@ -104,8 +125,7 @@ class DataConfig(BaseModel):
         from fedsolve.data.datasets import DATASETS
 
         if v is not None and v not in DATASETS:
-            raise ValueError(f"unknown dataset {v!r}; allowed: {sorted(DATASETS)}, or an import path as "
-                             f"data.target")
+            raise ValueError(f"unknown dataset {v!r}; allowed: {sorted(DATASETS)}, or an import path as data.target")
         return v
 
     @field_validator("partition")
@@ -120,21 +140,31 @@ class DataConfig(BaseModel):
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(None, description="model name (fedsolve list models); logreg when neither name nor "
-                                               "target is given")
-    target: str | None = Field(None, description="import path 'package.module:factory' of a function or class "
-                                                 "that returns a torch.nn.Module, called with `params` (and "
-                                                 "input_shape / out_dim / num_classes from the data when it takes "
-                                                 "them and `params` does not set them)")
+    name: str | None = Field(
+        None, description="model name (fedsolve list models); logreg when neither name nor target is given"
+    )
+    target: str | None = Field(
+        None,
+        description="import path 'package.module:factory' of a function or class "
+        "that returns a torch.nn.Module, called with `params` (and "
+        "input_shape / out_dim / num_classes from the data when it takes "
+        "them and `params` does not set them)",
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="model constructor parameters")
-    blocks: dict[str, list[str]] = Field(default_factory=dict,
-                                         description="named parameter blocks {name: [patterns]}, e.g. personal")
-    personalization: str | None = Field(None, description="preset for the 'personal' block: input | output | "
-                                                          "split-input (see fedsolve.families.personalized.blocks)")
+    blocks: dict[str, list[str]] = Field(
+        default_factory=dict, description="named parameter blocks {name: [patterns]}, e.g. personal"
+    )
+    personalization: str | None = Field(
+        None,
+        description="preset for the 'personal' block: input | output | "
+        "split-input (see fedsolve.families.personalized.blocks)",
+    )
     buffers: Literal["average", "local"] = Field(
-        "average", description="BatchNorm running statistics: 'average' (the server averages the participants' "
-                               "and scores every client with the average) or 'local' (each client keeps its own, "
-                               "FedBN); no effect on a model without BatchNorm layers")
+        "average",
+        description="BatchNorm running statistics: 'average' (the server averages the participants' "
+        "and scores every client with the average) or 'local' (each client keeps its own, "
+        "FedBN); no effect on a model without BatchNorm layers",
+    )
 
     @field_validator("name")
     @classmethod
@@ -142,8 +172,10 @@ class ModelConfig(BaseModel):
         from fedsolve.models import MODELS
 
         if v is not None and v not in MODELS and not _extra_model(v):
-            raise ValueError(f"unknown model {v!r}; allowed: {sorted(set(MODELS) | set(_extra_models()))}, or an "
-                             f"import path as model.target")
+            raise ValueError(
+                f"unknown model {v!r}; allowed: {sorted(set(MODELS) | set(_extra_models()))}, or an "
+                f"import path as model.target"
+            )
         return v
 
     @field_validator("target")
@@ -158,8 +190,10 @@ class ModelConfig(BaseModel):
         if self.target is None and self.name is None:
             self.name = "logreg"
         if self.personalization is not None and "personal" in self.blocks:
-            raise ValueError(f"model.blocks.personal and model.personalization ({self.personalization!r}) both "
-                             f"define the personal block; allowed: one of them")
+            raise ValueError(
+                f"model.blocks.personal and model.personalization ({self.personalization!r}) both "
+                f"define the personal block; allowed: one of them"
+            )
         return self
 
     @property
@@ -187,8 +221,10 @@ class ProblemConfig(BaseModel):
     """A family's problem on top of the data and model (constraints, bilevel splits, domain roles)."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: str = Field(..., description="problem kind (fedsolve.problems.PROBLEM_KINDS), e.g. a constrained, "
-                                       "bilevel or minimax problem")
+    kind: str = Field(
+        ...,
+        description="problem kind (fedsolve.problems.PROBLEM_KINDS), e.g. a constrained, bilevel or minimax problem",
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="the problem kind's parameters")
 
     @field_validator("kind")
@@ -211,12 +247,20 @@ class TuneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     param: str = Field(..., description="the hyper-parameter to choose (a field of the algorithm's config)")
     grid: list[Any] = Field(..., min_length=2, description="candidate values, tried in this order (ties: first)")
-    val_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's training samples held "
-                                                              "out for validation (paper Sec. 6.1: 16/80 = 0.2)")
-    rounds: int | None = Field(None, ge=1, description="rounds of each tuning run (at most simulation.rounds); "
-                                                        "null = simulation.rounds")
-    metric: str | None = Field(None, description="validation metric (as reported, `test_*` on the validation "
-                                                 "split); null = test_accuracy, or test_rmse for regression")
+    val_fraction: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="share of each client's training samples held out for validation (paper Sec. 6.1: 16/80 = 0.2)",
+    )
+    rounds: int | None = Field(
+        None, ge=1, description="rounds of each tuning run (at most simulation.rounds); null = simulation.rounds"
+    )
+    metric: str | None = Field(
+        None,
+        description="validation metric (as reported, `test_*` on the validation "
+        "split); null = test_accuracy, or test_rmse for regression",
+    )
 
     @field_validator("grid")
     @classmethod
@@ -231,20 +275,27 @@ class AlgorithmSpec(BaseModel):
     name: str = Field(..., description="algorithm name (fedsolve list algorithms)")
     label: str | None = Field(None, description="name shown in reports (default: name)")
     params: dict[str, Any] = Field(default_factory=dict, description="the algorithm's hyper-parameters")
-    tune: TuneSpec | None = Field(None, description="choose one of `params` on validation data per seed "
-                                                    "(`fedsolve compare`); null = no tuning")
-    wrap: list[dict[str, Any]] = Field(default_factory=list, description="wrappers around the solver, in order: "
-                                       "{kind: server_opt | dp | attack ..., params...} (fedsolve list wrappers)")
-    schedule: dict[str, Any] | None = Field(None, description="a protocol that steers the run round by round: "
-                                            "{kind: warmup_path | lambda_grid | async_fpfc | virtual_clock ..., "
-                                            "params...} (fedsolve list schedules); null = the configured rounds")
+    tune: TuneSpec | None = Field(
+        None, description="choose one of `params` on validation data per seed (`fedsolve compare`); null = no tuning"
+    )
+    wrap: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="wrappers around the solver, in order: "
+        "{kind: server_opt | dp | attack ..., params...} (fedsolve list wrappers)",
+    )
+    schedule: dict[str, Any] | None = Field(
+        None,
+        description="a protocol that steers the run round by round: "
+        "{kind: warmup_path | lambda_grid | async_fpfc | virtual_clock ..., "
+        "params...} (fedsolve list schedules); null = the configured rounds",
+    )
 
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
         from fedsolve.families import ALGORITHMS
 
-        if v not in ALGORITHMS:   # here, so that the message names the field: algorithm.name, algorithms.1.name
+        if v not in ALGORITHMS:  # here, so that the message names the field: algorithm.name, algorithms.1.name
             raise ValueError(f"unknown algorithm {v!r}; allowed: {sorted(ALGORITHMS)} (fedsolve list algorithms)")
         return v
 
@@ -266,14 +317,17 @@ class ExperimentConfig(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="seeds (compare runs each)")
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
-    problem: ProblemConfig | None = Field(None, description="a family's problem kind on top of data and model "
-                                                            "(null: plain empirical risk minimization)")
+    problem: ProblemConfig | None = Field(
+        None, description="a family's problem kind on top of data and model (null: plain empirical risk minimization)"
+    )
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
     algorithm: AlgorithmSpec | None = Field(None, description="the algorithm of `fedsolve run`")
     algorithms: list[AlgorithmSpec] = Field(default_factory=list, description="algorithms of `fedsolve compare`")
-    defaults: dict[str, Any] = Field(default_factory=dict,
-                                     description="hyper-parameters applied to every algorithm that has them "
-                                                 "(a key that no registered algorithm has is refused)")
+    defaults: dict[str, Any] = Field(
+        default_factory=dict,
+        description="hyper-parameters applied to every algorithm that has them "
+        "(a key that no registered algorithm has is refused)",
+    )
     paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers, shown next to ours")
     threads: int | None = Field(None, ge=1, description="torch threads (default: the physical cores)")
     out_dir: str = Field("runs", description="parent folder of run folders")
@@ -301,8 +355,10 @@ class ExperimentConfig(BaseModel):
         unknown = sorted(set(self.defaults) - anywhere)
         if unknown:
             mine = sorted({f for spec in specs for f in get_algorithm(spec.name).Config.model_fields})
-            raise ValueError(f"defaults.{unknown[0]}: not a hyper-parameter of any algorithm; allowed (this "
-                             f"config's algorithms): {mine}")
+            raise ValueError(
+                f"defaults.{unknown[0]}: not a hyper-parameter of any algorithm; allowed (this "
+                f"config's algorithms): {mine}"
+            )
         for spec in specs:
             cls = get_algorithm(spec.name)
             params = merged_params(cls, self.defaults, spec.params)
@@ -310,20 +366,26 @@ class ExperimentConfig(BaseModel):
                 _plain_numbers(cls.Config, params, f"algorithm {spec.name!r} params")
                 cls.Config(**params)
             except ValidationError as e:
-                raise ValueError(_format_validation(e, prefix=f"algorithm {spec.name!r} params",
-                                                    root=cls.Config)) from None
+                raise ValueError(
+                    _format_validation(e, prefix=f"algorithm {spec.name!r} params", root=cls.Config)
+                ) from None
             if spec.tune is not None:
                 t = spec.tune
                 if t.param not in cls.Config.model_fields:
-                    raise ValueError(f"algorithm {spec.name!r} tune.param: {t.param!r} is not a field of its "
-                                     f"config; allowed: {sorted(cls.Config.model_fields)}")
+                    raise ValueError(
+                        f"algorithm {spec.name!r} tune.param: {t.param!r} is not a field of its "
+                        f"config; allowed: {sorted(cls.Config.model_fields)}"
+                    )
                 for v in t.grid:
                     _plain_numbers(cls.Config, {t.param: v}, f"algorithm {spec.name!r} tune.grid value")
                     try:
                         cls.Config(**{**params, t.param: v})
                     except ValidationError as e:
-                        raise ValueError(_format_validation(
-                            e, prefix=f"algorithm {spec.name!r} tune.grid value {v!r}", root=cls.Config)) from None
+                        raise ValueError(
+                            _format_validation(
+                                e, prefix=f"algorithm {spec.name!r} tune.grid value {v!r}", root=cls.Config
+                            )
+                        ) from None
         labels = [s.display for s in self.algorithms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"algorithms: labels must be distinct, got {labels}; set `label`")
@@ -331,9 +393,11 @@ class ExperimentConfig(BaseModel):
         from fedsolve.experiments.records import label_clash
 
         clash = label_clash(labels)
-        if clash:   # one folder per label: `Fed Avg` and `Fed_Avg` would write into one
-            raise ValueError(f"algorithms: labels {clash[0]!r} and {clash[1]!r} share the folder name "
-                             f"{slug(clash[1])!r}; allowed: labels that differ in letters, digits or -_.")
+        if clash:  # one folder per label: `Fed Avg` and `Fed_Avg` would write into one
+            raise ValueError(
+                f"algorithms: labels {clash[0]!r} and {clash[1]!r} share the folder name "
+                f"{slug(clash[1])!r}; allowed: labels that differ in letters, digits or -_."
+            )
         return self
 
     def all_algorithms(self) -> list[AlgorithmSpec]:
@@ -399,8 +463,11 @@ def _list_index(key: str, node: list, p: str) -> int:
     except ValueError:
         i = None
     if i is None or not 0 <= i < len(node):
-        raise ConfigError(f"--set {key}: {p!r} is not an index of this list of {len(node)}; "
-                          f"allowed: 0 to {len(node) - 1}" if node else f"--set {key}: the list is empty")
+        raise ConfigError(
+            f"--set {key}: {p!r} is not an index of this list of {len(node)}; allowed: 0 to {len(node) - 1}"
+            if node
+            else f"--set {key}: the list is empty"
+        )
     return i
 
 
@@ -413,8 +480,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, val = item.split("=", 1)
         parts = key.strip().split(".")
         if not all(parts):
-            raise ConfigError(f"--set {item!r}: the key has an empty part; expected dotted.key=value "
-                              f"(e.g. simulation.rounds=5)")
+            raise ConfigError(
+                f"--set {item!r}: the key has an empty part; expected dotted.key=value (e.g. simulation.rounds=5)"
+            )
         node = raw
         for p in parts[:-1]:
             if isinstance(node, list):
@@ -427,8 +495,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             value = yaml.safe_load(val)
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {key}: {val!r} is not valid YAML ({getattr(e, 'problem', None) or e}); "
-                              f"allowed: a YAML value, e.g. 5, 0.1, [0, 1], {{a: 1}}, null") from None
+            raise ConfigError(
+                f"--set {key}: {val!r} is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                f"allowed: a YAML value, e.g. 5, 0.1, [0, 1], {{a: 1}}, null"
+            ) from None
         if isinstance(node, list):
             node[_list_index(key, node, last)] = value
         else:
@@ -497,7 +567,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -515,8 +586,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raise ConfigError(f"config file not found: {path}")
     if path.is_dir():
         yamls = sorted(str(p) for p in path.glob("*.yaml"))[:5]
-        raise ConfigError(f"config: {path} is a folder; give one experiment YAML file"
-                          + (f", e.g. {', '.join(yamls)}" if yamls else ""))
+        raise ConfigError(
+            f"config: {path} is a folder; give one experiment YAML file"
+            + (f", e.g. {', '.join(yamls)}" if yamls else "")
+        )
     try:
         raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:

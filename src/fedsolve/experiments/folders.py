@@ -30,13 +30,31 @@ def default_run_dir(cfg, spec, seed: int, out: str | Path | None = None) -> Path
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """The records of a ``.jsonl`` file, or of its gzipped copy ``<path>.gz`` where only that exists (per-round logs
-    kept compressed in ``results/``); ``[]`` when neither exists."""
+    kept compressed in ``results/``); ``[]`` when neither exists. A broken file (a line that is not a JSON
+    record, a truncated ``.gz``) is a ``ConfigError`` naming the file and the line."""
     path = Path(path)
     packed = path.with_name(path.name + ".gz")
-    if not path.exists() and packed.exists():
-        text = gzip.decompress(packed.read_bytes()).decode()
-    elif path.exists():
-        text = path.read_text()
-    else:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    from fedsolve.experiments.config import ConfigError  # (config imports this module)
+
+    src = packed if not path.exists() and packed.exists() else path
+    try:
+        if src is packed:
+            text = gzip.decompress(packed.read_bytes()).decode()
+        elif path.exists():
+            text = path.read_text()
+        else:
+            return []
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # a truncated or foreign .gz, bytes that are not text
+        raise ConfigError(f"{src}: unreadable ({e}); allowed: the file as fedsolve wrote it") from None
+    records = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"{src}: line {i} is not valid JSON ({e.msg}); allowed: the file as fedsolve wrote it"
+                ) from None
+            if not isinstance(records[-1], dict):
+                raise ConfigError(f"{src}: line {i} is not a record ({{...}}); allowed: the file as fedsolve wrote it")
+    return records

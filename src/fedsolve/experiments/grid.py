@@ -22,12 +22,7 @@ from typing import Any
 
 import yaml
 
-from fedsolve.experiments.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    parse_config,
-)
+from fedsolve.experiments.config import ConfigError, ExperimentConfig, apply_overrides, parse_config
 from fedsolve.experiments.folders import slug
 
 RESERVED = ("seed", "algorithm")
@@ -46,13 +41,15 @@ def check_axes(sweep: dict[str, list[Any]], zips: list[dict[str, list[Any]]]) ->
             if k in RESERVED:
                 raise ValueError(f"{where}.{k}: use the suite's `{k}s` field")
             if k in seen:
-                raise ValueError(f"{where}.{k}: the axis is given twice; allowed: each axis once, in sweep or in "
-                                 f"one zip group")
+                raise ValueError(
+                    f"{where}.{k}: the axis is given twice; allowed: each axis once, in sweep or in one zip group"
+                )
             seen.add(k)
         lengths = {k: len(v) for k, v in axes.items()}
         if where.startswith("zip") and len(set(lengths.values())) > 1:
-            raise ValueError(f"{where}: the axes of a zip group vary together, so their lists need one length; got "
-                             f"{lengths}")
+            raise ValueError(
+                f"{where}: the axes of a zip group vary together, so their lists need one length; got {lengths}"
+            )
 
 
 def axis_names(sweep: dict[str, list[Any]], zips: list[dict[str, list[Any]]]) -> list[str]:
@@ -74,11 +71,12 @@ def experiment_sets(cell: dict[str, Any]) -> list[str]:
 
 def cell_params(cell: dict[str, Any]) -> dict[str, Any]:
     """The cell's ``params.<p>`` axes as ``{p: value}``."""
-    return {k[len("params."):]: v for k, v in cell.items() if k.startswith("params.")}
+    return {k[len("params.") :]: v for k, v in cell.items() if k.startswith("params.")}
 
 
-def load_experiment(src: str | dict[str, Any], base: Path, sets: list[str], name: str,
-                    keep_seeds: bool = False) -> ExperimentConfig:
+def load_experiment(
+    src: str | dict[str, Any], base: Path, sets: list[str], name: str, keep_seeds: bool = False
+) -> ExperimentConfig:
     """The experiment ``src`` (a YAML path relative to ``base``, or its fields inline) with ``sets`` applied;
     ``name`` where it gives none; its own ``seeds`` dropped (a suite's seeds rule) unless ``keep_seeds``. A
     ConfigError names the file and the field."""
@@ -110,11 +108,21 @@ def with_params(cfg: ExperimentConfig, params: dict[str, Any], where: str = "par
     specs = cfg.all_algorithms()
     for p in params:
         if not any(p in get_algorithm(s.name).Config.model_fields for s in specs):
-            raise ConfigError(f"{where}.{p}: no algorithm of the experiment has the hyper-parameter {p!r}; allowed: "
-                              f"{sorted({f for s in specs for f in get_algorithm(s.name).Config.model_fields})}")
-    new = [s.model_copy(update={"params": {**s.params, **{p: v for p, v in params.items()
-                                                          if p in get_algorithm(s.name).Config.model_fields}}})
-           for s in specs]
+            raise ConfigError(
+                f"{where}.{p}: no algorithm of the experiment has the hyper-parameter {p!r}; allowed: "
+                f"{sorted({f for s in specs for f in get_algorithm(s.name).Config.model_fields})}"
+            )
+    new = [
+        s.model_copy(
+            update={
+                "params": {
+                    **s.params,
+                    **{p: v for p, v in params.items() if p in get_algorithm(s.name).Config.model_fields},
+                }
+            }
+        )
+        for s in specs
+    ]
     raw = cfg.model_dump(mode="json", exclude_none=False)
     if cfg.algorithms:
         raw["algorithms"] = [s.model_dump(mode="json") for s in new]
@@ -172,8 +180,10 @@ def check_folders(cells: list[dict[str, Any]], pattern: str | None) -> None:
     for c in cells:
         other = seen.setdefault(cell_folder(c, pattern), c)
         if other is not c:
-            raise ValueError(f"folders: the cells {other} and {c} share the folder {cell_folder(c, pattern)!r}; "
-                             f"allowed: a pattern that names every axis that varies")
+            raise ValueError(
+                f"folders: the cells {other} and {c} share the folder {cell_folder(c, pattern)!r}; "
+                f"allowed: a pattern that names every axis that varies"
+            )
 
 
 # ------------------------------------------------------------------ a grid of runs
@@ -195,18 +205,24 @@ def grid_configs(suite, base: Path) -> list[GridCell]:
     from fedsolve.families import get_algorithm
 
     out = []
-    own = suite.seeds is None   # each experiment's own seeds
+    own = suite.seeds is None  # each experiment's own seeds
     for cell in grid_cells(suite.sweep, suite.zip):
         folder = cell_folder(cell, suite.folders)
-        cfg = load_experiment(cell.get("experiment", suite.experiment), base,
-                              list(suite.set) + experiment_sets(cell), suite.name, keep_seeds=own)
+        cfg = load_experiment(
+            cell.get("experiment", suite.experiment),
+            base,
+            list(suite.set) + experiment_sets(cell),
+            suite.name,
+            keep_seeds=own,
+        )
         cfg = only_algorithms(with_params(cfg, cell_params(cell)), suite.algorithms)
         seeds = {"seeds": cfg.seeds if own else list(suite.seeds)}
         out.append(GridCell(cell, cfg.model_copy(update=seeds), folder))
         for i, ref in enumerate(suite.references):
             mine = {k: v for k, v in cell.items() if k not in ref.skip and k != "experiment"}
-            rcfg = load_experiment(ref.experiment, base, list(suite.set) + list(ref.set) + experiment_sets(mine),
-                                   suite.name)
+            rcfg = load_experiment(
+                ref.experiment, base, list(suite.set) + list(ref.set) + experiment_sets(mine), suite.name
+            )
             fields = {f for s in rcfg.all_algorithms() for f in get_algorithm(s.name).Config.model_fields}
             rcfg = with_params(rcfg, {p: v for p, v in cell_params(mine).items() if p in fields})
             rcfg = relabel(only_algorithms(rcfg, ref.algorithms, f"references.{i}.algorithms"), ref.label)
@@ -214,18 +230,28 @@ def grid_configs(suite, base: Path) -> list[GridCell]:
     return out
 
 
-def run_grid(suite, base: Path, out: Path, jobs: int = 1, resume: bool = False, progress: bool = True,
-             batch: bool = True, track=()) -> list[dict[str, Any]]:
+def run_grid(
+    suite,
+    base: Path,
+    out: Path,
+    jobs: int = 1,
+    resume: bool = False,
+    progress: bool = True,
+    batch: bool = True,
+    track=(),
+) -> list[dict[str, Any]]:
     """Every run of a grid suite into its compare folder under ``out`` (:func:`grid_configs`), all of them through
     one :func:`~fedsolve.experiments.compare.run_compares` (resume per run folder, ``jobs`` worker processes,
     sweeps as one batch); returns one row per run (:func:`run_row`)."""
     from fedsolve.experiments.compare import run_compares
 
     cells = grid_configs(suite, base)
-    run_compares([(c.cfg, out / c.folder) for c in cells], resume=resume, progress=progress, jobs=jobs,
-                 track=track, batch=batch)
-    return [run_row(c, spec.display, seed, out) for c in cells for seed in c.cfg.seeds
-            for spec in c.cfg.all_algorithms()]
+    run_compares(
+        [(c.cfg, out / c.folder) for c in cells], resume=resume, progress=progress, jobs=jobs, track=track, batch=batch
+    )
+    return [
+        run_row(c, spec.display, seed, out) for c in cells for seed in c.cfg.seeds for spec in c.cfg.all_algorithms()
+    ]
 
 
 def run_row(c: GridCell, label: str, seed: int, out: Path) -> dict[str, Any]:
@@ -238,7 +264,7 @@ def run_row(c: GridCell, label: str, seed: int, out: Path) -> dict[str, Any]:
 
     spec = next(s for s in c.cfg.all_algorithms() if s.display == label)
     s = read_json(default_run_dir(c.cfg, spec, seed, out / c.folder) / "summary.json")
-    cell = c.folder if c.reference is None else c.folder.rsplit("/", 1)[0]   # a reference sits in its cell
+    cell = c.folder if c.reference is None else c.folder.rsplit("/", 1)[0]  # a reference sits in its cell
     row: dict[str, Any] = {**c.cell, "cell": cell, "algorithm": label, "seed": seed}
     if c.reference is not None:
         row["reference"] = c.reference
@@ -250,8 +276,9 @@ def run_row(c: GridCell, label: str, seed: int, out: Path) -> dict[str, Any]:
         row["diverged"] = (s.get("message") or s.get("status") or "").split(":")[0]
     tuned = (s.get("extras") or {}).get("tuned")
     if tuned:
-        row["tuned"] = {k: tuned.get(k) for k in ("param", "value", "grid", "scores", "metric", "edge",
-                                                 "val_fraction", "rounds")}
+        row["tuned"] = {
+            k: tuned.get(k) for k in ("param", "value", "grid", "scores", "metric", "edge", "val_fraction", "rounds")
+        }
     return row
 
 
@@ -262,20 +289,30 @@ def tuning_lines(rows: list[dict[str, Any]]) -> list[str]:
     if not tuned:
         return []
     at_edge = [r for r in tuned if r["tuned"].get("edge")]
-    out = ["## Tuned on validation", "",
-           "Each tuned algorithm ran once per grid value on its clients' training data less a held-out validation "
-           "share and was scored there at the last tuning round; the best value then trained on the whole training "
-           "split (the rows above). "
-           + (f"**{len(at_edge)} of {len(tuned)} picks are at the grid's edge**: the grid does not bracket them, "
-              "so a value beyond it may be better." if at_edge else
-              f"Every pick ({len(tuned)}) is inside its grid."), "",
-           "| algorithm | cell | seed | parameter | grid | validation score per value | pick | at the edge |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "## Tuned on validation",
+        "",
+        "Each tuned algorithm ran once per grid value on its clients' training data less a held-out validation "
+        "share and was scored there at the last tuning round; the best value then trained on the whole training "
+        "split (the rows above). "
+        + (
+            f"**{len(at_edge)} of {len(tuned)} picks are at the grid's edge**: the grid does not bracket them, "
+            "so a value beyond it may be better."
+            if at_edge
+            else f"Every pick ({len(tuned)}) is inside its grid."
+        ),
+        "",
+        "| algorithm | cell | seed | parameter | grid | validation score per value | pick | at the edge |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in tuned:
         t = r["tuned"]
         scores = ", ".join(f"{g}: {'diverged' if v is None else f'{v:.4g}'}" for g, v in zip(t["grid"], t["scores"]))
-        edge = {"lowest": "lowest value", "highest": "highest value", "first": "first value",
-                "last": "last value"}.get(t.get("edge") or "", "no")
-        out.append(f"| {r['algorithm']} | {r.get('cell', '')} | {r['seed']} | {t['param']} | {t['grid']} | "
-                   f"{t['metric']}: {scores} | {t['value']} | {edge} |")
+        edge = {"lowest": "lowest value", "highest": "highest value", "first": "first value", "last": "last value"}.get(
+            t.get("edge") or "", "no"
+        )
+        out.append(
+            f"| {r['algorithm']} | {r.get('cell', '')} | {r['seed']} | {t['param']} | {t['grid']} | "
+            f"{t['metric']}: {scores} | {t['value']} | {edge} |"
+        )
     return [*out, ""]

@@ -35,8 +35,17 @@ from fedsolve.experiments.records import read_json
 
 STATUSES = ("reproduced", "not reproduced", "not attempted")
 FIELDS = ("id", "claim", "status", "paper", "ours", "evidence", "command")
-OPTIONAL = ("tuning", "commits", "stale", "checked_at", "note", "reference_same_run", "ratios", "source_only",
-            "centralized")
+OPTIONAL = (
+    "tuning",
+    "commits",
+    "stale",
+    "checked_at",
+    "note",
+    "reference_same_run",
+    "ratios",
+    "source_only",
+    "centralized",
+)
 #: the reference runs a claim of a federated method's gain carries (fair reporting): a mapping with the mean, the
 #: sample SD and n of the repeated measurement (and, e.g., the per-seed values and the command)
 REFERENCES = ("source_only", "centralized")
@@ -65,9 +74,11 @@ def load_claims(folder: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{where}: expected a mapping")
         missing, extra = [k for k in FIELDS if k not in e], sorted(set(e) - set(FIELDS) - set(OPTIONAL))
         if missing or extra:
-            raise ConfigError(f"{where}: {'missing ' + str(missing) if missing else ''}"
-                              f"{'; ' if missing and extra else ''}{'unknown ' + str(extra) if extra else ''}; "
-                              f"allowed: {list(FIELDS + OPTIONAL)}")
+            raise ConfigError(
+                f"{where}: {'missing ' + str(missing) if missing else ''}"
+                f"{'; ' if missing and extra else ''}{'unknown ' + str(extra) if extra else ''}; "
+                f"allowed: {list(FIELDS + OPTIONAL)}"
+            )
         if e["status"] not in STATUSES:
             raise ConfigError(f"{where}: status {e['status']!r}; allowed: {list(STATUSES)}")
         if e["id"] in seen:
@@ -81,10 +92,17 @@ def load_claims(folder: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{where}: ratios must be a mapping (e.g. instance -> ratio, median, range)")
         for ref in REFERENCES:
             r = e.get(ref, {"mean": 0.0, "sd": 0.0, "n": 1})
-            if not (isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
-                                                for k in ("mean", "sd", "n")) and r["n"] >= 1):
-                raise ConfigError(f"{where}: {ref} {r!r}; allowed: a mapping with the numbers mean, sd (sample SD) "
-                                  f"and n >= 1 (and e.g. per_seed, command)")
+            if not (
+                isinstance(r, dict)
+                and all(
+                    isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for k in ("mean", "sd", "n")
+                )
+                and r["n"] >= 1
+            ):
+                raise ConfigError(
+                    f"{where}: {ref} {r!r}; allowed: a mapping with the numbers mean, sd (sample SD) "
+                    f"and n >= 1 (and e.g. per_seed, command)"
+                )
     return entries
 
 
@@ -155,17 +173,28 @@ def render(entries: list[dict[str, Any]]) -> str:
     """The ledger block of a README: a table of the claims, then each claim's command and tuning."""
     counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
     stale = sum(bool(e.get("stale")) for e in entries)
-    lines = [BEGIN, "", "## Claims ledger", "",
-             f"{len(entries)} claims of the paper: " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
-             f". {stale} rest on numbers made by an older version of the package source (stale: re-run them, "
-             f"or `fedsolve verify` a cell, before relying on them).", "",
-             "| id | claim | status | paper | ours | evidence |", "|---|---|---|---|---|---|"]
+    lines = [
+        BEGIN,
+        "",
+        "## Claims ledger",
+        "",
+        f"{len(entries)} claims of the paper: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f". {stale} rest on numbers made by an older version of the package source (stale: re-run them, "
+        f"or `fedsolve verify` a cell, before relying on them).",
+        "",
+        "| id | claim | status | paper | ours | evidence |",
+        "|---|---|---|---|---|---|",
+    ]
     for e in entries:
-        status = e["status"] + (f" (stale: code changed since {', '.join(c[:7] for c in e.get('commits') or [])})"
-                                if e.get("stale") else "")
+        status = e["status"] + (
+            f" (stale: code changed since {', '.join(c[:7] for c in e.get('commits') or [])})" if e.get("stale") else ""
+        )
         evidence = "<br>".join(f"`{p}`" for p in e["evidence"]) or "–"
-        lines.append(f"| {_cell(e['id'])} | {_cell(e['claim'])} | {_cell(status)} | {_cell(e['paper'])} | "
-                     f"{_cell(e['ours'])} | {evidence} |")
+        lines.append(
+            f"| {_cell(e['id'])} | {_cell(e['claim'])} | {_cell(status)} | {_cell(e['paper'])} | "
+            f"{_cell(e['ours'])} | {evidence} |"
+        )
     lines += ["", "Commands (and, for comparisons, how each method was tuned):", ""]
     for e in entries:
         lines.append(f"- `{e['id']}`: `{_cell(e['command'])}`" if e["command"] else f"- `{e['id']}`: –")
@@ -181,7 +210,7 @@ def render(entries: list[dict[str, Any]]) -> str:
 def _ledger_block(text: str) -> str | None:
     if BEGIN not in text or END not in text:
         return None
-    return text[text.index(BEGIN):text.index(END) + len(END)]
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
 
 
 def write_ledger(folder: str | Path) -> Path:
@@ -191,12 +220,12 @@ def write_ledger(folder: str | Path) -> Path:
     entries = load_claims(folder)
     root = _root(folder)
     head = head_of(root) or "unknown"
-    package = (root, "src/fedsolve")       # the package source in the repository that holds the results
+    package = (root, "src/fedsolve")  # the package source in the repository that holds the results
     added = added_in(root / "results")
     for e in entries:
         e["commits"] = evidence_commits(root, e["evidence"], added)
         flags = [source_changed(c, head, package) for c in e["commits"]]
-        e["stale"] = True if any(flags) else None if None in flags or not flags else False   # None: unknown
+        e["stale"] = True if any(flags) else None if None in flags or not flags else False  # None: unknown
         e["checked_at"] = head
     atomic_write_text(folder / "claims.json", json.dumps(entries, indent=2, ensure_ascii=False) + "\n")
     readme = folder / "README.md"
@@ -213,20 +242,23 @@ def write_ledger(folder: str | Path) -> Path:
 
 def check_ledger(folder: str | Path) -> list[str]:
     """What is wrong with ``folder``'s ledger: a README table that is not :func:`render` of claims.json, an
-    evidence path that does not exist, an entry without the computed fields ([] when all is well)."""
+    evidence path that does not exist, an entry without the computed fields, a claims.json that is not valid
+    ([] when all is well). A folder without claims.json is a ``ConfigError`` (not a ledger to check)."""
     folder = Path(folder)
+    if not (folder / "claims.json").is_file():  # not a ledger at all: bad input, not a problem of one
+        raise ConfigError(f"ledger {folder}: no claims.json; allowed: a results/<family> folder with one")
     try:
         entries = load_claims(folder)
     except ConfigError as e:
         return [str(e)]
     problems = []
     root = _root(folder)
-    for e in entries:
-        for p in e["evidence"]:
+    for entry in entries:
+        for p in entry["evidence"]:
             if not p.startswith("results/") or not (root / p).exists():
-                problems.append(f"{e['id']}: evidence {p!r} does not exist under results/")
-        if "commits" not in e or "stale" not in e:
-            problems.append(f"{e['id']}: no commits/stale; run `fedsolve ledger {folder}`")
+                problems.append(f"{entry['id']}: evidence {p!r} does not exist under results/")
+        if "commits" not in entry or "stale" not in entry:
+            problems.append(f"{entry['id']}: no commits/stale; run `fedsolve ledger {folder}`")
     readme = folder / "README.md"
     block = _ledger_block(readme.read_text()) if readme.exists() else None
     if block != render(entries):

@@ -30,12 +30,30 @@ from fedsolve.experiments.folders import slug
 #: the metrics file follows the new cadence), where the state is kept (``state_memory_mb``), and the thread
 #: count and device (``compare --jobs`` changes the threads; both can move float rounding in the last bits,
 #: as ``--jobs`` does). ``simulation.rounds`` may grow. Anything else changes the numbers and is refused.
-RESUME_FREE = ("name", "description", "paper", "out_dir", "threads", "simulation.eval_every",
-               "simulation.checkpoint_every", "simulation.metrics", "simulation.state_memory_mb",
-               "simulation.device", "algorithm.label")
+RESUME_FREE = (
+    "name",
+    "description",
+    "paper",
+    "out_dir",
+    "threads",
+    "simulation.eval_every",
+    "simulation.checkpoint_every",
+    "simulation.metrics",
+    "simulation.state_memory_mb",
+    "simulation.device",
+    "algorithm.label",
+)
 #: the files fedsolve writes into a run folder (removed when a run there starts over with ``--overwrite``)
-RUN_FILES = ("config.yaml", "metrics.jsonl", "timings.jsonl", "summary.json", "per_client.json", "checkpoint.pt",
-             "report.md", MARKER)
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "timings.jsonl",
+    "summary.json",
+    "per_client.json",
+    "checkpoint.pt",
+    "report.md",
+    MARKER,
+)
 _ABSENT = object()
 
 
@@ -78,8 +96,10 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise _error(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); allowed: the "
-                     f"file as fedsolve wrote it") from None
+        raise _error(
+            f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); allowed: the "
+            f"file as fedsolve wrote it"
+        ) from None
     except UnicodeDecodeError:
         raise _error(f"{path}: not valid JSON (not UTF-8 text); allowed: the file as fedsolve wrote it") from None
 
@@ -90,8 +110,9 @@ def read_yaml(path: str | Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise _error(f"{path}: not valid YAML ({getattr(e, 'problem', None) or e}); allowed: the file as "
-                     f"fedsolve wrote it") from None
+        raise _error(
+            f"{path}: not valid YAML ({getattr(e, 'problem', None) or e}); allowed: the file as fedsolve wrote it"
+        ) from None
 
 
 def folder_kind(path: str | Path) -> str | None:
@@ -126,8 +147,7 @@ def check_run_folder(path: str | Path, resume: bool, overwrite: bool) -> None:
     if kind is None:
         return
     if kind != "run":
-        raise _error(f"--out {path}: holds a {kind} folder, not a run; allowed: a new or empty folder, or a run "
-                     f"folder")
+        raise _error(f"--out {path}: holds a {kind} folder, not a run; allowed: a new or empty folder, or a run folder")
     if not resume and not overwrite:
         raise _error(f"{path} already holds a run; pass --resume to continue it or --overwrite to start over")
 
@@ -163,8 +183,7 @@ def compare_record(base: str | Path, cfg, resume: bool, overwrite: bool) -> dict
     if kind is None:
         return new
     if kind != "compare":
-        raise _error(f"--out {base}: holds a {kind} folder, not a compare; allowed: a new folder or a compare "
-                     f"folder")
+        raise _error(f"--out {base}: holds a {kind} folder, not a compare; allowed: a new folder or a compare folder")
     try:
         old = read_yaml(base / "config.yaml") if (base / "config.yaml").exists() else None
     except ValueError as e:
@@ -177,14 +196,18 @@ def compare_record(base: str | Path, cfg, resume: bool, overwrite: bool) -> dict
     if problems:
         if overwrite:
             return new
-        raise _error(f"{base} was run with another config ({'; '.join(problems)}); a compare into it must agree "
-                     f"with its record (it may add algorithms); use another --out, or --overwrite to start over")
+        raise _error(
+            f"{base} was run with another config ({'; '.join(problems)}); a compare into it must agree "
+            f"with its record (it may add algorithms); use another --out, or --overwrite to start over"
+        )
     mine = _algorithms(old)
     added = {k: a for k, a in _algorithms(new).items() if k not in mine}
     clash = label_clash(list(mine) + list(added))
     if clash:
-        raise _error(f"algorithms: labels {clash[0]!r} (in {base}) and {clash[1]!r} share the folder name "
-                     f"{slug(clash[0])!r}; allowed: labels that differ in letters, digits or -_.")
+        raise _error(
+            f"algorithms: labels {clash[0]!r} (in {base}) and {clash[1]!r} share the folder name "
+            f"{slug(clash[0])!r}; allowed: labels that differ in letters, digits or -_."
+        )
     return {**new, "algorithm": None, "algorithms": [*mine.values(), *added.values()]}
 
 
@@ -206,7 +229,11 @@ def _record_differences(old: dict, new: dict, resume: bool) -> list[str]:
     theirs = _algorithms(old)
     for label, a in _algorithms(new).items():
         if label in theirs:
-            out += [f"algorithms[{label}].{d}" for d in config_differences(
-                {k: v for k, v in theirs[label].items() if k != "label"},
-                {k: v for k, v in a.items() if k != "label"})]
+            out += [
+                f"algorithms[{label}].{d}"
+                for d in config_differences(
+                    {k: v for k, v in theirs[label].items() if k != "label"},
+                    {k: v for k, v in a.items() if k != "label"},
+                )
+            ]
     return out

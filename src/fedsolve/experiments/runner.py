@@ -43,7 +43,7 @@ from fedsolve.experiments.report import has_direction, lower_is_better, write_ru
 from fedsolve.families import check_fits, get_algorithm
 from fedsolve.problems import FederatedProblem
 
-_slug, _read_jsonl = slug, read_jsonl   # older names
+_slug, _read_jsonl = slug, read_jsonl  # older names
 
 
 def default_threads() -> int:
@@ -77,17 +77,21 @@ def build_data(cfg: ExperimentConfig, seed: int):
         data = _build_federated(d, seed)
     except (ValueError, KeyError, IndexError) as e:
         raise ConfigError(_data_error(d, e)) from None
-    except TypeError as e:   # a parameter a dataset, partitioner or transform does not take
-        raise ConfigError(f"data: {e}; see `fedsolve list` and docs/config-reference.md for the parameters") \
-            from None
-    empty = [(i, what) for what, sizes in (("training", data.train_sizes), ("test", data.test_sizes))
-             for i in (sizes == 0).nonzero().flatten().tolist()]
+    except TypeError as e:  # a parameter a dataset, partitioner or transform does not take
+        raise ConfigError(f"data: {e}; see `fedsolve list` and docs/config-reference.md for the parameters") from None
+    empty = [
+        (i, what)
+        for what, sizes in (("training", data.train_sizes), ("test", data.test_sizes))
+        for i in (sizes == 0).nonzero().flatten().tolist()
+    ]
     if empty:
         i, what = empty[0]
-        raise ConfigError(f"data.num_clients: {len(empty)} client(s) get no {what} sample (client {i} first; "
-                          f"{data.train_x.shape[0] + data.test_x.shape[0]} samples over {data.num_clients} "
-                          f"clients); allowed: fewer clients, a larger test_fraction or a partition that gives "
-                          f"every client samples")
+        raise ConfigError(
+            f"data.num_clients: {len(empty)} client(s) get no {what} sample (client {i} first; "
+            f"{data.train_x.shape[0] + data.test_x.shape[0]} samples over {data.num_clients} "
+            f"clients); allowed: fewer clients, a larger test_fraction or a partition that gives "
+            f"every client samples"
+        )
     if d.dtype != "float32":
         data = data.with_dtype(getattr(torch, d.dtype))
     return data
@@ -102,9 +106,15 @@ def _build_federated(d, seed: int):
     if d.sample_transform is not None:
         fn, kw = resolve_target(d.sample_transform.target, "data.sample_transform.target"), d.sample_transform.params
         transform = lambda x: fn(x, **kw)
-    common = dict(partition=d.partition, partition_params=dict(d.partition_params), seed=seed,
-                  test_fraction=d.test_fraction, cluster_transform=d.cluster_transform,
-                  transform_params=dict(d.transform_params), sample_transform=transform)
+    common = dict(
+        partition=d.partition,
+        partition_params=dict(d.partition_params),
+        seed=seed,
+        test_fraction=d.test_fraction,
+        cluster_transform=d.cluster_transform,
+        transform_params=dict(d.transform_params),
+        sample_transform=transform,
+    )
     if d.target is None:
         return build_federated(d.dataset, d.num_clients, dataset_params=dict(d.params), **common)
     fill = {"seed": seed, **({"num_clients": d.num_clients} if d.num_clients is not None else {})}
@@ -128,8 +138,9 @@ def _data_error(d, e: Exception) -> str:
 def model_factory(cfg: ExperimentConfig, data):
     from fedsolve.models import MODELS, build_model_fn
 
-    out_dim = data.num_classes if data.task == "classification" else (
-        1 if data.train_y.dim() == 1 else data.train_y.shape[1])
+    out_dim = (
+        data.num_classes if data.task == "classification" else (1 if data.train_y.dim() == 1 else data.train_y.shape[1])
+    )
     dtype = getattr(torch, cfg.data.dtype)
     if cfg.model.target is not None:
         fn = _target_model_fn(cfg.model, data, out_dim)
@@ -147,16 +158,19 @@ def model_factory(cfg: ExperimentConfig, data):
         fn = multimodal.build_model_fn(cfg.model.name, data.input_shape, out_dim, **cfg.model.params)
     try:
         fn()
-    except TypeError as e:   # a parameter the model's constructor does not take
+    except TypeError as e:  # a parameter the model's constructor does not take
         import inspect
 
         cls = MODELS[cfg.model.name][0] if cfg.model.name in MODELS else None
         allowed = [p for p in inspect.signature(cls).parameters][2:] if cls is not None else "see its docstring"
-        raise ConfigError(f"model.params: {cfg.model.name!r} does not take {sorted(cfg.model.params)} ({e}); "
-                          f"allowed: {allowed}") from None
-    except (ValueError, RuntimeError) as e:   # a value the constructor cannot build (e.g. a negative width)
-        raise ConfigError(f"model.params: {cfg.model.name!r} cannot be built with {cfg.model.params} ({e}); "
-                          f"allowed: positive sizes as in `fedsolve list models`") from None
+        raise ConfigError(
+            f"model.params: {cfg.model.name!r} does not take {sorted(cfg.model.params)} ({e}); allowed: {allowed}"
+        ) from None
+    except (ValueError, RuntimeError) as e:  # a value the constructor cannot build (e.g. a negative width)
+        raise ConfigError(
+            f"model.params: {cfg.model.name!r} cannot be built with {cfg.model.params} ({e}); "
+            f"allowed: positive sizes as in `fedsolve list models`"
+        ) from None
     return fn if dtype == torch.float32 else (lambda: fn().to(dtype))
 
 
@@ -169,14 +183,19 @@ def _target_model_fn(m, data, out_dim: int):
     from fedsolve.data.imports import call_target, resolve_target
 
     factory = resolve_target(m.target, "model.target")
-    fill = {"input_shape": tuple(data.input_shape), "out_dim": out_dim,
-            **({"num_classes": data.num_classes} if data.task == "classification" else {})}
+    fill = {
+        "input_shape": tuple(data.input_shape),
+        "out_dim": out_dim,
+        **({"num_classes": data.num_classes} if data.task == "classification" else {}),
+    }
 
     def build() -> nn.Module:
         model = call_target(factory, dict(m.params), "model.target", m.target, fill)
         if not isinstance(model, nn.Module):
-            raise ValueError(f"model.target: {m.target} returned a {type(model).__name__}, not a torch.nn.Module; "
-                             f"allowed: a function or class that returns an nn.Module")
+            raise ValueError(
+                f"model.target: {m.target} returned a {type(model).__name__}, not a torch.nn.Module; "
+                f"allowed: a function or class that returns an nn.Module"
+            )
         return model
 
     return build
@@ -192,9 +211,10 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
             from fedsolve.families.personalized.blocks import personal_patterns
 
             blocks["personal"] = personal_patterns(model_fn(), cfg.model.personalization)
-        problem = FederatedProblem(data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name,
-                                   buffers=cfg.model.buffers)
-    except ValueError as e:   # an unknown personalization preset, a block pattern that matches nothing
+        problem = FederatedProblem(
+            data=data, model_fn=model_fn, loss=loss, blocks=blocks, name=cfg.name, buffers=cfg.model.buffers
+        )
+    except ValueError as e:  # an unknown personalization preset, a block pattern that matches nothing
         field = "model.personalization" if str(e).startswith("personalization") else "model.blocks"
         msg = str(e).removeprefix("personalization: ")
         hint = "" if "allowed" in msg else "; allowed: name patterns that match some of those parameters"
@@ -204,7 +224,7 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
 
         try:
             problem = get_problem_kind(cfg.problem.kind)(problem, dict(cfg.problem.params), seed)
-        except ValueError as e:   # a message that names its field (data..., problem...) keeps it
+        except ValueError as e:  # a message that names its field (data..., problem...) keeps it
             msg = str(e)
             raise ConfigError(msg if msg.startswith(("data", "problem")) else f"problem.params: {msg}") from None
     return problem
@@ -227,16 +247,17 @@ def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: Federat
         algo = cls(config, problem)
     except ConfigError:
         raise
-    except ValueError as e:   # the problem does not fit the solver, e.g. a family's solver with no problem: section
+    except ValueError as e:  # the problem does not fit the solver, e.g. a family's solver with no problem: section
         msg = str(e)
-        raise ConfigError(msg if msg.startswith(("data", "problem", "algorithm.")) else
-                          f"algorithms: {spec.name}: {msg}") from None
-    algo.sampling = cfg.simulation.sampling   # the run's client sampling: unbiased server weights depend on it
+        raise ConfigError(
+            msg if msg.startswith(("data", "problem", "algorithm.")) else f"algorithms: {spec.name}: {msg}"
+        ) from None
+    algo.sampling = cfg.simulation.sampling  # the run's client sampling: unbiased server weights depend on it
     try:
         algo = wrap(algo, spec.wrap)
-    except ValueError as e:   # an unknown wrapper kind or a wrapper's bad setting: its message names the field
+    except ValueError as e:  # an unknown wrapper kind or a wrapper's bad setting: its message names the field
         raise ConfigError(f"algorithm.{e}") from None
-    return with_buffers(algo)   # BatchNorm running statistics as state (engine/buffers.py)
+    return with_buffers(algo)  # BatchNorm running statistics as state (engine/buffers.py)
 
 
 def build_schedule(cfg: ExperimentConfig, spec: AlgorithmSpec, algo):
@@ -245,7 +266,7 @@ def build_schedule(cfg: ExperimentConfig, spec: AlgorithmSpec, algo):
         return None
     try:
         return make_schedule(spec.schedule, algo, cfg.simulation)
-    except ValueError as e:   # its message names the field (schedule.<field>, or simulation.<field>)
+    except ValueError as e:  # its message names the field (schedule.<field>, or simulation.<field>)
         msg = str(e)
         raise ConfigError(f"algorithm.{msg}" if msg.startswith("schedule") else msg) from None
 
@@ -262,8 +283,15 @@ def resolved_config(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int) -> di
 
 
 def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
-    keys = {k for r in history for k in r if isinstance(r.get(k), (int, float)) and k not in ("round", "time_s")
-            and not k.endswith("_bytes") and has_direction(k)}
+    keys = {
+        k
+        for r in history
+        for k in r
+        if isinstance(r.get(k), (int, float))
+        and k not in ("round", "time_s")
+        and not k.endswith("_bytes")
+        and has_direction(k)
+    }
     best: dict[str, float] = {}
     for k in sorted(keys):
         vals = [r[k] for r in history if k in r and r[k] == r[k]]
@@ -272,10 +300,22 @@ def best_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
     return best
 
 
-def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, res: RunResult | None,
-                  history: list[dict], status: str, message: str = "", wall: float = 0.0,
-                  round_times: list[float] | None = None, extras: dict | None = None,
-                  executor: str | None = None, dataset: str | None = None, finished: bool = False) -> dict[str, Any]:
+def write_summary(
+    run_dir: Path,
+    cfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    seed: int,
+    res: RunResult | None,
+    history: list[dict],
+    status: str,
+    message: str = "",
+    wall: float = 0.0,
+    round_times: list[float] | None = None,
+    extras: dict | None = None,
+    executor: str | None = None,
+    dataset: str | None = None,
+    finished: bool = False,
+) -> dict[str, Any]:
     """``executor``: the executor that ran (``simulation.executor: auto`` resolved); ``dataset``: what the run
     used (:func:`recorded_dataset`; default the config's ``data.dataset``); ``finished``: the run is over
     before its budget, by the algorithm's stopping test (its phase table reached ``done``:
@@ -283,12 +323,20 @@ def write_summary(run_dir: Path, cfg: ExperimentConfig, spec: AlgorithmSpec, see
     final = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("round", "time_s")}
     ledger = res.ledger if res is not None else None
     summary = {
-        "algorithm": spec.name, "label": spec.display, "dataset": dataset or cfg.data.label, "experiment": cfg.name,
-        "seed": seed, "rounds": history[-1]["round"] if history else 0, "finished": finished, "status": status,
+        "algorithm": spec.name,
+        "label": spec.display,
+        "dataset": dataset or cfg.data.label,
+        "experiment": cfg.name,
+        "seed": seed,
+        "rounds": history[-1]["round"] if history else 0,
+        "finished": finished,
+        "status": status,
         "message": message,
         "metrics": {"final": final, "best": best_metrics(history)},
-        "communication": {"uplink_bytes": ledger.uplink_bytes if ledger else final.get("uplink_bytes", 0),
-                          "downlink_bytes": ledger.downlink_bytes if ledger else final.get("downlink_bytes", 0)},
+        "communication": {
+            "uplink_bytes": ledger.uplink_bytes if ledger else final.get("uplink_bytes", 0),
+            "downlink_bytes": ledger.downlink_bytes if ledger else final.get("downlink_bytes", 0),
+        },
         "wall_time_s": wall,
         "round_time_s_median": statistics.median(round_times) if round_times else None,
         "executor": executor,
@@ -326,21 +374,24 @@ def check_resume(run_dir: str | Path, new: dict[str, Any]) -> None:
     try:
         old = yaml.safe_load(f.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"--resume: {f} is not valid YAML ({getattr(e, 'problem', None) or e}); start over "
-                          f"with --overwrite") from None
+        raise ConfigError(
+            f"--resume: {f} is not valid YAML ({getattr(e, 'problem', None) or e}); start over with --overwrite"
+        ) from None
     old = old if isinstance(old, dict) else {}
-    try:   # the old config read by this fedsolve: fields added since then get their defaults, as in `new`
+    try:  # the old config read by this fedsolve: fields added since then get their defaults, as in `new`
         from fedsolve.experiments.config import parse_config
 
         ocfg = parse_config(old)
         old = resolved_config(ocfg, ocfg.all_algorithms()[0], (old.get("seeds") or [0])[0])
-    except Exception:   # noqa: BLE001  (a field removed since: compare the files as they are)
+    except Exception:  # noqa: BLE001  (a field removed since: compare the files as they are)
         pass
     diff = config_differences(old, new)
     if diff:
-        raise ConfigError(f"--resume: the config differs from the one {run_dir} was started with in "
-                          f"{'; '.join(diff)}; resume allows only a larger simulation.rounds and changes to "
-                          f"{', '.join(RESUME_FREE)}; undo the change, or start over with --overwrite")
+        raise ConfigError(
+            f"--resume: the config differs from the one {run_dir} was started with in "
+            f"{'; '.join(diff)}; resume allows only a larger simulation.rounds and changes to "
+            f"{', '.join(RESUME_FREE)}; undo the change, or start over with --overwrite"
+        )
 
 
 class _Participation:
@@ -367,14 +418,26 @@ def _check_sampling(cfg: ExperimentConfig, m: int) -> None:
     s = cfg.simulation.sampling
     k = getattr(s, "clients_per_round", None)
     if k is not None and k > m:
-        raise ConfigError(f"simulation.sampling.clients_per_round: {k} exceeds the {m} clients of this problem; "
-                          f"allowed: 1 to {m}")
+        raise ConfigError(
+            f"simulation.sampling.clients_per_round: {k} exceeds the {m} clients of this problem; allowed: 1 to {m}"
+        )
 
 
-def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
-            progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-            extras: dict | None = None, desc: str | None = None, track: Sequence[str] = (),
-            overwrite: bool = False, transport: Transport | None = None) -> dict:
+def run_one(
+    cfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    seed: int,
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    problem: FederatedProblem | None = None,
+    write_report: bool = True,
+    extras: dict | None = None,
+    desc: str | None = None,
+    track: Sequence[str] = (),
+    overwrite: bool = False,
+    transport: Transport | None = None,
+) -> dict:
     """Run one algorithm with one seed into ``run_dir``; returns the summary dict (``extras`` are added to
     its ``extras``). A spec with ``tune`` is tuned first (:func:`run_spec`). ``resume`` continues the
     checkpoint there after :func:`check_resume`; ``overwrite`` lets a fresh run replace the one the folder
@@ -387,27 +450,41 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
     (:class:`~fedsolve.engine.run_folder.RunFolder`); when the run starts, the files of an earlier run there
     are removed (on ``--resume`` only its summary and report, rebuilt at the end)."""
     if spec.tune is not None:
-        return run_spec(cfg, spec, seed, run_dir, resume=resume, progress=progress, problem=problem,
-                        write_report=write_report, track=track, overwrite=overwrite)
+        return run_spec(
+            cfg,
+            spec,
+            seed,
+            run_dir,
+            resume=resume,
+            progress=progress,
+            problem=problem,
+            write_report=write_report,
+            track=track,
+            overwrite=overwrite,
+        )
     run_dir = Path(run_dir)
     existed = run_dir.is_dir()
     with RunFolder(run_dir, "run") as folder:
         check_run_folder(run_dir, resume, overwrite)
         marker = read_marker(run_dir)
         started = marker is not None and marker.get("status") in ("running", "interrupted", "failed")
-        empty = existed and not any(f for f in run_dir.iterdir() if not f.name.startswith("."))   # (lock aside)
+        empty = existed and not any(f for f in run_dir.iterdir() if not f.name.startswith("."))  # (lock aside)
         if resume and not (run_dir / "checkpoint.pt").exists() and (started or empty):
             # stopped before its first checkpoint (a full disk at its first write, Ctrl-C in round 0), or left an
             # empty folder: nothing trained to keep, so the run starts over there, with the config it started with
             check_resume(run_dir, resolved_config(cfg, spec, seed))
             resume = False
         plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
-        old = ("summary.json", "report.md", *plots) if resume else \
-            tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
+        old = (
+            ("summary.json", "report.md", *plots)
+            if resume
+            else tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
+        )
         start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
         try:
-            summary = _run_one(cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc,
-                               track, start, transport)
+            summary = _run_one(
+                cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc, track, start, transport
+            )
         except DivergenceError as e:
             folder.finish("diverged", str(e))
             raise
@@ -415,12 +492,25 @@ def run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str 
         return summary
 
 
-def _run_one(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path, resume: bool, progress: bool,
-             problem: FederatedProblem | None, write_report: bool, extras: dict | None, desc: str | None,
-             track: Sequence[str], start, transport: Transport | None = None) -> dict:
+def _run_one(
+    cfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    seed: int,
+    run_dir: Path,
+    resume: bool,
+    progress: bool,
+    problem: FederatedProblem | None,
+    write_report: bool,
+    extras: dict | None,
+    desc: str | None,
+    track: Sequence[str],
+    start,
+    transport: Transport | None = None,
+) -> dict:
     """:func:`run_one` in its locked folder; ``start``: the callback that marks the run started."""
-    run = _prepare(cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc, track, start,
-                   transport)
+    run = _prepare(
+        cfg, spec, seed, run_dir, resume, progress, problem, write_report, extras, desc, track, start, transport
+    )
     return _conclude(run, run.sim.run)
 
 
@@ -442,9 +532,21 @@ class _Prepared:
     extras: dict | None
 
 
-def _prepare(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Path, resume: bool, progress: bool,
-             problem: FederatedProblem | None, write_report: bool, extras: dict | None, desc: str | None,
-             track: Sequence[str], start, transport: Transport | None = None) -> _Prepared:
+def _prepare(
+    cfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    seed: int,
+    run_dir: Path,
+    resume: bool,
+    progress: bool,
+    problem: FederatedProblem | None,
+    write_report: bool,
+    extras: dict | None,
+    desc: str | None,
+    track: Sequence[str],
+    start,
+    transport: Transport | None = None,
+) -> _Prepared:
     """The simulation of one run, built (resumed from its checkpoint with ``resume``), its config written."""
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
@@ -458,19 +560,34 @@ def _prepare(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: Pat
     schedule = build_schedule(cfg, spec, algo)
     trackers = make_trackers(track, run_dir, f"{cfg.name}/{spec.display}/seed{seed}", resolved, cfg.name)
     try:
-        sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=run_dir,
-                         callbacks=[start, JsonlLogger(run_dir / "metrics.jsonl"), watch,
-                                    ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress), *trackers],
-                         transport=transport, schedule=schedule)
-    except ValueError as e:   # e.g. an executor that cannot run this model or algorithm, NaN in the data
+        sim = Simulation(
+            problem,
+            algo,
+            cfg.simulation,
+            seed,
+            out_dir=run_dir,
+            callbacks=[
+                start,
+                JsonlLogger(run_dir / "metrics.jsonl"),
+                watch,
+                ProgressBar(desc or f"{spec.display} s{seed}", disable=not progress),
+                *trackers,
+            ],
+            transport=transport,
+            schedule=schedule,
+        )
+    except ValueError as e:  # e.g. an executor that cannot run this model or algorithm, NaN in the data
         msg = str(e)
-        raise ConfigError(msg if msg.startswith(("simulation.", "data", "problem", "model")) else
-                          f"simulation.{msg}") from None
+        raise ConfigError(
+            msg if msg.startswith(("simulation.", "data", "problem", "model")) else f"simulation.{msg}"
+        ) from None
     if resume:
         sim.load_checkpoint()
         if sim.start_round > cfg.simulation.rounds:
-            raise ConfigError(f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {sim.start_round} "
-                              f"rounds {run_dir} has done; allowed: {sim.start_round} or more")
+            raise ConfigError(
+                f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {sim.start_round} "
+                f"rounds {run_dir} has done; allowed: {sim.start_round} or more"
+            )
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
     return _Prepared(cfg, spec, seed, run_dir, problem, algo, sim, watch, trackers, write_report, extras)
@@ -481,27 +598,50 @@ def _conclude(p: _Prepared, run: Callable[[], RunResult]) -> dict:
     ``per_client.json`` and report; a divergence is written as such and raised."""
     cfg, spec, seed, run_dir, sim = p.cfg, p.spec, p.seed, p.run_dir, p.sim
     t0 = time.perf_counter()
-    executor = None if sim.executor is None else sim.executor.name   # None: the clients ran elsewhere
+    executor = None if sim.executor is None else sim.executor.name  # None: the clients ran elsewhere
     try:
         res = run()
     except DivergenceError as e:
-        summary = write_summary(run_dir, cfg, spec, seed, None, sim.history, "diverged", str(e),
-                                wall=time.perf_counter() - t0, round_times=sim.round_times, executor=executor,
-                                dataset=recorded_dataset(cfg, p.problem))
+        summary = write_summary(
+            run_dir,
+            cfg,
+            spec,
+            seed,
+            None,
+            sim.history,
+            "diverged",
+            str(e),
+            wall=time.perf_counter() - t0,
+            round_times=sim.round_times,
+            executor=executor,
+            dataset=recorded_dataset(cfg, p.problem),
+        )
         if p.write_report:
             write_run_report(run_dir, summary, sim.history)
         raise
     finally:
-        close_all(p.trackers)   # after a divergence too, which ends the run without on_end
+        close_all(p.trackers)  # after a divergence too, which ends the run without on_end
     _participation_verdict(cfg, p.watch)
     # finished: the algorithm's stopping test passed, or the run ended before its rounds without an error (its
     # schedule stopped it: a spent budget, a virtual horizon), so a resume keeps it as it is
     early = bool(res.history) and res.history[-1]["round"] < cfg.simulation.rounds
     extras = {**res.extras, **(p.extras or {})}
-    summary = write_summary(run_dir, cfg, spec, seed, res, res.history, "completed", solver_status(extras),
-                            wall=res.wall_time_s, round_times=res.round_times, extras=extras,
-                            executor=executor, dataset=recorded_dataset(cfg, p.problem),
-                            finished=algorithm_finished(p.algo, sim.server) or early)
+    summary = write_summary(
+        run_dir,
+        cfg,
+        spec,
+        seed,
+        res,
+        res.history,
+        "completed",
+        solver_status(extras),
+        wall=res.wall_time_s,
+        round_times=res.round_times,
+        extras=extras,
+        executor=executor,
+        dataset=recorded_dataset(cfg, p.problem),
+        finished=algorithm_finished(p.algo, sim.server) or early,
+    )
     if res.per_client or not (run_dir / "per_client.json").exists():
         atomic_write_text(run_dir / "per_client.json", json.dumps(res.per_client))
     if p.write_report:
@@ -516,9 +656,13 @@ def solver_status(extras: dict[str, Any]) -> str:
     return "; ".join(str(v["status"]) for v in extras.values() if isinstance(v, dict) and v.get("status"))
 
 
-def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path, FederatedProblem | None]],
-                 resume: bool = False, write_report: bool = False, overwrite: bool = True,
-                 track: Sequence[str] = ()) -> list[dict | DivergenceError]:
+def run_together(
+    runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path, FederatedProblem | None]],
+    resume: bool = False,
+    write_report: bool = False,
+    overwrite: bool = True,
+    track: Sequence[str] = (),
+) -> list[dict | DivergenceError]:
     """Several runs ``(cfg, spec, seed, run_dir, problem)`` of one sweep (they differ in seed and scalar
     hyper-parameters), each into its own locked run folder as :func:`run_one` writes it. Where every run's
     executor is the batched one they train as one batch (:func:`fedsolve.engine.sweep.run_sweep`: clients x runs
@@ -538,17 +682,21 @@ def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path
             again = resume and (run_dir / "checkpoint.pt").exists()
             check_run_folder(run_dir, again, overwrite)
             plots = tuple(f"plots/{f.name}" for f in (run_dir / "plots").glob("*.png"))
-            old = ("summary.json", "report.md", *plots) if again else \
-                tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
+            old = (
+                ("summary.json", "report.md", *plots)
+                if again
+                else tuple(f for f in RUN_FILES if f not in ("config.yaml", "run.json")) + plots
+            )
             start = folder.starter(resolved_config(cfg, spec, seed), remove=old)
-            prepared.append(_prepare(cfg, spec, seed, run_dir, again, False, problem, write_report, None, None, track,
-                                     start))
+            prepared.append(
+                _prepare(cfg, spec, seed, run_dir, again, False, problem, write_report, None, None, track, start)
+            )
             folders.append(folder)
         sims = [p.sim for p in prepared]
         if len(sims) > 1 and all(batches(s) for s in sims):
             shared = SweepTransport()
             for s in sims:
-                s.transport = shared   # built in-process; the sweep's shared transport runs their rounds
+                s.transport = shared  # built in-process; the sweep's shared transport runs their rounds
             outcomes = run_sweep(sims)
         else:
             outcomes = []
@@ -566,7 +714,7 @@ def run_together(runs: Sequence[tuple[ExperimentConfig, AlgorithmSpec, int, Path
                 folder.finish("diverged", str(e))
                 out.append(e)
                 continue
-            except Exception as e:   # noqa: BLE001  (the others are written first, then it is raised)
+            except Exception as e:  # noqa: BLE001  (the others are written first, then it is raised)
                 folder.finish("failed", f"{type(e).__name__}: {e}"[:300])
                 failed = failed or e
                 continue
@@ -590,17 +738,29 @@ def _participation_verdict(cfg: ExperimentConfig, watch: _Participation) -> None
         return
     d = getattr(cfg.simulation.sampling, "dropout", 0.0)
     if watch.empty == watch.rounds:
-        raise ConfigError(f"simulation.sampling.dropout: no client took part in any of the {watch.rounds} rounds "
-                          f"(dropout {d}); allowed: a dropout that leaves participants in some rounds")
+        raise ConfigError(
+            f"simulation.sampling.dropout: no client took part in any of the {watch.rounds} rounds "
+            f"(dropout {d}); allowed: a dropout that leaves participants in some rounds"
+        )
     import sys
 
-    print(f"warning: {watch.empty} of {watch.rounds} rounds had no participant (simulation.sampling.dropout "
-          f"{d}); those rounds changed nothing", file=sys.stderr)
+    print(
+        f"warning: {watch.empty} of {watch.rounds} rounds had no participant (simulation.sampling.dropout "
+        f"{d}); those rounds changed nothing",
+        file=sys.stderr,
+    )
 
 
-def run_config(config: Any, algorithm: str | None = None, seed: int | None = None, overrides: Sequence[str] = (),
-               out: str | Path | None = None, progress: bool = False, callbacks: Sequence = (),
-               overwrite: bool = False) -> RunResult:
+def run_config(
+    config: Any,
+    algorithm: str | None = None,
+    seed: int | None = None,
+    overrides: Sequence[str] = (),
+    out: str | Path | None = None,
+    progress: bool = False,
+    callbacks: Sequence = (),
+    overwrite: bool = False,
+) -> RunResult:
     """Run one algorithm of a config in this process and return the :class:`RunResult` (``fedsolve.run``).
 
     ``config``: a YAML path, a mapping or an :class:`ExperimentConfig`; ``overrides``: ``--set`` strings;
@@ -621,29 +781,39 @@ def run_config(config: Any, algorithm: str | None = None, seed: int | None = Non
         return Simulation(problem, algo, cfg.simulation, seed, callbacks=[*own, *callbacks], schedule=schedule).run()
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"out: {out} is a file; allowed: a folder (new, or one that holds a run of this config "
-                          f"with overwrite=True)")
+        raise ConfigError(
+            f"out: {out} is a file; allowed: a folder (new, or one that holds a run of this config with overwrite=True)"
+        )
     with RunFolder(out, "run") as folder:
         check_run_folder(out, resume=False, overwrite=overwrite)
         resolved = resolved_config(cfg, spec, seed)
         start = folder.starter(resolved, remove=tuple(f for f in RUN_FILES if f not in ("run.json", "config.yaml")))
-        sim = Simulation(problem, algo, cfg.simulation, seed, out_dir=out,
-                         callbacks=[start, *own, JsonlLogger(out / "metrics.jsonl"), *callbacks],
-                         schedule=schedule)
+        sim = Simulation(
+            problem,
+            algo,
+            cfg.simulation,
+            seed,
+            out_dir=out,
+            callbacks=[start, *own, JsonlLogger(out / "metrics.jsonl"), *callbacks],
+            schedule=schedule,
+        )
         atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
         res = sim.run()
         folder.finish("completed")
         return res
 
 
-def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any,
-             callbacks: Sequence = ()) -> tuple[ExperimentConfig, AlgorithmSpec, int]:
+def _api_run(
+    config: Any, algorithm: Any, seed: Any, overrides: Any, callbacks: Sequence = ()
+) -> tuple[ExperimentConfig, AlgorithmSpec, int]:
     """:func:`run_config`'s arguments checked and read: (config, the algorithm's spec, the seed)."""
     from fedsolve.experiments.config import apply_overrides, load_config, parse_config
 
     if not isinstance(config, (ExperimentConfig, dict, str, os.PathLike)):
-        raise ConfigError(f"config: expected a YAML path, a mapping or an ExperimentConfig, got "
-                          f"{type(config).__name__} {config!r:.60}")
+        raise ConfigError(
+            f"config: expected a YAML path, a mapping or an ExperimentConfig, got "
+            f"{type(config).__name__} {config!r:.60}"
+        )
     if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError(f"overrides: expected a list of 'key=value' strings (as --set takes), got {overrides!r:.80}")
     if algorithm is not None and not isinstance(algorithm, str):
@@ -653,8 +823,10 @@ def _api_run(config: Any, algorithm: Any, seed: Any, overrides: Any,
     hooks = ("on_start", "on_round", "on_eval", "on_end")
     for i, cb in enumerate(callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]):
         if not all(callable(getattr(cb, h, None)) for h in hooks):
-            raise ConfigError(f"callbacks[{i}]: {cb!r:.60} is not a Callback; allowed: objects with the methods "
-                              f"{', '.join(hooks)} (fedsolve.Callback)")
+            raise ConfigError(
+                f"callbacks[{i}]: {cb!r:.60} is not a Callback; allowed: objects with the methods "
+                f"{', '.join(hooks)} (fedsolve.Callback)"
+            )
     if isinstance(config, ExperimentConfig):
         cfg = parse_config(apply_overrides(config.model_dump(mode="json"), list(overrides))) if overrides else config
     elif isinstance(config, dict):
@@ -687,9 +859,17 @@ def finished_summary(run_dir: Path) -> dict | None:
     return None
 
 
-def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_dir: str | Path,
-              resume: bool = False, progress: bool = True, overwrite: bool = False,
-              batch: bool = False) -> tuple[AlgorithmSpec, dict[str, Any]]:
+def tune_spec(
+    cfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    seed: int,
+    data,
+    tune_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
+    batch: bool = False,
+) -> tuple[AlgorithmSpec, dict[str, Any]]:
     """Choose ``spec.tune.param`` from its grid on validation data (:class:`TuneSpec`).
 
     One run per grid value in ``tune_dir/<param>=<value>`` on ``data.split_validation``; the value with the
@@ -707,7 +887,7 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
     metric = t.metric or ("test_accuracy" if data.task == "classification" else "test_rmse")
     try:
         val_data = data.split_validation(t.val_fraction, seed)
-    except ValueError as e:   # e.g. domain data without labelled target validation images
+    except ValueError as e:  # e.g. domain data without labelled target validation images
         raise ConfigError(f"algorithm.{e}" if str(e).startswith("tune") else f"algorithm.tune: {e}") from None
     rounds = cfg.simulation.rounds if t.rounds is None else min(t.rounds, cfg.simulation.rounds)
     tcfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"rounds": rounds})})
@@ -716,9 +896,14 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
     todo = [i for i in range(len(t.grid)) if i not in summaries]
     diverged: dict[str, Any] = {"status": "diverged", "metrics": {"final": {}}}
     if batch and len(todo) > 1:
-        outs = run_together([(tcfg, spec.with_param(t.param, t.grid[i]), seed, folders[i],
-                              build_problem(tcfg, seed, data=val_data)) for i in todo], resume=resume,
-                            overwrite=overwrite or resume)
+        outs = run_together(
+            [
+                (tcfg, spec.with_param(t.param, t.grid[i]), seed, folders[i], build_problem(tcfg, seed, data=val_data))
+                for i in todo
+            ],
+            resume=resume,
+            overwrite=overwrite or resume,
+        )
         for i, o in zip(todo, outs):
             if isinstance(o, DivergenceError):
                 print(f"[fedsolve] tuning {spec.display} {t.param}={t.grid[i]} seed {seed} diverged: {o}")
@@ -726,9 +911,17 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
     for i in todo if not (batch and len(todo) > 1) else ():
         rd = folders[i]
         try:
-            summaries[i] = run_one(tcfg, spec.with_param(t.param, t.grid[i]), seed, rd, progress=progress,
-                                   resume=resume and (rd / "checkpoint.pt").exists(), overwrite=overwrite or resume,
-                                   problem=build_problem(tcfg, seed, data=val_data), write_report=False)
+            summaries[i] = run_one(
+                tcfg,
+                spec.with_param(t.param, t.grid[i]),
+                seed,
+                rd,
+                progress=progress,
+                resume=resume and (rd / "checkpoint.pt").exists(),
+                overwrite=overwrite or resume,
+                problem=build_problem(tcfg, seed, data=val_data),
+                write_report=False,
+            )
         except DivergenceError as e:
             print(f"[fedsolve] tuning {spec.display} {t.param}={t.grid[i]} seed {seed} diverged: {e}")
             summaries[i] = diverged
@@ -737,22 +930,34 @@ def tune_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, data, tune_
         summary = summaries[i]
         final = summary["metrics"]["final"]
         if summary.get("status") == "completed" and metric not in final:
-            raise ConfigError(f"algorithm {spec.name!r} tune.metric: {metric!r} is not reported by this run; "
-                              f"allowed: {sorted(k for k, x in final.items() if isinstance(x, (int, float)))}")
+            raise ConfigError(
+                f"algorithm {spec.name!r} tune.metric: {metric!r} is not reported by this run; "
+                f"allowed: {sorted(k for k, x in final.items() if isinstance(x, (int, float)))}"
+            )
         val = final.get(metric) if summary.get("status") == "completed" else None
         scores.append(float(val) if isinstance(val, (int, float)) and val == val else None)
     wall = sum(summaries[i].get("wall_time_s") or 0.0 for i in range(len(t.grid)))
     scored = {i: sc for i, sc in enumerate(scores) if sc is not None}
     ok = list(scored)
     if not ok:
-        raise DivergenceError(f"{spec.display} seed {seed}: no tuning run of {t.param} over {t.grid} gave a "
-                              f"validation {metric} (every run diverged); "
-                              f"the tuning runs are in {tune_dir}")
+        raise DivergenceError(
+            f"{spec.display} seed {seed}: no tuning run of {t.param} over {t.grid} gave a "
+            f"validation {metric} (every run diverged); "
+            f"the tuning runs are in {tune_dir}"
+        )
     sign = 1.0 if lower_is_better(metric) else -1.0
     best = min(ok, key=lambda i: (sign * scored[i], i))
-    info = {"param": t.param, "value": t.grid[best], "metric": metric, "grid": list(t.grid), "scores": scores,
-            "val_fraction": t.val_fraction, "rounds": tcfg.simulation.rounds, "wall_time_s": wall,
-            "edge": grid_edge(t.grid, best)}
+    info = {
+        "param": t.param,
+        "value": t.grid[best],
+        "metric": metric,
+        "grid": list(t.grid),
+        "scores": scores,
+        "val_fraction": t.val_fraction,
+        "rounds": tcfg.simulation.rounds,
+        "wall_time_s": wall,
+        "edge": grid_edge(t.grid, best),
+    }
     return spec.with_param(t.param, t.grid[best]), info
 
 
@@ -766,27 +971,67 @@ def grid_edge(grid: Sequence[Any], pick: int) -> str | None:
     return "first" if pick == 0 else "last" if pick == len(grid) - 1 else None
 
 
-def run_spec(cfg: ExperimentConfig, spec: AlgorithmSpec, seed: int, run_dir: str | Path, resume: bool = False,
-             progress: bool = True, problem: FederatedProblem | None = None, write_report: bool = True,
-             desc: str | None = None, track: Sequence[str] = (), overwrite: bool = False,
-             batch: bool = False) -> dict:
+def run_spec(
+    cfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    seed: int,
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    problem: FederatedProblem | None = None,
+    write_report: bool = True,
+    desc: str | None = None,
+    track: Sequence[str] = (),
+    overwrite: bool = False,
+    batch: bool = False,
+) -> dict:
     """:func:`run_one`, after choosing the tuned hyper-parameter on validation (``run_dir/tune``) when
     ``spec.tune`` is set; the choice is recorded in the summary's ``extras["tuned"]``. ``track``: the tracking
     writers of the final run (the tuning runs have none); ``resume`` continues a checkpoint where there is one,
     ``overwrite`` lets a run start over in a folder that holds one; ``batch``: the tuning grid's runs train as one
     sweep where they can (:func:`tune_spec`)."""
     if spec.tune is None:
-        return run_one(cfg, spec, seed, run_dir, resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
-                       progress=progress, problem=problem, write_report=write_report, desc=desc, track=track,
-                       overwrite=overwrite)
+        return run_one(
+            cfg,
+            spec,
+            seed,
+            run_dir,
+            resume=resume and (Path(run_dir) / "checkpoint.pt").exists(),
+            progress=progress,
+            problem=problem,
+            write_report=write_report,
+            desc=desc,
+            track=track,
+            overwrite=overwrite,
+        )
     problem = problem if problem is not None else build_problem(cfg, seed)
     run_dir = Path(run_dir)
     try:
-        chosen, info = tune_spec(cfg, spec, seed, problem.data, run_dir / "tune", resume=resume, progress=progress,
-                                 overwrite=overwrite, batch=batch)
+        chosen, info = tune_spec(
+            cfg,
+            spec,
+            seed,
+            problem.data,
+            run_dir / "tune",
+            resume=resume,
+            progress=progress,
+            overwrite=overwrite,
+            batch=batch,
+        )
     except DivergenceError as e:
         write_summary(run_dir, cfg, spec, seed, None, [], "diverged", str(e), dataset=recorded_dataset(cfg, problem))
         raise
-    return run_one(cfg, chosen, seed, run_dir, resume=resume and (run_dir / "checkpoint.pt").exists(),
-                   progress=progress, problem=problem, write_report=write_report, extras={"tuned": info}, desc=desc,
-                   track=track, overwrite=overwrite)
+    return run_one(
+        cfg,
+        chosen,
+        seed,
+        run_dir,
+        resume=resume and (run_dir / "checkpoint.pt").exists(),
+        progress=progress,
+        problem=problem,
+        write_report=write_report,
+        extras={"tuned": info},
+        desc=desc,
+        track=track,
+        overwrite=overwrite,
+    )

@@ -75,8 +75,10 @@ def kept(run: Run) -> dict | None:
     check_resume(run_dir, resolved_config(cfg, chosen, run.seed))
     rounds = int(done.get("rounds") or 0)
     if rounds > cfg.simulation.rounds:
-        raise ConfigError(f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {rounds} rounds "
-                          f"{run_dir} has done; allowed: {rounds} or more")
+        raise ConfigError(
+            f"--resume: simulation.rounds {cfg.simulation.rounds} is below the {rounds} rounds "
+            f"{run_dir} has done; allowed: {rounds} or more"
+        )
     return done if rounds == cfg.simulation.rounds or done.get("finished") else None
 
 
@@ -96,8 +98,10 @@ def sweep_key(run: Run) -> str | None:
         raw.pop(k, None)
     algo = dict(raw["algorithm"])
     algo.pop("label", None)
-    algo["params"] = {k: "<number>" if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-                      for k, v in algo["params"].items()}
+    algo["params"] = {
+        k: "<number>" if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+        for k, v in algo["params"].items()
+    }
     raw["algorithm"] = algo
     return json.dumps(raw, sort_keys=True, default=str)
 
@@ -141,8 +145,15 @@ def _duration(sec: float) -> str:
     return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.1f} min"
 
 
-def run_all(runs: Sequence[Run], resume: bool = False, progress: bool = True, jobs: int = 1,
-            track: Sequence[str] = (), batch: bool = True, stop_on_divergence: bool = False) -> dict[Path, dict]:
+def run_all(
+    runs: Sequence[Run],
+    resume: bool = False,
+    progress: bool = True,
+    jobs: int = 1,
+    track: Sequence[str] = (),
+    batch: bool = True,
+    stop_on_divergence: bool = False,
+) -> dict[Path, dict]:
     """Run every run of ``runs`` that ``resume`` does not keep (module docstring); returns each run folder's
     summary. A diverged run is reported and its summary kept (``stop_on_divergence``: raised instead)."""
     t0 = time.perf_counter()
@@ -174,13 +185,29 @@ def run_all(runs: Sequence[Run], resume: bool = False, progress: bool = True, jo
     if jobs == 1 or len(units) <= 1:
         _run_here(units, n_kept, n_total, resume, progress, track, batch, finished, eta)
     else:
-        _run_in_workers(units, jobs, resume, finished, lambda: f"{len(summaries)} of {n_total} runs finished, "
-                        f"{eta()}", track=track, batch=batch)
+        _run_in_workers(
+            units,
+            jobs,
+            resume,
+            finished,
+            lambda: f"{len(summaries)} of {n_total} runs finished, {eta()}",
+            track=track,
+            batch=batch,
+        )
     return summaries
 
 
-def _run_here(units: list[list[Run]], n_kept: int, n_total: int, resume: bool, progress: bool,
-              track: Sequence[str], batch: bool, finished: Callable, eta: Callable[[], str]) -> None:
+def _run_here(
+    units: list[list[Run]],
+    n_kept: int,
+    n_total: int,
+    resume: bool,
+    progress: bool,
+    track: Sequence[str],
+    batch: bool,
+    finished: Callable,
+    eta: Callable[[], str],
+) -> None:
     """:func:`run_all`'s units in this process, one after another."""
     data = _DataCache()
     k = n_kept
@@ -189,25 +216,40 @@ def _run_here(units: list[list[Run]], n_kept: int, n_total: int, resume: bool, p
         set_threads(unit[0].cfg.threads)
         first, k = k + 1, k + len(unit)
         if progress:
-            what = (f"run {k} of {n_total}: {unit[0].name}" if len(unit) == 1 else
-                    f"runs {first}-{k} of {n_total} as one batch: {', '.join(r.name for r in unit)}")
+            what = (
+                f"run {k} of {n_total}: {unit[0].name}"
+                if len(unit) == 1
+                else f"runs {first}-{k} of {n_total} as one batch: {', '.join(r.name for r in unit)}"
+            )
             print(f"[fedsolve] {what} ({eta()})", file=sys.stderr, flush=True)
         if len(unit) > 1:
-            outs = run_together([(r.cfg, r.spec, r.seed, r.run_dir, data.problem(r)) for r in unit], resume=resume,
-                                track=track)
+            outs = run_together(
+                [(r.cfg, r.spec, r.seed, r.run_dir, data.problem(r)) for r in unit], resume=resume, track=track
+            )
             for r, o in zip(unit, outs):
                 finished(r, o if isinstance(o, DivergenceError) else None)
             continue
         r = unit[0]
         try:
-            run_spec(r.cfg, r.spec, r.seed, r.run_dir, resume=resume, progress=progress, problem=data.problem(r),
-                     write_report=False, desc=f"run {k}/{n_total} {r.spec.display} s{r.seed}", track=track,
-                     overwrite=True, batch=batch)
+            run_spec(
+                r.cfg,
+                r.spec,
+                r.seed,
+                r.run_dir,
+                resume=resume,
+                progress=progress,
+                problem=data.problem(r),
+                write_report=False,
+                desc=f"run {k}/{n_total} {r.spec.display} s{r.seed}",
+                track=track,
+                overwrite=True,
+                batch=batch,
+            )
             error = None
         except DivergenceError as e:
             error = e
         except RunInterrupted as e:
-            e.where = f"run {k} of {n_total} ({r.name})"
+            e.where = f"run {k} of {n_total} ({r.name})"  # type: ignore[attr-defined]  # read by the CLI's message
             raise
         finished(r, error)
 
@@ -230,8 +272,15 @@ def _ignore_sigint() -> None:
     threading.Thread(target=watch, name="fedsolve-parent-watch", daemon=True).start()
 
 
-def _run_in_workers(units: list[list[Run]], jobs: int, resume: bool, finished: Callable,
-                    status: Callable[[], str] = lambda: "", track: Sequence[str] = (), batch: bool = True) -> None:
+def _run_in_workers(
+    units: list[list[Run]],
+    jobs: int,
+    resume: bool,
+    finished: Callable,
+    status: Callable[[], str] = lambda: "",
+    track: Sequence[str] = (),
+    batch: bool = True,
+) -> None:
     """:func:`run_all`'s units in ``jobs`` spawned processes; ``finished(run, error)`` is called here as each run
     ends. A worker imports the modules outside fedsolve that registered the algorithms it runs (``fedsolve
     --import``), so user algorithms run there too. On Ctrl-C the workers are stopped at once (each run's last
@@ -246,22 +295,25 @@ def _run_in_workers(units: list[list[Run]], jobs: int, resume: bool, finished: C
 
     def payload(r: Run) -> tuple:
         threads = max(1, (r.cfg.threads or default_threads()) // jobs)
-        return r.cfg.model_copy(update={"threads": threads}).model_dump(mode="json"), r.spec.display, r.seed, \
-            str(r.run_dir)
+        return (
+            r.cfg.model_copy(update={"threads": threads}).model_dump(mode="json"),
+            r.spec.display,
+            r.seed,
+            str(r.run_dir),
+        )
 
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+    )
     try:
-        running = {pool.submit(_worker, [payload(r) for r in u], resume, plugins, list(track), batch): u
-                   for u in units}
+        running = {pool.submit(_worker, [payload(r) for r in u], resume, plugins, list(track), batch): u for u in units}
         for f in as_completed(running):
             for r, message in zip(running[f], f.result()):
                 t = json.loads((r.run_dir / "summary.json").read_text()).get("wall_time_s") or 0.0
                 finished(r, DivergenceError(message) if message else None)
-                print(f"[fedsolve] {r.name} {'diverged' if message else 'done'} ({t:.1f} s; {status()})",
-                      flush=True)
+                print(f"[fedsolve] {r.name} {'diverged' if message else 'done'} ({t:.1f} s; {status()})", flush=True)
     except BaseException:
-        for p in multiprocessing.active_children():   # the pool's workers: stop them now, not after their runs
+        for p in multiprocessing.active_children():  # the pool's workers: stop them now, not after their runs
             p.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -271,8 +323,7 @@ def _run_in_workers(units: list[list[Run]], jobs: int, resume: bool, finished: C
 _worker_data: dict[str, Any] = {}
 
 
-def _worker(unit: list[tuple], resume: bool, plugins: list[str], track: list[str],
-            batch: bool) -> list[str | None]:
+def _worker(unit: list[tuple], resume: bool, plugins: list[str], track: list[str], batch: bool) -> list[str | None]:
     """One unit of :func:`run_all` (a run, or the runs of one batch) in a worker process: per run None, or the
     divergence message."""
     import importlib
@@ -283,17 +334,29 @@ def _worker(unit: list[tuple], resume: bool, plugins: list[str], track: list[str
     for dump, label, seed, run_dir in unit:
         cfg = ExperimentConfig.model_validate(dump)
         runs.append(Run(cfg, next(s for s in cfg.all_algorithms() if s.display == label), seed, Path(run_dir)))
-    cache = _worker_data.setdefault("cache", _DataCache())   # a worker keeps the data of its last unit
+    cache = _worker_data.setdefault("cache", _DataCache())  # a worker keeps the data of its last unit
     cache.keep(runs)
     set_threads(runs[0].cfg.threads)
     if len(runs) > 1:
-        outs = run_together([(r.cfg, r.spec, r.seed, r.run_dir, cache.problem(r)) for r in runs], resume=resume,
-                            track=track)
+        outs = run_together(
+            [(r.cfg, r.spec, r.seed, r.run_dir, cache.problem(r)) for r in runs], resume=resume, track=track
+        )
         return [str(o) if isinstance(o, DivergenceError) else None for o in outs]
     r = runs[0]
     try:
-        run_spec(r.cfg, r.spec, r.seed, r.run_dir, resume=resume, progress=False, overwrite=True,   # checked
-                 problem=cache.problem(r), write_report=False, track=track, batch=batch)
+        run_spec(
+            r.cfg,
+            r.spec,
+            r.seed,
+            r.run_dir,
+            resume=resume,
+            progress=False,
+            overwrite=True,  # checked
+            problem=cache.problem(r),
+            write_report=False,
+            track=track,
+            batch=batch,
+        )
     except DivergenceError as e:
         return [str(e)]
     return [None]

@@ -62,25 +62,45 @@ class SuiteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., description="suite name (default output folder runs/<name>)")
     description: str = Field(..., min_length=1, description="what the suite reproduces (shown in the report)")
-    protocol: str = Field("runs", description="runs (a grid of plain runs, one folder each) or a registered "
-                                              "protocol (fedsolve.experiments.suite.PROTOCOLS)")
-    experiment: str | dict[str, Any] | None = Field(None, description="experiment YAML (path relative to the "
-                                                                      "suite file) or its fields inline; null "
-                                                                      "only with an `experiment` axis")
+    protocol: str = Field(
+        "runs",
+        description="runs (a grid of plain runs, one folder each) or a registered "
+        "protocol (fedsolve.experiments.suite.PROTOCOLS)",
+    )
+    experiment: str | dict[str, Any] | None = Field(
+        None,
+        description="experiment YAML (path relative to the "
+        "suite file) or its fields inline; null "
+        "only with an `experiment` axis",
+    )
     set: list[str] = Field(default_factory=list, description="overrides of the experiment (key=value)")
-    seeds: list[int] | None = Field(None, min_length=1, description="seeds of every cell (null: a grid of runs "
-                                                                   "takes each experiment's own, a protocol [0])")
-    algorithms: list[str] | None = Field(None, description="labels of the experiment's algorithms to run "
-                                                           "(null: all; ignored by protocols without them)")
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="seeds of every cell (null: a grid of runs takes each experiment's own, a protocol [0])",
+    )
+    algorithms: list[str] | None = Field(
+        None, description="labels of the experiment's algorithms to run (null: all; ignored by protocols without them)"
+    )
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="grid axes (see the module docstring)")
-    zip: list[dict[str, list[Any]]] = Field(default_factory=list, description="groups of axes that vary together "
-                                            "(one length per group), each group one axis of the grid")
-    references: list[ReferenceSpec] = Field(default_factory=list, description="reference experiments run on "
-                                              "every cell beside the experiment (protocol runs)")
-    folders: str | None = Field(None, description="folder of a cell (protocol runs), e.g. "
-                                "'{problem.params.loss}/{data.params.source}' (null: axis=value joined by _)")
-    metric: str | None = Field(None, description="the metric the paper reports: the default table's (protocol "
-                                                 "runs, no `tables`: rows algorithm, columns the cells)")
+    zip: list[dict[str, list[Any]]] = Field(
+        default_factory=list,
+        description="groups of axes that vary together (one length per group), each group one axis of the grid",
+    )
+    references: list[ReferenceSpec] = Field(
+        default_factory=list,
+        description="reference experiments run on every cell beside the experiment (protocol runs)",
+    )
+    folders: str | None = Field(
+        None,
+        description="folder of a cell (protocol runs), e.g. "
+        "'{problem.params.loss}/{data.params.source}' (null: axis=value joined by _)",
+    )
+    metric: str | None = Field(
+        None,
+        description="the metric the paper reports: the default table's (protocol "
+        "runs, no `tables`: rows algorithm, columns the cells)",
+    )
     args: dict[str, Any] = Field(default_factory=dict, description="the protocol's arguments")
     tables: list[TableSpec] = Field(default_factory=list, description="the report's tables")
     plot: str | None = Field(None, description="registered figure drawn from the rows (null: none)")
@@ -117,8 +137,10 @@ class SuiteConfig(BaseModel):
         if self.experiment is None and "experiment" not in axes:
             raise ValueError("experiment: give the experiment YAML (or an `experiment` axis)")
         if not self.grid and (self.references or self.folders or self.metric):
-            raise ValueError(f"references, folders and metric: for protocol runs only (this suite's protocol is "
-                             f"{self.protocol!r}); allowed: leave them unset")
+            raise ValueError(
+                f"references, folders and metric: for protocol runs only (this suite's protocol is "
+                f"{self.protocol!r}); allowed: leave them unset"
+            )
         if self.grid:
             check_folders(grid_cells(self.sweep, self.zip), self.folders)
         p = builtin_protocols()[self.protocol]
@@ -126,8 +148,9 @@ class SuiteConfig(BaseModel):
             p.Args(**self.args)
         except ValidationError as e:
             err = e.errors()[0]
-            raise ValueError(f"args.{'.'.join(map(str, err['loc']))}: {err['msg']}; allowed: "
-                             f"{sorted(p.Args.model_fields)}") from None
+            raise ValueError(
+                f"args.{'.'.join(map(str, err['loc']))}: {err['msg']}; allowed: {sorted(p.Args.model_fields)}"
+            ) from None
         if self.plot is not None and self.plot not in PLOTS:
             raise ValueError(f"plot: unknown {self.plot!r}; allowed: {sorted(PLOTS)} or null")
         missing = sorted(set(p.axes) - set(axes))
@@ -147,8 +170,11 @@ class ReferenceSpec(BaseModel):
     algorithms: list[str] | None = Field(None, description="labels of its algorithms to run (null: all)")
     set: list[str] = Field(default_factory=list, description="overrides of it (key=value), after the suite's set")
     skip: list[str] = Field(default_factory=list, description="axes of the grid not applied to it")
-    label: str | None = Field(None, description="its rows' label (default: its algorithm's; with several "
-                                                "algorithms '<label>: <algorithm>'), e.g. source only")
+    label: str | None = Field(
+        None,
+        description="its rows' label (default: its algorithm's; with several "
+        "algorithms '<label>: <algorithm>'), e.g. source only",
+    )
 
 
 SuiteConfig.model_rebuild()
@@ -163,18 +189,22 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         raise ConfigError(f"suite: no file {path}")
     raw = yaml.safe_load(path.read_text()) or {}
     if not is_suite(raw):
-        raise ConfigError(f"{path}: not a suite (a YAML mapping with an `experiment` or a `protocol`); experiment "
-                          f"configs run with `fedsolve run|compare` (or `fedsolve suite`, as a grid of one cell)")
+        raise ConfigError(
+            f"{path}: not a suite (a YAML mapping with an `experiment` or a `protocol`); experiment "
+            f"configs run with `fedsolve run|compare` (or `fedsolve suite`, as a grid of one cell)"
+        )
     mine, theirs = [], []
     for item in overrides or []:
         key = item.split("=", 1)[0].strip()
         if key.startswith("experiment."):
-            theirs.append(item[len("experiment."):].lstrip())
+            theirs.append(item[len("experiment.") :].lstrip())
         elif key.split(".")[0] in SUITE_FIELDS:
             mine.append(item)
         else:
-            raise ConfigError(f"--set {key}: not a suite field; allowed: {sorted(SUITE_FIELDS)} or "
-                              f"experiment.<field> (e.g. experiment.simulation.rounds=5)")
+            raise ConfigError(
+                f"--set {key}: not a suite field; allowed: {sorted(SUITE_FIELDS)} or "
+                f"experiment.<field> (e.g. experiment.simulation.rounds=5)"
+            )
     raw = apply_overrides(raw, mine)
     raw["set"] = list(raw.get("set") or []) + theirs
     try:
@@ -182,16 +212,18 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(map(str, err["loc"]))
-        raise ConfigError(f"{path.name}: {loc + ': ' if loc else ''}{err['msg'].removeprefix('Value error, ')}") \
-            from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            msg = f"unknown key; allowed keys: {sorted(SuiteConfig.model_fields)}"
+        raise ConfigError(f"{path.name}: {loc + ': ' if loc else ''}{msg}") from None
     base = path.resolve().parent
     if suite.grid:
         from fedsolve.experiments.grid import grid_configs
 
-        grid_configs(suite, base)                # every cell's experiment loads and validates now
+        grid_configs(suite, base)  # every cell's experiment loads and validates now
     else:
         ctx = Context(suite, base)
-        for cell in experiment_cells(suite):     # the experiment loads and validates now, not in a worker
+        for cell in experiment_cells(suite):  # the experiment loads and validates now, not in a worker
             ctx.experiment(cell)
     return suite, base
 
@@ -233,7 +265,11 @@ class Protocol:
         depth = 0
         for i, ch in enumerate(doc):
             depth += (ch == "(") - (ch == ")")
-            if depth == 0 and doc[i:i + 2] in ("; ", ". ") and not doc[max(0, i - 4):i].endswith(("Sec", "Eq", "Fig")):
+            if (
+                depth == 0
+                and doc[i : i + 2] in ("; ", ". ")
+                and not doc[max(0, i - 4) : i].endswith(("Sec", "Eq", "Fig"))
+            ):
                 return doc[:i]
         return doc.rstrip(".")
 
@@ -258,16 +294,18 @@ def builtin_protocols() -> dict[str, Protocol]:
         from fedsolve.families.clustered.protocols import tables as t
 
         register_protocol("lambda_path", Protocol(t.lambda_path, t.LambdaPathArgs))
-        register_protocol("attack_grid", Protocol(t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"),
-                                                  key=t.attack_grid_key))
+        register_protocol(
+            "attack_grid", Protocol(t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"), key=t.attack_grid_key)
+        )
         register_protocol("newcomers", Protocol(t.newcomers, t.NewcomersArgs))
         register_protocol("fpfc_tuning", Protocol(t.fpfc_tuning, t.FPFCTuningArgs, axes=("strategy",)))
         register_protocol("tuning", Protocol(t.tuning, t.TuningArgs))
         register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))
         from fedsolve.families.constrained import runs as c
 
-        register_protocol("constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs,
-                                                       key=c.constrained_run_key))
+        register_protocol(
+            "constrained_runs", Protocol(c.constrained_run, c.ConstrainedRunsArgs, key=c.constrained_run_key)
+        )
         from fedsolve.families.constrained import optimum as o
 
         register_protocol("np_optimum", Protocol(o.np_optimum_cell, o.NpOptimumArgs, algorithms=False))
@@ -305,7 +343,7 @@ class Context:
 
     def _caches(self) -> dict:
         if "_cache" not in vars(self):
-            self._cache = {}
+            self._cache: dict[Any, Any] = {}
         return self._cache
 
     @property
@@ -320,6 +358,8 @@ class Context:
 
         cell = self.cell if cell is None else cell
         src = cell.get("experiment", self.suite.experiment)
+        if src is None:  # the suite's validator asks for one of them
+            raise ConfigError("experiment: give the experiment YAML (or an `experiment` axis)")
         sets = list(self.suite.set) + experiment_sets(cell)
         key = ("experiment", json.dumps(src, sort_keys=True, default=str), tuple(sets))
         cache = self._caches()
@@ -342,7 +382,7 @@ class Context:
     def spec(self) -> AlgorithmSpec:
         label = self.cell["algorithm"]
         spec = next(s for s in self.experiment().all_algorithms() if label in (s.display, s.name))
-        extra = {k[len("params."):]: v for k, v in self.cell.items() if k.startswith("params.")}
+        extra = {k[len("params.") :]: v for k, v in self.cell.items() if k.startswith("params.")}
         return spec.model_copy(update={"params": {**spec.params, **extra}}) if extra else spec
 
     def params(self, name: str | None = None, extra: dict | None = None) -> dict:
@@ -350,8 +390,9 @@ class Context:
         from fedsolve.families import get_algorithm
 
         spec = self.spec
-        return merged_params(get_algorithm(name or spec.name), self.experiment().defaults,
-                             {**spec.params, **(extra or {})})
+        return merged_params(
+            get_algorithm(name or spec.name), self.experiment().defaults, {**spec.params, **(extra or {})}
+        )
 
     def algorithm(self, problem, extra: dict | None = None, name: str | None = None):
         from fedsolve.families import get_algorithm
@@ -368,7 +409,7 @@ class Context:
         key = ("data", cfg.model_dump_json(include={"data"}), seed)
         cache = self._caches()
         if key not in cache:
-            for k in [k for k in cache if k[0] == "data"][:-1]:   # keep at most two data sets
+            for k in [k for k in cache if k[0] == "data"][:-1]:  # keep at most two data sets
                 del cache[k]
             cache[key] = build_data(cfg, seed)
         return cache[key]
@@ -395,8 +436,7 @@ class Context:
         """Run ``algo`` on ``problem`` for the cell's seed; returns (simulation, result)."""
         from fedsolve.engine import Simulation
 
-        sim = Simulation(problem, algo, self.sim_config(rounds, eval_every), seed=self.seed,
-                         callbacks=list(callbacks))
+        sim = Simulation(problem, algo, self.sim_config(rounds, eval_every), seed=self.seed, callbacks=list(callbacks))
         return sim, sim.run()
 
 
@@ -414,7 +454,7 @@ def cells(suite: SuiteConfig, base: Path) -> list[dict]:
     axes: dict[str, list] = {}
     if proto.algorithms:
         axes["algorithm"] = [s.display for s in Context(suite, base).specs()]
-    axes["seed"] = list(suite.seeds)
+    axes["seed"] = list(suite.seeds or [0])  # set by the validator for every protocol but runs
     return [{**g, **dict(zip(axes, vals))} for g in grid for vals in itertools.product(*axes.values())]
 
 
@@ -438,8 +478,10 @@ def run_cell(ctx: Context) -> list[dict]:
     from fedsolve.engine.loop import DivergenceError
 
     t0 = time.perf_counter()
+    run = PROTOCOLS[ctx.suite.protocol].run
+    assert run is not None, "a grid of plain runs has no cells of its own"
     try:
-        out = PROTOCOLS[ctx.suite.protocol].run(ctx)
+        out = run(ctx)
     except DivergenceError as e:
         out = {"diverged": str(e).split(":")[0]}
     rows = out if isinstance(out, list) else [out]
@@ -474,14 +516,26 @@ def _settings(suite: SuiteConfig, base: Path) -> dict:
         if not out.get(k):
             out.pop(k, None)
     ctx = Context(suite, base)
-    resolved = {c.get("experiment", ""): json.loads(ctx.experiment(c).model_dump_json(
-        exclude={"name", "description", "paper", "out_dir", "threads"})) for c in experiment_cells(suite)}
+    resolved = {
+        c.get("experiment", ""): json.loads(
+            ctx.experiment(c).model_dump_json(exclude={"name", "description", "paper", "out_dir", "threads"})
+        )
+        for c in experiment_cells(suite)
+    }
     out["resolved_experiment"] = resolved.pop("") if "" in resolved else resolved
     return out
 
 
-def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, resume: bool = False,
-              progress: bool = True, batch: bool = True, track: list[str] | tuple = ()) -> list[dict]:
+def run_suite(
+    suite: SuiteConfig,
+    base: Path,
+    out: str | Path,
+    jobs: int = 1,
+    resume: bool = False,
+    progress: bool = True,
+    batch: bool = True,
+    track: list[str] | tuple = (),
+) -> list[dict]:
     """Run every missing cell of ``suite`` into ``out`` (a protocol's: one file per cell in ``out/cells/``, written
     atomically as it ends, with the provenance of the code that ran it; a grid of runs: one compare folder per
     cell, :func:`fedsolve.experiments.grid.run_grid`, with ``batch`` and ``track``), then write the report.
@@ -492,7 +546,7 @@ def run_suite(suite: SuiteConfig, base: Path, out: str | Path, jobs: int = 1, re
     with RunFolder(out, "suite") as folder:
         _check_folder(out, settings, resume)
         folder.start(provenance(None, settings))
-        for derived in ("report.md", "results.json"):     # rebuilt at the end
+        for derived in ("report.md", "results.json"):  # rebuilt at the end
             (out / derived).unlink(missing_ok=True)
         if suite.grid:
             from fedsolve.experiments.grid import run_grid
@@ -512,8 +566,7 @@ def _check_folder(out: Path, settings: dict, resume: bool) -> None:
     other settings (:func:`_settings`)."""
     kind = folder_kind(out)
     if kind not in (None, "suite"):
-        raise ConfigError(f"--out {out}: holds a {kind} folder, not a suite; allowed: a new folder or a suite "
-                          f"folder")
+        raise ConfigError(f"--out {out}: holds a {kind} folder, not a suite; allowed: a new folder or a suite folder")
     settings_file = out / "suite.json"
     if settings_file.exists():
         old = read_json(settings_file)
@@ -521,8 +574,9 @@ def _check_folder(out: Path, settings: dict, resume: bool) -> None:
             raise ConfigError(f"--out {out}: already holds a suite run; use --resume to continue it or another --out")
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise ConfigError(f"--resume: {out} was run with other settings ({', '.join(diff)} differ); use "
-                              f"another --out")
+            raise ConfigError(
+                f"--resume: {out} was run with other settings ({', '.join(diff)} differ); use another --out"
+            )
 
 
 def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: int, progress: bool) -> list[dict]:
@@ -533,7 +587,7 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
     _set_threads(suite.threads)
     t0 = time.perf_counter()
     all_cells = cells(suite, base)
-    runs: dict[str, dict] = {}            # run key -> the cell that runs it
+    runs: dict[str, dict] = {}  # run key -> the cell that runs it
     serves: list[tuple[dict, str]] = []
     for cell in all_cells:
         rk = _run_key(ctx.for_cell(cell))
@@ -544,12 +598,18 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
     todo = {k: c for k, c in runs.items() if k not in done}
 
     def store(k: str, rows: list[dict]) -> None:
-        record = {"cell": runs[k], "rows": rows,
-                  "provenance": provenance(None, {"settings": settings, "cell": runs[k]})}
+        record = {
+            "cell": runs[k],
+            "rows": rows,
+            "provenance": provenance(None, {"settings": settings, "cell": runs[k]}),
+        }
         atomic_write_text(out / "cells" / f"{k}.json", json.dumps(record, default=float))
         if progress:
-            print(f"[{len(runs) - len(todo) + stored[0]}/{len(runs)}] {runs[k]}: "
-                  + "; ".join(_brief(r) for r in rows[:3]), flush=True)
+            print(
+                f"[{len(runs) - len(todo) + stored[0]}/{len(runs)}] {runs[k]}: "
+                + "; ".join(_brief(r) for r in rows[:3]),
+                flush=True,
+            )
 
     stored = [0]
     if jobs <= 1 or len(todo) <= 1:
@@ -558,14 +618,18 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
             store(k, run_cell(ctx.for_cell(cell)))
     else:
         dump = json.loads(suite.model_dump_json())
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_set_threads, initargs=(1,)) as pool:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(todo)),
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_set_threads,
+            initargs=(1,),
+        ) as pool:
             futs = {pool.submit(_worker_cell, dump, str(base), cell): k for k, cell in todo.items()}
             error = None
             for f in as_completed(futs):
                 try:
                     rows = f.result()
-                except Exception as e:   # noqa: BLE001  (keep what the other workers finish, start nothing new, then raise)
+                except Exception as e:  # noqa: BLE001  (keep what the other workers finish, start nothing new, then raise)
                     error = error or e
                     for other in futs:
                         other.cancel()
@@ -583,33 +647,51 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
 
 
 def _brief(r: dict) -> str:
-    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()
-                     if isinstance(v, (int, float, str)) and k != "wall_s")
+    return ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in r.items()
+        if isinstance(v, (int, float, str)) and k != "wall_s"
+    )
 
 
 # ------------------------------------------------------------------ report
 def write_report(suite: SuiteConfig, rows: list[dict], out: Path, wall: float, kept: int = 0) -> None:
     """``out/report.md``: what ran, each table with the paper's numbers, the figure; ``out/results.json``."""
-    what = "a grid of runs (one compare folder per cell)" if suite.grid else \
-        f"Protocol `{suite.protocol}` with {json.dumps(suite.args, default=str)}"
+    what = (
+        "a grid of runs (one compare folder per cell)"
+        if suite.grid
+        else f"Protocol `{suite.protocol}` with {json.dumps(suite.args, default=str)}"
+    )
     zipped = f"; zipped {json.dumps(suite.zip, default=str)}" if suite.zip else ""
     refs = f"; references {[r.folder for r in suite.references]}" if suite.references else ""
-    lines = [f"# {suite.name}", "", suite.description.strip(), "",
-             f"{what}; sweep {json.dumps(suite.sweep, default=str)}{zipped}; algorithms "
-             f"{suite.algorithms or 'all of the experiment'}{refs}; seeds {suite.seeds or 'of each experiment'}; "
-             f"experiment "
-             f"{_experiment_name(suite)}"
-             + (f" with {suite.set}" if suite.set else "") + ". Values: mean +- sample SD over the seeds (n = "
-             f"{len({r.get('seed') for r in rows})} unless a cell says otherwise).", ""]
+    lines = [
+        f"# {suite.name}",
+        "",
+        suite.description.strip(),
+        "",
+        f"{what}; sweep {json.dumps(suite.sweep, default=str)}{zipped}; algorithms "
+        f"{suite.algorithms or 'all of the experiment'}{refs}; seeds {suite.seeds or 'of each experiment'}; "
+        f"experiment "
+        f"{_experiment_name(suite)}"
+        + (f" with {suite.set}" if suite.set else "")
+        + ". Values: mean +- sample SD over the seeds (n = "
+        f"{len({r.get('seed') for r in rows})} unless a cell says otherwise).",
+        "",
+    ]
     if suite.paper:
-        lines += [f"Paper: {suite.paper.get('source', '')}"] + \
-                 ([str(suite.paper["note"]).strip()] if suite.paper.get("note") else []) + [""]
+        lines += (
+            [f"Paper: {suite.paper.get('source', '')}"]
+            + ([str(suite.paper["note"]).strip()] if suite.paper.get("note") else [])
+            + [""]
+        )
     tables = suite.tables
-    if suite.grid and not tables:   # the metric the paper reports, per algorithm and cell
-        metric = suite.metric or next((m for m in ("test_accuracy", "test_rmse", "train_loss")
-                                       if any(m in r for r in rows)), "test_accuracy")
-        tables = [TableSpec(metric=metric, columns="cell" if len({r.get("cell") for r in rows}) > 1 else None,
-                            digits=4)]
+    if suite.grid and not tables:  # the metric the paper reports, per algorithm and cell
+        metric = suite.metric or next(
+            (m for m in ("test_accuracy", "test_rmse", "train_loss") if any(m in r for r in rows)), "test_accuracy"
+        )
+        tables = [
+            TableSpec(metric=metric, columns="cell" if len({r.get("cell") for r in rows}) > 1 else None, digits=4)
+        ]
     for t in tables:
         lines += table_lines(t, rows)
     if suite.grid:
@@ -630,19 +712,27 @@ def _experiment_name(suite: SuiteConfig) -> str:
     return suite.experiment if isinstance(suite.experiment, str) else "inline"
 
 
-def main(path: str, out: str | None = None, jobs: int = 1, resume: bool = False, sets: list[str] | None = None,
-         progress: bool = True, batch: bool = True, track: list[str] | tuple = ()) -> list[dict]:
+def main(
+    path: str,
+    out: str | None = None,
+    jobs: int = 1,
+    resume: bool = False,
+    sets: list[str] | None = None,
+    progress: bool = True,
+    batch: bool = True,
+    track: list[str] | tuple = (),
+) -> list[dict]:
     """``fedsolve suite``: load, run every missing cell, write the report (default folder ``runs/<name>``).
     ``batch``: runs that differ only in seed and scalar hyper-parameters train as one batch (``--no-batch-sweeps``
     turns it off); ``track``: the tracking writers of a grid's runs."""
     if jobs < 1:
         raise ConfigError(f"--jobs: expected a whole number >= 1 (worker processes), got {jobs}")
     suite, base = load_suite(path, sets)
-    out = Path(out) if out else Path("runs") / suite.name
-    busy = busy_above(out)        # a live run in it or in a folder around it
+    folder = Path(out) if out else Path("runs") / suite.name
+    busy = busy_above(folder)  # a live run in it or in a folder around it
     if busy is not None:
         raise busy
-    rows = run_suite(suite, base, out, jobs=jobs, resume=resume, progress=progress, batch=batch, track=track)
+    rows = run_suite(suite, base, folder, jobs=jobs, resume=resume, progress=progress, batch=batch, track=track)
     if progress:
-        print(f"report: {out / 'report.md'}")
+        print(f"report: {folder / 'report.md'}")
     return rows

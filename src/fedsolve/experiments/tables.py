@@ -30,23 +30,33 @@ class TableSpec(BaseModel):
     digits: int = Field(2, ge=0, le=8, description="decimals shown")
     paper: dict[str, Any] = Field(default_factory=dict, description="the paper's numbers by row label")
     over: str | None = Field(None, description="reduce each seed's rows over this field first (e.g. round)")
-    pick: Literal["best", "last"] = Field("best", description="with `over`: the best value (max; min for a "
-                                                             "loss-like metric) or the one at the largest `over`")
-    relative_to: str | None = Field(None, description="report |value - ref| / |ref| per seed, ref = the row with "
-                                                      "this label in the same column, split and seed (e.g. "
-                                                      "cProx-AL), then mean +- std over the seeds")
+    pick: Literal["best", "last"] = Field(
+        "best",
+        description="with `over`: the best value (max; min for a loss-like metric) or the one at the largest `over`",
+    )
+    relative_to: str | None = Field(
+        None,
+        description="report |value - ref| / |ref| per seed, ref = the row with "
+        "this label in the same column, split and seed (e.g. "
+        "cProx-AL), then mean +- std over the seeds",
+    )
     only: list[str | int | float] | None = Field(None, description="only these rows, in this order (null: all)")
-    stat: Literal["mean", "count", "max"] = Field("mean", description="mean: mean +- std over the seeds; count: how "
-                                                                     "many seeds have a nonzero value, as k/N (e.g. "
-                                                                     "converged); max: the largest (worst seed)")
-    notation: Literal["fixed", "sci"] = Field("fixed", description="fixed: `digits` decimals; sci: `digits` "
-                                                                   "decimals of a power of ten (1.2e-03)")
+    stat: Literal["mean", "count", "max"] = Field(
+        "mean",
+        description="mean: mean +- std over the seeds; count: how "
+        "many seeds have a nonzero value, as k/N (e.g. "
+        "converged); max: the largest (worst seed)",
+    )
+    notation: Literal["fixed", "sci"] = Field(
+        "fixed", description="fixed: `digits` decimals; sci: `digits` decimals of a power of ten (1.2e-03)"
+    )
 
     @model_validator(mode="after")
     def _relative_count(self):
         if self.relative_to is not None and self.stat == "count":
-            raise ValueError("relative_to: a relative difference is a number, not a count; allowed with "
-                             "stat: mean only")
+            raise ValueError(
+                "relative_to: a relative difference is a number, not a count; allowed with stat: mean only"
+            )
         return self
 
 
@@ -122,10 +132,15 @@ def _relative(t: TableSpec, rows: list[dict], ref: list[dict]) -> list[float]:
     lists = _per_seed_lists(t, rows)
     if lists:
         theirs = _per_seed_lists(t, ref)
-        return [abs(a - b) / abs(b) for s, v in lists.items() if s in theirs and len(theirs[s]) == len(v)
-                for a, b in zip(v, theirs[s]) if b != 0]
-    mine, theirs = _per_seed(t, rows), _per_seed(t, ref)
-    return [abs(v - theirs[s]) / abs(theirs[s]) for s, v in mine.items() if s in theirs and theirs[s] != 0]
+        return [
+            abs(a - b) / abs(b)
+            for s, v in lists.items()
+            if s in theirs and len(theirs[s]) == len(v)
+            for a, b in zip(v, theirs[s])
+            if b != 0
+        ]
+    mine, ref_means = _per_seed(t, rows), _per_seed(t, ref)
+    return [abs(v - ref_means[s]) / abs(ref_means[s]) for s, v in mine.items() if s in ref_means and ref_means[s] != 0]
 
 
 def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
@@ -136,7 +151,7 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
     order = lambda field: list(dict.fromkeys(r.get(field) for r in rows))
     n_seeds = len(order("seed"))
     out = []
-    for part in (order(t.split) if t.split else [None]):
+    for part in order(t.split) if t.split else [None]:
         sub = [r for r in rows if t.split is None or r.get(t.split) == part]
         cols = order(t.columns) if t.columns else [None]
         head = f"## {t.title or t.metric}" + (f": {part}" if part is not None else "")
@@ -148,8 +163,7 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
         if paper_cols:
             hdr += [f"paper {c}" for c in cols]
         out += [head, "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-        row_vals = order(t.rows) if t.only is None else [v for o in t.only for v in order(t.rows)
-                                                          if str(v) == str(o)]
+        row_vals = order(t.rows) if t.only is None else [v for o in t.only for v in order(t.rows) if str(v) == str(o)]
         for rv in row_vals:
             cells_ = []
             for c in cols:
@@ -157,17 +171,27 @@ def table_lines(t: TableSpec, rows: list[dict]) -> list[str]:
                 if t.relative_to is None:
                     vals = _values(t, here)
                 else:
-                    vals = _relative(t, here, [r for r in sub if str(r.get(t.rows)) == t.relative_to
-                                               and (c is None or r.get(t.columns) == c)])
+                    vals = _relative(
+                        t,
+                        here,
+                        [
+                            r
+                            for r in sub
+                            if str(r.get(t.rows)) == t.relative_to and (c is None or r.get(t.columns) == c)
+                        ],
+                    )
                 div = [r["diverged"] for r in here if r.get("diverged")]
-                text = _fmt(t, vals, None if t.relative_to and _per_seed_lists(t, here) else n_seeds) \
-                    if vals or not here else "-"
+                text = (
+                    _fmt(t, vals, None if t.relative_to and _per_seed_lists(t, here) else n_seeds)
+                    if vals or not here
+                    else "-"
+                )
                 if div:
                     text += f"; diverged {len(div)}/{len(here)} ({div[0]})"
                 cells_.append(text if here else "")
             pv = paper.get(str(rv)) if paper else None
             line = [str(rv)] + ([_paper(t, pv)] if has_paper else []) + cells_
-            if paper_cols:   # a row the paper does not report gets empty paper cells
+            if paper_cols:  # a row the paper does not report gets empty paper cells
                 line += [_paper(t, pv.get(str(c), pv.get(c)) if isinstance(pv, dict) else None) for c in cols]
             out.append("| " + " | ".join(line) + " |")
         out.append("")
@@ -205,7 +229,11 @@ def lead_sentence(stats: dict[str, dict[str, Any]], metric: str, lower: bool, fm
     elif margin > spread:
         verdict = f"the margin exceeds the seeds' spread (the larger sample SD, {fmt(spread)})"
     else:
-        verdict = (f"the margin is within the seeds' spread (the larger sample SD, {fmt(spread)}), so these seeds do "
-                   "not separate the two")
-    return (f"{head}, {fmt(margin)} {'below' if lower else 'above'} the runner-up {second} at {value(st2)} "
-            f"({seeds(st2)}): {verdict}.")
+        verdict = (
+            f"the margin is within the seeds' spread (the larger sample SD, {fmt(spread)}), so these seeds do "
+            "not separate the two"
+        )
+    return (
+        f"{head}, {fmt(margin)} {'below' if lower else 'above'} the runner-up {second} at {value(st2)} "
+        f"({seeds(st2)}): {verdict}."
+    )

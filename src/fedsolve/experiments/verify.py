@@ -62,17 +62,33 @@ class Verdict:
             self.differ.append(f"{where}: recorded {recorded:.6g}, now {now:.6g} (relative {rel:.1e})")
 
 
-def verify(path: str | Path, full: bool = False, cell: str | None = None, rounds: int | None = None,
-           rtol: float = 1e-5, atol: float = 1e-8) -> Verdict:
+def verify(
+    path: str | Path,
+    full: bool = False,
+    cell: str | None = None,
+    rounds: int | None = None,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+) -> Verdict:
     """Re-run the cell of ``path`` (module docstring) and compare; raises ``ConfigError`` when there is nothing
     to re-run or compare."""
     path = Path(path)
+    for flag, v in (("--rtol", rtol), ("--atol", atol)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise ConfigError(f"verify {flag}: expected a finite number >= 0, got {v}")
     kind = folder_kind(path)
     if kind is None:
-        raise ConfigError(f"verify {path}: not a fedsolve run, compare or suite folder (no run.json, summary.json "
-                          f"or suite.json); allowed: a folder fedsolve wrote, e.g. one under results/")
+        raise ConfigError(
+            f"verify {path}: not a fedsolve run, compare or suite folder (no run.json, summary.json "
+            f"or suite.json); allowed: a folder fedsolve wrote, e.g. one under results/"
+        )
     out = Verdict()
     if kind == "run":
+        if cell is not None:
+            raise ConfigError(
+                f"verify --cell {cell}: {path} is a run folder, which holds one cell; allowed: no "
+                f"--cell, or a compare or suite folder"
+            )
         _verify_run(path, full, rounds, rtol, atol, out)
     elif kind == "compare":
         _verify_compare(path, full, cell, rounds, rtol, atol, out)
@@ -80,10 +96,13 @@ def verify(path: str | Path, full: bool = False, cell: str | None = None, rounds
         _verify_suite(path, cell, rtol, atol, out, full, rounds)
     if not out.compared:
         raise ConfigError(f"verify {path}: the re-run and the record share no number to compare")
-    out.lines.append(f"agrees: {out.compared} numbers within rtol {rtol:g}, atol {atol:g} (largest relative "
-                     f"difference {out.worst:.1e})" if out.agrees else
-                     f"DIFFERS: {len(out.differ)} of {out.compared} numbers outside rtol {rtol:g}, atol {atol:g}; "
-                     f"first: {out.differ[0]}")
+    out.lines.append(
+        f"agrees: {out.compared} numbers within rtol {rtol:g}, atol {atol:g} (largest relative "
+        f"difference {out.worst:.1e})"
+        if out.agrees
+        else f"DIFFERS: {len(out.differ)} of {out.compared} numbers outside rtol {rtol:g}, atol {atol:g}; "
+        f"first: {out.differ[0]}"
+    )
     return out
 
 
@@ -92,31 +111,43 @@ def code_line(recorded: dict[str, Any] | None) -> str:
     commit = (recorded or {}).get("commit")
     if not commit or commit == "unknown":
         return "code: the record names no commit, so a difference cannot be told from a change of code"
-    how = "" if (recorded or {}).get("commit_source", "recorded") == "recorded" else \
-        ", the commit that added the record (the run recorded none)"
+    how = (
+        ""
+        if (recorded or {}).get("commit_source", "recorded") == "recorded"
+        else ", the commit that added the record (the run recorded none)"
+    )
     changed = source_changed(commit)
     now, dirty = source_commit()
     local = "; this checkout has uncommitted changes to the package" if dirty else ""
     if changed is None:
         return f"code: recorded commit {commit[:10]}{how} cannot be compared with this checkout{local}"
     if changed:
-        return (f"code: CHANGED since the recorded commit {commit[:10]}{how} (the package source differs from "
-                f"HEAD {now[:10]}): a difference may come from that{local}")
+        return (
+            f"code: CHANGED since the recorded commit {commit[:10]}{how} (the package source differs from "
+            f"HEAD {now[:10]}): a difference may come from that{local}"
+        )
     return f"code: the package source is the recorded commit's ({commit[:10]}{how}){local}"
 
 
-def _verify_grid(path: Path, cell: str | None, full: bool, rounds: int | None, rtol: float, atol: float,
-                 out: Verdict) -> None:
+def _verify_grid(
+    path: Path, cell: str | None, full: bool, rounds: int | None, rtol: float, atol: float, out: Verdict
+) -> None:
     """A grid suite's cell (``--cell FOLDER`` or ``FOLDER:LABEL``, the folder relative to the suite's; default the
     first cell and its first algorithm): its compare folder verified as :func:`_verify_compare` does."""
-    cells = sorted(str(p.parent.relative_to(path)) for p in path.rglob("run.json")
-                   if p.parent != path and folder_kind(p.parent) == "compare")
+    cells = sorted(
+        str(p.parent.relative_to(path))
+        for p in path.rglob("run.json")
+        if p.parent != path and folder_kind(p.parent) == "compare"
+    )
     if not cells:
         raise ConfigError(f"verify {path}: a grid suite folder with no cell (compare folder) to re-run")
     folder, _, label = (cell or cells[0]).partition(":")
     if folder not in cells:
-        raise ConfigError(f"verify --cell: {folder!r} is not a cell of {path}; allowed: {cells[:5]}"
-                          + (" ..." if len(cells) > 5 else "") + " (optionally :LABEL)")
+        raise ConfigError(
+            f"verify --cell: {folder!r} is not a cell of {path}; allowed: {cells[:5]}"
+            + (" ..." if len(cells) > 5 else "")
+            + " (optionally :LABEL)"
+        )
     _verify_compare(path / folder, full, label or None, rounds, rtol, atol, out)
 
 
@@ -152,16 +183,27 @@ def _run_config(path: Path) -> tuple[ExperimentConfig, int]:
         raw = read_yaml(path / "config.yaml")
         if not isinstance(raw, dict):
             raise ConfigError(f"{path / 'config.yaml'}: not a run's config")
-        return parse_config(raw), (raw.get("seeds") or [0])[0]
+        return _parsed(raw, path / "config.yaml"), (raw.get("seeds") or [0])[0]
     up = path.parent.parent / "config.yaml"
     if up.exists() and path.name.startswith("seed") and path.name[4:].isdigit():
-        cfg = parse_config(read_yaml(up))
+        cfg = _parsed(read_yaml(up), up)
         spec = next((s for s in cfg.all_algorithms() if slug(s.display) == path.parent.name), None)
         if spec is not None:
             seed = int(path.name[4:])
             return cfg.model_copy(update={"algorithms": [spec], "algorithm": None, "seeds": [seed]}), seed
-    raise ConfigError(f"verify {path}: no recorded config (no config.yaml here, nor a compare's two folders up); "
-                      f"a run cannot be re-run without the config it was run with")
+    raise ConfigError(
+        f"verify {path}: no recorded config (no config.yaml here, nor a compare's two folders up); "
+        f"a run cannot be re-run without the config it was run with"
+    )
+
+
+def _parsed(raw: Any, where: Path) -> ExperimentConfig:
+    """The recorded config ``raw`` of file ``where``; a config fedsolve cannot read is a ``ConfigError`` naming
+    the file."""
+    try:
+        return parse_config(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: not a config this fedsolve reads ({str(e).removeprefix('config: ')})") from None
 
 
 def rerun(cfg: ExperimentConfig, seed: int, last: int | None) -> list[dict[str, Any]]:
@@ -179,8 +221,13 @@ def rerun(cfg: ExperimentConfig, seed: int, last: int | None) -> list[dict[str, 
     set_threads(cfg.threads)
     spec = cfg.all_algorithms()[0]
     problem = build_problem(cfg, seed)
-    sim = Simulation(problem, build_algorithm(cfg, spec, problem), sim_cfg, seed,
-                     callbacks=[_StopAt(last)] if last is not None else [])
+    sim = Simulation(
+        problem,
+        build_algorithm(cfg, spec, problem),
+        sim_cfg,
+        seed,
+        callbacks=[_StopAt(last)] if last is not None else [],
+    )
     try:
         sim.run()
     except (_Enough, DivergenceError):
@@ -199,8 +246,10 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
     out.lines.append(code_line(summary.get("provenance")))
     now = rerun(cfg, seed, last)
     upto = done[-1] if last is None else last
-    out.lines.append(f"{path}: re-ran {summary.get('label', cfg.all_algorithms()[0].display)} seed {seed} to round "
-                     f"{upto} of {done[-1]}" + ("" if last is None else " (reduced; --full for all)"))
+    out.lines.append(
+        f"{path}: re-ran {summary.get('label', cfg.all_algorithms()[0].display)} seed {seed} to round "
+        f"{upto} of {done[-1]}" + ("" if last is None else " (reduced; --full for all)")
+    )
     mine = {r["round"]: r for r in now}
     for rec in recorded:
         if rec["round"] > upto:
@@ -221,10 +270,11 @@ def _reduced(done: list[int], rounds: int | None) -> int:
 
 
 # ------------------------------------------------------------------ compare folders
-def _verify_compare(path: Path, full: bool, cell: str | None, rounds: int | None, rtol: float, atol: float,
-                    out: Verdict) -> None:
+def _verify_compare(
+    path: Path, full: bool, cell: str | None, rounds: int | None, rtol: float, atol: float, out: Verdict
+) -> None:
     summary = read_json(path / "summary.json")
-    cfg = parse_config(read_yaml(path / "config.yaml"))
+    cfg = _parsed(read_yaml(path / "config.yaml"), path / "config.yaml")
     labels = list(summary.get("algorithms") or {})
     label = cell or (labels[0] if labels else None)
     if label not in labels:
@@ -234,14 +284,16 @@ def _verify_compare(path: Path, full: bool, cell: str | None, rounds: int | None
         raise ConfigError(f"verify --cell: {label!r} is not in {path / 'config.yaml'}")
     seeds = list(summary.get("seeds") or cfg.seeds)
     dirs = [default_run_dir(cfg, spec, s, path) for s in seeds]
-    if all(read_jsonl(d / "metrics.jsonl") for d in dirs):   # kept plain or gzipped
+    if all(read_jsonl(d / "metrics.jsonl") for d in dirs):  # kept plain or gzipped
         for d in dirs if full else dirs[:1]:
             _verify_run(d, full, rounds, rtol, atol, out)
         return
     if not full:
-        raise ConfigError(f"verify {path}: keeps no per-round logs for {label!r}, so a reduced re-run has nothing "
-                          f"to compare with; allowed: --full (re-runs {len(seeds)} seed(s) x "
-                          f"{cfg.simulation.rounds} rounds)")
+        raise ConfigError(
+            f"verify {path}: keeps no per-round logs for {label!r}, so a reduced re-run has nothing "
+            f"to compare with; allowed: --full (re-runs {len(seeds)} seed(s) x "
+            f"{cfg.simulation.rounds} rounds)"
+        )
     out.lines.append(code_line(summary.get("provenance")))
     one = cfg.model_copy(update={"algorithms": [spec], "algorithm": None})
     finals = [(rerun(one.model_copy(update={"seeds": [s]}), s, None) or [{}])[-1] for s in seeds]
@@ -257,8 +309,9 @@ def _verify_compare(path: Path, full: bool, cell: str | None, rounds: int | None
 
 
 # ------------------------------------------------------------------ suite folders
-def _verify_suite(path: Path, cell: str | None, rtol: float, atol: float, out: Verdict, full: bool = False,
-                  rounds: int | None = None) -> None:
+def _verify_suite(
+    path: Path, cell: str | None, rtol: float, atol: float, out: Verdict, full: bool = False, rounds: int | None = None
+) -> None:
     from fedsolve.experiments.suite import Context, SuiteConfig, run_cell
 
     settings = read_json(path / "suite.json")
@@ -271,12 +324,16 @@ def _verify_suite(path: Path, cell: str | None, rtol: float, atol: float, out: V
     names = [f.stem for f in files]
     key = cell or names[0]
     if key not in names:
-        raise ConfigError(f"verify --cell: {key!r} is not a cell of {path}; allowed: {names[:5]}"
-                          + (" ..." if len(names) > 5 else ""))
+        raise ConfigError(
+            f"verify --cell: {key!r} is not a cell of {path}; allowed: {names[:5]}" + (" ..." if len(names) > 5 else "")
+        )
     saved = read_json(path / "cells" / f"{key}.json")
     raw = {k: v for k, v in settings.items() if k != "resolved_experiment"}
-    suite = SuiteConfig(name=path.name, description="re-run by fedsolve verify",
-                        **{**raw, "experiment": settings["resolved_experiment"]})
+    suite = SuiteConfig(
+        name=path.name,
+        description="re-run by fedsolve verify",
+        **{**raw, "experiment": settings["resolved_experiment"]},
+    )
     out.lines.append(code_line(saved.get("provenance")))
     rows = run_cell(Context(suite, path).for_cell(saved["cell"]))
     out.lines.append(f"{path}: re-ran cell {key} ({saved['cell']}) of protocol {suite.protocol}")

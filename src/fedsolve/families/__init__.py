@@ -42,8 +42,10 @@ def check_fits(cls: type[Algorithm], problem) -> None:
     for key, fam in STRUCTURES.items():
         if key in getattr(problem, "extras", {}) and family_of(cls) != fam:
             fits = sorted(n for n, c in ALGORITHMS.items() if family_of(c) == fam)
-            raise ValueError(f"algorithm.name: {cls.name!r} is not a {fam} solver, it would ignore the problem's "
-                             f"{fam} structure (problem.kind); allowed: {fits}")
+            raise ValueError(
+                f"algorithm.name: {cls.name!r} is not a {fam} solver, it would ignore the problem's "
+                f"{fam} structure (problem.kind); allowed: {fits}"
+            )
 
 
 def get_problem_kind(name: str) -> ProblemBuilder:
@@ -54,5 +56,14 @@ def get_problem_kind(name: str) -> ProblemBuilder:
         raise ValueError(f"problem.kind: unknown {name!r}; allowed: {sorted(PROBLEM_KINDS)}") from None
 
 
-__all__ = ["ALGORITHMS", "STRUCTURES", "Algorithm", "AlgorithmConfig", "check_fits", "family_of", "get_algorithm",
-           "get_problem_kind", "register"]
+__all__ = [
+    "ALGORITHMS",
+    "STRUCTURES",
+    "Algorithm",
+    "AlgorithmConfig",
+    "check_fits",
+    "family_of",
+    "get_algorithm",
+    "get_problem_kind",
+    "register",
+]

@@ -19,8 +19,11 @@ from typing import Any
 
 from fedsolve.flower.task import RUN_CONFIG_DEFAULTS, DeploymentTask, FlowerUnsupportedError, check_supported, load_task
 
-_NEED_FLWR = {"build_server_app": "fedsolve.flower.server", "build_client_app": "fedsolve.flower.client",
-              "FlowerRun": "fedsolve.flower.server"}
+_NEED_FLWR = {
+    "build_server_app": "fedsolve.flower.server",
+    "build_client_app": "fedsolve.flower.client",
+    "FlowerRun": "fedsolve.flower.server",
+}
 _OTHER = {"simulate_with_participation": "fedsolve.flower.replay", "write_app": "fedsolve.flower.appdir"}
 
 
@@ -37,13 +40,25 @@ def __getattr__(name: str) -> Any:
 
     if name in _NEED_FLWR:
         if not flwr_available():
-            raise ImportError(f"fedsolve.flower.{name} needs Flower: pip install -e '.[flower]' in the fedsolve "
-                              f"checkout (flwr==1.42.0)")
+            raise ImportError(
+                f"fedsolve.flower.{name} needs Flower: pip install -e '.[flower]' in the fedsolve "
+                f"checkout (flwr==1.42.0)"
+            )
         return getattr(importlib.import_module(_NEED_FLWR[name]), name)
     if name in _OTHER:
         return getattr(importlib.import_module(_OTHER[name]), name)
     raise AttributeError(f"module 'fedsolve.flower' has no attribute {name!r}")
 
 
-__all__ = ["RUN_CONFIG_DEFAULTS", "DeploymentTask", "FlowerUnsupportedError", "check_supported", "load_task",
-           "build_server_app", "build_client_app", "simulate_with_participation", "write_app", "flwr_available"]
+__all__ = [
+    "RUN_CONFIG_DEFAULTS",
+    "DeploymentTask",
+    "FlowerUnsupportedError",
+    "check_supported",
+    "load_task",
+    "build_server_app",
+    "build_client_app",
+    "simulate_with_participation",
+    "write_app",
+    "flwr_available",
+]

@@ -26,8 +26,14 @@ def _toml_value(v: Any) -> str:
     return f'"{s}"'
 
 
-def write_app(app_dir: str | Path, *, name: str = "fedsolve-app", experiment: str | Path | None = None,
-              copy_experiment: bool = True, **run_config: Any) -> Path:
+def write_app(
+    app_dir: str | Path,
+    *,
+    name: str = "fedsolve-app",
+    experiment: str | Path | None = None,
+    copy_experiment: bool = True,
+    **run_config: Any,
+) -> Path:
     """Create ``app_dir/pyproject.toml`` (and copy the experiment YAML into it); returns the folder.
 
     ``run_config`` keys use underscores or dashes (``round_timeout=60`` == ``round-timeout``).

@@ -18,11 +18,12 @@ Node config: ``partition-id`` (required, the fedsolve client id), ``state-dir`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsolve.core.rng import RngStreams
@@ -37,8 +38,10 @@ META, STATE, PENDING = "fedsolve-meta", "fedsolve-state", "fedsolve-pending"
 def partition_id(context: Context, task: DeploymentTask) -> int:
     nc = context.node_config
     if "partition-id" not in nc:
-        raise ValueError("node config: `partition-id` is required (start the SuperNode with "
-                         "--node-config 'partition-id=<client id>')")
+        raise ValueError(
+            "node config: `partition-id` is required (start the SuperNode with "
+            "--node-config 'partition-id=<client id>')"
+        )
     cid = int(nc["partition-id"])
     m = task.problem.num_clients
     if not 0 <= cid < m:
@@ -57,12 +60,12 @@ class ClientStore:
         self.path = (Path(str(sd)).expanduser() / f"run{context.run_id}-client{cid}.pt") if sd else None
         st = context.state
         if META in st:
-            meta = st[META]
+            meta = cast(Mapping[str, int], st[META])  # save()'s ConfigRecord of ints
             if int(meta["client"]) != cid:
                 raise ValueError(f"context.state holds client {meta['client']}, node config says {cid}")
             self.pending_round = int(meta["pending-round"])
-            self.state = from_array_record(st[STATE]) if STATE in st else {}
-            self.pending = from_array_record(st[PENDING]) if PENDING in st else {}
+            self.state = from_array_record(cast(ArrayRecord, st[STATE])) if STATE in st else {}
+            self.pending = from_array_record(cast(ArrayRecord, st[PENDING])) if PENDING in st else {}
         elif self.path is not None and self.path.exists():
             d = torch.load(self.path, weights_only=True)
             self.state, self.pending, self.pending_round = d["state"], d["pending"], int(d["pending_round"])
@@ -95,19 +98,21 @@ class ClientStore:
         if self.path is not None:
             from fedsolve.engine.io import atomic_torch_save
 
-            atomic_torch_save({"state": self.state, "pending": self.pending, "pending_round": self.pending_round},
-                              self.path)
+            atomic_torch_save(
+                {"state": self.state, "pending": self.pending, "pending_round": self.pending_round}, self.path
+            )
 
 
 def _setup(msg: Message, context: Context) -> tuple[DeploymentTask, int, ClientStore, Any]:
     task = load_task(context.run_config, role="client")
     torch.set_num_threads(app_threads(context.run_config, task))
     cid = partition_id(context, task)
-    cfg = msg.content["config"]
-    if int(cfg["client"]) != cid:
-        raise ValueError(f"message for client {cfg['client']} reached the node of client {cid}")
+    cfg = cast(ConfigRecord, msg.content["config"])  # GridTransport._config's record (flower/server.py)
+    client = cast(int, cfg["client"])
+    if int(client) != cid:
+        raise ValueError(f"message for client {client} reached the node of client {cid}")
     store = ClientStore(context, task, cid)
-    store.resolve(int(cfg["accepted-round"]))
+    store.resolve(int(cast(int, cfg["accepted-round"])))
     return task, cid, store, cfg
 
 
@@ -118,8 +123,12 @@ def _groups(data, cid: int):
 
 
 def _plan_pads(cfg: ConfigRecord) -> dict[str, tuple[int, int]]:
-    """The ``pad-<phase>`` entries of a message's config: the simulator's plan shapes per phase."""
-    return {k[4:]: tuple(int(a) for a in v) for k, v in cfg.items() if k.startswith("pad-")}
+    """The ``pad-<phase>`` entries of a message's config: the simulator's plan shapes per phase (``[S, B]``)."""
+    return {
+        k[4:]: cast(tuple[int, int], tuple(int(a) for a in cast(list[int], v)))
+        for k, v in cfg.items()
+        if k.startswith("pad-")
+    }
 
 
 def _info(cid: int, round_: int) -> ConfigRecord:
@@ -135,9 +144,21 @@ def build_client_app() -> ClientApp:
         task = load_task(context.run_config, role="client")
         cid = partition_id(context, task)
         d = task.problem.data
-        return Message(RecordDict({"info": ConfigRecord({
-            "partition-id": cid, "n-train": int(d.train_sizes[cid]), "n-test": int(d.test_sizes[cid]),
-            "algorithm": task.algorithm.name})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "info": ConfigRecord(
+                        {
+                            "partition-id": cid,
+                            "n-train": int(d.train_sizes[cid]),
+                            "n-test": int(d.test_sizes[cid]),
+                            "algorithm": task.algorithm.name,
+                        }
+                    )
+                }
+            ),
+            reply_to=msg,
+        )
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -147,30 +168,67 @@ def build_client_app() -> ClientApp:
         x, y = data.client_train(cid)
         scale = float(cfg["scale"]) if "scale" in cfg else None
         pad = _plan_pads(cfg)
-        rows, upload, loss = client_update(algo, cid, task.problem.num_clients, data.weights[cid], x, y,
-                                           store.state, from_array_record(msg.content["msg"]),
-                                           RngStreams(task.seed), t, scale, pad, _groups(data, cid))
+        rows, upload, loss = client_update(
+            algo,
+            cid,
+            task.problem.num_clients,
+            data.weights[cid],
+            x,
+            y,
+            store.state,
+            from_array_record(cast(ArrayRecord, msg.content["msg"])),
+            RngStreams(task.seed),
+            t,
+            scale,
+            pad,
+            _groups(data, cid),
+        )
         store.set_pending(t, rows)
         store.save()
-        return Message(RecordDict({"upload": to_array_record(upload),
-                                   "metrics": MetricRecord({"train_loss": float(loss)}),
-                                   "info": _info(cid, t)}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "upload": to_array_record(upload),
+                    "metrics": MetricRecord({"train_loss": float(loss)}),
+                    "info": _info(cid, t),
+                }
+            ),
+            reply_to=msg,
+        )
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         task, cid, store, cfg = _setup(msg, context)
         store.save()
-        eval_msg = from_array_record(msg.content["msg"])
+        eval_msg = from_array_record(cast(ArrayRecord, msg.content["msg"]))
         params = client_eval_params(task.algorithm, store.state, eval_msg)
         data = task.problem.data
         pad = _plan_pads(cfg)
-        params = client_adapt(task.algorithm, params, cid, task.problem.num_clients, data.weights[cid],
-                              *data.client_train(cid), RngStreams(task.seed), int(cfg["round"]), pad,
-                              _groups(data, cid))
+        train_x, train_y = data.client_train(cid)
+        params = client_adapt(
+            task.algorithm,
+            params,
+            cid,
+            task.problem.num_clients,
+            data.weights[cid],
+            train_x,
+            train_y,
+            RngStreams(task.seed),
+            int(cfg["round"]),
+            pad,
+            _groups(data, cid),
+        )
         x, y = data.client_test(cid)
-        metrics = client_eval_metrics(task.problem, params, x, y, tuple(task.simulation.metrics),
-                                      scored_buffers(task.algorithm, store.state, eval_msg))
-        return Message(RecordDict({"metrics": MetricRecord(metrics), "info": _info(cid, int(cfg["round"]))}),
-                       reply_to=msg)
+        metrics = client_eval_metrics(
+            task.problem,
+            params,
+            x,
+            y,
+            tuple(task.simulation.metrics),
+            scored_buffers(task.algorithm, store.state, eval_msg),
+        )
+        # flwr's stubs: MetricRecord takes dict[str, <its value union>] (invariant), not a Mapping
+        rec = MetricRecord(metrics)  # type: ignore[arg-type]  # a dict[str, float] is a valid metric record
+        return Message(RecordDict({"metrics": rec, "info": _info(cid, int(cfg["round"]))}), reply_to=msg)
 
     return app

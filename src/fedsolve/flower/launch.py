@@ -77,15 +77,28 @@ class LocalFederation:
     ``env`` is added to every process' environment (e.g. ``OMP_NUM_THREADS``).
     """
 
-    def __init__(self, workdir: str | Path, num_nodes: int, *, auth: bool = False, insecure: bool = False,
-                 state_dirs: bool = True, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        workdir: str | Path,
+        num_nodes: int,
+        *,
+        auth: bool = False,
+        insecure: bool = False,
+        state_dirs: bool = True,
+        env: Mapping[str, str] | None = None,
+    ):
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.auth, self.insecure = auth, insecure
         # no telemetry / update checks (offline machines, privacy); passive OpenMP waits (spinning threads stall
         # when another process holds a core)
-        self.env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1", **(env or {})}
+        self.env = {
+            **os.environ,
+            "OMP_WAIT_POLICY": "PASSIVE",
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            **(env or {}),
+        }
         self.env.pop("FLWR_HOME", None)
         # the SuperLink/SuperNode start `flower-superexec` / `flwr-clientapp` by name: use this environment's
         bindir = str(Path(sys.executable).parent)
@@ -109,18 +122,31 @@ class LocalFederation:
     def _popen(self, cmd: list[str], log: Path, home: Path) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "FLWR_HOME": str(home)}
-        with open(log, "ab") as f:   # the child writes into its own copy of the descriptor
-            return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir),
-                                    start_new_session=True)
+        with open(log, "ab") as f:  # the child writes into its own copy of the descriptor
+            return subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(self.dir), start_new_session=True
+            )
 
     def superlink_cmd(self) -> list[str]:
-        cmd = [_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
-               "--disable-runtime-dependency-installation"]
+        cmd = [
+            _bin("flower-superlink"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-runtime-dependency-installation",
+        ]
         if self.tls is None:
             cmd += ["--insecure"]
         else:
-            cmd += ["--ssl-ca-certfile", str(self.tls["ca_cert"]), "--ssl-certfile", str(self.tls["server_cert"]),
-                    "--ssl-keyfile", str(self.tls["server_key"])]
+            cmd += [
+                "--ssl-ca-certfile",
+                str(self.tls["ca_cert"]),
+                "--ssl-certfile",
+                str(self.tls["server_cert"]),
+                "--ssl-keyfile",
+                str(self.tls["server_key"]),
+            ]
         if self.auth:
             cmd += ["--enable-supernode-auth"]
         return cmd
@@ -131,8 +157,17 @@ class LocalFederation:
 
     def node_cmd(self, n: Node, key: Path | None = None) -> list[str]:
         cfg = {"partition-id": n.partition, **n.extra_config}
-        cmd = [_bin("flower-supernode"), "--superlink", self.address, "--host", "127.0.0.1", "--port", str(n.port),
-               "--node-config", config_args(cfg)]
+        cmd = [
+            _bin("flower-supernode"),
+            "--superlink",
+            self.address,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(n.port),
+            "--node-config",
+            config_args(cfg),
+        ]
         cmd += ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls["ca_cert"])]
         key = key if key is not None else n.key
         if key is not None:
@@ -143,7 +178,7 @@ class LocalFederation:
         n = self.nodes[i]
         n.port = free_port()
         n.log = self.dir / f"node{i}.log"
-        n.key = key if key is not None else n.key   # the key it runs with: node_failure names it
+        n.key = key if key is not None else n.key  # the key it runs with: node_failure names it
         cmd = self.node_cmd(n)
         if max_wait_time is not None:
             cmd += ["--max-wait-time", str(max_wait_time)]
@@ -170,8 +205,11 @@ class LocalFederation:
         text = f"SuperNode {i} (partition-id {n.partition}) exited with code {n.proc.returncode}"
         log = n.log.read_text(errors="replace") if n.log is not None and n.log.exists() else ""
         if "Failed to activate SuperNode" in log and self.auth:
-            text += (f": the SuperLink refused to activate it (Flower's exit code 305 in {n.log.name}); its public key "
-                     f"{n.key}.pub is not registered: flwr supernode register {n.key}.pub fedsolve")
+            assert n.log is not None, "the text came from the node's log file"
+            text += (
+                f": the SuperLink refused to activate it (Flower's exit code 305 in {n.log.name}); its public key "
+                f"{n.key}.pub is not registered: flwr supernode register {n.key}.pub fedsolve"
+            )
         return text
 
     def kill_node(self, i: int) -> None:
@@ -227,11 +265,13 @@ class LocalFederation:
 
     def flwr(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess:
         env = {**self.env, "FLWR_HOME": str(self.cli_home), "COLUMNS": "200"}
-        res = subprocess.run([_bin("flwr"), *args], env=env, cwd=str(self.dir), capture_output=True, text=True,
-                             timeout=timeout)
+        res = subprocess.run(
+            [_bin("flwr"), *args], env=env, cwd=str(self.dir), capture_output=True, text=True, timeout=timeout
+        )
         if check and res.returncode != 0:
-            raise RuntimeError(f"flwr {' '.join(map(shlex.quote, args))} failed ({res.returncode}):\n"
-                               f"{res.stdout}\n{res.stderr}")
+            raise RuntimeError(
+                f"flwr {' '.join(map(shlex.quote, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+            )
         return res
 
     def register_nodes(self) -> None:
@@ -246,7 +286,7 @@ class LocalFederation:
         if run_config:
             args += ["--run-config", config_args(run_config)]
         res = self.flwr(*args)
-        out = json.loads(res.stdout[res.stdout.index("{"):])
+        out = json.loads(res.stdout[res.stdout.index("{") :])
         if not out.get("success"):
             raise RuntimeError(f"flwr run failed: {res.stdout}\n{res.stderr}")
         return int(out["run-id"])

@@ -36,14 +36,15 @@ class ParticipationSimulation(Simulation):
         return torch.as_tensor([i for i in ids.tolist() if i in self.allowed[t]], dtype=torch.long)
 
 
-def simulate_with_participation(task, participation: Sequence[Mapping[str, Any]] | None = None,
-                                executor: str = "sequential"):
+def simulate_with_participation(
+    task, participation: Sequence[Mapping[str, Any]] | None = None, executor: str = "sequential"
+):
     """Run the task's simulation; ``participation`` = the deployment's ``participation.json``.
 
     Returns ``(RunResult, simulation)``. The task's algorithm object (wrappers included) is copied so the run starts
     fresh.
     """
-    algo = fresh(without_buffers(task.algorithm))   # the simulation keeps the running statistics itself
+    algo = fresh(without_buffers(task.algorithm))  # the simulation keeps the running statistics itself
     cfg = task.simulation.model_copy(update={"executor": executor})
     allowed = None if participation is None else {int(p["round"]): p["participants"] for p in participation}
     sim = ParticipationSimulation(task.problem, algo, cfg, task.seed, allowed=allowed)

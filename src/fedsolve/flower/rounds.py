@@ -59,12 +59,20 @@ def weighted_train_loss(losses: Tensor, weights: Tensor) -> float:
 def local_offsets(cid: int, num_clients: int, n: int) -> Tensor:
     """Offsets that give client ``cid`` rows ``0:n`` (its node's own tensors) and others none."""
     off = torch.zeros(num_clients + 1, dtype=torch.long)
-    off[cid + 1:] = n
+    off[cid + 1 :] = n
     return off
 
 
-def plan_shapes(algorithm, train_offsets: Tensor, ids: Tensor, rngs: RngStreams, t: int,
-                scale: Tensor | None, phases: Mapping | None = None, groups=None) -> dict[str, tuple[int, int]]:
+def plan_shapes(
+    algorithm,
+    train_offsets: Tensor,
+    ids: Tensor,
+    rngs: RngStreams,
+    t: int,
+    scale: Tensor | None,
+    phases: Mapping | None = None,
+    groups=None,
+) -> dict[str, tuple[int, int]]:
     """``{phase: (S, B)}``: steps and batch width of round ``t``'s stacked plan over ``ids`` for
     ``phases`` (default: the round's ``algorithm.work(t)``).
 
@@ -73,8 +81,7 @@ def plan_shapes(algorithm, train_offsets: Tensor, ids: Tensor, rngs: RngStreams,
     so the node pads its own plan the same way to get bit-identical gradients. Needs only the
     clients' sizes (offsets) and, for phases on a row group, the rows' group ids (``groups``), no data.
     """
-    plans = build_plans(algorithm.work(t) if phases is None else phases, train_offsets, ids, rngs, t, scale,
-                        groups)
+    plans = build_plans(algorithm.work(t) if phases is None else phases, train_offsets, ids, rngs, t, scale, groups)
     return {p: (int(pl.idx.shape[1]), int(pl.idx.shape[2])) for p, pl in plans.items()}
 
 
@@ -91,9 +98,20 @@ def _pad(pl: Plan, S: int, B: int) -> Plan:
     return Plan(idx, w, act)
 
 
-def _client_context(algorithm, phases: Mapping, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
-                    train_y: Tensor, rngs: RngStreams, t: int, scale: float | None,
-                    pad: Mapping[str, tuple[int, int]] | None, groups=None) -> LocalContext:
+def _client_context(
+    algorithm,
+    phases: Mapping,
+    cid: int,
+    num_clients: int,
+    weight: Tensor,
+    train_x: Tensor,
+    train_y: Tensor,
+    rngs: RngStreams,
+    t: int,
+    scale: float | None,
+    pad: Mapping[str, tuple[int, int]] | None,
+    groups=None,
+) -> LocalContext:
     """ONE client's ``LocalContext`` for ``phases`` in round ``t`` on its own data: the minibatch plan is
     drawn from the client's own stream ``("batches", t, cid, phase)`` and padded to the ``pad`` shapes."""
     n = int(train_x.shape[0])
@@ -102,25 +120,44 @@ def _client_context(algorithm, phases: Mapping, cid: int, num_clients: int, weig
     plans = build_plans(phases, local_offsets(cid, num_clients, n), ids, rngs, t, sc, groups)
     if pad:
         plans = {p: _pad(pl, *pad[p]) if p in pad else pl for p, pl in plans.items()}
-    ctx = LocalContext(algorithm.problem, {p: pl.row(0) for p, pl in plans.items()},
-                       torch.tensor(float(n), dtype=torch.float32), weight.to(torch.float32), ids[0],
-                       train_x, train_y, t)
+    ctx = LocalContext(
+        algorithm.problem,
+        {p: pl.row(0) for p, pl in plans.items()},
+        torch.tensor(float(n), dtype=torch.float32),
+        weight.to(torch.float32),
+        ids[0],
+        train_x,
+        train_y,
+        t,
+    )
     ctx.eager = True  # the sequential executor's path, so deployment == simulation bit for bit
     return ctx
 
 
-def client_update(algorithm, cid: int, num_clients: int, weight: Tensor, train_x: Tensor, train_y: Tensor,
-                  state: Mapping[str, Tensor], msg: Mapping[str, Tensor], rngs: RngStreams, t: int,
-                  scale: float | None, pad: Mapping[str, tuple[int, int]] | None = None, groups=None
-                  ) -> tuple[Record, Record, Tensor]:
+def client_update(
+    algorithm,
+    cid: int,
+    num_clients: int,
+    weight: Tensor,
+    train_x: Tensor,
+    train_y: Tensor,
+    state: Mapping[str, Tensor],
+    msg: Mapping[str, Tensor],
+    rngs: RngStreams,
+    t: int,
+    scale: float | None,
+    pad: Mapping[str, tuple[int, int]] | None = None,
+    groups=None,
+) -> tuple[Record, Record, Tensor]:
     """ONE client's ``local_update`` in round ``t`` on its own data: (new rows, upload, train loss).
 
     Mirrors ``SequentialExecutor.run`` for one client; the minibatch plan is drawn from the
     client's own stream ``("batches", t, cid, phase)`` and padded to the round's ``pad`` shapes.
     ``groups``: ``(the client's train_groups, group_names)`` when phases draw from row groups.
     """
-    ctx = _client_context(algorithm, algorithm.work(t), cid, num_clients, weight, train_x, train_y, rngs, t,
-                          scale, pad, groups)
+    ctx = _client_context(
+        algorithm, algorithm.work(t), cid, num_clients, weight, train_x, train_y, rngs, t, scale, pad, groups
+    )
     new_state, upload = carry_out(algorithm.local_update(dict(state), dict(msg), ctx), ctx)
     return new_state, upload, ctx.train_loss
 
@@ -129,21 +166,38 @@ def client_eval_params(algorithm, state: Mapping[str, Tensor], eval_msg: Mapping
     return algorithm.eval_model(dict(state), dict(eval_msg))
 
 
-def client_adapt(algorithm, params: Tensor, cid: int, num_clients: int, weight: Tensor, train_x: Tensor,
-                 train_y: Tensor, rngs: RngStreams, t: int, pad: Mapping[str, tuple[int, int]] | None = None,
-                 groups=None) -> Tensor:
+def client_adapt(
+    algorithm,
+    params: Tensor,
+    cid: int,
+    num_clients: int,
+    weight: Tensor,
+    train_x: Tensor,
+    train_y: Tensor,
+    rngs: RngStreams,
+    t: int,
+    pad: Mapping[str, tuple[int, int]] | None = None,
+    groups=None,
+) -> Tensor:
     """ONE client's evaluation-time adaptation after ``t`` rounds, as ``Simulation.eval_params`` runs it: ``params``
     is what ``eval_model`` returned, a ``Descend`` statement (e.g. Per-FedAvg's) carried out on the phases of
     ``work(None)``, or the parameters themselves."""
     if not isinstance(params, Descend):
         return params
-    ctx = _client_context(algorithm, algorithm.work(None), cid, num_clients, weight, train_x, train_y, rngs, t,
-                          None, pad, groups)
+    ctx = _client_context(
+        algorithm, algorithm.work(None), cid, num_clients, weight, train_x, train_y, rngs, t, None, pad, groups
+    )
     return ctx.descend(params)
 
 
-def client_eval_metrics(problem, params: Tensor, test_x: Tensor, test_y: Tensor,
-                        which: tuple[str, ...], buffers: Mapping[str, Tensor] | None = None) -> dict[str, float]:
+def client_eval_metrics(
+    problem,
+    params: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    which: tuple[str, ...],
+    buffers: Mapping[str, Tensor] | None = None,
+) -> dict[str, float]:
     """Per-client test metrics (``simulation.metrics.client_metrics``) of flat ``params`` (and the client's
     BatchNorm running statistics ``buffers``, ``engine.buffers.scored_buffers``; None: the model's own)."""
     model, layout = problem.model, problem.layout

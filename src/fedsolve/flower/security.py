@@ -45,8 +45,9 @@ def _san(hosts: Iterable[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
-def make_tls(out_dir: str | Path, hosts: Iterable[str] = ("127.0.0.1", "localhost"), days: int = 365
-             ) -> dict[str, Path]:
+def make_tls(
+    out_dir: str | Path, hosts: Iterable[str] = ("127.0.0.1", "localhost"), days: int = 365
+) -> dict[str, Path]:
     """Write ``ca.crt``, ``ca.key``, ``server.pem``, ``server.key`` into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -54,34 +55,59 @@ def make_tls(out_dir: str | Path, hosts: Iterable[str] = ("127.0.0.1", "localhos
     now = _dt.datetime.now(_dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedsolve Flower CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - _dt.timedelta(minutes=5))
-          .not_valid_after(now + _dt.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _dt.timedelta(minutes=5))
+        .not_valid_after(now + _dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - _dt.timedelta(minutes=5)).not_valid_after(now + _dt.timedelta(days=days))
-            .add_extension(_san(hosts), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _dt.timedelta(minutes=5))
+        .not_valid_after(now + _dt.timedelta(days=days))
+        .add_extension(_san(hosts), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
-    pk = dict(encoding=pem, format=serialization.PrivateFormat.PKCS8,
-              encryption_algorithm=serialization.NoEncryption())
-    paths = {"ca_cert": out / "ca.crt", "ca_key": out / "ca.key", "server_cert": out / "server.pem",
-             "server_key": out / "server.key"}
+    pk = (pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())  # encoding, format, encryption
+    paths = {
+        "ca_cert": out / "ca.crt",
+        "ca_key": out / "ca.key",
+        "server_cert": out / "server.pem",
+        "server_key": out / "server.key",
+    }
     _write(paths["ca_cert"], ca.public_bytes(pem))
-    _write(paths["ca_key"], ca_key.private_bytes(**pk), private=True)
+    _write(paths["ca_key"], ca_key.private_bytes(*pk), private=True)
     _write(paths["server_cert"], cert.public_bytes(pem))
-    _write(paths["server_key"], key.private_bytes(**pk), private=True)
+    _write(paths["server_key"], key.private_bytes(*pk), private=True)
     return paths
 
 
@@ -93,9 +119,15 @@ def make_node_keys(out_dir: str | Path, names: Iterable[str]) -> dict[str, tuple
     for n in names:
         k = ec.generate_private_key(ec.SECP384R1())
         priv, pub = out / n, out / f"{n}.pub"
-        _write(priv, k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                     serialization.NoEncryption()), private=True)
-        _write(pub, k.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                serialization.PublicFormat.OpenSSH) + b"\n")
+        _write(
+            priv,
+            k.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            ),
+            private=True,
+        )
+        _write(
+            pub, k.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+        )
         res[n] = (priv, pub)
     return res

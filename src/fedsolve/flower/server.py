@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover
     def log(msg: str, *args: Any, level: int = INFO) -> None:
         logging.getLogger("fedsolve.flower").log(level, msg, *args)
 
+
 #: How often the server polls the SuperLink for replies (Flower's own helper sleeps 3 s).
 POLL_S = 0.2
 
@@ -89,13 +90,18 @@ class NodeRegistry:
         """Ask new nodes for their partition; collect answers for up to ``wait`` seconds."""
         self.online = set(int(n) for n in self.grid.get_node_ids())
         now = time.monotonic()
-        new = [n for n in self.online if n not in self.client_node.values()
-               and now - self.asked.get(n, -1e9) > 60.0]
+        new = [n for n in self.online if n not in self.client_node.values() and now - self.asked.get(n, -1e9) > 60.0]
         msgs = []
         for n in new:
             self.asked[n] = now
-            msgs.append(Message(RecordDict({"config": ConfigRecord({"op": "hello"})}), dst_node_id=n,
-                                message_type=MessageType.QUERY, ttl=120.0))
+            msgs.append(
+                Message(
+                    RecordDict({"config": ConfigRecord({"op": "hello"})}),
+                    dst_node_id=n,
+                    message_type=MessageType.QUERY,
+                    ttl=120.0,
+                )
+            )
         if msgs:
             for mid, msg in zip(self.grid.push_messages(msgs), msgs):
                 self.pending[mid] = msg.metadata.dst_node_id
@@ -106,10 +112,9 @@ class NodeRegistry:
                 if node is None or rep.has_error():
                     continue
                 info = rep.content["info"]
-                cid = int(cast(int, info["partition-id"]))   # the ClientApp's query answer (flower/client.py)
+                cid = int(cast(int, info["partition-id"]))  # the ClientApp's query answer (flower/client.py)
                 if not 0 <= cid < self.m:
-                    log("node %s reports partition-id %s outside 0..%s; ignored", node, cid, self.m - 1,
-                        level=WARNING)
+                    log("node %s reports partition-id %s outside 0..%s; ignored", node, cid, self.m - 1, level=WARNING)
                     continue
                 old = self.client_node.get(cid)
                 if old is not None and old != node:
@@ -133,22 +138,39 @@ class NodeRegistry:
                 break
             if now >= tick:
                 tick = now + every
-                log("waiting for nodes: %s of %s clients have a node (%s nodes connected; %.0f s of wait-for-nodes "
-                    "left)", len(self.live_clients()), self.m, len(self.online), end - now)
+                log(
+                    "waiting for nodes: %s of %s clients have a node (%s nodes connected; %.0f s of wait-for-nodes "
+                    "left)",
+                    len(self.live_clients()),
+                    self.m,
+                    len(self.online),
+                    end - now,
+                )
                 if not warned and not self.pending and len(self.online) < self.m:
                     warned = True
-                    log("%s SuperNodes are connected for %s clients (data.num_clients) and each node holds one "
+                    log(
+                        "%s SuperNodes are connected for %s clients (data.num_clients) and each node holds one "
                         "client: unless %s more nodes join, the run starts after wait-for-nodes with clients %s "
                         "only. Start one SuperNode per client (partition-id 0..%s), or make the clients match the "
                         "nodes: add data.num_clients=%s to the run config's overrides (flwr run APP FEDERATION "
-                        "--run-config 'overrides=\"data.num_clients=%s\"')", len(self.online), self.m,
-                        self.m - len(self.online), sorted(self.live_clients()), self.m - 1, len(self.online),
-                        len(self.online), level=WARNING)
+                        "--run-config 'overrides=\"data.num_clients=%s\"')",
+                        len(self.online),
+                        self.m,
+                        self.m - len(self.online),
+                        sorted(self.live_clients()),
+                        self.m - 1,
+                        len(self.online),
+                        len(self.online),
+                        level=WARNING,
+                    )
             time.sleep(0.5)
         missing = sorted(set(range(self.m)) - set(self.live_clients()))
         if missing:
-            log("starting without nodes for clients %s (they count as not selected until they join)", missing,
-                level=WARNING)
+            log(
+                "starting without nodes for clients %s (they count as not selected until they join)",
+                missing,
+                level=WARNING,
+            )
 
     def live_clients(self) -> dict[int, int]:
         return {c: n for c, n in self.client_node.items() if n in self.online}
@@ -167,7 +189,7 @@ class GridTransport(Transport):
         self.round_timeout = float(run_config_value(rc, "round-timeout"))
         self.eval_timeout = float(run_config_value(rc, "eval-timeout"))
         self.wait_for_nodes = float(run_config_value(rc, "wait-for-nodes"))
-        self.accepted = [-1] * m   # last round whose upload of client i was aggregated
+        self.accepted = [-1] * m  # last round whose upload of client i was aggregated
         self.participation: list[dict[str, Any]] = []
         self._sampled: list[int] = []
 
@@ -176,19 +198,25 @@ class GridTransport(Transport):
 
     # ---------------------------------------------------------------- messages
     def _config(self, cid: int, round_: int, **extra) -> ConfigRecord:
-        return ConfigRecord({"round": int(round_), "client": int(cid), "accepted-round": int(self.accepted[cid]),
-                             **extra})
+        return ConfigRecord(
+            {"round": int(round_), "client": int(cid), "accepted-round": int(self.accepted[cid]), **extra}
+        )
 
     def _message(self, node: int, kind: str, rec: dict, cfg: ConfigRecord, round_: int, ttl: float) -> Message:
-        return Message(RecordDict({"msg": to_array_record(rec), "config": cfg}), dst_node_id=node,
-                       message_type=kind, ttl=max(ttl, 30.0), group_id=str(round_))
+        return Message(
+            RecordDict({"msg": to_array_record(rec), "config": cfg}),
+            dst_node_id=node,
+            message_type=kind,
+            ttl=max(ttl, 30.0),
+            group_id=str(round_),
+        )
 
     @staticmethod
     def _client_of(rep: Message) -> int | None:
         if rep.has_error():
             return None
         try:
-            return int(cast(Mapping[str, int], rep.content["info"])["client"])   # the ClientApp's _info record
+            return int(cast(Mapping[str, int], rep.content["info"])["client"])  # the ClientApp's _info record
         except KeyError:
             return None
 
@@ -212,8 +240,11 @@ class GridTransport(Transport):
         out = []
         for k, cid in enumerate(sent):
             extra = dict(pad) if scale is None else {**pad, "scale": float(scale[k])}
-            out.append(self._message(live[cid], MessageType.TRAIN, row(msgs, k), self._config(cid, t, **extra), t,
-                                     2 * self.round_timeout))
+            out.append(
+                self._message(
+                    live[cid], MessageType.TRAIN, row(msgs, k), self._config(cid, t, **extra), t, 2 * self.round_timeout
+                )
+            )
         replies = send_and_receive(self.grid, out, self.round_timeout)
         got: dict[int, Message] = {}
         for rep in replies:
@@ -222,19 +253,30 @@ class GridTransport(Transport):
                 got[cid] = rep
         errors = [r.error.reason for r in replies if r.has_error()]
         if errors:
-            log("round %s: %s error replies (treated as not selected): %s", t + 1, len(errors), errors[:3],
-                level=WARNING)
+            log(
+                "round %s: %s error replies (treated as not selected): %s",
+                t + 1,
+                len(errors),
+                errors[:3],
+                level=WARNING,
+            )
         part = sorted(got)
         self.participation.append({"round": t, "sampled": self._sampled, "sent": sent, "participants": part})
         if len(part) < len(sent):
-            log("round %s: clients %s did not answer within %.0f s; treated as not selected", t + 1,
-                sorted(set(sent) - set(part)), self.round_timeout, level=WARNING)
+            log(
+                "round %s: clients %s did not answer within %.0f s; treated as not selected",
+                t + 1,
+                sorted(set(sent) - set(part)),
+                self.round_timeout,
+                level=WARNING,
+            )
         for c in part:
             self.accepted[c] = t
         answered = torch.as_tensor([sent.index(c) for c in part], dtype=torch.long)
-        uploads = (stack_rows([from_array_record(cast(ArrayRecord, got[c].content["upload"])) for c in part])
-                   if part else {})
-        metrics = [cast(Mapping[str, float], got[c].content["metrics"]) for c in part]   # {"train_loss": float}
+        uploads = (
+            stack_rows([from_array_record(cast(ArrayRecord, got[c].content["upload"])) for c in part]) if part else {}
+        )
+        metrics = [cast(Mapping[str, float], got[c].content["metrics"]) for c in part]  # {"train_loss": float}
         losses = torch.tensor([float(mr.get("train_loss", float("nan"))) for mr in metrics], dtype=torch.float64)
         return answered, uploads, losses
 
@@ -244,12 +286,33 @@ class GridTransport(Transport):
         m = sim.problem.num_clients
         ids = torch.arange(m)
         emsg = sim.algo.broadcast(sim.server, ids, None)
-        phases = sim.algo.work(None)   # evaluation-time adaptation: plans padded as the simulator's
-        shapes = plan_shapes(sim.algo, sim.problem.data.train_offsets, ids, sim.rngs, round_, None,
-                             phases, sim.problem.data.row_groups) if phases else {}
+        phases = sim.algo.work(None)  # evaluation-time adaptation: plans padded as the simulator's
+        shapes = (
+            plan_shapes(
+                sim.algo,
+                sim.problem.data.train_offsets,
+                ids,
+                sim.rngs,
+                round_,
+                None,
+                phases,
+                sim.problem.data.row_groups,
+            )
+            if phases
+            else {}
+        )
         pad = {f"pad-{p}": [S, B] for p, (S, B) in shapes.items()}
-        out = [self._message(live[c], MessageType.EVALUATE, row(emsg, c), self._config(c, round_, **pad), round_,
-                             2 * self.eval_timeout) for c in sorted(live)]
+        out = [
+            self._message(
+                live[c],
+                MessageType.EVALUATE,
+                row(emsg, c),
+                self._config(c, round_, **pad),
+                round_,
+                2 * self.eval_timeout,
+            )
+            for c in sorted(live)
+        ]
         per: dict[int, dict[str, float]] = {}
         for rep in send_and_receive(self.grid, out, self.eval_timeout):
             cid = self._client_of(rep)
@@ -300,8 +363,14 @@ class FlowerRun:
         callbacks: list[Callback] = [_Log(self.task.simulation), _Files(self)]
         if self.out is not None:
             callbacks.insert(0, JsonlLogger(self.out / "metrics.jsonl", self.out / "timings.jsonl"))
-        self.sim = Simulation(problem, self.task.algorithm, self.task.simulation, self.task.seed,
-                              callbacks=callbacks, transport=self.transport)
+        self.sim = Simulation(
+            problem,
+            self.task.algorithm,
+            self.task.simulation,
+            self.task.seed,
+            callbacks=callbacks,
+            transport=self.transport,
+        )
 
     def _write(self, status: str, message: str = "") -> None:
         if self.out is None:
@@ -313,23 +382,36 @@ class FlowerRun:
         atomic_write_text(self.out / "per_client.json", json.dumps({str(k): v for k, v in per.items()}))
         if status != "running":
             sim, task = self.sim, self.task
-            atomic_write_text(self.out / "summary.json", json.dumps({
-                "status": status, "message": message,
-                "task": task.name if task else None, "seed": task.seed if task else None,
-                "algorithm": task.algorithm.name if task else None,
-                "rounds": task.simulation.rounds if task else None,
-                "final": self.history[-1] if self.history else {},
-                "communication": sim.ledger.state_dict() if sim else {},
-                "round_times": sim.round_times if sim else [],
-                "nodes": {str(c): n for c, n in t.registry.client_node.items()} if t else {},
-            }, indent=2))
+            atomic_write_text(
+                self.out / "summary.json",
+                json.dumps(
+                    {
+                        "status": status,
+                        "message": message,
+                        "task": task.name if task else None,
+                        "seed": task.seed if task else None,
+                        "algorithm": task.algorithm.name if task else None,
+                        "rounds": task.simulation.rounds if task else None,
+                        "final": self.history[-1] if self.history else {},
+                        "communication": sim.ledger.state_dict() if sim else {},
+                        "round_times": sim.round_times if sim else [],
+                        "nodes": {str(c): n for c, n in t.registry.client_node.items()} if t else {},
+                    },
+                    indent=2,
+                ),
+            )
 
     def run(self) -> list[dict[str, Any]]:
         try:
             self.setup()
             assert self.task is not None and self.sim is not None, "setup() sets them"
-            log("task %s: %s clients, %s rounds, seed %s", self.task.name, self.task.problem.num_clients,
-                self.task.simulation.rounds, self.task.seed)
+            log(
+                "task %s: %s clients, %s rounds, seed %s",
+                self.task.name,
+                self.task.problem.num_clients,
+                self.task.simulation.rounds,
+                self.task.seed,
+            )
             self.sim.run()
         except BaseException as e:
             self._write("failed", f"{type(e).__name__}: {e}")
@@ -352,8 +434,15 @@ class _Log:
         log("round %s/%s: %s participants%s", round_ + 1, self.cfg.rounds, info["clients"], loss)
 
     def on_eval(self, sim, record):
-        log("eval round %s: %s", record["round"], {k: round(v, 4) for k, v in record.items()
-                                                    if k.startswith("test_") and not k.endswith(("_std", "_worst10"))})
+        log(
+            "eval round %s: %s",
+            record["round"],
+            {
+                k: round(v, 4)
+                for k, v in record.items()
+                if k.startswith("test_") and not k.endswith(("_std", "_worst10"))
+            },
+        )
 
     def on_end(self, sim):
         pass

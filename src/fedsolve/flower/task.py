@@ -32,16 +32,16 @@ from fedsolve.engine.loop import SimulationConfig
 #: ``pyproject.toml`` by ``python -m fedsolve.flower new-app``; ``flwr run --run-config`` can only
 #: override keys declared there).
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {
-    "experiment": "",        # path to an experiment YAML
-    "algorithm": "",         # algorithm name or label inside the experiment ("" = its only/first one)
-    "seed": -1,              # -1 = the experiment's first seed
-    "overrides": "",         # space-separated dotted overrides, e.g. "simulation.rounds=5"
-    "task": "",              # "module:function" alternative to `experiment`
+    "experiment": "",  # path to an experiment YAML
+    "algorithm": "",  # algorithm name or label inside the experiment ("" = its only/first one)
+    "seed": -1,  # -1 = the experiment's first seed
+    "overrides": "",  # space-separated dotted overrides, e.g. "simulation.rounds=5"
+    "task": "",  # "module:function" alternative to `experiment`
     "round-timeout": 120.0,  # seconds the server waits for a round's uploads; late = not selected
-    "eval-timeout": 120.0,   # seconds the server waits for evaluation replies
+    "eval-timeout": 120.0,  # seconds the server waits for evaluation replies
     "wait-for-nodes": 300.0,  # seconds to wait at start until every client's node has joined
-    "results-dir": "",       # where the ServerApp writes metrics.jsonl, participation.json, summary.json
-    "threads": 0,            # torch threads per app process; 0: the experiment's `threads`, as the simulation
+    "results-dir": "",  # where the ServerApp writes metrics.jsonl, participation.json, summary.json
+    "threads": 0,  # torch threads per app process; 0: the experiment's `threads`, as the simulation
 }
 
 
@@ -67,22 +67,29 @@ def run_config_value(cfg: Mapping[str, Any], key: str) -> Any:
 def check_supported(algo: Algorithm) -> None:
     """Raise :class:`FlowerUnsupportedError` for algorithms the synchronous adapter cannot run."""
     name = getattr(algo, "name", type(algo).__name__)
-    if getattr(algo, "asynchronous", False) or getattr(algo, "synchronous", True) is False or \
-            str(name).lower().startswith("async"):
+    if (
+        getattr(algo, "asynchronous", False)
+        or getattr(algo, "synchronous", True) is False
+        or str(name).lower().startswith("async")
+    ):
         raise FlowerUnsupportedError(
             f"algorithm {name!r} is asynchronous: its server applies each client's upload as it arrives "
             "(staleness, per-arrival updates), while the fedsolve Flower adapter runs synchronous rounds "
             "(sample -> broadcast -> all uploads -> aggregate). Run its synchronous variant on Flower, or "
-            "simulate it with `fedsolve run`.")
+            "simulate it with `fedsolve run`."
+        )
     base = Algorithm
     for fn in ("init", "broadcast", "local_update", "aggregate", "eval_model"):
         if getattr(type(algo), fn) is getattr(base, fn):
-            raise FlowerUnsupportedError(f"algorithm {name!r} does not implement `{fn}`, which the Flower "
-                                         "adapter needs (see fedsolve.engine.algorithm)")
+            raise FlowerUnsupportedError(
+                f"algorithm {name!r} does not implement `{fn}`, which the Flower "
+                "adapter needs (see fedsolve.engine.algorithm)"
+            )
     if getattr(algo, "server_reads_client_state", False):
         raise FlowerUnsupportedError(
             f"algorithm {name!r} reads client state on the server, which does not exist in a deployment "
-            "(client state lives on its node in `context.state`)")
+            "(client state lives on its node in `context.state`)"
+        )
 
 
 def _resolve_path(p: str) -> Path:
@@ -93,8 +100,10 @@ def _resolve_path(p: str) -> Path:
     for c in candidates:
         if c.exists():
             return c
-    raise FileNotFoundError(f"run config `experiment`: {p!r} not found in the current folder or the Flower app "
-                            "folder; give an absolute path or ship the YAML inside the app folder")
+    raise FileNotFoundError(
+        f"run config `experiment`: {p!r} not found in the current folder or the Flower app "
+        "folder; give an absolute path or ship the YAML inside the app folder"
+    )
 
 
 def _from_experiment(path: str, algorithm: str, seed: int, overrides: str) -> DeploymentTask:
@@ -108,18 +117,23 @@ def _from_experiment(path: str, algorithm: str, seed: int, overrides: str) -> De
     if algorithm:
         match = [s for s in specs if algorithm in (s.name, s.display)]
         if not match:
-            raise ValueError(f"run config `algorithm`: {algorithm!r} is not in the experiment; allowed: "
-                             f"{[s.display for s in specs]}")
+            raise ValueError(
+                f"run config `algorithm`: {algorithm!r} is not in the experiment; allowed: {[s.display for s in specs]}"
+            )
         spec = match[0]
     else:
         if len(specs) > 1:
-            raise ValueError(f"run config `algorithm`: the experiment lists several algorithms; choose one of "
-                             f"{[s.display for s in specs]}")
+            raise ValueError(
+                f"run config `algorithm`: the experiment lists several algorithms; choose one of "
+                f"{[s.display for s in specs]}"
+            )
         spec = specs[0]
     if spec.tune is not None:
-        raise ValueError(f"algorithm {spec.display!r} has `tune:` ({spec.tune.param} over {spec.tune.grid}); tuning "
-                         f"runs in simulation (`fedsolve compare`): put the chosen value in its params for a "
-                         f"deployment, e.g. override algorithms.<i>.tune=null")
+        raise ValueError(
+            f"algorithm {spec.display!r} has `tune:` ({spec.tune.param} over {spec.tune.grid}); tuning "
+            f"runs in simulation (`fedsolve compare`): put the chosen value in its params for a "
+            f"deployment, e.g. override algorithms.<i>.tune=null"
+        )
     s = cfg.seeds[0] if seed is None or int(seed) < 0 else int(seed)
     problem = build_problem(cfg, s)
     algo = build_algorithm(cfg, spec, problem)
@@ -136,8 +150,10 @@ def _from_factory(ref: str) -> DeploymentTask:
     if isinstance(out, tuple) and len(out) == 4:
         problem, algo, sim, seed = out
         return DeploymentTask(problem, algo, sim, int(seed), name=getattr(algo, "name", "task"))
-    raise TypeError(f"run config `task`: {ref} must return a DeploymentTask or (problem, algorithm, "
-                    f"simulation_config, seed), got {type(out).__name__}")
+    raise TypeError(
+        f"run config `task`: {ref} must return a DeploymentTask or (problem, algorithm, "
+        f"simulation_config, seed), got {type(out).__name__}"
+    )
 
 
 _CACHE: dict[tuple, DeploymentTask] = {}
@@ -154,17 +170,30 @@ def load_task(run_config: Mapping[str, Any], role: str = "any") -> DeploymentTas
     ``role`` ("server" / "client") keeps the ServerApp's and the ClientApp's algorithm objects apart
     when both run in one process (tests), as they are in a deployment.
     """
-    key = (role, *sorted((k, str(run_config.get(k, v))) for k, v in RUN_CONFIG_DEFAULTS.items()
-                         if k in ("experiment", "algorithm", "seed", "overrides", "task")))
+    key = (
+        role,
+        *sorted(
+            (k, str(run_config.get(k, v)))
+            for k, v in RUN_CONFIG_DEFAULTS.items()
+            if k in ("experiment", "algorithm", "seed", "overrides", "task")
+        ),
+    )
     if key in _CACHE:
         return _CACHE[key]
     register_all_algorithms()
     exp, ref = str(run_config_value(run_config, "experiment")), str(run_config_value(run_config, "task"))
     if bool(exp) == bool(ref):
         raise ValueError("run config: give exactly one of `experiment` (a YAML path) or `task` ('module:function')")
-    task = (_from_experiment(exp, str(run_config_value(run_config, "algorithm")),
-                             int(run_config_value(run_config, "seed")), str(run_config_value(run_config, "overrides")))
-            if exp else _from_factory(ref))
+    task = (
+        _from_experiment(
+            exp,
+            str(run_config_value(run_config, "algorithm")),
+            int(run_config_value(run_config, "seed")),
+            str(run_config_value(run_config, "overrides")),
+        )
+        if exp
+        else _from_factory(ref)
+    )
     check_supported(task.algorithm)
     _CACHE[key] = task
     return task

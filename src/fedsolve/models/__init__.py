@@ -39,6 +39,15 @@ class MLP(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int] = (200, 200)):
         super().__init__()
+        if (
+            isinstance(hidden, (str, bytes, dict))
+            or not isinstance(hidden, Sequence)
+            or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden)
+        ):
+            raise ValueError(
+                f"hidden: expected a list of layer widths, each a whole number >= 1 (e.g. [200, 200]; "
+                f"[] for none), got {hidden!r}"
+            )
         layers: list[nn.Module] = []
         d = in_dim
         for h in hidden:
@@ -59,11 +68,15 @@ class LeNet(nn.Module):
     """
 
     GROUPS = {  # noqa: RUF012  (the default, CifarCNN's too: an instance with other fc layers replaces it)
-        "body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc2.*"], "last": ["fc2.*"]}
+        "body": ["conv1.*", "conv2.*"],
+        "head": ["fc1.*", "fc2.*"],
+        "last": ["fc2.*"],
+    }
     INPUT = "image"
 
-    def __init__(self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120,
-                 fc_hidden2: int = 0):
+    def __init__(
+        self, in_shape: Sequence[int] = (1, 28, 28), out_dim: int = 10, fc_hidden: int = 120, fc_hidden2: int = 0
+    ):
         """``fc_hidden2`` > 0 adds a second hidden fc layer (``fc_mid``): conv-pool-conv-pool-fc-fc-fc, the 7-layer
         LeNet-5 of the SimFBO paper's CNN run (fc 120 -> 84 -> out)."""
         super().__init__()
@@ -76,11 +89,14 @@ class LeNet(nn.Module):
             n = self._features(torch.zeros(1, c, h, w)).shape[1]
         self.fc_mid = None
         if fc_hidden:
-            self.fc1 = nn.Linear(n, fc_hidden)
+            self.fc1: nn.Linear | None = nn.Linear(n, fc_hidden)
             if fc_hidden2:
                 self.fc_mid = nn.Linear(fc_hidden, fc_hidden2)
-                self.GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc1.*", "fc_mid.*", "fc2.*"],
-                               "last": ["fc2.*"]}
+                self.GROUPS = {
+                    "body": ["conv1.*", "conv2.*"],
+                    "head": ["fc1.*", "fc_mid.*", "fc2.*"],
+                    "last": ["fc2.*"],
+                }
             self.fc2 = nn.Linear(fc_hidden2 or fc_hidden, out_dim)
         else:
             self.fc1 = None
@@ -88,7 +104,7 @@ class LeNet(nn.Module):
             self.GROUPS = {"body": ["conv1.*", "conv2.*"], "head": ["fc2.*"], "last": ["fc2.*"]}
 
     def _features(self, x):
-        x = max_pool2x2(torch.relu(self.conv1(x)))   # torch.max_pool2d(., 2), compiled forward on CPU
+        x = max_pool2x2(torch.relu(self.conv1(x)))  # torch.max_pool2d(., 2), compiled forward on CPU
         x = max_pool2x2(torch.relu(self.conv2(x)))
         return x.flatten(1)
 
@@ -110,8 +126,13 @@ class CifarCNN(LeNet):
     parameters, as in the authors' model (spec sec. 2.4).
     """
 
-    def __init__(self, in_shape: Sequence[int] = (3, 32, 32), out_dim: int = 10, channels: Sequence[int] = (16, 32),
-                 fc_hidden: int = 128):
+    def __init__(
+        self,
+        in_shape: Sequence[int] = (3, 32, 32),
+        out_dim: int = 10,
+        channels: Sequence[int] = (16, 32),
+        fc_hidden: int = 128,
+    ):
         nn.Module.__init__(self)
         c, h, w = in_shape
         if len(channels) != 2 or min(channels) < 1:
@@ -128,18 +149,26 @@ MODELS: dict[str, tuple[Callable[..., nn.Module], str]] = {
     "mlp": (MLP, "fully connected ReLU network, hidden sizes configurable (default 200-200)"),
     "lenet": (LeNet, "LeNet-style CNN: 2 conv + 2 fc (fc_hidden=0: one fc, FPFC's ConvNet)"),
     "cifar_cnn": (CifarCNN, "FedAPM's CIFAR-10 CNN: 2 conv 3x3 (16, 32 channels) + 2 fc (128 hidden)"),
-    "cifar_resnet": (CifarResNet, "ResNet-(6n+2) for 32x32 images (default ResNet-20), GroupNorm (norm: batch "
-                                  "for BatchNorm)"),
+    "cifar_resnet": (
+        CifarResNet,
+        "ResNet-(6n+2) for 32x32 images (default ResNet-20), GroupNorm (norm: batch for BatchNorm)",
+    ),
     "char_lstm": (CharLSTM, "character LSTM (LEAF Shakespeare): embedding 8, 2 x 256 LSTM, next character"),
 }
 
 
-def build_model_fn(name: str, input_shape: Sequence[int], out_dim: int, **params) -> Callable[[], nn.Module]:
-    """A factory for model ``name`` sized to the data (``input_shape`` without the batch dim). A model class's
-    ``INPUT`` says what its first argument is: ``"image"`` the shape ``[C, H, W]`` (``[H, W]`` gets one
-    channel), ``"sequence"`` the shape as it is, otherwise the flattened input size."""
+def build_model_fn(name: str, input_shape: Sequence[int], out_dim: int | None, **params) -> Callable[[], nn.Module]:
+    """A factory for model ``name`` sized to the data (``input_shape`` without the batch dim) with ``out_dim``
+    outputs (a classification dataset's ``num_classes``). A model class's ``INPUT`` says what its first argument
+    is: ``"image"`` the shape ``[C, H, W]`` (``[H, W]`` gets one channel), ``"sequence"`` the shape as it is,
+    otherwise the flattened input size."""
     if name not in MODELS:
         raise ValueError(f"model: unknown {name!r}; allowed: {sorted(MODELS)}")
+    if out_dim is None:
+        raise ValueError(
+            f"model: {name!r} needs out_dim, the number of outputs (regression data has no "
+            f"num_classes: give its target width)"
+        )
     cls = MODELS[name][0]
     kind = getattr(cls, "INPUT", "flat")
     if kind == "image":

@@ -88,16 +88,30 @@ class HARClassifier(nn.Module):
     """Accelerometer + gyroscope encoders, GRUs, attention fusion, classifier."""
 
     GROUPS: ClassVar[dict[str, list[str]]] = {
-        "acc_encoder": ["acc_conv.*"], "gyro_encoder": ["gyro_conv.*"],
-        "acc_rnn": ["acc_rnn.*"], "gyro_rnn": ["gyro_rnn.*"],
-        "fusion": ["fusion.*"], "head": ["head.*"],
+        "acc_encoder": ["acc_conv.*"],
+        "gyro_encoder": ["gyro_conv.*"],
+        "acc_rnn": ["acc_rnn.*"],
+        "gyro_rnn": ["gyro_rnn.*"],
+        "fusion": ["fusion.*"],
+        "head": ["head.*"],
         "body": ["acc_conv.*", "gyro_conv.*", "acc_rnn.*", "gyro_rnn.*", "fusion.*"],
     }
-    PERSONALIZATION: ClassVar[dict[str, list[str]]] = {"split_input": ["acc_encoder"],
-                                                       "input": ["acc_encoder", "gyro_encoder"], "output": ["head"]}
+    PERSONALIZATION: ClassVar[dict[str, list[str]]] = {
+        "split_input": ["acc_encoder"],
+        "input": ["acc_encoder", "gyro_encoder"],
+        "output": ["head"],
+    }
 
-    def __init__(self, in_channels: int = 6, num_classes: int = 8, conv_channels: Sequence[int] = (16, 32, 32),
-                 d_hid: int = 32, d_head: int = 4, d_att: int = 64, fc_hidden: int = 64):
+    def __init__(
+        self,
+        in_channels: int = 6,
+        num_classes: int = 8,
+        conv_channels: Sequence[int] = (16, 32, 32),
+        d_hid: int = 32,
+        d_head: int = 4,
+        d_att: int = 64,
+        fc_hidden: int = 64,
+    ):
         super().__init__()
         if in_channels % 2:
             raise ValueError(f"HARClassifier: in_channels must be even (accelerometer + gyroscope), got {in_channels}")
@@ -110,8 +124,8 @@ class HARClassifier(nn.Module):
         self.head = nn.Sequential(nn.Linear(d_hid * d_head, fc_hidden), nn.ReLU(), nn.Linear(fc_hidden, num_classes))
 
     def forward(self, x: Tensor) -> Tensor:
-        acc = self.acc_rnn(self.acc_conv(x[:, :self.c]).transpose(1, 2))
-        gyro = self.gyro_rnn(self.gyro_conv(x[:, self.c:]).transpose(1, 2))
+        acc = self.acc_rnn(self.acc_conv(x[:, : self.c]).transpose(1, 2))
+        gyro = self.gyro_rnn(self.gyro_conv(x[:, self.c :]).transpose(1, 2))
         return self.head(self.fusion(torch.cat([acc, gyro], 1)))
 
 
@@ -124,8 +138,11 @@ def build_har_model_fn(input_shape: Sequence[int], out_dim: int, **params):
 
 #: models of this module, looked up by the experiment runner after ``fedsolve.models.MODELS``
 MODELS = {
-    "har": (HARClassifier, "two-modality HAR: acc + gyro Conv1d encoders, explicit GRUs, attention fusion, "
-                           "classifier (FedAPM's KU-HAR model, vmappable); input [6, T]"),
+    "har": (
+        HARClassifier,
+        "two-modality HAR: acc + gyro Conv1d encoders, explicit GRUs, attention fusion, "
+        "classifier (FedAPM's KU-HAR model, vmappable); input [6, T]",
+    )
 }
 
 

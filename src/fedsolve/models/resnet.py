@@ -57,8 +57,15 @@ class CifarResNet(nn.Module):
     GROUPS: ClassVar[dict[str, list[str]]] = {"body": ["stem.*", "stages.*"], "head": ["fc.*"], "last": ["fc.*"]}
     INPUT = "image"
 
-    def __init__(self, in_shape: Sequence[int] = (3, 32, 32), out_dim: int = 10, depth: int = 20, width: int = 16,
-                 norm: Literal["group", "batch", "none"] = "group", groups: int = 2):
+    def __init__(
+        self,
+        in_shape: Sequence[int] = (3, 32, 32),
+        out_dim: int = 10,
+        depth: int = 20,
+        width: int = 16,
+        norm: Literal["group", "batch", "none"] = "group",
+        groups: int = 2,
+    ):
         super().__init__()
         if depth < 8 or (depth - 2) % 6:
             raise ValueError(f"model.params.depth: {depth}; allowed: 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56)")
@@ -68,8 +75,9 @@ class CifarResNet(nn.Module):
             raise ValueError(f"model.params: width and groups must be positive, got width={width}, groups={groups}")
         n = (depth - 2) // 6
         c = in_shape[0]
-        self.stem = nn.Sequential(nn.Conv2d(c, width, 3, 1, 1, bias=norm == "none"), _norm(norm, width, groups),
-                                  nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(c, width, 3, 1, 1, bias=norm == "none"), _norm(norm, width, groups), nn.ReLU()
+        )
         blocks, cin = [], width
         for s, cout in enumerate((width, 2 * width, 4 * width)):
             for b in range(n):

@@ -45,7 +45,7 @@ class StackedLSTM(nn.Module):
         B, T, _ = x.shape
         for k in range(self.num_layers):
             w_hh, b_hh = getattr(self, f"weight_hh_l{k}"), getattr(self, f"bias_hh_l{k}")
-            gx = x @ getattr(self, f"weight_ih_l{k}").T + getattr(self, f"bias_ih_l{k}")   # all steps at once
+            gx = x @ getattr(self, f"weight_ih_l{k}").T + getattr(self, f"bias_ih_l{k}")  # all steps at once
             h = c = x.new_zeros(B, self.hidden_size)
             outs = []
             for t in range(T):
@@ -64,15 +64,25 @@ class CharLSTM(nn.Module):
     GROUPS: ClassVar[dict[str, list[str]]] = {"body": ["embed.*", "lstm.*"], "head": ["out.*"], "last": ["out.*"]}
     INPUT = "sequence"
 
-    def __init__(self, in_shape: Sequence[int] = (80,), out_dim: int = 80, vocab_size: int | None = None,
-                 embed_dim: int = 8, hidden: int = 256, layers: int = 2):
+    def __init__(
+        self,
+        in_shape: Sequence[int] = (80,),
+        out_dim: int = 80,
+        vocab_size: int | None = None,
+        embed_dim: int = 8,
+        hidden: int = 256,
+        layers: int = 2,
+    ):
         super().__init__()
         if len(in_shape) != 1:
-            raise ValueError(f"model: 'char_lstm' needs sequences of character indices [T], got inputs of shape "
-                             f"{tuple(in_shape)}")
+            raise ValueError(
+                f"model: 'char_lstm' needs sequences of character indices [T], got inputs of shape {tuple(in_shape)}"
+            )
         if min(embed_dim, hidden, layers) < 1 or (vocab_size is not None and vocab_size < 1):
-            raise ValueError(f"model.params: sizes must be positive, got embed_dim={embed_dim}, hidden={hidden}, "
-                             f"layers={layers}, vocab_size={vocab_size}")
+            raise ValueError(
+                f"model.params: sizes must be positive, got embed_dim={embed_dim}, hidden={hidden}, "
+                f"layers={layers}, vocab_size={vocab_size}"
+            )
         self.embed = nn.Embedding(vocab_size or out_dim, embed_dim)
         self.lstm = StackedLSTM(embed_dim, hidden, layers)
         self.out = nn.Linear(hidden, out_dim)

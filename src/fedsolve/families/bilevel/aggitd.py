@@ -42,21 +42,26 @@ from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.engine.phases import Phase, PhaseTable
 from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
-from fedsolve.families.bilevel.local_steps import (
-    LocalStepsConfig,
-    batch_groups,
-    check_tau_clients,
-    directions,
-    tau_at,
-)
+from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, check_tau_clients, directions, tau_at
 
 #: one outer iteration: N - 1 ``inner`` rounds of the sub-loop, then the ``last``, whose uploads carry h_x too
 PHASES = PhaseTable(
-    Phase("inner", sends=("x", "y", "v"), uploads=("y", "v"), then=("inner", "last"),
-          doc="tau_i steps of y-SGD and of the ITD product v at fixed x; the server averages y and v"),
-    Phase("last", sends=("x", "y", "v"), uploads=("y", "v", "hx"), then=("inner", "last"),
-          doc="the same, plus each client's mean x-direction; the server steps x and restarts v at 0"),
-    start="inner")
+    Phase(
+        "inner",
+        sends=("x", "y", "v"),
+        uploads=("y", "v"),
+        then=("inner", "last"),
+        doc="tau_i steps of y-SGD and of the ITD product v at fixed x; the server averages y and v",
+    ),
+    Phase(
+        "last",
+        sends=("x", "y", "v"),
+        uploads=("y", "v", "hx"),
+        then=("inner", "last"),
+        doc="the same, plus each client's mean x-direction; the server steps x and restarts v at 0",
+    ),
+    start="inner",
+)
 
 
 class AggITDConfig(LocalStepsConfig):
@@ -75,8 +80,10 @@ class AggITD(BilevelAlgorithm):
     sub-loop of ``inner_rounds`` communication rounds, then a server step of x."""
 
     name = "aggitd"
-    description = ("FBO-AggITD (reconstruction): lower-level SGD and ITD hypergradient in one sub-loop of N "
-                   "rounds, then an x step (Xiao & Ji 2023)")
+    description = (
+        "FBO-AggITD (reconstruction): lower-level SGD and ITD hypergradient in one sub-loop of N "
+        "rounds, then an x step (Xiao & Ji 2023)"
+    )
     Config = AggITDConfig
     cfg: AggITDConfig
     phases = PHASES
@@ -99,8 +106,14 @@ class AggITD(BilevelAlgorithm):
     def init(self, x0, rngs):
         x, y = self.oracles.split(x0)
         tau = self.cfg.draw(rngs, self.num_clients).to(device=x0.device, dtype=x0.dtype)
-        server = {"x": x.clone(), "y": y.clone(), "v": torch.zeros_like(y), "sub": torch.tensor(0),
-                  "iteration": torch.tensor(0), **PHASES.init()}
+        server = {
+            "x": x.clone(),
+            "y": y.clone(),
+            "v": torch.zeros_like(y),
+            "sub": torch.tensor(0),
+            "iteration": torch.tensor(0),
+            **PHASES.init(),
+        }
         if self.cfg.inner_rounds == 1:
             server = PHASES.enter(server, "last")
         return server, ClientStates(self.num_clients, {"tau": tau})
@@ -136,7 +149,11 @@ class AggITD(BilevelAlgorithm):
     def aggregate(self, server, ids, uploads, round_):
         y, v = uploads["y"].mean(0), uploads["v"].mean(0)
         out = {**server, "y": y, "v": v, "sub": server["sub"] + 1}
-        if PHASES.current(server) == "last":     # the sub-loop is over: x steps, the ITD product restarts from 0
-            out.update(x=server["x"] - self.cfg.outer_lr * uploads["hx"].mean(0), v=torch.zeros_like(v),
-                       sub=torch.tensor(0), iteration=server["iteration"] + 1)
+        if PHASES.current(server) == "last":  # the sub-loop is over: x steps, the ITD product restarts from 0
+            out.update(
+                x=server["x"] - self.cfg.outer_lr * uploads["hx"].mean(0),
+                v=torch.zeros_like(v),
+                sub=torch.tensor(0),
+                iteration=server["iteration"] + 1,
+            )
         return PHASES.enter(out, "last" if int(out["sub"]) == self.cfg.inner_rounds - 1 else "inner")

@@ -38,16 +38,20 @@ def check_finite_data(data: FederatedData) -> None:
     """Every client's training and test samples (features, and regression targets) are finite."""
     parts = [("training features", data.train_x, data.train_offsets), ("test features", data.test_x, data.test_offsets)]
     if data.train_y.is_floating_point():
-        parts += [("training targets", data.train_y, data.train_offsets), ("test targets", data.test_y,
-                                                                           data.test_offsets)]
+        parts += [
+            ("training targets", data.train_y, data.train_offsets),
+            ("test targets", data.test_y, data.test_offsets),
+        ]
     for what, t, off in parts:
         if not t.is_floating_point():
             continue
         bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(1)
         i = _first_bad_client(bad, off)
         if i is not None:
-            raise ValueError(f"data: client {i} has non-finite {what} (NaN or inf, {int(bad.sum())} rows in all); "
-                             f"allowed: finite values")
+            raise ValueError(
+                f"data: client {i} has non-finite {what} (NaN or inf, {int(bad.sum())} rows in all); "
+                f"allowed: finite values"
+            )
 
 
 def full_split(data: FederatedData, i: int, group: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -60,8 +64,10 @@ def full_split(data: FederatedData, i: int, group: str) -> tuple[Tensor, Tensor,
     rows = g == code
     n = int(rows.sum())
     if n == 0:
-        raise ValueError(f"data: client {i} has no rows in the {group!r} split; allowed: at least one row in each of "
-                         f"{list(data.group_names)} on every client")
+        raise ValueError(
+            f"data: client {i} has no rows in the {group!r} split; allowed: at least one row in each of "
+            f"{list(data.group_names)} on every client"
+        )
     return x[rows], y[rows], torch.full((n,), 1.0 / n, dtype=x.dtype if x.is_floating_point() else torch.float64)
 
 
@@ -78,7 +84,7 @@ def lower_hessian_eigenvalues(oracles, client: int, x: Tensor, y: Tensor) -> Ten
     inp, tgt, w = full_split(oracles.problem.data, client, spec.lower_group)
     O = oracles.on(torch.tensor(client))
     f64 = lambda t: t.double() if t.is_floating_point() else t
-    try:   # in float64 where the model allows it (a float32 model's own buffers may not)
+    try:  # in float64 where the model allows it (a float32 model's own buffers may not)
         H = torch.func.hessian(lambda yy: O.g(x.double(), yy, (f64(inp), f64(tgt), w.double())))(y.double())
     except RuntimeError:
         H = torch.func.hessian(lambda yy: O.g(x, yy, (inp, tgt, w.to(x.dtype))))(y).double()
@@ -98,14 +104,14 @@ def lanczos_extremes(hvp, dim: int, steps: int) -> tuple[float, float]:
         alpha.append(float(w @ Q[-1]))
         B = torch.stack(Q)
         w = w - B.T @ (B @ w)
-        w = w - B.T @ (B @ w)   # twice: orthogonal to float64 rounding
+        w = w - B.T @ (B @ w)  # twice: orthogonal to float64 rounding
         b = float(w.norm())
         if b < 1e-12 * max(1.0, abs(alpha[-1])):
             break
         beta.append(b)
         Q.append(w / b)
     T = torch.diag(torch.tensor(alpha, dtype=torch.float64))
-    off = torch.tensor(beta[:len(alpha) - 1], dtype=torch.float64)
+    off = torch.tensor(beta[: len(alpha) - 1], dtype=torch.float64)
     T = T + torch.diag(off, 1) + torch.diag(off, -1)
     ev = torch.linalg.eigvalsh(T)
     return float(ev[0]), float(ev[-1])
@@ -128,10 +134,12 @@ def check_strongly_convex(oracles, x: Tensor, y: Tensor, where: str = "problem")
             lo, hi = lanczos_extremes(lambda v, O=O, b=b: O.hvp_yy_g(x, y, v.to(y), b), y.numel(), LANCZOS_STEPS)
             hi = max(abs(lo), abs(hi))
         if not lo > CONVEX_RTOL * max(1.0, hi):
-            raise ValueError(f"{where}: client {i}'s lower level g_{i} is not strongly convex in y at the start (the "
-                             f"smallest eigenvalue of its y-Hessian is {lo:.3g}); the bilevel solvers need every g_i "
-                             f"strongly convex in y (SimFBO Assumption 1): add a ridge (lam/2)||y||^2 to g_i or "
-                             f"state a g_i with a positive definite y-Hessian")
+            raise ValueError(
+                f"{where}: client {i}'s lower level g_{i} is not strongly convex in y at the start (the "
+                f"smallest eigenvalue of its y-Hessian is {lo:.3g}); the bilevel solvers need every g_i "
+                f"strongly convex in y (SimFBO Assumption 1): add a ridge (lam/2)||y||^2 to g_i or "
+                f"state a g_i with a positive definite y-Hessian"
+            )
 
 
 def outputs_affine_in_y(oracles, x: Tensor, y: Tensor) -> bool:

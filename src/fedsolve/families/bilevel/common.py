@@ -81,7 +81,7 @@ class BilevelAlgorithm(Algorithm):
         correct = 0
         with torch.no_grad():
             for a in range(0, d.train_x.shape[0], TRAIN_EVAL_CHUNK):
-                out = self.oracles.outputs(x, y, d.train_x[a:a + TRAIN_EVAL_CHUNK])
-                correct += int((out.argmax(-1) == d.train_y[a:a + TRAIN_EVAL_CHUNK]).sum())
+                out = self.oracles.outputs(x, y, d.train_x[a : a + TRAIN_EVAL_CHUNK])
+                correct += int((out.argmax(-1) == d.train_y[a : a + TRAIN_EVAL_CHUNK]).sum())
         model.train(training)
         return correct / max(d.train_x.shape[0], 1)

@@ -29,12 +29,7 @@ from torch import Tensor, nn
 
 from fedsolve.core.probes import mark_client_map
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.bilevel.checks import (
-    check_finite_data,
-    check_splits,
-    check_strongly_convex,
-    full_split,
-)
+from fedsolve.families.bilevel.checks import check_finite_data, check_splits, check_strongly_convex, full_split
 from fedsolve.families.bilevel.problem import Batch, BilevelOracles, BilevelSpec
 from fedsolve.problems import FederatedProblem
 
@@ -120,24 +115,37 @@ def _checked_value(fn_name: str, fn: ClientFunction, i: int, x: Tensor, y: Tenso
     """``fn(i, x, y, d)`` is a finite real scalar (a 0-dim tensor of the variables' type)."""
     try:
         val = fn(torch.tensor(i), x, y, d)
-    except Exception as e:   # noqa: BLE001  (the user's function: its own error, on one line)
-        raise ValueError(f"{fn_name}: {fn_name}({i}, x, y, data) raised {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    except Exception as e:  # noqa: BLE001  (the user's function: its own error, on one line)
+        raise ValueError(
+            f"{fn_name}: {fn_name}({i}, x, y, data) raised {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     if not isinstance(val, Tensor) or val.dim() != 0 or not val.is_floating_point():
         got = f"shape {tuple(val.shape)}, {val.dtype}" if isinstance(val, Tensor) else type(val).__name__
-        raise ValueError(f"{fn_name}: {fn_name}({i}, x, y, data) returned {got}; allowed: a 0-dim floating tensor "
-                         f"(a scalar loss)")
+        raise ValueError(
+            f"{fn_name}: {fn_name}({i}, x, y, data) returned {got}; allowed: a 0-dim floating tensor (a scalar loss)"
+        )
     if val.dtype != dtype:
-        raise ValueError(f"{fn_name}: {fn_name}({i}, x, y, data) is {val.dtype}, the variables are {dtype}; allowed: "
-                         f"the variables' type")
+        raise ValueError(
+            f"{fn_name}: {fn_name}({i}, x, y, data) is {val.dtype}, the variables are {dtype}; allowed: "
+            f"the variables' type"
+        )
     if not bool(torch.isfinite(val)):
         raise ValueError(f"{fn_name}: {fn_name}({i}, x, y, data) = {float(val)} at the start; allowed: a finite value")
 
 
-def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0: Tensor,
-                   client_data: Mapping[str, Tensor] | None = None, data: FederatedData | None = None,
-                   num_clients: int | None = None, weights: Tensor | None = None,
-                   name: str = "bilevel", references: Mapping[str, Tensor] | None = None) -> FederatedProblem:
+def client_problem(
+    upper: ClientFunction,
+    lower: ClientFunction,
+    x0: Tensor,
+    y0: Tensor,
+    client_data: Mapping[str, Tensor] | None = None,
+    data: FederatedData | None = None,
+    num_clients: int | None = None,
+    weights: Tensor | None = None,
+    name: str = "bilevel",
+    references: Mapping[str, Tensor] | None = None,
+) -> FederatedProblem:
     """A bilevel problem whose client i has its own ``upper`` f_i and ``lower`` g_i (module docstring).
 
     Args:
@@ -153,13 +161,17 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
     """
     for nm, v in (("x0", x0), ("y0", y0)):
         if not isinstance(v, Tensor) or v.dim() != 1 or not v.is_floating_point() or v.numel() == 0:
-            raise ValueError(f"{nm}: allowed: a non-empty 1-D floating tensor, got "
-                             f"{tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}")
+            raise ValueError(
+                f"{nm}: allowed: a non-empty 1-D floating tensor, got "
+                f"{tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}"
+            )
     if x0.dtype != y0.dtype:
         raise ValueError(f"y0: {y0.dtype}, x0 is {x0.dtype}; allowed: one floating type for both")
     client_data = dict(client_data or {})
-    sizes = {f"client_data[{k!r}]": (int(v.shape[0]) if isinstance(v, Tensor) and v.dim() > 0 else None)
-             for k, v in client_data.items()}
+    sizes = {
+        f"client_data[{k!r}]": (int(v.shape[0]) if isinstance(v, Tensor) and v.dim() > 0 else None)
+        for k, v in client_data.items()
+    }
     if data is not None:
         sizes["data"] = data.num_clients
     if num_clients is not None:
@@ -167,33 +179,38 @@ def client_problem(upper: ClientFunction, lower: ClientFunction, x0: Tensor, y0:
     for where, n_ in sizes.items():
         if n_ is None:
             raise ValueError(f"{where}: allowed: a tensor with one row per client (shape [n, ...])")
-    counts = {v for v in sizes.values() if v is not None}   # every size is given (checked above)
+    counts = {v for v in sizes.values() if v is not None}  # every size is given (checked above)
     if len(counts) != 1 or min(counts) < 1:
-        raise ValueError(f"client_data/data/num_clients: the number of clients differs or is missing "
-                         f"({', '.join(f'{k} {v}' for k, v in sizes.items()) or 'none given'}); allowed: one "
-                         f"n >= 1 for all")
+        raise ValueError(
+            f"client_data/data/num_clients: the number of clients differs or is missing "
+            f"({', '.join(f'{k} {v}' for k, v in sizes.items()) or 'none given'}); allowed: one "
+            f"n >= 1 for all"
+        )
     n = counts.pop()
     if weights is not None and (not isinstance(weights, Tensor) or weights.shape != (n,) or bool((weights <= 0).any())):
         raise ValueError(f"weights: allowed: {n} positive client weights (a [{n}] tensor)")
     references = dict(references or {})
     for nm, v in references.items():
         if not isinstance(v, Tensor) or v.shape != x0.shape or v.dtype != x0.dtype or not bool(torch.isfinite(v).all()):
-            raise ValueError(f"references[{nm!r}]: allowed: a finite tensor of x0's shape {tuple(x0.shape)} and type "
-                             f"{x0.dtype}")
+            raise ValueError(
+                f"references[{nm!r}]: allowed: a finite tensor of x0's shape {tuple(x0.shape)} and type {x0.dtype}"
+            )
     samples = data is not None
     if data is None:
         data = _placeholder_data(n, x0.dtype, weights)
     else:
         if not {"lower", "upper"} <= set(data.group_names):
-            raise ValueError(f"data: row groups {list(data.group_names)}; allowed: 'lower' and 'upper' (split_rows "
-                             f"makes them)")
+            raise ValueError(
+                f"data: row groups {list(data.group_names)}; allowed: 'lower' and 'upper' (split_rows makes them)"
+            )
         check_finite_data(data)
         check_splits(data, ("lower", "upper"))
         if weights is not None:
             data = dataclasses.replace(data, weights=weights)
     fns = ClientFunctions(upper, lower, client_data, samples=samples, references=references)
-    problem = FederatedProblem(data, functools.partial(Variables, x0, y0), loss="squared_error",
-                               blocks={"x": ["x"], "y": ["y"]}, name=name)
+    problem = FederatedProblem(
+        data, functools.partial(Variables, x0, y0), loss="squared_error", blocks={"x": ["x"], "y": ["y"]}, name=name
+    )
     problem.extras["bilevel"] = BilevelSpec(name=name, functions=fns)
     _check_clients(problem, fns, x0, y0)
     return problem
@@ -211,12 +228,13 @@ def _check_clients(problem: FederatedProblem, fns: ClientFunctions, x0: Tensor, 
     check_strongly_convex(oracles, x0, y0, where="lower")
     groups = (spec.lower_group, spec.upper_group)
     rows = {g: [full_split(data, i, g) for i in range(problem.num_clients)] for g in groups}
-    one = {g: [tuple(t[:1] for t in b) for b in rows[g]] for g in rows}   # one row per client: equal shapes
+    one = {g: [tuple(t[:1] for t in b) for b in rows[g]] for g in rows}  # one row per client: equal shapes
 
     def grads(i: Tensor):
         O = oracles.on(i)
-        pick = lambda g: cast(Batch, tuple(torch.index_select(torch.stack([b[k] for b in one[g]]), 0, i.reshape(1))[0]
-                                           for k in range(3)))   # (inputs, targets, weights)
+        pick = lambda g: cast(
+            Batch, tuple(torch.index_select(torch.stack([b[k] for b in one[g]]), 0, i.reshape(1))[0] for k in range(3))
+        )  # (inputs, targets, weights)
         return O.grad_y_g(x0, y0, pick(spec.lower_group))[0], O.grad_f(x0, y0, pick(spec.upper_group))[:2]
 
     mark_client_map(problem, grads)

@@ -18,11 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedsolve.core.layout import patterns_for
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.bilevel.checks import (
-    check_finite_data,
-    check_strongly_convex,
-    outputs_affine_in_y,
-)
+from fedsolve.families.bilevel.checks import check_finite_data, check_strongly_convex, outputs_affine_in_y
 from fedsolve.families.bilevel.problem import BilevelSpec, make_oracles, ridge_on
 from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
@@ -30,20 +26,32 @@ from fedsolve.problems import FederatedProblem, parse_params, register_problem_k
 class HyperRepresentationParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    head: list[str] | None = Field(None, description="module names of y (the head); default: the model's last "
-                                                     "layer (the module of its last parameter)")
-    upper_fraction: float = Field(0.5, gt=0, lt=1, description="share of each client's training rows in the "
-                                  "upper-level (validation) split; FedNest: 0.5 i.i.d., 0.2 non-i.i.d.")
-    lam: float = Field(0.1, description="lower-level ridge (lam/2)||y||^2 (spec 3.1: beta = 0.1, squared); > 0, "
-                                      "which makes g_i strongly convex in the head y")
+    head: list[str] | None = Field(
+        None,
+        description="module names of y (the head); default: the model's last layer (the module of its last parameter)",
+    )
+    upper_fraction: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="share of each client's training rows in the "
+        "upper-level (validation) split; FedNest: 0.5 i.i.d., 0.2 non-i.i.d.",
+    )
+    lam: float = Field(
+        0.1,
+        description="lower-level ridge (lam/2)||y||^2 (spec 3.1: beta = 0.1, squared); > 0, "
+        "which makes g_i strongly convex in the head y",
+    )
 
     @field_validator("lam")
     @classmethod
     def _strongly_convex(cls, v: float) -> float:
         if not v > 0:
-            raise ValueError(f"lam = {v} leaves the lower level g_i (cross entropy of a linear head) not strongly "
-                             f"convex in y (SimFBO Assumption 1; the logits' shift is a flat direction); allowed: "
-                             f"lam > 0, e.g. 0.1")
+            raise ValueError(
+                f"lam = {v} leaves the lower level g_i (cross entropy of a linear head) not strongly "
+                f"convex in y (SimFBO Assumption 1; the logits' shift is a flat direction); allowed: "
+                f"lam > 0, e.g. 0.1"
+            )
         return v
 
 
@@ -61,8 +69,12 @@ def split_rows(problem: FederatedProblem, upper_fraction: float, seed: int) -> F
         g = np.zeros(n, dtype=np.int64)
         g[rng.permutation(n)[:nu]] = 1
         groups.append(g)
-    return dataclasses.replace(data, train_groups=torch.as_tensor(np.concatenate(groups)),
-                               group_names=("lower", "upper"), meta={**data.meta, "bilevel_split": upper_fraction})
+    return dataclasses.replace(
+        data,
+        train_groups=torch.as_tensor(np.concatenate(groups)),
+        group_names=("lower", "upper"),
+        meta={**data.meta, "bilevel_split": upper_fraction},
+    )
 
 
 @register_problem_kind("hyper_representation")
@@ -74,17 +86,29 @@ def hyper_representation(problem: FederatedProblem, params, seed: int) -> Federa
     y_pats = patterns_for(head)
     x_names = [n for n in names if not any(fnmatch.fnmatchcase(n, q) for q in y_pats)]
     if not x_names:
-        raise ValueError(f"hyper_representation: head {head} covers every parameter, x would be empty; "
-                         f"parameters are {names}")
+        raise ValueError(
+            f"hyper_representation: head {head} covers every parameter, x would be empty; parameters are {names}"
+        )
     blocks = {**dict(problem.blocks), "y": y_pats, "x": x_names}
-    out = FederatedProblem(data=split_rows(problem, p.upper_fraction, seed), model_fn=problem.model_fn,
-                           loss=problem.loss, blocks=blocks, name=problem.name, extras=dict(problem.extras))
+    out = FederatedProblem(
+        data=split_rows(problem, p.upper_fraction, seed),
+        model_fn=problem.model_fn,
+        loss=problem.loss,
+        blocks=blocks,
+        name=problem.name,
+        extras=dict(problem.extras),
+    )
     lay = out.layout
-    out.extras["bilevel"] = BilevelSpec(x_block="x", y_block="y", upper_group="upper", lower_group="lower",
-                                        lower_reg=ridge_on(lay.block_params("y"), p.lam),
-                                        name=f"hyper-representation (y = {', '.join(head)}, lam = {p.lam})")
+    out.extras["bilevel"] = BilevelSpec(
+        x_block="x",
+        y_block="y",
+        upper_group="upper",
+        lower_group="lower",
+        lower_reg=ridge_on(lay.block_params("y"), p.lam),
+        name=f"hyper-representation (y = {', '.join(head)}, lam = {p.lam})",
+    )
     oracles = make_oracles(out)
     x, y = oracles.split(out.init_params(torch.Generator().manual_seed(seed)))
     if out.loss_name not in ("cross_entropy", "squared_error") or not outputs_affine_in_y(oracles, x, y):
-        check_strongly_convex(oracles, x, y, where="head")   # no structure to rely on: the Hessian itself
+        check_strongly_convex(oracles, x, y, where="head")  # no structure to rely on: the Hessian itself
     return out

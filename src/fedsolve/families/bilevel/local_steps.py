@@ -20,7 +20,7 @@ def tau_rows(tau_clients: TauClients) -> list[list[int]]:
     """``tau_clients`` as rounds of per-client values (a persistent list is one round)."""
     if tau_clients and isinstance(tau_clients[0], list):
         return [list(r) for r in tau_clients]
-    return [list(cast(list[int], tau_clients))]   # the TauClients union's other member: a list of ints
+    return [list(cast(list[int], tau_clients))]  # the TauClients union's other member: a list of ints
 
 
 def validate_tau(tau_max: int | None, tau_clients: TauClients | None) -> None:
@@ -32,8 +32,10 @@ def validate_tau(tau_max: int | None, tau_clients: TauClients | None) -> None:
     if not rows or not rows[0]:
         raise ValueError("tau_clients: empty; allowed: one tau_i >= 1 per client (or a list of rounds of them)")
     if any(len(r) != len(rows[0]) for r in rows):
-        raise ValueError(f"tau_clients: rounds of different lengths {sorted({len(r) for r in rows})}; allowed: "
-                         f"every round one tau_i per client")
+        raise ValueError(
+            f"tau_clients: rounds of different lengths {sorted({len(r) for r in rows})}; allowed: "
+            f"every round one tau_i per client"
+        )
     if min(min(r) for r in rows) < 1:
         raise ValueError(f"tau_clients: every tau_i must be >= 1, got {tau_clients}")
 
@@ -41,8 +43,10 @@ def validate_tau(tau_max: int | None, tau_clients: TauClients | None) -> None:
 def check_tau_clients(tau_clients: TauClients | None, n: int) -> None:
     """One tau_i per client of the problem (checked when the solver is built, before any round)."""
     if tau_clients is not None and len(tau_rows(tau_clients)[0]) != n:
-        raise ValueError(f"tau_clients: {len(tau_rows(tau_clients)[0])} values for {n} clients; allowed: one "
-                         f"tau_i >= 1 per client (or a list of rounds, each with one per client)")
+        raise ValueError(
+            f"tau_clients: {len(tau_rows(tau_clients)[0])} values for {n} clients; allowed: one "
+            f"tau_i >= 1 per client (or a list of rounds, each with one per client)"
+        )
 
 
 def max_steps(tau: int, tau_max: int | None, tau_clients: TauClients | None) -> int:
@@ -52,15 +56,16 @@ def max_steps(tau: int, tau_max: int | None, tau_clients: TauClients | None) -> 
     return tau_max if tau_max is not None else tau
 
 
-def draw_tau(rngs: RngStreams, n: int, tau: int, tau_max: int | None, tau_clients: TauClients | None,
-             rounds: int = 1) -> torch.Tensor:
+def draw_tau(
+    rngs: RngStreams, n: int, tau: int, tau_max: int | None, tau_clients: TauClients | None, rounds: int = 1
+) -> torch.Tensor:
     """tau_i for the n clients (float64): ``[n]`` when persistent, ``[n, R]`` when it changes over R rounds (round
     t uses column t mod R). ``tau_clients`` as given; or drawn ONCE uniformly from {1..tau_max} with the run's seed
     (spec 2.11: persistent, not redrawn per round), ``rounds`` > 1 rounds of draws; or ``tau`` for everyone."""
     if tau_clients is not None:
         check_tau_clients(tau_clients, n)
         table = torch.tensor(tau_rows(tau_clients), dtype=torch.float64).T
-    elif tau_max is not None:   # the first n draws are the persistent draw's, whatever ``rounds``
+    elif tau_max is not None:  # the first n draws are the persistent draw's, whatever ``rounds``
         draws = rngs.numpy("simfbo_tau").integers(1, tau_max + 1, size=(rounds, n))
         table = torch.as_tensor(draws, dtype=torch.float64).T
     else:
@@ -80,18 +85,35 @@ class LocalStepsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     tau: int = Field(1, ge=1, description="local steps of every client (when tau_max and tau_clients are unset)")
-    tau_max: int | None = Field(None, ge=1, description="system heterogeneity: each client's tau_i drawn uniformly "
-                                "from {1..tau_max} (seeded; persistent unless tau_rounds > 1)")
-    tau_rounds: int = Field(1, ge=1, description="with tau_max: rounds of independent draws, used in turn (round t "
-                            "takes draw t mod tau_rounds); 1: each client's tau_i drawn once (spec 2.11)")
-    tau_clients: TauClients | None = Field(None, description="explicit tau_i >= 1: one per client (persistent), or "
-                                           "a list of rounds, each one per client (round t uses row t mod rows)")
+    tau_max: int | None = Field(
+        None,
+        ge=1,
+        description="system heterogeneity: each client's tau_i drawn uniformly "
+        "from {1..tau_max} (seeded; persistent unless tau_rounds > 1)",
+    )
+    tau_rounds: int = Field(
+        1,
+        ge=1,
+        description="with tau_max: rounds of independent draws, used in turn (round t "
+        "takes draw t mod tau_rounds); 1: each client's tau_i drawn once (spec 2.11)",
+    )
+    tau_clients: TauClients | None = Field(
+        None,
+        description="explicit tau_i >= 1: one per client (persistent), or "
+        "a list of rounds, each one per client (round t uses row t mod rows)",
+    )
     batch_size: int | None = Field(64, ge=1, description="minibatch size of every oracle (null: full split)")
-    independent_batches: bool = Field(True, description="independent minibatches per oracle (zeta, psi, xi: 5 "
-                                      "per step); false: one lower and one upper batch per step")
-    oracles: Literal["auto", "autograd", "mlp"] = Field("auto", description="derivative oracles: torch.func double "
-                                                     "backward (autograd), the MLP head's closed forms (mlp), or "
-                                                     "mlp where it applies (auto); same numbers to rounding")
+    independent_batches: bool = Field(
+        True,
+        description="independent minibatches per oracle (zeta, psi, xi: 5 "
+        "per step); false: one lower and one upper batch per step",
+    )
+    oracles: Literal["auto", "autograd", "mlp"] = Field(
+        "auto",
+        description="derivative oracles: torch.func double "
+        "backward (autograd), the MLP head's closed forms (mlp), or "
+        "mlp where it applies (auto); same numbers to rounding",
+    )
 
     @model_validator(mode="after")
     def _tau(self):

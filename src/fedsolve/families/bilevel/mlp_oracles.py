@@ -10,12 +10,7 @@ import torch
 from torch import Tensor
 
 from fedsolve.core.probes import linear_chain
-from fedsolve.families.bilevel.problem import (
-    Batch,
-    BilevelOracles,
-    BilevelSpec,
-    ridge_on,
-)
+from fedsolve.families.bilevel.problem import Batch, BilevelOracles, BilevelSpec, ridge_on
 from fedsolve.problems import FederatedProblem
 
 # a layer without an activation (act None) is looked up in neither table
@@ -67,8 +62,9 @@ class MLPHeadOracles(BilevelOracles):
             return f"y ({lay.block_params(spec.y_block)}) is not exactly the output layer {sorted(head)}"
         if spec.upper_reg is not None:
             return "f_i has a regulariser"
-        if spec.lower_reg is not None and not (isinstance(spec.lower_reg, ridge_on)
-                                               and set(spec.lower_reg.names) == head):
+        if spec.lower_reg is not None and not (
+            isinstance(spec.lower_reg, ridge_on) and set(spec.lower_reg.names) == head
+        ):
             return "g_i's regulariser is not a ridge_on of y"
         return None
 
@@ -80,7 +76,7 @@ class MLPHeadOracles(BilevelOracles):
         reg = self.spec.lower_reg
         assert reg is None or isinstance(reg, ridge_on), "why_not admits no other regulariser"
         self.lam = reg.lam if reg is not None else 0.0
-        pos = {}   # flat start in the model -> (block, offset in the block)
+        pos = {}  # flat start in the model -> (block, offset in the block)
         starts = {e.name: e.start for e in problem.layout.entries}
         for spec_, blk in ((self._xs, "x"), (self._ys, "y")):
             off = 0
@@ -88,8 +84,10 @@ class MLPHeadOracles(BilevelOracles):
                 pos[starts[name]] = (blk, off)
                 off += n
         layers = linear_chain(problem)
-        self._hidden = [(pos[ly.w[0]][1], ly.w[1], ly.w[2], pos[ly.b][1] if ly.b is not None else None, ly.act)
-                        for ly in layers[:-1]]
+        self._hidden = [
+            (pos[ly.w[0]][1], ly.w[1], ly.w[2], pos[ly.b][1] if ly.b is not None else None, ly.act)
+            for ly in layers[:-1]
+        ]
         h = layers[-1]
         self._head = (pos[h.w[0]][1], h.w[1], h.w[2], pos[h.b][1] if h.b is not None else None)
         self._y_has_bias = h.b is not None
@@ -99,15 +97,15 @@ class MLPHeadOracles(BilevelOracles):
         """[input, h_1, ..., h_L]: the hidden layers' outputs (h_L = the representation)."""
         hs = [inp.reshape(inp.shape[0], -1).to(x.dtype)]
         for wo, o, i, bo, act in self._hidden:
-            s = hs[-1] @ x[wo:wo + o * i].view(o, i).T
+            s = hs[-1] @ x[wo : wo + o * i].view(o, i).T
             if bo is not None:
-                s = s + x[bo:bo + o]
+                s = s + x[bo : bo + o]
             hs.append(_ACT[act](s) if act is not None else s)
         return hs
 
     def _head_wb(self, y: Tensor) -> tuple[Tensor, Tensor | None]:
         wo, o, i, bo = self._head
-        return y[wo:wo + o * i].view(o, i), (y[bo:bo + o] if bo is not None else None)
+        return y[wo : wo + o * i].view(o, i), (y[bo : bo + o] if bo is not None else None)
 
     def _y_flat(self, dW: Tensor, db: Tensor | None) -> Tensor:
         """A y-shaped vector from the head's (weight, bias) parts, in the block's order."""
@@ -142,9 +140,9 @@ class MLPHeadOracles(BilevelOracles):
                 gW = torch.addmm(gW, d.T, hs[l])
             parts.append((wo, gW.reshape(-1)))
             if bo is not None:
-                parts.append((bo, cast(Tensor, sum(d.sum(0) for d in ds))))   # ds is not empty: a Tensor
+                parts.append((bo, cast(Tensor, sum(d.sum(0) for d in ds))))  # ds is not empty: a Tensor
             if l > 0:
-                W = x[wo:wo + o * i].view(o, i)
+                W = x[wo : wo + o * i].view(o, i)
                 cur = [d @ W for d in ds]
         return torch.cat([t for _, t in sorted(parts, key=lambda t: t[0])])
 

@@ -68,10 +68,12 @@ class BilevelSpec:
 def bilevel_spec(problem: FederatedProblem) -> BilevelSpec:
     """The problem's :class:`BilevelSpec`, or a clear error naming what is missing."""
     spec = problem.extras.get("bilevel")
-    if not isinstance(spec, BilevelSpec):   # a problem of another kind: a config error (ValueError)
-        why = (f"problem: {problem.name!r} is not bilevel (it has no extras['bilevel'], a BilevelSpec); allowed: a "
-               f"bilevel problem kind in the config (problem: {{kind: hyper_representation}}), or a problem from "
-               f"fedsolve.families.bilevel.client_problem")
+    if not isinstance(spec, BilevelSpec):  # a problem of another kind: a config error (ValueError)
+        why = (
+            f"problem: {problem.name!r} is not bilevel (it has no extras['bilevel'], a BilevelSpec); allowed: a "
+            f"bilevel problem kind in the config (problem: {{kind: hyper_representation}}), or a problem from "
+            f"fedsolve.families.bilevel.client_problem"
+        )
         raise ValueError(why)
     return spec
 
@@ -82,7 +84,7 @@ class ridge_on:
     def __init__(self, names: list[str], lam: float):
         self.names, self.lam = list(names), float(lam)
 
-    def __call__(self, params: dict[str, Tensor]) -> Tensor | float:   # 0.0 over no names
+    def __call__(self, params: dict[str, Tensor]) -> Tensor | float:  # 0.0 over no names
         return 0.5 * self.lam * sum(params[n].pow(2).sum() for n in self.names)
 
 
@@ -101,13 +103,17 @@ class BilevelOracles:
         lay = problem.layout
         mx, my = lay.mask(self.spec.x_block), lay.mask(self.spec.y_block)
         if bool((mx & my).any()) or not bool((mx | my).all()):
-            raise ValueError(f"bilevel blocks {self.spec.x_block!r} (x) and {self.spec.y_block!r} (y) must be "
-                             f"disjoint and cover every parameter; parameters are {lay.names}")
+            raise ValueError(
+                f"bilevel blocks {self.spec.x_block!r} (x) and {self.spec.y_block!r} (y) must be "
+                f"disjoint and cover every parameter; parameters are {lay.names}"
+            )
         for e in lay.entries:
-            part = mx[e.start:e.start + e.numel]
+            part = mx[e.start : e.start + e.numel]
             if bool(part.any()) and not bool(part.all()):
-                raise ValueError(f"bilevel block {self.spec.x_block!r} splits parameter {e.name!r}; blocks must "
-                                 f"hold whole parameters")
+                raise ValueError(
+                    f"bilevel block {self.spec.x_block!r} splits parameter {e.name!r}; blocks must "
+                    f"hold whole parameters"
+                )
         groups = problem.data.group_names
         for g in (self.spec.upper_group, self.spec.lower_group):
             if g not in groups:
@@ -137,7 +143,7 @@ class BilevelOracles:
     def _views(vec: Tensor, spec) -> dict[str, Tensor]:
         out, a = {}, 0
         for name, shape, n in spec:
-            out[name] = vec[a:a + n].reshape(shape)
+            out[name] = vec[a : a + n].reshape(shape)
             a += n
         return out
 

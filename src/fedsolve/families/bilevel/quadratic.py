@@ -39,8 +39,9 @@ from fedsolve.problems import FederatedProblem, parse_params, register_problem_k
 F64 = torch.float64
 
 
-def quadratic_clients(n: int, dx: int, dy: int, lower_het: float, upper_het: float, mu: float,
-                      seed: int) -> dict[str, Tensor]:
+def quadratic_clients(
+    n: int, dx: int, dy: int, lower_het: float, upper_het: float, mu: float, seed: int
+) -> dict[str, Tensor]:
     """The per-client tensors ``A [n, dy, dy]``, ``B [n, dy, dx]``, ``c``, ``d [n, dy]`` and ``mu [n]`` of the
     module's problem (float64), drawn from ``seed``."""
     g = torch.Generator().manual_seed(seed)
@@ -53,8 +54,13 @@ def quadratic_clients(n: int, dx: int, dy: int, lower_het: float, upper_het: flo
     shared = {"A": spd(1)[0], "B": normal(dy, dx), "c": normal(dy), "d": normal(dy)}
     own = {"A": spd(n), "B": normal(n, dy, dx), "c": normal(n, dy), "d": normal(n, dy)}
     mix = lambda k, s: (1 - s) * shared[k].expand_as(own[k]) + s * own[k]
-    return {"A": mix("A", lower_het), "B": mix("B", lower_het), "c": mix("c", lower_het),
-            "d": mix("d", upper_het), "mu": torch.full((n,), float(mu), dtype=F64)}
+    return {
+        "A": mix("A", lower_het),
+        "B": mix("B", lower_het),
+        "c": mix("c", lower_het),
+        "d": mix("d", upper_het),
+        "mu": torch.full((n,), float(mu), dtype=F64),
+    }
 
 
 def stationary_point(clients: dict[str, Tensor], w: Tensor) -> Tensor:
@@ -92,13 +98,21 @@ class QuadraticParams(BaseModel):
     dx: int = Field(3, ge=1, le=1000, description="dimension of x")
     dy: int = Field(4, ge=1, le=1000, description="dimension of y")
     mu: float = Field(0.5, gt=0, description="upper-level ridge mu/2 ||x||^2")
-    lower_het: float = Field(1.0, ge=0, le=1, description="how much the clients' lower levels (A_i, B_i, c_i) "
-                             "differ: 0 identical, 1 independent draws")
-    upper_het: float = Field(1.0, ge=0, le=1, description="how much the clients' upper levels (d_i) differ: 0 "
-                             "identical, 1 independent draws")
+    lower_het: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="how much the clients' lower levels (A_i, B_i, c_i) differ: 0 identical, 1 independent draws",
+    )
+    upper_het: float = Field(
+        1.0, ge=0, le=1, description="how much the clients' upper levels (d_i) differ: 0 identical, 1 independent draws"
+    )
     instance_seed: int | None = Field(None, ge=0, description="seed of the matrices (null: the run's seed)")
-    tau: list[int] | None = Field(None, description="the clients' persistent tau_i (one per client, >= 1): also "
-                                  "report x_dist_reweighted, the distance to SimFBO's drift-free limit x~*")
+    tau: list[int] | None = Field(
+        None,
+        description="the clients' persistent tau_i (one per client, >= 1): also "
+        "report x_dist_reweighted, the distance to SimFBO's drift-free limit x~*",
+    )
 
 
 @register_problem_kind("bilevel_quadratic")
@@ -108,11 +122,19 @@ def bilevel_quadratic(problem: FederatedProblem, params, seed: int) -> Federated
     n = problem.num_clients
     if p.tau is not None and (len(p.tau) != n or min(p.tau) < 1):
         raise ValueError(f"problem.params.tau: {p.tau}; allowed: {n} integers >= 1 (one tau_i per client)")
-    clients = quadratic_clients(n, p.dx, p.dy, p.lower_het, p.upper_het, p.mu,
-                                seed if p.instance_seed is None else p.instance_seed)
+    clients = quadratic_clients(
+        n, p.dx, p.dy, p.lower_het, p.upper_het, p.mu, seed if p.instance_seed is None else p.instance_seed
+    )
     refs = {"true": stationary_point(clients, torch.full((n,), 1.0 / n, dtype=F64))}
     if p.tau is not None:
         refs["reweighted"] = stationary_point(clients, reweighted_weights(torch.tensor(p.tau)))
     zeros = lambda d: torch.zeros(d, dtype=F64)
-    return client_problem(upper, lower, zeros(p.dx), zeros(p.dy), client_data=clients, references=refs,
-                          name=f"bilevel quadratic (n = {n}, lower_het = {p.lower_het}, upper_het = {p.upper_het})")
+    return client_problem(
+        upper,
+        lower,
+        zeros(p.dx),
+        zeros(p.dy),
+        client_data=clients,
+        references=refs,
+        name=f"bilevel quadratic (n = {n}, lower_het = {p.lower_het}, upper_het = {p.upper_het})",
+    )

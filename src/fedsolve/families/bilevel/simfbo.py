@@ -40,13 +40,7 @@ from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.engine.sampling import inclusion_probabilities
 from fedsolve.families.bilevel.common import BilevelAlgorithm, sent
-from fedsolve.families.bilevel.local_steps import (
-    LocalStepsConfig,
-    batch_groups,
-    check_tau_clients,
-    directions,
-    tau_at,
-)
+from fedsolve.families.bilevel.local_steps import LocalStepsConfig, batch_groups, check_tau_clients, directions, tau_at
 from fedsolve.families.bilevel.problem import project_ball
 
 
@@ -62,11 +56,14 @@ class SimFBOConfig(LocalStepsConfig):
     a: float = Field(1.0, gt=0, description="local coefficients a_i^(t,k) (constant; the paper uses 1)")
     r: float | None = Field(None, gt=0, description="radius of the server's projection of v (null: none)")
     v0: float = Field(0.0, description="initial value of every entry of v (spec: v^(0) = 0)")
-    weights: Literal["uniform", "data"] = Field("uniform", description="objective weights p_i: 1/n (paper) or "
-                                                "the clients' data shares")
+    weights: Literal["uniform", "data"] = Field(
+        "uniform", description="objective weights p_i: 1/n (paper) or the clients' data shares"
+    )
     normalized: bool = Field(False, description="ShroFBO: upload-normalised directions h, server step rho^t")
-    rho: Literal["known", "estimate"] = Field("known", description="ShroFBO's rho^t: from the known tau "
-                                              "schedule of all n clients, or estimated from the sampled ones")
+    rho: Literal["known", "estimate"] = Field(
+        "known",
+        description="ShroFBO's rho^t: from the known tau schedule of all n clients, or estimated from the sampled ones",
+    )
 
 
 @register
@@ -82,10 +79,13 @@ class SimFBO(BilevelAlgorithm):
         T = c.steps()
         groups = batch_groups(spec.lower_group, spec.upper_group, self.independent)
         self._work = {ph: Work(epochs=None, steps=T, batch_size=c.batch_size, group=g) for ph, g in groups.items()}
-        w = (torch.ones(self.num_clients, dtype=torch.float64) if c.weights == "uniform"
-             else self.client_weights.to(torch.float64))
+        w = (
+            torch.ones(self.num_clients, dtype=torch.float64)
+            if c.weights == "uniform"
+            else self.client_weights.to(torch.float64)
+        )
         self._p = w / w.sum()
-        self._pi = None   # inclusion probabilities of the run's sampling (:meth:`p_tilde`), computed once
+        self._pi = None  # inclusion probabilities of the run's sampling (:meth:`p_tilde`), computed once
         check_tau_clients(c.tau_clients, self.num_clients)
 
     def work(self, round_=0):
@@ -114,11 +114,11 @@ class SimFBO(BilevelAlgorithm):
             ak = c.a * on.to(x.dtype)
             dy, dv, dx, fval = self.directions(ctx, k, x, y, v)
             ctx.record_loss(fval, on)
-            if k == 0:   # a_norm: ||a_i||_1 over the steps actually taken
+            if k == 0:  # a_norm: ||a_i||_1 over the steps actually taken
                 qy, qv, qx, a_norm = ak * dy, ak * dv, ak * dx, ak
             else:
                 qy, qv, qx, a_norm = qy + ak * dy, qv + ak * dv, qx + ak * dx, a_norm + ak
-            if k < T - 1:   # the last local iterate is never evaluated (spec 2.3): skip computing it
+            if k < T - 1:  # the last local iterate is never evaluated (spec 2.3): skip computing it
                 y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
         return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
 
@@ -160,10 +160,12 @@ class SimFBO(BilevelAlgorithm):
         c = self.cfg
         w = self.coefficients(server, ids, uploads, round_)
         step = lambda h: (w.unsqueeze(-1) * h).sum(0)
-        return {**server,
-                "x": server["x"] - c.gamma_x * step(uploads["hx"]),
-                "y": server["y"] - c.gamma_y * step(uploads["hy"]),
-                "v": project_ball(server["v"] - c.gamma_v * step(uploads["hv"]), c.r)}
+        return {
+            **server,
+            "x": server["x"] - c.gamma_x * step(uploads["hx"]),
+            "y": server["y"] - c.gamma_y * step(uploads["hy"]),
+            "v": project_ball(server["v"] - c.gamma_v * step(uploads["hv"]), c.r),
+        }
 
 
 class ShroFBOConfig(SimFBOConfig):

@@ -37,7 +37,8 @@ from fedsolve.engine.algorithm import (
 class FedADMMConfig(AlgorithmConfig):
     rho: float = Field(0.1, gt=0, description="ADMM penalty rho")
     aggregate_over: Literal["all", "selected"] = Field(
-        "all", description="'all': mean over all m cached uploads (inexact ADMM); 'selected': only this round's")
+        "all", description="'all': mean over all m cached uploads (inexact ADMM); 'selected': only this round's"
+    )
     warm_start: Literal["server", "local"] = Field("server", description="local solve starts at z^t or at w_i^t")
     weighting: Literal["uniform", "samples"] = Field("uniform", description="server mean weights")
     shared_only: bool = Field(False, description="train only the shared block (FedAPM paper's baseline code)")
@@ -48,10 +49,11 @@ class FedADMM(Algorithm):
     name = "fedadmm"
     description = "FedADMM: inexact consensus ADMM, per-client duals, server averages w_i + lam_i/rho"
     Config = FedADMMConfig
+    cfg: FedADMMConfig
 
     def init(self, x0, rngs):
         server = {"z": x0.clone()}
-        if self.cfg.aggregate_over == "all":   # S = sum_i w_i u_i over all m clients, u_i^0 = z^0
+        if self.cfg.aggregate_over == "all":  # S = sum_i w_i u_i over all m clients, u_i^0 = z^0
             server["usum"] = self._weights(None, x0).double().sum() * x0.double()
         clients = ClientStates(self.num_clients, defaults={"w": x0, "lam": torch.zeros_like(x0)})
         return server, clients
@@ -69,12 +71,20 @@ class FedADMM(Algorithm):
         def then(w, steps):
             lam_new = lam + rho * (w - z)
             u = w + lam_new / rho
-            if self.cfg.aggregate_over == "all":   # the server keeps the sum: send the change of this client's u_i
+            if self.cfg.aggregate_over == "all":  # the server keeps the sum: send the change of this client's u_i
                 return {"w": w, "lam": lam_new}, {"du": u - (state["w"] + lam / rho)}
             return {"w": w, "lam": lam_new}, {"u": u}
 
-        return Descend(start=start, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, linear=lam, prox=rho,
-                       anchor=z, mask=shared_mask(self), then=then)
+        return Descend(
+            start=start,
+            lr=self.cfg.lr,
+            weight_decay=self.cfg.weight_decay,
+            linear=lam,
+            prox=rho,
+            anchor=z,
+            mask=shared_mask(self),
+            then=then,
+        )
 
     def aggregate(self, server, ids, uploads, round_):
         if self.cfg.aggregate_over == "all":
@@ -83,7 +93,6 @@ class FedADMM(Algorithm):
             usum, z = stale_mean_step(server["usum"], du, self._weights(ids, du), total)
             return {"z": z, "usum": usum}
         return {"z": weighted_mean(uploads["u"], self._weights(ids, uploads["u"]))}
-
 
     def eval_model(self, state, msg):
         return msg["z"]

@@ -1,10 +1,12 @@
 """FedAvg (McMahan et al., 2017): local SGD from the global model, sample-size weighted average.
 
-    w_i^{t+1} = LocalSGD_i(w^t)                       (E epochs, lr eta)
-    w^{t+1}   = sum_{i in S_t} n_i w_i^{t+1} / sum_{i in S_t} n_i
+w_i^{t+1} = LocalSGD_i(w^t)                       (E epochs, lr eta)
+w^{t+1}   = sum_{i in S_t} n_i w_i^{t+1} / sum_{i in S_t} n_i
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -15,15 +17,20 @@ from fedsolve.engine.wrappers import AttackSurface
 
 
 class FedAvgConfig(AlgorithmConfig):
-    shared_only: bool = Field(False, description="only the 'shared' block is averaged/trained when the problem "
-                                                 "defines one (FedAPM paper's baseline behaviour)")
+    shared_only: bool = Field(
+        False,
+        description="only the 'shared' block is averaged/trained when the problem "
+        "defines one (FedAPM paper's baseline behaviour)",
+    )
 
 
 @register
 class FedAvg(Algorithm):
     name = "fedavg"
     description = "FedAvg: local SGD, sample-size weighted averaging (McMahan et al. 2017)"
-    Config = FedAvgConfig
+    # FedAvg's functions read the AlgorithmConfig fields only; a subclass may bring a config of its own (Per-FedAvg)
+    Config: ClassVar[type[AlgorithmConfig]] = FedAvgConfig
+    cfg: AlgorithmConfig
     averages = Averages("w", "w", "model", "samples")
     #: the upload ``w`` is the client's model; a client that ignores the server starts from its own model
     attack_surface = AttackSurface(model="w", view="w")
@@ -40,8 +47,15 @@ class FedAvg(Algorithm):
 
     def local_update(self, state, msg, ctx):
         c = self.cfg
-        return Descend(start=msg["w"], lr=c.lr, weight_decay=c.weight_decay, prox=self.prox_mu(), anchor=msg["w"],
-                       mask=shared_mask(self), then=lambda w, steps: ({}, {"w": w}))
+        return Descend(
+            start=msg["w"],
+            lr=c.lr,
+            weight_decay=c.weight_decay,
+            prox=self.prox_mu(),
+            anchor=msg["w"],
+            mask=shared_mask(self),
+            then=lambda w, steps: ({}, {"w": w}),
+        )
 
     def aggregate(self, server, ids, uploads, round_):
         return {"w": weighted_mean(uploads["w"], self.client_weights[ids])}

@@ -14,7 +14,7 @@ class Local(Algorithm):
     description = "Local: each client trains alone from a common init, no communication"
     Config = AlgorithmConfig
     communicates = False
-    attack_surface = AttackSurface(model=None)   # uploads nothing: immune to upload attacks
+    attack_surface = AttackSurface(model=None)  # uploads nothing: immune to upload attacks
 
     def init(self, x0, rngs):
         return {}, ClientStates(self.num_clients, {"w": repeat_rows(x0, self.num_clients)})

@@ -99,19 +99,26 @@ class AttackConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     attack: AttackKind = Field("none", description="Byzantine attack of the malicious devices' uploads")
-    malicious_fraction: float = Field(0.0, ge=0, le=1, description="share of malicious devices (paper: "
-                                                                   "0, 0.2, 0.4, 0.6, 0.8)")
-    attack_sigma: float | None = Field(None, gt=0, description="noise level sigma; null = the paper's "
-                                                               "(100 same-value, 10 sign-flip, 100 gaussian)")
+    malicious_fraction: float = Field(
+        0.0, ge=0, le=1, description="share of malicious devices (paper: 0, 0.2, 0.4, 0.6, 0.8)"
+    )
+    attack_sigma: float | None = Field(
+        None, gt=0, description="noise level sigma; null = the paper's (100 same-value, 10 sign-flip, 100 gaussian)"
+    )
     attack_seed: int = Field(0, ge=0, description="seed of the malicious set and of the attack draws")
-    attack_keys: tuple[str, ...] | None = Field(None, description="upload keys that are corrupted (null: the "
-                                                                "solver's declared model key)")
+    attack_keys: tuple[str, ...] | None = Field(
+        None, description="upload keys that are corrupted (null: the solver's declared model key)"
+    )
     attack_block: str | None = Field(
-        None, description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
-                          "last layer: the paper attacks the personalization layers); null = all of it")
+        None,
+        description="corrupt only this named parameter block of the uploads (e.g. 'fused', the CNN's "
+        "last layer: the paper attacks the personalization layers); null = all of it",
+    )
     attacker_view: Literal["server", "own"] = Field(
-        "server", description="what a malicious device trains from: the server's message (the protocol) or "
-                              "its own last true model (see the module docstring)")
+        "server",
+        description="what a malicious device trains from: the server's message (the protocol) or "
+        "its own last true model (see the module docstring)",
+    )
 
 
 class Attack(Wrapper):
@@ -140,27 +147,34 @@ class Attack(Wrapper):
         c = self.attack_cfg
         self.malicious = malicious_set(self.num_clients, c.malicious_fraction, c.attack_seed)
         self.sigma = c.attack_sigma if c.attack_sigma is not None else PAPER_SIGMA.get(c.attack, 0.0)
-        self.attack_cols: slice | Tensor = slice(None)     # the coordinates an attack corrupts
+        self.attack_cols: slice | Tensor = slice(None)  # the coordinates an attack corrupts
         if c.attack_block is not None:
             if not self.layout.has_block(c.attack_block):
-                raise ValueError(f"wrap.attack.attack_block: the model has no block {c.attack_block!r}; allowed: "
-                                 f"{self.layout.block_names()} or null (the whole upload)")
+                raise ValueError(
+                    f"wrap.attack.attack_block: the model has no block {c.attack_block!r}; allowed: "
+                    f"{self.layout.block_names()} or null (the whole upload)"
+                )
             self.attack_cols = torch.nonzero(self.layout.mask(c.attack_block)).flatten()
         surface = attack_surface(self.inner)
         if surface is None:
-            raise ValueError(f"wrap.attack: {self.name} declares no attack surface (the upload key of its model); "
-                             f"allowed: a solver that declares attack_surface")
+            raise ValueError(
+                f"wrap.attack: {self.name} declares no attack surface (the upload key of its model); "
+                f"allowed: a solver that declares attack_surface"
+            )
         self.surface = surface
-        self.attack_keys = c.attack_keys if c.attack_keys is not None else \
-            ((surface.model,) if surface.model else ())
-        if c.attacker_view == "own" and surface.model is not None:   # no uploads (LOCAL): immune, nothing to view
+        self.attack_keys = c.attack_keys if c.attack_keys is not None else ((surface.model,) if surface.model else ())
+        if c.attacker_view == "own" and surface.model is not None:  # no uploads (LOCAL): immune, nothing to view
             if surface.view is None:
-                raise ValueError(f"wrap.attack.attacker_view: 'own' is not defined for {self.name} (it declares no "
-                                 f"message key a device could fill with its own model); allowed: 'server'")
+                raise ValueError(
+                    f"wrap.attack.attacker_view: 'own' is not defined for {self.name} (it declares no "
+                    f"message key a device could fill with its own model); allowed: 'server'"
+                )
             if self.attack_keys != (surface.model,):
-                raise ValueError(f"wrap.attack.attacker_view: 'own' needs the uploaded model {surface.model!r} as "
-                                 f"the attacked key ({self.name}: attack_keys {list(self.attack_keys)}); allowed: "
-                                 f"'server', or attack_keys null")
+                raise ValueError(
+                    f"wrap.attack.attacker_view: 'own' needs the uploaded model {surface.model!r} as "
+                    f"the attacked key ({self.name}: attack_keys {list(self.attack_keys)}); allowed: "
+                    f"'server', or attack_keys null"
+                )
 
     @property
     def own_view(self) -> bool:
@@ -170,9 +184,14 @@ class Attack(Wrapper):
     # ----------------------------------------------------------- the functions
     def init(self, x0, rngs):
         server, clients = self.inner.init(x0, rngs)
-        if self.own_view:   # kept in the server record, so checkpoints carry it
-            server = dict(server, **{OWN: torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
-                                     HAS_OWN: torch.zeros(self.num_clients, dtype=torch.bool)})
+        if self.own_view:  # kept in the server record, so checkpoints carry it
+            server = dict(
+                server,
+                **{
+                    OWN: torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype),
+                    HAS_OWN: torch.zeros(self.num_clients, dtype=torch.bool),
+                },
+            )
         return server, clients
 
     def broadcast(self, server, ids, round_):
@@ -187,6 +206,7 @@ class Attack(Wrapper):
         """``msg`` with the rows ``sel`` of the declared view key filled with the devices' own models ``own``
         ``[k_sel, d]`` (their declared coordinates, repeated over any middle dimension, e.g. IFCA's L models)."""
         key, cols = self.surface.view, self.surface.view_columns
+        assert key is not None, "attacker_view 'own' is refused in setup for a solver that declares no view key"
         val = own if cols is None else own[:, getattr(self.inner, cols)]
         rows = msg[key].clone()
         shape = rows[sel].shape
@@ -197,10 +217,10 @@ class Attack(Wrapper):
         c = self.attack_cfg
         bad = self.malicious[ids]
         keep = {k: server[k] for k in (OWN, HAS_OWN) if k in server}
-        if c.attack != "none" and bool(bad.any()) and uploads:   # LOCAL uploads nothing
+        if c.attack != "none" and bool(bad.any()) and uploads:  # LOCAL uploads nothing
             gen = torch.Generator().manual_seed(c.attack_seed * 1_000_003 + int(round_))
             uploads = dict(uploads)
-            if keep:   # remember the true uploads before they are corrupted
+            if keep:  # remember the true uploads before they are corrupted
                 keep[OWN][ids[bad]] = uploads[self.surface.model][bad].to(keep[OWN].dtype)
                 keep[HAS_OWN][ids[bad]] = True
             for key in self.attack_keys:
@@ -228,13 +248,16 @@ def _inner_server(server: dict) -> dict:
     return {k: v for k, v in server.items() if k not in (OWN, HAS_OWN)}
 
 
-@register_wrapper("attack", "Byzantine model-update attack on a share of devices' uploads (FPFC Sec. 6.4.1): "
-                            "same_value, sign_flip, gaussian")
+@register_wrapper(
+    "attack",
+    "Byzantine model-update attack on a share of devices' uploads (FPFC Sec. 6.4.1): same_value, sign_flip, gaussian",
+)
 def _attack(inner: Algorithm, params: dict[str, Any]) -> Attack:
     try:
         cfg = AttackConfig(**params)
     except ValidationError as e:
         err = e.errors()[0]
-        raise ValueError(f"wrap.attack.{'.'.join(str(x) for x in err['loc'])}: {err['msg']} "
-                         f"(got {err.get('input')!r})") from None
+        raise ValueError(
+            f"wrap.attack.{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+        ) from None
     return Attack(inner, cfg)

@@ -50,7 +50,7 @@ def adjusted_rand(labels, truth) -> float:
     n = int(a.size)
     cont = np.zeros((a.max(initial=-1) + 1, b.max(initial=-1) + 1), dtype=np.int64)
     np.add.at(cont, (a, b), 1)
-    same_both = int((cont * (cont - 1)).sum()) // 2                       # pairs together in both
+    same_both = int((cont * (cont - 1)).sum()) // 2  # pairs together in both
     same_truth = int((cont.sum(1) * (cont.sum(1) - 1)).sum()) // 2
     same_labels = int((cont.sum(0) * (cont.sum(0) - 1)).sum()) // 2
     tp, fn, fp = same_both, same_truth - same_both, same_labels - same_both

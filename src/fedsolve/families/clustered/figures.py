@@ -26,12 +26,21 @@ def attack_grid_figure(rows: list[dict], suite, path: Path) -> None:
         for i, lab in enumerate(labels):
             mine = [r for r in rows if r["attack"] == attack and r["algorithm"] == lab]
             fracs = sorted({r["fraction"] for r in mine})
-            ok = [(f, [r["benign_accuracy"] for r in mine if r["fraction"] == f and "benign_accuracy" in r])
-                  for f in fracs]
+            ok = [
+                (f, [r["benign_accuracy"] for r in mine if r["fraction"] == f and "benign_accuracy" in r])
+                for f in fracs
+            ]
             pts = [(f, v) for f, v in ok if v]
-            ax.errorbar([f for f, _ in pts], [100 * np.mean(v) for _, v in pts],
-                        yerr=[100 * np.std(v) for _, v in pts], marker="o", ms=4, capsize=2, label=lab,
-                        color=f"C{i}")
+            ax.errorbar(
+                [f for f, _ in pts],
+                [100 * np.mean(v) for _, v in pts],
+                yerr=[100 * np.std(v) for _, v in pts],
+                marker="o",
+                ms=4,
+                capsize=2,
+                label=lab,
+                color=f"C{i}",
+            )
             lost = [f for f, v in ok if not v]
             if lost:
                 ax.plot(lost, [0.0] * len(lost), "x", ms=8, color=f"C{i}")
@@ -54,7 +63,7 @@ def lambda_path_figure(rows: list[dict], suite, path: Path) -> None:
         lams = np.array([r["lam"] for r in recs])
         S = np.array([r["slopes"] for r in recs])
         c = np.array(recs[0]["centres"])
-        for i in range(S.shape[1]):    # the true group of a device: the sign of its slope's group centre at lambda 0
+        for i in range(S.shape[1]):  # the true group of a device: the sign of its slope's group centre at lambda 0
             group = int(np.argmin(np.abs(S[0, i] - c)))
             ax.plot(lams, S[:, i], color="tab:blue" if group == 0 else "tab:red", lw=0.7, alpha=0.7)
         ax.set_xscale("symlog", linthresh=0.01)

@@ -1,10 +1,6 @@
 """Constrained federated learning (paper 002): Prox-AL FL (Algorithms 1-2) and cProx-AL (Algorithm 3)."""
 
-from fedsolve.families.constrained import (  # noqa: F401  (register)
-           baselines,
-           kind,
-           proxal,
-)
+from fedsolve.families.constrained import baselines, kind, proxal  # noqa: F401  (register)
 from fedsolve.families.constrained.config import CProxALConfig, ProxALConfig
 from fedsolve.families.constrained.cproxal import CProxAL, CProxALResult, cproxal
 from fedsolve.families.constrained.kkt import certificate
@@ -13,14 +9,14 @@ from fedsolve.families.constrained.problem import PartyData
 from fedsolve.families.constrained.proxal import ProxAL
 
 __all__ = [
-           "CProxAL",
-           "CProxALConfig",
-           "CProxALResult",
-           "PartyData",
-           "ProxAL",
-           "ProxALConfig",
-           "certificate",
-           "cproxal",
-           "party_problem",
-           "quadratic_problem",
+    "CProxAL",
+    "CProxALConfig",
+    "CProxALResult",
+    "PartyData",
+    "ProxAL",
+    "ProxALConfig",
+    "certificate",
+    "cproxal",
+    "party_problem",
+    "quadratic_problem",
 ]

@@ -1,8 +1,8 @@
 """Proximal augmented-Lagrangian pieces shared by Algorithm 1 (proxal.py) and Algorithm 3 (cproxal.py).
 
-    penalty(mu, c) = (1/(2 beta)) ( ||[mu + beta c]_+||^2 - ||mu||^2 )              (Eq. 9; equalities: no [.]_+)
-    mu^+           = [mu + beta c(w)]_+                                              (Alg. 1 lines 5/7)
-    P_{i,k}(w)     = f_i(w) + penalty(mu_i^k, c_i(w)) + ||w - w^k||^2 / (2 (n+1) beta)   (Eqs. 13-14)
+penalty(mu, c) = (1/(2 beta)) ( ||[mu + beta c]_+||^2 - ||mu||^2 )              (Eq. 9; equalities: no [.]_+)
+mu^+           = [mu + beta c(w)]_+                                              (Alg. 1 lines 5/7)
+P_{i,k}(w)     = f_i(w) + penalty(mu_i^k, c_i(w)) + ||w - w^k||^2 / (2 (n+1) beta)   (Eqs. 13-14)
 """
 
 from __future__ import annotations

@@ -54,9 +54,13 @@ class ClientSide:
         constant = {}
         if self.solver == "quadratic":
             rows.update(g0=torch.zeros(n, d, dtype=f64), hkey=torch.full((n, 2), float("nan"), dtype=f64))
-            constant = {"pair": torch.zeros(d, d, dtype=f64), "pair_fix": torch.zeros(d, dtype=f64),
-                        "gf0": torch.zeros(d, dtype=f64), "J": torch.zeros(m, d, dtype=f64),
-                        "c0": torch.zeros(m, dtype=f64)}
+            constant = {
+                "pair": torch.zeros(d, d, dtype=f64),
+                "pair_fix": torch.zeros(d, dtype=f64),
+                "gf0": torch.zeros(d, dtype=f64),
+                "J": torch.zeros(m, d, dtype=f64),
+                "c0": torch.zeros(m, dtype=f64),
+            }
         # written once per run and read every round: gathered without a copy (read-only)
         return ClientStates(n, {**rows, **data}, defaults=constant, readonly=[*constant, *data])
 
@@ -73,7 +77,7 @@ class ClientSide:
             mu_new, dmu = (mu, mu.new_zeros(mu.shape[:-1])) if first else self.mu_step(mu, self.spec.c(w, part))
             lam = -grad(lambda u: client_P(self.spec, u, part, mu_new, w, self.cfg.beta, self.sigma))(start)
             return self.started(new, start, w, mu_new, lam, dmu)
-        if first:   # the client's quadratic model, from one pass over its data
+        if first:  # the client's quadratic model, from one pass over its data
             model, H = self.model(self.part(state, *ctx.batch("train", 0)), w)
             new.update(model, hkey=self.key(state["hkey"]))
             mu_new, dmu = mu, mu.new_zeros(mu.shape[:-1])
@@ -103,11 +107,11 @@ class ClientSide:
         """An ADMM round at the server's ``w = w^{t+1}`` with tolerance ``eps = eps_{t+1}``: Eqs. 19-22."""
         tol = eps * self.cfg.client_tol_factor
         lam, rho = state["lam"], self.cfg.rho
-        if self.solver == "quadratic":   # exact: (H_P + rho I) u = rho w - grad P(0) - lambda
+        if self.solver == "quadratic":  # exact: (H_P + rho I) u = rho w - grad P(0) - lambda
             model, fresh = self.current(state)
             g0 = fresh.get("g0", state["g0"])
             u, Hw = sp.sym_pair_apply(model["pair"], model["pair_fix"], rho * w - g0 - lam, w)
-            res = w.new_zeros(w.shape[:-1])   # an exact solve: nothing to verify beyond rounding
+            res = w.new_zeros(w.shape[:-1])  # an exact solve: nothing to verify beyond rounding
             return Solved(*self.finish(state, w, u, res, Hw - rho * w + g0, fresh))
         args = (state["party"], self.tensors(state), state["mu"], state["wk"], lam, w)
         if self.solver == "scipy":
@@ -115,19 +119,25 @@ class ClientSide:
             gP = grad(self.P)(w, x, y, wt, *args[:4])
             u, res, _ = scipy_lbfgsb(lambda v: self.phi(v, x, y, wt, *args), state["u"], float(tol))
             return self.finish(state, w, u, res, gP)
-        return Minimize(self.phi, state["u"], tol, args=args, max_iter=self.cfg.newton_max_iter,
-                        modified=self.cfg.newton_step == "modified",
-                        then=lambda u, res, gradient: self.finish(state, w, u, res, gradient(self.P, w, *args[:4])))
+        return Minimize(
+            self.phi,
+            state["u"],
+            tol,
+            args=args,
+            max_iter=self.cfg.newton_max_iter,
+            modified=self.cfg.newton_step == "modified",
+            then=lambda u, res, gradient: self.finish(state, w, u, res, gradient(self.P, w, *args[:4])),
+        )
 
     def finish(self, state, w, u, res, gP, new=None):
         """Eqs. 20-22 after Eq. 19's solution ``u`` (``gP = grad P_{i,k}(w^{t+1})``)."""
         rho, lam = self.cfg.rho, state["lam"]
-        lam_new = lam + rho * (u - w)                                               # Eq. 20
-        ut = u + lam_new / rho                                                      # Eq. 21
+        lam_new = lam + rho * (u - w)  # Eq. 20
+        ut = u + lam_new / rho  # Eq. 21
         if self.cfg.eps_tilde == "paper":
-            et = inf_norm(gP - rho * (w - state["ut"]))                             # Eq. 22, old u_i^t, lambda_i^t
+            et = inf_norm(gP - rho * (w - state["ut"]))  # Eq. 22, old u_i^t, lambda_i^t
         else:
-            et = inf_norm(gP + lam_new - rho * (w - state["u"]))                    # authors' NP code: new lambda
+            et = inf_norm(gP + lam_new - rho * (w - state["u"]))  # authors' NP code: new lambda
         return {**(new or {}), "u": u, "lam": lam_new, "ut": ut}, {"ut": ut, "et": et, "res": res}
 
     # ----------------------------------------------------------------- the client's functions
@@ -136,7 +146,7 @@ class ClientSide:
 
     @staticmethod
     def tensors(state) -> dict[str, Tensor]:
-        return {k[len(DATA):]: v for k, v in state.items() if k.startswith(DATA)}
+        return {k[len(DATA) :]: v for k, v in state.items() if k.startswith(DATA)}
 
     def P(self, u, x, y, wt, i, tensors, mu, wk):
         """``P_{i,k}(u)`` (Eq. 14) on the client's batch ``(x, y, wt)``."""
@@ -145,8 +155,9 @@ class ClientSide:
 
     def phi(self, u, x, y, wt, i, tensors, mu, wk, lam, w):
         """Eq. 19's objective: ``P_{i,k}(u) + <lambda_i, u - w> + rho/2 ||u - w||^2``."""
-        return self.P(u, x, y, wt, i, tensors, mu, wk) + (lam * (u - w)).sum() + 0.5 * self.cfg.rho * (
-            u - w).pow(2).sum()
+        return (
+            self.P(u, x, y, wt, i, tensors, mu, wk) + (lam * (u - w)).sum() + 0.5 * self.cfg.rho * (u - w).pow(2).sum()
+        )
 
     # ----------------------------------------------------------------- the quadratic model (App. E.2)
     def model(self, part: Part, at: Tensor) -> tuple[dict[str, Tensor], Tensor]:
@@ -157,7 +168,7 @@ class ClientSide:
         d = at.shape[-1]
         f = lambda u: spec.f(u, part)
         zero = torch.zeros_like(at)
-        if spec.hessian is not None:   # the problem's closed form (one product instead of autodiff's four)
+        if spec.hessian is not None:  # the problem's closed form (one product instead of autodiff's four)
             H = spec.hess(part).to(at) + shift * torch.eye(d, dtype=at.dtype, device=at.device)
         else:
             H = sp.quadratic_hessian(lambda u: f(u) + 0.5 * shift * u.pow(2).sum(), at)
@@ -187,8 +198,11 @@ class ClientSide:
         JJ = model["J"].mT @ model["J"]
         shift = (self.sigma + self.cfg.rho) - (1.0 / ((self.n + 1) * beta0) + rho0)
         eye = torch.eye(JJ.shape[-1], dtype=JJ.dtype, device=JJ.device)
-        H = (sp.sym_unpack(model["pair"], model["pair_fix"]) + (self.cfg.beta - beta0)[..., None, None] * JJ
-             + shift[..., None, None] * eye)
+        H = (
+            sp.sym_unpack(model["pair"], model["pair_fix"])
+            + (self.cfg.beta - beta0)[..., None, None] * JJ
+            + shift[..., None, None] * eye
+        )
         model["pair"], model["pair_fix"] = sp.sym_pair(H)
         fresh = {"pair": model["pair"], "pair_fix": model["pair_fix"], "hkey": key.clone()}
         fresh["g0"] = self.g0(model, state["mu"], state["wk"])

@@ -31,31 +31,54 @@ class ProxALConfig(BaseModel):
     max_inner: int = Field(300, ge=1, description="safety cap T_max on ADMM rounds per outer iteration")
     mu0: float = Field(0.0, ge=0, description="initial multipliers mu_i^0 (every party)")
     w0: StartKind = Field(
-        "unit_sphere", description="w^0: random on the unit sphere (paper), normalised Uniform[0,1)^d (code), the "
-                                   "engine's model init, or zero")
+        "unit_sphere",
+        description="w^0: random on the unit sphere (paper), normalised Uniform[0,1)^d (code), the "
+        "engine's model init, or zero",
+    )
     solver: Literal["auto", "newton", "quadratic", "scipy"] = Field(
-        "auto", description="client/server subproblem solver: auto = quadratic (exact) for quadratic problems, "
-                            "else newton; scipy = SciPy's L-BFGS-B, one client at a time (a reference)")
-    newton_max_iter: int = Field(200, ge=1, description="cap on Newton steps per subproblem (clients and server): "
-                                                        "each stops once Eq. 19's tolerance is met")
+        "auto",
+        description="client/server subproblem solver: auto = quadratic (exact) for quadratic problems, "
+        "else newton; scipy = SciPy's L-BFGS-B, one client at a time (a reference)",
+    )
+    newton_max_iter: int = Field(
+        200,
+        ge=1,
+        description="cap on Newton steps per subproblem (clients and server): "
+        "each stops once Eq. 19's tolerance is met",
+    )
     newton_step: Literal["modified", "plain"] = Field(
-        "modified", description="Newton step where a subproblem's Hessian is not positive definite (a nonconvex "
-                                "constraint, e.g. fairness): modified = H + 2|lambda_min| I, towards a local "
-                                "minimiser; plain = H as it is (Table 2's reported runs)")
+        "modified",
+        description="Newton step where a subproblem's Hessian is not positive definite (a nonconvex "
+        "constraint, e.g. fairness): modified = H + 2|lambda_min| I, towards a local "
+        "minimiser; plain = H as it is (Table 2's reported runs)",
+    )
     inner_stop: Literal["paper", "measured", "code"] = Field(
-        "paper", description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
-                             "none (authors' NP/QP code)")
+        "paper",
+        description="server term of Eq. 23: eps_{t+1} = q^t (paper), the server's measured residual, or "
+        "none (authors' NP/QP code)",
+    )
     eps_tilde: Literal["paper", "code"] = Field(
-        "paper", description="Eq. 22 with the old lambda_i^t (paper) or the updated one (authors' NP code)")
-    admm_start: Literal["wk", "w0"] = Field("wk", description="ADMM start w~^0 = w^k (paper) or the original w^0 "
-                                                            "(authors' NP code)")
+        "paper", description="Eq. 22 with the old lambda_i^t (paper) or the updated one (authors' NP code)"
+    )
+    admm_start: Literal["wk", "w0"] = Field(
+        "wk", description="ADMM start w~^0 = w^k (paper) or the original w^0 (authors' NP code)"
+    )
     eps_floor: float = Field(0.0, ge=0, description="eps_{t+1} = max(q^t, eps_floor) (authors' code: 1e-10)")
-    client_tol_factor: float = Field(1.0, gt=0, le=1, description="clients solve Eq. 19 to ||grad||_inf <= "
-                                     "client_tol_factor x eps_{t+1} (paper: 1; authors' NP code: 1e-2)")
-    infeasible_patience: int = Field(40, ge=0, description="stop naming the constraint once w has settled (Eq. 11's "
-                                     "first test passes) while the largest multiplier step has not halved for this "
-                                     "many outer iterations (an infeasible constraint: its multiplier grows without "
-                                     "bound); 0 = off")
+    client_tol_factor: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="clients solve Eq. 19 to ||grad||_inf <= "
+        "client_tol_factor x eps_{t+1} (paper: 1; authors' NP code: 1e-2)",
+    )
+    infeasible_patience: int = Field(
+        40,
+        ge=0,
+        description="stop naming the constraint once w has settled (Eq. 11's "
+        "first test passes) while the largest multiplier step has not halved for this "
+        "many outer iterations (an infeasible constraint: its multiplier grows without "
+        "bound); 0 = off",
+    )
 
 
 class CProxALConfig(BaseModel):
@@ -72,8 +95,9 @@ class CProxALConfig(BaseModel):
     w0: StartKind = Field("unit_sphere", description="w^0, drawn as Prox-AL FL draws it (same seed: the same w^0)")
     newton_max_iter: int = Field(100, ge=1, description="Newton steps per subproblem (cap)")
     newton_step: Literal["modified", "plain"] = Field(
-        "modified", description="Newton step where the subproblem's Hessian is not positive definite (as Prox-AL "
-                                "FL's newton_step)")
+        "modified",
+        description="Newton step where the subproblem's Hessian is not positive definite (as Prox-AL FL's newton_step)",
+    )
 
 
 def initial_point(kind: str, x0: Tensor, seed_gen: torch.Generator) -> Tensor:
@@ -83,6 +107,9 @@ def initial_point(kind: str, x0: Tensor, seed_gen: torch.Generator) -> Tensor:
         return x0.detach().double().clone()
     if kind == "zero":
         return torch.zeros(d, dtype=torch.float64, device=x0.device)
-    cpu = {"generator": seed_gen, "dtype": torch.float64, "device": "cpu"}   # the same w^0 on every device
-    v = torch.randn(d, **cpu) if kind == "unit_sphere" else torch.rand(d, **cpu)
+    # drawn on the cpu: the same w^0 on every device
+    if kind == "unit_sphere":
+        v = torch.randn(d, generator=seed_gen, dtype=torch.float64, device="cpu")
+    else:
+        v = torch.rand(d, generator=seed_gen, dtype=torch.float64, device="cpu")
     return (v / v.norm()).to(x0.device)

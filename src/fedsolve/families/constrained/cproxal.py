@@ -31,27 +31,32 @@ from fedsolve.engine.phases import Phase, PhaseTable
 from fedsolve.families.constrained import kkt, subproblem as sp
 from fedsolve.families.constrained.al import penalty, shifted
 from fedsolve.families.constrained.config import CProxALConfig, initial_point
-from fedsolve.families.constrained.problem import (
-    ConstrainedSpec,
-    Part,
-    get_spec,
-    stack_rows,
-)
+from fedsolve.families.constrained.problem import ConstrainedSpec, Part, get_spec, stack_rows
 from fedsolve.problems import parse_params
 
 
 class CProxALStep:
     """One outer iteration of Algorithm 3 on the pooled data of ``spec``'s parties."""
 
-    def __init__(self, spec: ConstrainedSpec, data: FederatedData, beta: float, newton_max_iter: int = 100,
-                 newton_step: str = "modified"):
+    def __init__(
+        self,
+        spec: ConstrainedSpec,
+        data: FederatedData,
+        beta: float,
+        newton_max_iter: int = 100,
+        newton_step: str = "modified",
+    ):
         self.spec, self.data, self.beta, self.newton_max_iter = spec, data, beta, newton_max_iter
         self.modified = newton_step == "modified"
         n = data.num_clients
         X, Y, M = stack_rows([data.client_train(i) for i in range(n)])
-        self.parts = Part(X, Y, M, torch.arange(n, device=X.device),
-                          {k: (v.double() if v.is_floating_point() else v).to(X.device)
-                           for k, v in spec.party_tensors.items()})
+        self.parts = Part(
+            X,
+            Y,
+            M,
+            torch.arange(n, device=X.device),
+            {k: (v.double() if v.is_floating_point() else v).to(X.device) for k, v in spec.party_tensors.items()},
+        )
         none = torch.zeros(0, dtype=torch.bool)
         self.eq = spec.client_eq
         self.eq0 = spec.server.constraint.eq_mask if spec.server.constraint is not None else none
@@ -85,8 +90,10 @@ class CProxALStep:
 
     def changes(self, w, w_new, mu, mu_new, m0, m0_new) -> tuple[float, float]:
         dw = float((w_new - w).abs().max())
-        dmu = max(float((mu_new - mu).abs().max()) if mu.numel() else 0.0,
-                  float((m0_new - m0).abs().max()) if m0.numel() else 0.0)
+        dmu = max(
+            float((mu_new - mu).abs().max()) if mu.numel() else 0.0,
+            float((m0_new - m0).abs().max()) if m0.numel() else 0.0,
+        )
         return dw, dmu
 
 
@@ -102,16 +109,38 @@ class CProxALResult:
     status: str = ""
 
 
-def cproxal(spec: ConstrainedSpec, data: FederatedData, w0: Tensor, *, beta: float, s_bar: float, eps1: float = 1e-3,
-            eps2: float = 1e-3, mu0: float = 0.0, max_outer: int = 100, newton_max_iter: int = 100,
-            newton_step: str = "modified", certify: bool = True) -> CProxALResult:
+def cproxal(
+    spec: ConstrainedSpec,
+    data: FederatedData,
+    w0: Tensor,
+    *,
+    beta: float,
+    s_bar: float,
+    eps1: float = 1e-3,
+    eps2: float = 1e-3,
+    mu0: float = 0.0,
+    max_outer: int = 100,
+    newton_max_iter: int = 100,
+    newton_step: str = "modified",
+    certify: bool = True,
+) -> CProxALResult:
     """Run Algorithm 3 from ``w0`` with every multiplier at ``mu0``. The arguments are checked as the registered
     algorithm's config (:class:`~fedsolve.families.constrained.config.CProxALConfig`): a bad one is a ValueError
     naming it. ``status`` follows the certificate (computed when ``certify``)."""
     try:
-        c = parse_params(CProxALConfig, {"beta": beta, "s_bar": s_bar, "eps1": eps1, "eps2": eps2, "mu0": mu0,
-                                         "max_outer": max_outer, "newton_max_iter": newton_max_iter,
-                                         "newton_step": newton_step})
+        c = parse_params(
+            CProxALConfig,
+            {
+                "beta": beta,
+                "s_bar": s_bar,
+                "eps1": eps1,
+                "eps2": eps2,
+                "mu0": mu0,
+                "max_outer": max_outer,
+                "newton_max_iter": newton_max_iter,
+                "newton_step": newton_step,
+            },
+        )
     except ValueError as e:
         raise ValueError(f"cproxal: {e}") from None
     t0 = time.perf_counter()
@@ -141,8 +170,12 @@ def cproxal(spec: ConstrainedSpec, data: FederatedData, w0: Tensor, *, beta: flo
     return res
 
 
-PHASES = PhaseTable(Phase("step", then=("step", "done"), doc="one outer iteration of Algorithm 3 on the pooled data"),
-                    Phase("done", doc="the stop test passed or max_outer reached"), start="step", done="done")
+PHASES = PhaseTable(
+    Phase("step", then=("step", "done"), doc="one outer iteration of Algorithm 3 on the pooled data"),
+    Phase("done", doc="the stop test passed or max_outer reached"),
+    start="step",
+    done="done",
+)
 
 
 @register
@@ -152,16 +185,18 @@ class CProxAL(Algorithm):
     name = "cproxal"
     description = "cProx-AL: centralized proximal AL on the pooled data (paper 002 App. D baseline; no communication)"
     Config = CProxALConfig
+    cfg: CProxALConfig
     communicates = False
     reports_train_loss = False
     watch = "w"
     phases = PHASES
-    server_reads_client_state = True   # centralized: refused by the Flower adapter
+    server_reads_client_state = True  # centralized: refused by the Flower adapter
 
     def setup(self) -> None:
         self.spec = get_spec(self.problem, self.name)
-        self.step = CProxALStep(self.spec, self.problem.data, self.cfg.beta, self.cfg.newton_max_iter,
-                                self.cfg.newton_step)
+        self.step = CProxALStep(
+            self.spec, self.problem.data, self.cfg.beta, self.cfg.newton_max_iter, self.cfg.newton_step
+        )
 
     def work(self, round_: int | None = 0) -> dict[str, Work]:
         return {} if round_ is None else {"train": Work(epochs=None, steps=1, batch_size=None)}
@@ -169,11 +204,16 @@ class CProxAL(Algorithm):
     def init(self, x0, rngs):
         w0 = initial_point(self.cfg.w0, x0, rngs.torch("proxal_w0"))
         z = torch.zeros((), dtype=torch.float64)
-        return {**PHASES.init(), "w": w0,
-                "mu": torch.full((self.num_clients, self.spec.m_client), self.cfg.mu0, dtype=torch.float64),
-                "mu0": torch.full((self.spec.m_server,), self.cfg.mu0, dtype=torch.float64),
-                "k": torch.zeros((), dtype=torch.long), "converged": torch.zeros((), dtype=torch.long), "dw": z,
-                "dmu": z}, ClientStates(self.num_clients)
+        return {
+            **PHASES.init(),
+            "w": w0,
+            "mu": torch.full((self.num_clients, self.spec.m_client), self.cfg.mu0, dtype=torch.float64),
+            "mu0": torch.full((self.spec.m_server,), self.cfg.mu0, dtype=torch.float64),
+            "k": torch.zeros((), dtype=torch.long),
+            "converged": torch.zeros((), dtype=torch.long),
+            "dw": z,
+            "dmu": z,
+        }, ClientStates(self.num_clients)
 
     def broadcast(self, server, ids, round_):
         if round_ is None:
@@ -191,8 +231,16 @@ class CProxAL(Algorithm):
         w, mu, m0 = self.step(server["w"], server["mu"], server["mu0"], tau)
         dw, dmu = self.step.changes(server["w"], w, server["mu"], mu, server["mu0"], m0)
         conv = dw + c.beta * tau <= c.beta * c.eps1 and dmu <= c.beta * c.eps2
-        s = {**server, "w": w, "mu": mu, "mu0": m0, "k": server["k"] + 1, "converged": torch.tensor(int(conv)),
-             "dw": torch.tensor(dw, dtype=torch.float64), "dmu": torch.tensor(dmu, dtype=torch.float64)}
+        s = {
+            **server,
+            "w": w,
+            "mu": mu,
+            "mu0": m0,
+            "k": server["k"] + 1,
+            "converged": torch.tensor(int(conv)),
+            "dw": torch.tensor(dw, dtype=torch.float64),
+            "dmu": torch.tensor(dmu, dtype=torch.float64),
+        }
         return PHASES.enter(s, "done", round_) if conv or k + 1 >= c.max_outer else s
 
     def eval_model(self, state, msg):
@@ -200,13 +248,19 @@ class CProxAL(Algorithm):
 
     def report(self, server, clients, final: bool = False) -> dict[str, Any]:
         out = kkt.certificate(self.spec, self.problem.data, server["w"], server["mu0"], server["mu"])
-        out.update(outer_iterations=int(server["k"]), converged=int(server["converged"]),
-                   certified=int(kkt.certified(out, self.cfg.eps1, self.cfg.eps2)))
+        out.update(
+            outer_iterations=int(server["k"]),
+            converged=int(server["converged"]),
+            certified=int(kkt.certified(out, self.cfg.eps1, self.cfg.eps2)),
+        )
         if not final:
             return out
         c = self.cfg
-        ended = (f"outer cap max_outer={c.max_outer} reached" if PHASES.finished(server)
-                 else "the run ended (simulation.rounds) first")
+        ended = (
+            f"outer cap max_outer={c.max_outer} reached"
+            if PHASES.finished(server)
+            else "the run ended (simulation.rounds) first"
+        )
         out["status"] = kkt.status(out, c.eps1, c.eps2, bool(int(server["converged"])), ended)
         out.update(kkt.final_record(self.spec, self.problem.data, server["w"], server["mu0"], server["mu"]))
         return {"constrained": out}

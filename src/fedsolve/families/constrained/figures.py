@@ -40,7 +40,7 @@ def outer_figure(recs: list[dict], n: int, kind: str, r: float, title: str | Non
     iteration) or ``round``. Returns the figure."""
     from matplotlib.figure import Figure
 
-    final = recs[-1]   # the run's end, for the title (per_outer keeps the first record of the last k)
+    final = recs[-1]  # the run's end, for the title (per_outer keeps the first record of the last k)
     if x == "outer":
         recs = per_outer(recs)
         xs, xlabel = [rec.get("outer_iterations", 0) for rec in recs], "outer iteration k"
@@ -49,41 +49,75 @@ def outer_figure(recs: list[dict], n: int, kind: str, r: float, title: str | Non
     last = recs[-1]
     fig = Figure(figsize=(10, 3.8))
     ax0, ax1 = fig.subplots(1, 2)
-    ax0.plot(xs, [n * rec["objective_client_mean"] for rec in recs], "o-", color="tab:blue", ms=3,
-             label="local objective L_i (mean)")
+    ax0.plot(
+        xs,
+        [n * rec["objective_client_mean"] for rec in recs],
+        "o-",
+        color="tab:blue",
+        ms=3,
+        label="local objective L_i (mean)",
+    )
     if "objective_client_min" in last:
-        lo, hi, band = ([n * rec["objective_client_min"] for rec in recs],
-                        [n * rec["objective_client_max"] for rec in recs], "min-max over clients")
+        lo, hi, band = (
+            [n * rec["objective_client_min"] for rec in recs],
+            [n * rec["objective_client_max"] for rec in recs],
+            "min-max over clients",
+        )
     else:  # runs recorded before the min/max read-outs existed
-        lo, hi, band = ([n * (rec["objective_client_mean"] - rec["objective_client_std"]) for rec in recs],
-                        [n * (rec["objective_client_mean"] + rec["objective_client_std"]) for rec in recs],
-                        "mean +- std over clients")
+        lo, hi, band = (
+            [n * (rec["objective_client_mean"] - rec["objective_client_std"]) for rec in recs],
+            [n * (rec["objective_client_mean"] + rec["objective_client_std"]) for rec in recs],
+            "mean +- std over clients",
+        )
     ax0.fill_between(xs, lo, hi, color="tab:blue", alpha=0.2, label=band)
     ax0.set_xlabel(xlabel)
     ax0.set_ylabel("loss")
     ax0.legend(fontsize=7)
-    names = sorted(k[len("c_client_mean["):-1] for k in last if k.startswith("c_client_mean["))
+    names = sorted(k[len("c_client_mean[") : -1] for k in last if k.startswith("c_client_mean["))
     if kind == "fairness":
         first, second = names[0], names[1]  # 'L_female - L_male - r', 'L_male - L_female - r'
         label = "L_female - L_male"
-        ax1.plot(xs, [rec[f"c_client_mean[{first}]"] + r for rec in recs], "o-", color="tab:brown", ms=3,
-                 label=f"clients' {label} (mean)")
-        ax1.fill_between(xs, [-(rec[f"c_client_max[{second}]"] + r) for rec in recs],
-                         [rec[f"c_client_max[{first}]"] + r for rec in recs], color="tab:brown", alpha=0.2,
-                         label="min-max over clients")
+        ax1.plot(
+            xs,
+            [rec[f"c_client_mean[{first}]"] + r for rec in recs],
+            "o-",
+            color="tab:brown",
+            ms=3,
+            label=f"clients' {label} (mean)",
+        )
+        ax1.fill_between(
+            xs,
+            [-(rec[f"c_client_max[{second}]"] + r) for rec in recs],
+            [rec[f"c_client_max[{first}]"] + r for rec in recs],
+            color="tab:brown",
+            alpha=0.2,
+            label="min-max over clients",
+        )
         if f"c_server[{first}]" in last:
-            ax1.plot(xs, [rec[f"c_server[{first}]"] + r for rec in recs], "-.", color="tab:blue",
-                     label=f"server's {label}")
+            ax1.plot(
+                xs, [rec[f"c_server[{first}]"] + r for rec in recs], "-.", color="tab:blue", label=f"server's {label}"
+            )
         for t in (r, -r):
             ax1.axhline(t, color="black", ls="--", lw=1)
         ax1.set_ylabel(f"loss disparity (threshold +-{r})")
     else:
         for name in names:
-            ax1.plot(xs, [rec[f"c_client_mean[{name}]"] + r for rec in recs], "o-", color="tab:brown", ms=3,
-                     label=f"{name.replace(' - r', '')} (mean)")
-            ax1.fill_between(xs, [rec[f"c_client_min[{name}]"] + r for rec in recs],
-                             [rec[f"c_client_max[{name}]"] + r for rec in recs], color="tab:brown", alpha=0.2,
-                             label="min-max over clients")
+            ax1.plot(
+                xs,
+                [rec[f"c_client_mean[{name}]"] + r for rec in recs],
+                "o-",
+                color="tab:brown",
+                ms=3,
+                label=f"{name.replace(' - r', '')} (mean)",
+            )
+            ax1.fill_between(
+                xs,
+                [rec[f"c_client_min[{name}]"] + r for rec in recs],
+                [rec[f"c_client_max[{name}]"] + r for rec in recs],
+                color="tab:brown",
+                alpha=0.2,
+                label="min-max over clients",
+            )
         for key in sorted(k for k in last if k.startswith("c_server[")):
             ax1.plot(xs, [rec[key] + r for rec in recs], "-.", color="tab:blue", label=f"server {key[9:-1]} + r")
         ax1.axhline(r, color="black", ls="--", lw=1, label=f"threshold {r}")
@@ -99,8 +133,9 @@ def outer_figure(recs: list[dict], n: int, kind: str, r: float, title: str | Non
 def default_title(final: dict[str, Any], n: int, kind: str, dataset: str = "") -> str:
     head = f"{dataset}, " if dataset else ""
     admm = f"{final['admm_rounds']} ADMM rounds, " if "admm_rounds" in final else ""
-    return (f"{head}{kind}, n = {n}: {final.get('outer_iterations', '?')} outer iterations, {admm}"
-            + ("Eq. 11 passed" if final.get("converged") else "Eq. 11 not passed (budget ended)"))
+    return f"{head}{kind}, n = {n}: {final.get('outer_iterations', '?')} outer iterations, {admm}" + (
+        "Eq. 11 passed" if final.get("converged") else "Eq. 11 not passed (budget ended)"
+    )
 
 
 #: the constraint level r of each problem kind when a config does not give it (Eq. 30: 0.2; Eq. 32: 0.1)

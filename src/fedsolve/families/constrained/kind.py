@@ -44,8 +44,13 @@ def _offsets(sizes: list[int]) -> torch.Tensor:
     return torch.cumsum(torch.tensor([0, *sizes], dtype=torch.long), 0)
 
 
-def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.ndarray, np.ndarray]] | None = None,
-              task: Task = "classification", name: str = "data", meta: dict | None = None) -> FederatedData:
+def rows_data(
+    train: list[tuple[np.ndarray, np.ndarray]],
+    test: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    task: Task = "classification",
+    name: str = "data",
+    meta: dict | None = None,
+) -> FederatedData:
     """FederatedData with float64 rows (the constrained solvers work in double precision), one ``(x, y)`` pair per
     client. ``task="classification"`` (integer labels 0/1, scored as a binary classifier) refuses targets that
     are not whole numbers, naming the client: real-valued targets need ``task="regression"`` (and the problem
@@ -57,28 +62,41 @@ def rows_data(train: list[tuple[np.ndarray, np.ndarray]], test: list[tuple[np.nd
         for i, (x, y) in enumerate(parts):
             x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
             if x.shape[:1] != y.shape[:1]:
-                raise ValueError(f"rows_data: client {i}'s {split} rows: {x.shape[0]} feature rows but {y.shape[0]} "
-                                 f"targets; allowed: one target per row")
+                raise ValueError(
+                    f"rows_data: client {i}'s {split} rows: {x.shape[0]} feature rows but {y.shape[0]} "
+                    f"targets; allowed: one target per row"
+                )
             for what, a in (("features", x), ("targets", y)):
                 if not np.isfinite(a).all():
-                    raise ValueError(f"rows_data: client {i}'s {split} {what} hold NaN or inf (row "
-                                     f"{int(np.argwhere(~np.isfinite(a))[0][0])} first); allowed: finite values")
+                    raise ValueError(
+                        f"rows_data: client {i}'s {split} {what} hold NaN or inf (row "
+                        f"{int(np.argwhere(~np.isfinite(a))[0][0])} first); allowed: finite values"
+                    )
     if task == "classification":
         for split, parts in (("train", train), ("test", test)):
             for i, (_, y) in enumerate(parts):
                 y = np.asarray(y, dtype=np.float64)
                 frac = y[np.isfinite(y) & (y != np.round(y))]
                 if frac.size:
-                    raise ValueError(f"rows_data: client {i}'s {split} targets are not class labels (e.g. "
-                                     f"{frac[0]:g}) under task='classification'; pass task='regression' for "
-                                     f"real-valued targets")
+                    raise ValueError(
+                        f"rows_data: client {i}'s {split} targets are not class labels (e.g. "
+                        f"{frac[0]:g}) under task='classification'; pass task='regression' for "
+                        f"real-valued targets"
+                    )
     ydt = torch.long if task == "classification" else torch.float64
     cat = lambda parts, j, dt: torch.cat([torch.as_tensor(np.asarray(p[j])) for p in parts]).to(dt)
-    return FederatedData(train_x=cat(train, 0, torch.float64), train_y=cat(train, 1, ydt),
-                         train_offsets=_offsets([len(p[1]) for p in train]),
-                         test_x=cat(test, 0, torch.float64), test_y=cat(test, 1, ydt),
-                         test_offsets=_offsets([len(p[1]) for p in test]), task=task,
-                         num_classes=2 if task == "classification" else None, name=name, meta=meta or {})
+    return FederatedData(
+        train_x=cat(train, 0, torch.float64),
+        train_y=cat(train, 1, ydt),
+        train_offsets=_offsets([len(p[1]) for p in train]),
+        test_x=cat(test, 0, torch.float64),
+        test_y=cat(test, 1, ydt),
+        test_offsets=_offsets([len(p[1]) for p in test]),
+        task=task,
+        num_classes=2 if task == "classification" else None,
+        name=name,
+        meta=meta or {},
+    )
 
 
 # ------------------------------------------------------------------ App. E.2 QP
@@ -112,8 +130,9 @@ def qp_problem(d: int, n: int, m: int, seed: int = 10, d0_zero: bool = False) ->
     """Eq. 86 as a constrained problem (:func:`~fedsolve.families.constrained.parties.quadratic_problem`: the
     clients' A_i, b_i, C_i, d_i and the server's C_0, d_0; exact subproblem solves)."""
     inst = qp_instance(d, n, m, seed, d0_zero)
-    prob = quadratic_problem(inst["A"], inst["b"], inst["C"][1:], inst["d"][1:], C0=inst["C"][0], e0=inst["d"][0],
-                             name=f"qp_d{d}_n{n}_m{m}")
+    prob = quadratic_problem(
+        inst["A"], inst["b"], inst["C"][1:], inst["d"][1:], C0=inst["C"][0], e0=inst["d"][0], name=f"qp_d{d}_n{n}_m{m}"
+    )
     prob.data.meta["qp"] = {"d": d, "n": n, "m": m, "seed": seed}
     prob.extras["qp_instance"] = inst
     return prob
@@ -167,13 +186,16 @@ def np_spec(n: int, r: float) -> ConstrainedSpec:
     def c(w, x, y, mask):
         return (masked_mean(logistic_loss(x @ w, y), mask * (y == 1)) - r).reshape(1)
 
-    return ConstrainedSpec(objective=f, client_constraint=Constraint(c, 1, ("ineq",), ("class-1 loss - r",),
-                                                                     label="neyman_pearson"),
-                           name="neyman_pearson")
+    return ConstrainedSpec(
+        objective=f,
+        client_constraint=Constraint(c, 1, ("ineq",), ("class-1 loss - r",), label="neyman_pearson"),
+        name="neyman_pearson",
+    )
 
 
-def np_problem(x: np.ndarray, y: np.ndarray, n: int, r: float = 0.2, split_seed: int = 10,
-               name: str = "neyman_pearson") -> FederatedProblem:
+def np_problem(
+    x: np.ndarray, y: np.ndarray, n: int, r: float = 0.2, split_seed: int = 10, name: str = "neyman_pearson"
+) -> FederatedProblem:
     folds = stratified_folds(y, n, split_seed)
     train = [(x[ix], y[ix]) for ix in folds]
     data = rows_data(train, name=name, meta={"split": "stratified equal folds", "split_seed": split_seed})
@@ -184,13 +206,16 @@ class NPParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: Literal["breast_cancer", "breast_cancer_wisc", "monks1", "adult", "adult_synthetic"] = Field(
-        "breast_cancer", description="tabular dataset (fedsolve.data.tabular)")
+        "breast_cancer", description="tabular dataset (fedsolve.data.tabular)"
+    )
     r: float = Field(0.2, gt=0, description="class-1 loss threshold r_i")
     split_seed: int = Field(10, ge=0, description="seed of the stratified split (authors' code: 10)")
     limit: int | None = Field(None, ge=10, description="use at most this many rows (reduced runs)")
     scale: Literal["zscore", "unit"] | None = Field(
-        None, description="re-scale every feature on the pool: z-score, or onto [0, 1] by its min and max "
-                          "(unit); none keeps the dataset's own (z-scored breast cancer, one-hot monks-1, adult-b)")
+        None,
+        description="re-scale every feature on the pool: z-score, or onto [0, 1] by its min and max "
+        "(unit); none keeps the dataset's own (z-scored breast cancer, one-hot monks-1, adult-b)",
+    )
 
 
 @register_problem_kind("neyman_pearson")
@@ -219,14 +244,27 @@ def fairness_spec(n: int, r: float, x0: np.ndarray, y0: np.ndarray) -> Constrain
 
     names = ("L_female - L_male - r", "L_male - L_female - r")
     return ConstrainedSpec(
-        objective=f, client_constraint=Constraint(c, 2, ("ineq", "ineq"), names, label="fairness (client)"),
-        server=ServerParty(Constraint(c, 2, ("ineq", "ineq"), names, label="fairness (server)"),
-                           torch.as_tensor(x0, dtype=torch.float64), torch.as_tensor(y0, dtype=torch.float64)),
-        name="fairness")
+        objective=f,
+        client_constraint=Constraint(c, 2, ("ineq", "ineq"), names, label="fairness (client)"),
+        server=ServerParty(
+            Constraint(c, 2, ("ineq", "ineq"), names, label="fairness (server)"),
+            torch.as_tensor(x0, dtype=torch.float64),
+            torch.as_tensor(y0, dtype=torch.float64),
+        ),
+        name="fairness",
+    )
 
 
-def fairness_problem(x: np.ndarray, y: np.ndarray, x0: np.ndarray, y0: np.ndarray, n: int, r: float = 0.1,
-                     split_seed: int = 10, name: str = "fairness") -> FederatedProblem:
+def fairness_problem(
+    x: np.ndarray,
+    y: np.ndarray,
+    x0: np.ndarray,
+    y0: np.ndarray,
+    n: int,
+    r: float = 0.1,
+    split_seed: int = 10,
+    name: str = "fairness",
+) -> FederatedProblem:
     folds = stratified_folds(y, n, split_seed)
     train = [(x[ix], y[ix]) for ix in folds]
     data = rows_data(train, name=name, meta={"split": "stratified equal folds", "split_seed": split_seed})

@@ -45,8 +45,7 @@ def evaluate_parties(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> d
     parts = [spec.part(data, i) for i in range(n)]
     with torch.no_grad():
         f = torch.stack([spec.f(w, p) for p in parts])
-        cc = (torch.stack([spec.c(w, p) for p in parts]) if spec.m_client
-              else torch.zeros(n, 0, dtype=torch.float64))
+        cc = torch.stack([spec.c(w, p) for p in parts]) if spec.m_client else torch.zeros(n, 0, dtype=torch.float64)
         c0 = spec.server.c(w).double()
     return {"f": f, "c_clients": cc, "c_server": c0}
 
@@ -56,13 +55,16 @@ def client_objectives(spec: ConstrainedSpec, data: FederatedData, w: Tensor) -> 
     return evaluate_parties(spec, data, w)["f"].tolist()
 
 
-def final_record(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,
-                 mu_clients: Tensor | None = None) -> dict[str, Any]:
+def final_record(
+    spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None, mu_clients: Tensor | None = None
+) -> dict[str, Any]:
     """What a summary records of a run's output beyond its certificate: every client's ``f_i(w)``
     (``objective_clients``, for paper 002's per-client relative difference), the answer ``w`` (all d entries) and,
     where the solver has them, the multipliers: ``mu_server`` ``[m_0]`` and ``mu_clients`` ``[n][m]``."""
-    out: dict[str, Any] = {"objective_clients": client_objectives(spec, data, w),
-                           "w": w.detach().double().cpu().tolist()}
+    out: dict[str, Any] = {
+        "objective_clients": client_objectives(spec, data, w),
+        "w": w.detach().double().cpu().tolist(),
+    }
     if mu0 is not None:
         out["mu_server"] = mu0.detach().double().cpu().tolist()
     if mu_clients is not None:
@@ -70,8 +72,9 @@ def final_record(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Ten
     return out
 
 
-def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None,
-                mu_clients: Tensor | None = None) -> dict[str, Any]:
+def certificate(
+    spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tensor | None = None, mu_clients: Tensor | None = None
+) -> dict[str, Any]:
     """Definition-1 residuals and feasibility summary of ``(w, mu)``; ``mu = 0`` where not given."""
     w = w.detach().double()
     n = data.num_clients
@@ -94,10 +97,12 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
     eps2 = 0.0
     viol_parties = []
     if spec.m_client:
+        assert spec.client_constraint is not None, "m_client > 0 only with a client constraint"
         eq = spec.client_constraint.eq_mask
         eps2 = max(eps2, float(complementarity(cc, mu_c, eq).max()))
         viol_parties += violation(cc, eq).amax(-1).tolist()
     if spec.m_server:
+        assert spec.server.constraint is not None, "m_server > 0 only with a server constraint"
         eq0 = spec.server.constraint.eq_mask
         eps2 = max(eps2, float(complementarity(c0, mu0, eq0).max()))
         viol_parties.append(float(violation(c0, eq0).max()))
@@ -114,11 +119,13 @@ def certificate(spec: ConstrainedSpec, data: FederatedData, w: Tensor, mu0: Tens
         "violation_mean": sum(viol_parties) / len(viol_parties) if viol_parties else 0.0,
     }
     for j in range(spec.m_client):
+        assert spec.client_constraint is not None, "m_client > 0 only with a client constraint"
         nm = spec.client_constraint.names[j]
         out[f"c_client_mean[{nm}]"] = float(cc[:, j].mean())
         out[f"c_client_max[{nm}]"] = float(cc[:, j].max())
         out[f"c_client_min[{nm}]"] = float(cc[:, j].min())
     for j in range(spec.m_server):
+        assert spec.server.constraint is not None, "m_server > 0 only with a server constraint"
         out[f"c_server[{spec.server.constraint.names[j]}]"] = float(c0[j])
     return out
 
@@ -133,20 +140,30 @@ def certified(cert: dict[str, Any], eps1: float, eps2: float) -> bool:
     return cert["kkt_eps1"] <= eps1 * (1 + CERT_SLACK) and cert["kkt_eps2"] <= eps2 * (1 + CERT_SLACK)
 
 
-def status(cert: dict[str, Any], eps1: float, eps2: float, passed: bool, ended: str, premise: str | None = None,
-           caveats: Sequence[str] = ()) -> str:
+def status(
+    cert: dict[str, Any],
+    eps1: float,
+    eps2: float,
+    passed: bool,
+    ended: str,
+    premise: str | None = None,
+    caveats: Sequence[str] = (),
+) -> str:
     """A run's end in words, following its certificate ``cert``: ``passed`` (the stopping test, Eq. 11), ``ended``
     (why the run stopped otherwise: a cap, the round budget), ``premise`` (why Theorem 3 does not apply although
     Eq. 11 passed, e.g. capped inner loops) and ``caveats`` (appended). "converged" only where the stopping test
     passed, its premise held AND the measured certificate meets (eps1, eps2)."""
     ok = certified(cert, eps1, eps2)
-    measured = (f"kkt_eps1 = {cert['kkt_eps1']:.3g} (eps1 = {eps1:g}), kkt_eps2 = {cert['kkt_eps2']:.3g} "
-                f"(eps2 = {eps2:g})")
+    measured = (
+        f"kkt_eps1 = {cert['kkt_eps1']:.3g} (eps1 = {eps1:g}), kkt_eps2 = {cert['kkt_eps2']:.3g} (eps2 = {eps2:g})"
+    )
     if not passed:
         out = f"did not converge: {ended}"
     elif premise is not None:
-        out = (f"Eq. 11 passed, but {premise}, so Theorem 3 does not certify it; the measured certificate "
-               f"{'meets' if ok else 'misses'} its targets: {measured}")
+        out = (
+            f"Eq. 11 passed, but {premise}, so Theorem 3 does not certify it; the measured certificate "
+            f"{'meets' if ok else 'misses'} its targets: {measured}"
+        )
     elif ok:
         out = "converged (Eq. 11 passed)"
     else:

@@ -32,8 +32,9 @@ def lagrangian_minimiser(x0: np.ndarray, x1: np.ndarray, mu: float, w: np.ndarra
         val = np.logaddexp(0, z0).mean() + mu * np.logaddexp(0, -z1).mean()
         return val, x0.T @ expit(z0) / len(z0) - mu * x1.T @ expit(-z1) / len(z1)
 
-    return minimize(fun, w, jac=True, method="L-BFGS-B",
-                    options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 100000, "maxcor": 50}).x
+    return minimize(
+        fun, w, jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 1e-15, "maxiter": 100000, "maxcor": 50}
+    ).x
 
 
 def np_optimum(x: np.ndarray, y: np.ndarray, r: float, steps: int = 40) -> dict[str, Any]:
@@ -44,29 +45,43 @@ def np_optimum(x: np.ndarray, y: np.ndarray, r: float, steps: int = 40) -> dict[
     l0 = lambda v: float(np.logaddexp(0, x0 @ v).mean())
     l1 = lambda v: float(np.logaddexp(0, -(x1 @ v)).mean())
     w, path, last = np.zeros(x.shape[1]), [], []
-    for mu in [10.0 ** e for e in np.arange(1.0, -6.5, -0.5)]:
+    for mu in [10.0**e for e in np.arange(1.0, -6.5, -0.5)]:
         w = lagrangian_minimiser(x0, x1, mu, w)
         path.append((mu, l0(w), l1(w), float(np.abs(w).max())))
         last.append((mu, w.copy()))
         if l1(w) > r:
             break
-    if l1(last[-1][1]) <= r:   # inactive down to the smallest mu: the unconstrained minimiser is optimal
+    if l1(last[-1][1]) <= r:  # inactive down to the smallest mu: the unconstrained minimiser is optimal
         w = last[-1][1]
-        return {"mu_star": 0.0, "objective": l0(w), "class1_loss": l1(w), "w_inf": float(np.abs(w).max()),
-                "active": 0, "path": path}
+        return {
+            "mu_star": 0.0,
+            "objective": l0(w),
+            "class1_loss": l1(w),
+            "w_inf": float(np.abs(w).max()),
+            "active": 0,
+            "path": path,
+        }
     (hi, w_hi), (lo, _) = last[-2] if len(last) > 1 else (math.inf, last[0][1]), last[-1]
     if not math.isfinite(hi):
-        raise ValueError(f"np_optimum: the class-1 loss exceeds r = {r} already at mu = {lo:g}; allowed: a level r "
-                         f"the data can meet (Eq. 30 must be feasible)")
-    for _ in range(steps):   # L1 <= r at hi, > r at lo
+        raise ValueError(
+            f"np_optimum: the class-1 loss exceeds r = {r} already at mu = {lo:g}; allowed: a level r "
+            f"the data can meet (Eq. 30 must be feasible)"
+        )
+    for _ in range(steps):  # L1 <= r at hi, > r at lo
         mid = math.sqrt(hi * lo)
         w_mid = lagrangian_minimiser(x0, x1, mid, w_hi)
         if l1(w_mid) <= r:
             hi, w_hi = mid, w_mid
         else:
             lo = mid
-    return {"mu_star": hi, "objective": l0(w_hi), "class1_loss": l1(w_hi), "w_inf": float(np.abs(w_hi).max()),
-            "active": 1, "path": path}
+    return {
+        "mu_star": hi,
+        "objective": l0(w_hi),
+        "class1_loss": l1(w_hi),
+        "w_inf": float(np.abs(w_hi).max()),
+        "active": 1,
+        "path": path,
+    }
 
 
 class NpOptimumArgs(BaseModel):
@@ -86,13 +101,17 @@ def np_optimum_cell(ctx) -> list[dict[str, Any]]:
     ctx = cell_context(ctx)
     cfg = ctx.experiment()
     if cfg.problem is None or cfg.problem.kind != "neyman_pearson":
-        raise ValueError(f"protocol np_optimum: the experiment's problem.kind must be neyman_pearson, got "
-                         f"{cfg.problem.kind if cfg.problem else None!r}")
+        raise ValueError(
+            f"protocol np_optimum: the experiment's problem.kind must be neyman_pearson, got "
+            f"{cfg.problem.kind if cfg.problem else None!r}"
+        )
     p = NPParams(**dict(cfg.problem.params))
     x, y = load_tabular(p.dataset, task="neyman_pearson", limit=p.limit, scale=p.scale)
     opt = np_optimum(x, y, p.r, ctx.args.steps)
     head = {"dataset": p.dataset + (f":{p.scale}" if p.scale else ""), "rows": len(y), "r": p.r}
     rows = [{**head, **{k: v for k, v in opt.items() if k != "path"}}]
-    rows += [{**head, "point": j, "mu": mu, "path_objective": f0, "path_class1_loss": f1, "path_w_inf": wi}
-             for j, (mu, f0, f1, wi) in enumerate(opt["path"])]
+    rows += [
+        {**head, "point": j, "mu": mu, "path_objective": f0, "path_class1_loss": f1, "path_w_inf": wi}
+        for j, (mu, f0, f1, wi) in enumerate(opt["path"])
+    ]
     return rows

@@ -41,15 +41,27 @@ from fedsolve.problems import FederatedProblem
 __all__ = ["party_problem", "quadratic_problem"]
 
 
-def party_problem(objective: Callable[..., Tensor], dim: int, constraint: Callable[..., Tensor] | None = None,
-                  num_constraints: int = 0, kinds: str | Sequence[str] = "ineq", names: Sequence[str] = (),
-                  server_constraint: Callable[..., Tensor] | None = None, server_num: int = 0,
-                  server_kinds: str | Sequence[str] = "ineq", server_names: Sequence[str] = (),
-                  party_tensors: dict[str, Tensor] | None = None, server_tensors: dict[str, Tensor] | None = None,
-                  num_clients: int | None = None, data: FederatedData | None = None,
-                  server_rows: tuple[Tensor, Tensor] | None = None, quadratic: bool = False,
-                  hessian: Callable[..., Tensor] | None = None, prox: Prox | None = None,
-                  name: str = "constrained") -> FederatedProblem:
+def party_problem(
+    objective: Callable[..., Tensor],
+    dim: int,
+    constraint: Callable[..., Tensor] | None = None,
+    num_constraints: int = 0,
+    kinds: str | Sequence[str] = "ineq",
+    names: Sequence[str] = (),
+    server_constraint: Callable[..., Tensor] | None = None,
+    server_num: int = 0,
+    server_kinds: str | Sequence[str] = "ineq",
+    server_names: Sequence[str] = (),
+    party_tensors: dict[str, Tensor] | None = None,
+    server_tensors: dict[str, Tensor] | None = None,
+    num_clients: int | None = None,
+    data: FederatedData | None = None,
+    server_rows: tuple[Tensor, Tensor] | None = None,
+    quadratic: bool = False,
+    hessian: Callable[..., Tensor] | None = None,
+    prox: Prox | None = None,
+    name: str = "constrained",
+) -> FederatedProblem:
     """A constrained problem over ``w in R^dim`` with per-client functions (module docstring). ``num_clients``
     comes from ``party_tensors``' first dimension or ``data`` (give it when neither is there); ``server_rows``:
     the server's data ``(x0, y0)``; ``server_tensors``: tensors its ``server_constraint(w, data0)`` reads as
@@ -62,20 +74,36 @@ def party_problem(objective: Callable[..., Tensor], dim: int, constraint: Callab
         data = placeholder_rows(n, dim, name)
     client = None
     if constraint is not None:
-        client = Constraint(constraint, num_constraints, _kinds(kinds, num_constraints), tuple(names),
-                            label="constraint")
+        client = Constraint(
+            constraint, num_constraints, _kinds(kinds, num_constraints), tuple(names), label="constraint"
+        )
     elif num_constraints:
         raise ConstraintError("num_constraints: give constraint=c(w, i, data) too, or leave num_constraints at 0")
     server = ServerParty(prox=prox or Prox())
     if server_constraint is not None:
         x0, y0 = server_rows if server_rows is not None else (torch.zeros(1, dim), torch.zeros(1))
-        server = ServerParty(Constraint(_server_fn(server_constraint, server_tensors or {}), server_num,
-                                        _kinds(server_kinds, server_num), tuple(server_names),
-                                        label="server_constraint"),
-                             torch.as_tensor(x0, dtype=torch.float64), torch.as_tensor(y0, dtype=torch.float64),
-                             prox=prox or Prox())
-    spec = ConstrainedSpec(objective=objective, client_constraint=client, server=server, quadratic=quadratic,
-                           name=name, hessian=hessian, per_party=True, party_tensors=tensors)
+        server = ServerParty(
+            Constraint(
+                _server_fn(server_constraint, server_tensors or {}),
+                server_num,
+                _kinds(server_kinds, server_num),
+                tuple(server_names),
+                label="server_constraint",
+            ),
+            torch.as_tensor(x0, dtype=torch.float64),
+            torch.as_tensor(y0, dtype=torch.float64),
+            prox=prox or Prox(),
+        )
+    spec = ConstrainedSpec(
+        objective=objective,
+        client_constraint=client,
+        server=server,
+        quadratic=quadratic,
+        name=name,
+        hessian=hessian,
+        per_party=True,
+        party_tensors=tensors,
+    )
     classes = 2 if data.task == "classification" and data.num_classes == 2 else None
     return constrained_problem(data, spec, dim, classes=classes, name=name)
 
@@ -112,29 +140,40 @@ def quadratic_problem(A, b, C=None, e=None, C0=None, e0=None, name: str = "qp") 
         _shape(e0, (C0.shape[0],), "e0", "[m0]")
         server = {"C": C0, "e": e0}
     return party_problem(
-        lambda w, i, p: 0.5 * (w * (p.A @ w)).sum() + (p.b * w).sum(), d,
-        constraint=(lambda w, i, p: p.C @ w + p.e) if m else None, num_constraints=m, kinds="eq",
+        lambda w, i, p: 0.5 * (w * (p.A @ w)).sum() + (p.b * w).sum(),
+        d,
+        constraint=(lambda w, i, p: p.C @ w + p.e) if m else None,
+        num_constraints=m,
+        kinds="eq",
         names=tuple(f"C_i w + e_i [{j}]" for j in range(m)),
         server_constraint=(lambda w, p: p.C @ w + p.e) if server else None,
-        server_num=server["C"].shape[0] if server else 0, server_kinds="eq",
+        server_num=server["C"].shape[0] if server else 0,
+        server_kinds="eq",
         server_names=tuple(f"C0 w + e0 [{j}]" for j in range(server["C"].shape[0])) if server else (),
-        party_tensors=tensors, server_tensors=server, quadratic=True, hessian=lambda i, p: p.A, name=name)
+        party_tensors=tensors,
+        server_tensors=server,
+        quadratic=True,
+        hessian=lambda i, p: p.A,
+        name=name,
+    )
 
 
 # ------------------------------------------------------------------ helpers
 def placeholder_rows(n: int, d: int, name: str) -> FederatedData:
-    """One regression row of zeros ``[1, d]`` per client (train and test): the data of a problem whose parties
-    hold their functions and tensors only."""
+    """One regression row of zeros ``[1, d]`` per client for training and none for test: the data of a problem
+    whose parties hold their functions and tensors only (no test rows, so no test loss or RMSE is reported: of
+    rows that are not samples they would be a meaningless 0)."""
     from fedsolve.families.constrained.kind import rows_data
 
     rows = [(np.zeros((1, d)), np.zeros(1)) for _ in range(n)]
-    return rows_data(rows, rows, task="regression", name=name)
+    return rows_data(rows, [(np.zeros((0, d)), np.zeros(0)) for _ in range(n)], task="regression", name=name)
 
 
 def _server_fn(fn, tensors: dict[str, Tensor]):
     """The server's ``fn(w, data0)`` on its rows ``(x, y, mask)``, its tensors where ``w`` is."""
-    return lambda w, x, y, mask: fn(w, PartyData(x=x, y=y, mask=mask, **{k: torch.as_tensor(v).to(w.device, w.dtype)
-                                                                         for k, v in tensors.items()}))
+    return lambda w, x, y, mask: fn(
+        w, PartyData(x=x, y=y, mask=mask, **{k: torch.as_tensor(v).to(w.device, w.dtype) for k, v in tensors.items()})
+    )
 
 
 def _num_clients(n: int | None, tensors: dict[str, Tensor], data: FederatedData | None) -> int:
@@ -146,8 +185,9 @@ def _num_clients(n: int | None, tensors: dict[str, Tensor], data: FederatedData 
     if not seen:
         raise ConstraintError("num_clients: give it, party_tensors (one entry per client) or data")
     if len(set(seen.values())) > 1:
-        raise ConstraintError(f"num_clients: the clients disagree: {seen}; every per-party tensor needs one entry "
-                              f"per client")
+        raise ConstraintError(
+            f"num_clients: the clients disagree: {seen}; every per-party tensor needs one entry per client"
+        )
     n = next(iter(seen.values()))
     if n < 1:
         raise ConstraintError(f"num_clients: need at least one client, got {n}")

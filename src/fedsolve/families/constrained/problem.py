@@ -105,9 +105,9 @@ class Constraint:
     ``fn(w, x, y, mask) -> [m]``; ``kinds[j]`` is ``"ineq"`` (``c_j <= 0``) or ``"eq"`` (``c_j = 0``).
     """
 
-    fn: PartyFn
+    fn: Callable[..., Tensor]  # a PartyFn on rows, or fn(w, i, data) in the per-party form
     num: int
-    kinds: tuple[Kind, ...] = ()
+    kinds: tuple[str, ...] = ()  # each a Kind; any other string is rejected in __post_init__
     names: tuple[str, ...] = ()
     label: str = "constraint"
 
@@ -180,8 +180,10 @@ class ConstrainedSpec:
         if not callable(self.objective):
             raise ConstraintError("objective: must be callable (w, x, y, mask) -> scalar")
         if self.hessian is not None and not self.quadratic:
-            raise ConstraintError("hessian: a closed-form Hessian is only used by quadratic problems; set "
-                                  "quadratic=True (f_i quadratic, constraints affine equalities) or drop it")
+            raise ConstraintError(
+                "hessian: a closed-form Hessian is only used by quadratic problems; set "
+                "quadratic=True (f_i quadratic, constraints affine equalities) or drop it"
+            )
         if self.hessian is not None and not callable(self.hessian):
             raise ConstraintError("hessian: must be callable (x, y, mask) -> [d, d] tensor")
         if self.party_tensors and not self.per_party:
@@ -189,8 +191,10 @@ class ConstrainedSpec:
         if self.quadratic:
             for c in (self.client_constraint, self.server.constraint):
                 if c is not None and any(k != "eq" for k in c.kinds):
-                    raise ConstraintError(f"{c.label}: quadratic=true needs affine equality constraints "
-                                          f"(kind 'eq'); its [.]_+ penalty is not quadratic")
+                    raise ConstraintError(
+                        f"{c.label}: quadratic=true needs affine equality constraints "
+                        f"(kind 'eq'); its [.]_+ penalty is not quadratic"
+                    )
 
     @property
     def m_client(self) -> int:
@@ -203,7 +207,8 @@ class ConstrainedSpec:
     @property
     def client_eq(self) -> Tensor:
         """The equality mask ``[m]`` of the client constraint (empty without one)."""
-        return self.client_constraint.eq_mask if self.client_constraint is not None else torch.zeros(0, dtype=bool)
+        c = self.client_constraint
+        return c.eq_mask if c is not None else torch.zeros(0, dtype=torch.bool)
 
     def c_client(self, w: Tensor, x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
         """The client constraint of a row-form problem on the rows ``(x, y, mask)``."""
@@ -226,14 +231,20 @@ class ConstrainedSpec:
     def hess(self, part) -> Tensor:
         """The closed-form Hessian ``[d, d]`` of that client's ``f_i`` (``hessian`` must be given)."""
         p = as_part(part)
+        assert self.hessian is not None, "hess is called only for a problem that gives its hessian"
         return self.hessian(p.i, p.data()) if self.per_party else self.hessian(p.x, p.y, p.mask)
 
     def part(self, data: FederatedData, i: int) -> Part:
         """Client ``i``'s :class:`Part`: its training rows (float64, mask 1) and its per-party tensor slices."""
         x, y = data.client_train(i)
         dev = x.device
-        return Part(x.double(), y.double(), torch.ones(x.shape[0], dtype=torch.float64, device=dev),
-                    torch.tensor(i, device=dev), {k: v[i].to(dev) for k, v in self.party_tensors.items()})
+        return Part(
+            x.double(),
+            y.double(),
+            torch.ones(x.shape[0], dtype=torch.float64, device=dev),
+            torch.tensor(i, device=dev),
+            {k: v[i].to(dev) for k, v in self.party_tensors.items()},
+        )
 
     def validate(self, data: FederatedData, d: int) -> None:
         """Shapes, finiteness, dependence on ``w`` and the declarations, on every client (``validate.py``)."""
@@ -267,8 +278,14 @@ def _zero_loss(out: Tensor, y: Tensor) -> Tensor:
     return out.reshape(out.shape[0], -1).sum(-1) * 0.0
 
 
-def constrained_problem(data: FederatedData, spec: ConstrainedSpec, d: int, classes: int | None = 2,
-                        name: str | None = None, validate: bool = True) -> FederatedProblem:
+def constrained_problem(
+    data: FederatedData,
+    spec: ConstrainedSpec,
+    d: int,
+    classes: int | None = 2,
+    name: str | None = None,
+    validate: bool = True,
+) -> FederatedProblem:
     """A :class:`FederatedProblem` over ``w in R^d`` carrying ``spec`` as ``extras["constraints"]``.
 
     ``classes=2``: the rows are binary-labelled samples (test metrics = logistic loss / accuracy of the
@@ -277,8 +294,9 @@ def constrained_problem(data: FederatedData, spec: ConstrainedSpec, d: int, clas
     if validate:
         spec.validate(data, d)
     loss = "cross_entropy" if classes == 2 else _zero_loss
-    return FederatedProblem(data, lambda: LinearScore(d, classes), loss=loss, name=name or spec.name,
-                            extras={"constraints": spec})
+    return FederatedProblem(
+        data, lambda: LinearScore(d, classes), loss=loss, name=name or spec.name, extras={"constraints": spec}
+    )
 
 
 def get_spec(problem: FederatedProblem, who: str = "solver") -> ConstrainedSpec:
@@ -289,7 +307,8 @@ def get_spec(problem: FederatedProblem, who: str = "solver") -> ConstrainedSpec:
         raise ValueError(
             f"problem: {who} solves constrained problems and this one has no constraints; allowed: a 'problem: "
             f"{{kind: constrained_qp | neyman_pearson | fairness}}' section, or a problem built by "
-            f"fedsolve.families.constrained.quadratic_problem / party_problem")
+            f"fedsolve.families.constrained.quadratic_problem / party_problem"
+        )
     return spec
 
 

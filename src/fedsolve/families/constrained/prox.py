@@ -50,6 +50,7 @@ class Prox:
             return torch.sign(v) * (v.abs() - gamma * self.lam).clamp_min(0.0)
         if self.kind == "box":
             return v.clamp(self.lo, self.hi)
+        assert self.project is not None, "kind 'projection' has project (checked in __post_init__)"
         return self.project(v)
 
     def value(self, w: Tensor) -> float:
@@ -75,4 +76,5 @@ class Prox:
             r = torch.where(at_lo, (-g).clamp_min(0.0), g.abs())
             r = torch.where(at_hi, g.clamp_min(0.0), r)
             return float(r.max())
+        assert self.project is not None, "kind 'projection' has project (checked in __post_init__)"
         return float((w - self.project(w - g)).abs().max())

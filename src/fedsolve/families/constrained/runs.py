@@ -51,31 +51,42 @@ class SetWhen(BaseModel):
     """Experiment settings for the cells whose sweep values match ``when`` (e.g. Adult's row limit)."""
 
     model_config = ConfigDict(extra="forbid")
-    when: dict[str, Any] = Field(..., min_length=1, description="sweep axis -> value, e.g. "
-                                                               "{problem.params.dataset: adult}")
-    set: dict[str, Any] = Field(..., min_length=1, description="experiment field (dotted) -> value, e.g. "
-                                                              "{problem.params.limit: 5000}")
+    when: dict[str, Any] = Field(
+        ..., min_length=1, description="sweep axis -> value, e.g. {problem.params.dataset: adult}"
+    )
+    set: dict[str, Any] = Field(
+        ..., min_length=1, description="experiment field (dotted) -> value, e.g. {problem.params.limit: 5000}"
+    )
 
     @field_validator("set")
     @classmethod
     def _dotted(cls, v: dict[str, Any]) -> dict[str, Any]:
         bad = [k for k in v if "." not in k or k.startswith("params.")]
         if bad:
-            raise ValueError(f"set: {bad} are not experiment fields; allowed: dotted experiment fields such as "
-                             f"problem.params.limit or simulation.rounds")
+            raise ValueError(
+                f"set: {bad} are not experiment fields; allowed: dotted experiment fields such as "
+                f"problem.params.limit or simulation.rounds"
+            )
         return v
 
 
 class ConstrainedRunsArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    adopt: list[str] = Field(default_factory=list, description="folders of finished `fedsolve compare` runs "
-                                                               "(relative to the working directory) that serve "
-                                                               "their cells instead of a new run")
-    adopt_only: bool = Field(False, description="report a cell with no finished run under `adopt` as missing "
-                                                "instead of running it")
+    adopt: list[str] = Field(
+        default_factory=list,
+        description="folders of finished `fedsolve compare` runs "
+        "(relative to the working directory) that serve "
+        "their cells instead of a new run",
+    )
+    adopt_only: bool = Field(
+        False, description="report a cell with no finished run under `adopt` as missing instead of running it"
+    )
     set_when: list[SetWhen] = Field(default_factory=list, description="experiment settings for some cells only")
-    copy_to: str | None = Field(None, description="copy each adopted run's summary.json and metrics.jsonl to "
-                                "COPY_TO/<run folder>/<method>/seed<k>/ (e.g. results/constrained/raw)")
+    copy_to: str | None = Field(
+        None,
+        description="copy each adopted run's summary.json and metrics.jsonl to "
+        "COPY_TO/<run folder>/<method>/seed<k>/ (e.g. results/constrained/raw)",
+    )
 
 
 # ------------------------------------------------------------------ finished runs
@@ -86,8 +97,14 @@ def run_key(cfg: dict) -> tuple:
     the certificate."""
     p = cfg["problem"]["params"]
     dataset = p["dataset"] + (f":{p['scale']}" if p.get("scale") else "")
-    return (cfg["problem"]["kind"], dataset, cfg["data"]["num_clients"], p.get("limit"),
-            p.get("server_limit"), cfg["simulation"]["rounds"])
+    return (
+        cfg["problem"]["kind"],
+        dataset,
+        cfg["data"]["num_clients"],
+        p.get("limit"),
+        p.get("server_limit"),
+        cfg["simulation"]["rounds"],
+    )
 
 
 def method_label(label: str, params: dict) -> str:
@@ -131,7 +148,7 @@ def recorded_runs(roots: list[str | Path], fresh: bool = True) -> dict[tuple, di
     cells: dict = {}
     for root in roots:
         for path in _summaries(root, fresh):
-            if not path.exists():   # removed since the listing
+            if not path.exists():  # removed since the listing
                 continue
             if not (path.parent / "config.yaml").exists():
                 continue
@@ -161,8 +178,17 @@ def server_disparity(cert: dict, r: float) -> float | None:
     return max(vals) + r if vals else None
 
 
-CERT_FIELDS = ("objective", "kkt_eps1", "kkt_eps2", "violation_max", "violation_mean", "converged",
-               "outer_iterations", "admm_rounds", "inner_cap_hits")
+CERT_FIELDS = (
+    "objective",
+    "kkt_eps1",
+    "kkt_eps2",
+    "violation_max",
+    "violation_mean",
+    "converged",
+    "outer_iterations",
+    "admm_rounds",
+    "inner_cap_hits",
+)
 
 
 def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
@@ -174,12 +200,14 @@ def certificate_row(summary: dict, kind: str, r: float) -> dict[str, Any]:
         return {"diverged": (summary.get("message") or "diverged").split(":")[0]}
     cert = (summary.get("extras") or {}).get("constrained")
     if cert is None:
-        raise ValueError(f"run {summary.get('label')!r} seed {summary.get('seed')}: its summary has no "
-                         f"extras.constrained certificate (not a constrained problem's run)")
+        raise ValueError(
+            f"run {summary.get('label')!r} seed {summary.get('seed')}: its summary has no "
+            f"extras.constrained certificate (not a constrained problem's run)"
+        )
     row: dict[str, Any] = {k: cert[k] for k in CERT_FIELDS if k in cert}
-    if "objective_clients" in cert:   # f_i(w) of every client: the paper's per-client relative difference
+    if "objective_clients" in cert:  # f_i(w) of every client: the paper's per-client relative difference
         row["objective_clients"] = list(cert["objective_clients"])
-    if kind in DEFAULT_R:   # the QP's equality constraints have no constrained loss
+    if kind in DEFAULT_R:  # the QP's equality constraints have no constrained loss
         mean, worst = constraint_loss(cert, kind, r)
         if kind == "fairness":
             row.update(disparity_mean=mean, disparity_max=worst)
@@ -201,8 +229,11 @@ def qp_errors(inst: dict[str, np.ndarray], w, objective: float) -> dict[str, flo
 
     w_star, f_star = qp_exact_solution(inst)
     w = np.asarray(w, dtype=np.float64).reshape(-1)
-    return {"objective_exact": f_star, "rel_objective_error": abs(objective - f_star) / abs(f_star),
-            "rel_solution_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star))}
+    return {
+        "objective_exact": f_star,
+        "rel_objective_error": abs(objective - f_star) / abs(f_star),
+        "rel_solution_error": float(np.linalg.norm(w - w_star) / np.linalg.norm(w_star)),
+    }
 
 
 def qp_run(ctx, base: dict[str, Any]) -> dict[str, Any]:
@@ -213,21 +244,30 @@ def qp_run(ctx, base: dict[str, Any]) -> dict[str, Any]:
     from fedsolve.families.constrained.kind import QPParams
 
     if ctx.args.adopt or ctx.args.adopt_only:
-        raise ValueError(f"args.adopt: finished `fedsolve compare` runs serve cells of the problem kinds "
-                         f"{sorted(DEFAULT_R)} only; allowed for {QP_KIND}: adopt: [] and adopt_only: false")
+        raise ValueError(
+            f"args.adopt: finished `fedsolve compare` runs serve cells of the problem kinds "
+            f"{sorted(DEFAULT_R)} only; allowed for {QP_KIND}: adopt: [] and adopt_only: false"
+        )
     if ctx.spec.name != "proxal":
-        raise ValueError(f"algorithms: a {QP_KIND} cell runs Prox-AL FL (name: proxal) to Eq. 11, got "
-                         f"{ctx.spec.display!r} (name: {ctx.spec.name}); allowed: proxal")
+        raise ValueError(
+            f"algorithms: a {QP_KIND} cell runs Prox-AL FL (name: proxal) to Eq. 11, got "
+            f"{ctx.spec.display!r} (name: {ctx.spec.name}); allowed: proxal"
+        )
     qp = QPParams(**dict(ctx.experiment().problem.params))
     base = {**base, "instance": f"d={qp.d}, m~={qp.m}", "d": qp.d, "m": qp.m, "adopted": 0, "source": "run"}
     problem = ctx.problem()
     cpu = time.process_time()
     try:
         sim, res = ctx.run(problem, ctx.algorithm(problem))
-    except DivergenceError as e:   # a finding, not a crash
+    except DivergenceError as e:  # a finding, not a crash
         return {**base, "diverged": str(e).split(":")[0]}
-    summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": res.wall_time_s,
-               "extras": res.extras}
+    summary = {
+        "label": ctx.spec.display,
+        "seed": ctx.seed,
+        "status": "completed",
+        "wall_time_s": res.wall_time_s,
+        "extras": res.extras,
+    }
     row = certificate_row(summary, QP_KIND, 0.0)
     errors = qp_errors(problem.extras["qp_instance"], res.server["w"].detach().cpu().numpy(), row["objective"])
     return {**base, **row, **errors, "rounds": sim.round, "cpu_time_s": time.process_time() - cpu}
@@ -240,8 +280,10 @@ def cell_context(ctx):
     for i, rule in enumerate(ctx.args.set_when):
         unknown = sorted(set(rule.when) - set(ctx.cell))
         if unknown:
-            raise ValueError(f"args.set_when.{i}.when: {unknown} are not axes of the suite; allowed: "
-                             f"{sorted(k for k in ctx.cell if k != 'missing')}")
+            raise ValueError(
+                f"args.set_when.{i}.when: {unknown} are not axes of the suite; allowed: "
+                f"{sorted(k for k in ctx.cell if k != 'missing')}"
+            )
         if all(str(ctx.cell.get(k)) == str(v) for k, v in rule.when.items()):
             extra.update(rule.set)
     return ctx.for_cell({**ctx.cell, **extra}) if extra else ctx
@@ -261,8 +303,11 @@ def copy_run(folder: Path, dest: Path) -> Path:
 def cell_run_key(ctx) -> tuple[tuple, str]:
     """(:func:`run_key`, :func:`method_label`) of the cell as a ``fedsolve compare`` run would record it."""
     cfg = ctx.experiment()
-    resolved = {"problem": {"kind": cfg.problem.kind, "params": dict(cfg.problem.params)},
-                "data": {"num_clients": cfg.data.num_clients}, "simulation": {"rounds": cfg.simulation.rounds}}
+    resolved = {
+        "problem": {"kind": cfg.problem.kind, "params": dict(cfg.problem.params)},
+        "data": {"num_clients": cfg.data.num_clients},
+        "simulation": {"rounds": cfg.simulation.rounds},
+    }
     return run_key(resolved), method_label(ctx.spec.display, ctx.params())
 
 
@@ -299,8 +344,10 @@ def constrained_run(ctx) -> dict[str, Any]:
     ctx = cell_context(ctx)
     cfg = ctx.experiment()
     if cfg.problem is None or cfg.problem.kind not in KINDS:
-        raise ValueError(f"protocol constrained_runs: the experiment's problem.kind must be one of "
-                         f"{sorted(KINDS)}, got {cfg.problem.kind if cfg.problem else None!r}")
+        raise ValueError(
+            f"protocol constrained_runs: the experiment's problem.kind must be one of "
+            f"{sorted(KINDS)}, got {cfg.problem.kind if cfg.problem else None!r}"
+        )
     kind = cfg.problem.kind
     if kind == QP_KIND:
         return qp_run(ctx, {"n": cfg.data.num_clients, "method": method_label(ctx.spec.display, ctx.params())})
@@ -314,15 +361,20 @@ def constrained_run(ctx) -> dict[str, Any]:
         row = certificate_row(summary, kind, r)
         w = (summary.get("extras") or {}).get("constrained", {}).get("w")
         if "objective_clients" not in row and "diverged" not in row and w is not None:
-            row["objective_clients"] = _client_objectives(ctx, w)   # a run made before they were recorded
+            row["objective_clients"] = _client_objectives(ctx, w)  # a run made before they were recorded
         return {**base, **row, "adopted": 1, "source": str(folder)}
     if ctx.args.adopt_only:
         return {**base, "adopted": 0, "missing": f"no finished run under {ctx.args.adopt}"}
     problem = ctx.problem()
     try:
         _, res = ctx.run(problem, ctx.algorithm(problem))
-    except DivergenceError as e:   # a finding, not a crash: the row says so (and keeps n for the tables)
+    except DivergenceError as e:  # a finding, not a crash: the row says so (and keeps n for the tables)
         return {**base, "diverged": str(e).split(":")[0], "adopted": 0, "source": "run"}
-    summary = {"label": ctx.spec.display, "seed": ctx.seed, "status": "completed", "wall_time_s": res.wall_time_s,
-               "extras": res.extras}
+    summary = {
+        "label": ctx.spec.display,
+        "seed": ctx.seed,
+        "status": "completed",
+        "wall_time_s": res.wall_time_s,
+        "extras": res.extras,
+    }
     return {**base, **certificate_row(summary, kind, r), "adopted": 0, "source": "run"}

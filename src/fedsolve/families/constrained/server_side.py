@@ -24,7 +24,7 @@ class ServerSide:
         self.party, self.n, self.cfg, self.quadratic, self.solver = party, n, cfg, quadratic, solver
         self.sigma = 1.0 / ((n + 1) * cfg.beta)
         self.eq0 = party.constraint.eq_mask if party.constraint is not None else torch.zeros(0, dtype=torch.bool)
-        self._pair: tuple[Tensor, Tensor] | None = None   # caches of the quadratic case (server data only)
+        self._pair: tuple[Tensor, Tensor] | None = None  # caches of the quadratic case (server data only)
         self._g0: tuple | None = None
 
     def solve(self, ut: Tensor, mu0: Tensor, wk: Tensor, start: Tensor, tol: float) -> tuple[Tensor, float]:
@@ -44,19 +44,22 @@ class ServerSide:
             if self._pair is None:
                 self._pair = sp.sym_pair(sp.quadratic_hessian(smooth, start))
             if self._g0 is None or not all(torch.equal(a, b) for a, b in zip((mu0, wk), self._g0[0])):
-                self._g0 = ((mu0.clone(), wk.clone()), grad(
-                    lambda v: server_P(self.party, v, mu0, wk, self.cfg.beta, sig))(torch.zeros_like(wk)))
+                self._g0 = (
+                    (mu0.clone(), wk.clone()),
+                    grad(lambda v: server_P(self.party, v, mu0, wk, self.cfg.beta, sig))(torch.zeros_like(wk)),
+                )
             rhs = rho * ut.sum(0) - self._g0[1]
             w, _ = sp.sym_pair_apply(*self._pair, rhs, None)
-            if self.cfg.inner_stop != "measured":   # exact: the residual is rounding, read only by that Eq. 23
+            if self.cfg.inner_stop != "measured":  # exact: the residual is rounding, read only by that Eq. 23
                 return w, 0.0
             _, Hw = sp.sym_pair_apply(*self._pair, None, w)
             return w, float((Hw - rhs).abs().max())
         if self.solver == "scipy":
             w, res, _ = scipy_lbfgsb(smooth, start, tol)
         else:
-            w, res, _ = newton(smooth, start, tol, self.cfg.newton_max_iter, alone=True,
-                               modified=self.cfg.newton_step == "modified")
+            w, res, _ = newton(
+                smooth, start, tol, self.cfg.newton_max_iter, alone=True, modified=self.cfg.newton_step == "modified"
+            )
         return w, float(res)
 
     def update_mu(self, mu0: Tensor, w: Tensor) -> Tensor:

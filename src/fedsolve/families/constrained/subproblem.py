@@ -15,6 +15,7 @@ dimensions broadcast). Newton's method to a tolerance, for the other subproblems
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import overload
 
 import numpy as np
 import torch
@@ -92,21 +93,27 @@ def _sym_pair_blas(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
     oy = None if y is None else (fix * y).numpy()
     for b in range(n):
         Tb = Tn[b].T
-        if xn is not None:
+        if xn is not None and ox is not None:
             ox[b] = dsymv(1.0, Tb, xn[b], lower=1)
-        if yn is not None:
+        if yn is not None and oy is not None:
             oy[b] = dsymv(1.0, Tb, yn[b], beta=1.0, y=oy[b], lower=0, overwrite_y=1)
     return (None if ox is None else torch.from_numpy(ox)), (None if oy is None else torch.from_numpy(oy))
 
 
-def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, ...]:
+@overload
+def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor, y: None) -> tuple[Tensor, None]: ...
+@overload
+def sym_pair_apply(T: Tensor, fix: Tensor, x: None, y: Tensor) -> tuple[None, Tensor]: ...
+@overload
+def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]: ...
+def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
     """``(H^{-1} x, H y)`` from :func:`sym_pair`'s ``(T, fix)`` (``[..., d, d]``, ``[..., d]``) in one read of
     ``T``; ``x`` or ``y`` may be None (that product is skipped, its triangle not read). Plain tensors only (one
     party, or the rows of several)."""
     d = T.shape[-1]
     if T.device.type == "cpu" and T.dtype == torch.float64:
         flat = lambda v: None if v is None else v.reshape(-1, d).contiguous()
-        ox, oy = _sym_pair_blas(T.reshape(-1, d, d).contiguous(), flat(fix), flat(x), flat(y))
+        ox, oy = _sym_pair_blas(T.reshape(-1, d, d).contiguous(), fix.reshape(-1, d).contiguous(), flat(x), flat(y))
         shape = T.shape[:-1]
         return (None if ox is None else ox.reshape(shape)), (None if oy is None else oy.reshape(shape))
     return (None if x is None else _upper_mv(T, x)), (None if y is None else _lower_mv(T, fix, y))
@@ -123,8 +130,9 @@ def quadratic_step(fun: Fun, u: Tensor, L: Tensor, extra_grad: Tensor | None = N
     return v, inf_norm(gv)
 
 
-def prox_gradient(smooth: Fun, prox: Callable[[Tensor, float], Tensor], w0: Tensor, tol: float,
-                  max_iter: int = 5000, L0: float = 1.0) -> tuple[Tensor, float]:
+def prox_gradient(
+    smooth: Fun, prox: Callable[[Tensor, float], Tensor], w0: Tensor, tol: float, max_iter: int = 5000, L0: float = 1.0
+) -> tuple[Tensor, float]:
     """Proximal gradient with backtracking on ``smooth + h`` (server side, Python loops allowed).
 
     Stops when the spec-3.4 residual ``||(y - w+)/gamma + grad g(w+) - grad g(y)||_inf`` (an upper bound

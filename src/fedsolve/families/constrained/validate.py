@@ -24,13 +24,14 @@ def validate(spec: ConstrainedSpec, data: FederatedData, d: int) -> None:
     for name, t in spec.party_tensors.items():
         if not isinstance(t, Tensor) or t.dim() == 0 or t.shape[0] != n:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ConstraintError(f"party_tensors.{name}: expected a tensor with one entry per client ({n}, ...), "
-                                  f"got {got}")
+            raise ConstraintError(
+                f"party_tensors.{name}: expected a tensor with one entry per client ({n}, ...), got {got}"
+            )
         bad = (~torch.isfinite(t.double())).reshape(n, -1).any(1).nonzero()
         if bad.numel():
             raise ConstraintError(f"party_tensors.{name}: client {int(bad[0])}'s entry holds NaN or inf")
     g = torch.Generator().manual_seed(0)
-    points = torch.randn(2, d, generator=g, dtype=torch.float64) / d ** 0.5
+    points = torch.randn(2, d, generator=g, dtype=torch.float64) / d**0.5
     for i in range(n):
         part = spec.part(data, i)
         if not (torch.isfinite(part.x).all() and torch.isfinite(part.y).all()):
@@ -65,8 +66,10 @@ def check_fn(label: str, where: str, fn, w: Tensor, num: int | None, names=()) -
         raise ConstraintError(f"{label}: must return a torch tensor, got {type(out).__name__} on {where}")
     want = () if num is None else (num,)
     if tuple(out.shape) != want:
-        raise ConstraintError(f"{label}: expected shape {want} ({'scalar' if num is None else f'{num} values'}), "
-                              f"got {tuple(out.shape)} on {where}")
+        raise ConstraintError(
+            f"{label}: expected shape {want} ({'scalar' if num is None else f'{num} values'}), "
+            f"got {tuple(out.shape)} on {where}"
+        )
     if not torch.isfinite(out).all():
         bad = [names[j] for j in range(len(names)) if not torch.isfinite(out[j])] if names else []
         raise ConstraintError(f"{label}: non-finite value at a test point on {where} {bad or ''}".rstrip())
@@ -96,12 +99,19 @@ def check_hessian(spec: ConstrainedSpec, part, w: Tensor, where: str) -> None:
     if not torch.isfinite(H).all():
         raise ConstraintError(f"hessian: non-finite entries on {where}")
     v = torch.sin(torch.arange(d, dtype=torch.float64, device=w.device) + 1.0)
-    _, hv = jvp(grad(lambda u: spec.f(u, part)), (w,), (v,))
+
+    def f_i(u: Tensor) -> Tensor:
+        return spec.f(u, part)
+
+    hv = jvp(grad(f_i), (w,), (v,))[1]
     scale = max(float(hv.abs().max()), float((H @ v).abs().max()), 1e-12)
     if float((H @ v - hv).abs().max()) > 1e-8 * scale or float((H - H.mT).abs().max()) > 1e-10 * max(
-            float(H.abs().max()), 1e-12):
-        raise ConstraintError(f"hessian: does not match the objective's Hessian by automatic differentiation (or is "
-                              f"not symmetric) on {where}: it must be grad^2 f_i of that client")
+        float(H.abs().max()), 1e-12
+    ):
+        raise ConstraintError(
+            f"hessian: does not match the objective's Hessian by automatic differentiation (or is "
+            f"not symmetric) on {where}: it must be grad^2 f_i of that client"
+        )
 
 
 def check_quadratic(f, c, points: Tensor, where: str) -> None:
@@ -111,12 +121,16 @@ def check_quadratic(f, c, points: Tensor, where: str) -> None:
     if f is not None:
         hv = [jvp(grad(f), (p,), (v,))[1] for p in points]
         if _differ(*hv):
-            raise ConstraintError(f"quadratic: the objective is declared quadratic (quadratic=True) but its Hessian "
-                                  f"changes with w on {where}; declare quadratic=False (Newton solves) or fix it")
+            raise ConstraintError(
+                f"quadratic: the objective is declared quadratic (quadratic=True) but its Hessian "
+                f"changes with w on {where}; declare quadratic=False (Newton solves) or fix it"
+            )
     jv = [jvp(c, (p,), (v,))[1] for p in points]
     if jv[0].numel() and _differ(*jv):
-        raise ConstraintError(f"quadratic: the constraints must be affine under quadratic=True, but their Jacobian "
-                              f"changes with w on {where}; declare quadratic=False or fix them")
+        raise ConstraintError(
+            f"quadratic: the constraints must be affine under quadratic=True, but their Jacobian "
+            f"changes with w on {where}; declare quadratic=False or fix them"
+        )
 
 
 def _differ(a: Tensor, b: Tensor) -> bool:

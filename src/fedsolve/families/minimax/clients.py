@@ -25,8 +25,13 @@ from fedsolve.data.federated import FederatedData
 from fedsolve.families.minimax.saddle import OMEGA, PSI, check_concave, with_saddle_objective
 from fedsolve.problems import FederatedProblem
 
-__all__ = ["client_saddle_problem", "quadratic_saddle_problem", "ClientSaddleProblem", "SaddlePlayers",
-           "quadratic_value"]
+__all__ = [
+    "client_saddle_problem",
+    "quadratic_saddle_problem",
+    "ClientSaddleProblem",
+    "SaddlePlayers",
+    "quadratic_value",
+]
 
 #: a client-specific saddle function ``f(i, x, y, d) -> scalar``
 SaddleFunction = Callable[[Tensor, Tensor, Tensor, Any], Tensor]
@@ -71,8 +76,10 @@ class _Rows:
     def _tensors(self, d, i: int) -> list[Tensor]:
         if self.kind == "dict":
             if not isinstance(d, Mapping) or list(d) != self.keys:
-                raise ValueError(f"data[{i}]: keys {list(d) if isinstance(d, Mapping) else type(d).__name__} but "
-                                 f"client 0 has {self.keys}; allowed: the same keys on every client")
+                raise ValueError(
+                    f"data[{i}]: keys {list(d) if isinstance(d, Mapping) else type(d).__name__} but "
+                    f"client 0 has {self.keys}; allowed: the same keys on every client"
+                )
             items = [d[k] for k in self.keys]
         elif self.kind == "seq":
             if not isinstance(d, (tuple, list)) or len(d) != len(self.keys):
@@ -93,19 +100,24 @@ class _Rows:
         for (k, shape, dt), t in zip(self.specs, self._tensors(d, i)):
             where = self._label(i, k)
             if tuple(t.shape) != shape or t.dtype != dt:
-                raise ValueError(f"{where}: shape {tuple(t.shape)} {_name(t.dtype)} but client 0's is {shape} "
-                                 f"{_name(dt)}; allowed: the same shapes and types on every client")
+                raise ValueError(
+                    f"{where}: shape {tuple(t.shape)} {_name(t.dtype)} but client 0's is {shape} "
+                    f"{_name(dt)}; allowed: the same shapes and types on every client"
+                )
             if t.is_floating_point() and t.dtype != self.dtype:
-                raise ValueError(f"{where}: {_name(t.dtype)} but the start points are {_name(self.dtype)}; allowed: "
-                                 f"one float type")
+                raise ValueError(
+                    f"{where}: {_name(t.dtype)} but the start points are {_name(self.dtype)}; allowed: one float type"
+                )
             if t.is_complex() or t.dtype == torch.bool:
                 raise ValueError(f"{where}: {_name(t.dtype)}; allowed: real float or integer tensors")
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{where}: holds NaN/inf values; allowed: finite values only")
             flat = t.detach().reshape(-1).to(self.dtype)
             if not t.is_floating_point() and not torch.equal(flat.to(t.dtype), t.reshape(-1)):
-                raise ValueError(f"{where}: integers beyond what {_name(self.dtype)} holds exactly; allowed: smaller "
-                                 f"integers or float64 start points")
+                raise ValueError(
+                    f"{where}: integers beyond what {_name(self.dtype)} holds exactly; allowed: smaller "
+                    f"integers or float64 start points"
+                )
             parts.append(flat)
         return torch.cat(parts)
 
@@ -116,7 +128,7 @@ class _Rows:
             n = 1
             for s in shape:
                 n *= s
-            t = row[at:at + n].reshape(shape)
+            t = row[at : at + n].reshape(shape)
             out.append(t if dt == self.dtype else t.round().to(dt))
             at += n
         i = row[0].round().long()
@@ -134,8 +146,14 @@ class ClientSaddleProblem(FederatedProblem):
         return p["x"], p["y"]
 
 
-def client_saddle_problem(f: SaddleFunction, x0: Tensor, y0: Tensor, data: Sequence[Any] | None = None,
-                          num_clients: int | None = None, name: str = "saddle") -> ClientSaddleProblem:
+def client_saddle_problem(
+    f: SaddleFunction,
+    x0: Tensor,
+    y0: Tensor,
+    data: Sequence[Any] | None = None,
+    num_clients: int | None = None,
+    name: str = "saddle",
+) -> ClientSaddleProblem:
     """``min_x max_y (1/N) sum_i f(i, x, y, data[i])``: each client's own saddle function, in plain torch.
 
     ``f(i, x, y, d) -> scalar``: ``i`` is the client's index (a 0-dim integer tensor: index per-client tensors with
@@ -185,21 +203,31 @@ def _client_problem(f, x0, y0, data, num_clients, name, concave: bool) -> Client
     zeros = torch.zeros(n, 1, dtype=x0.dtype)
     off = torch.arange(n + 1)
     fdata = FederatedData(rows, zeros, off, rows.clone(), zeros.clone(), off.clone(), task="regression", name=name)
-    problem = ClientSaddleProblem(data=fdata, model_fn=lambda: SaddlePlayers(x0, y0, value), loss=saddle_value,
-                                  blocks={OMEGA: ["x"], PSI: ["y"]}, name=name)
+    problem = ClientSaddleProblem(
+        data=fdata,
+        model_fn=lambda: SaddlePlayers(x0, y0, value),
+        loss=saddle_value,
+        blocks={OMEGA: ["x"], PSI: ["y"]},
+        name=name,
+    )
     why = rowwise_mismatch(lambda r: values(value, x0, y0, r.unsqueeze(0)), rows)
     if why is not None:
-        raise ValueError(f"f: {why}; allowed: tensor operations on i, x, y and d (index tensors with i, A[i]; no "
-                         f"Python if, int() or list indexing on i or on tensor values)")
+        raise ValueError(
+            f"f: {why}; allowed: tensor operations on i, x, y and d (index tensors with i, A[i]; no "
+            f"Python if, int() or list indexing on i or on tensor values)"
+        )
     if concave:
         shape = y0.shape
-        check_concave(lambda yv: torch.stack([value(x0, yv.reshape(shape), r).reshape(())
-                                              for r in rows.unbind(0)]).mean(), y0, "f")
+        check_concave(
+            lambda yv: torch.stack([value(x0, yv.reshape(shape), r).reshape(()) for r in rows.unbind(0)]).mean(),
+            y0,
+            "f",
+        )
 
     def saddle(p: dict[str, Tensor], r: Tensor, _: Tensor, w: Tensor) -> Tensor:
         return (w * values(value, p["x"], p["y"], r).reshape(-1)).sum()
 
-    saddle.__qualname__ = f"client_saddle[{getattr(f, '__qualname__', type(f).__name__)}]"   # names the objective
+    saddle.__qualname__ = f"client_saddle[{getattr(f, '__qualname__', type(f).__name__)}]"  # names the objective
     return with_saddle_objective(problem, lambda layout: TensorLoss(layout, saddle), name)
 
 
@@ -222,18 +250,22 @@ def _check_values(value, x0: Tensor, y0: Tensor, rows: Tensor) -> None:
                 got = f"shape {tuple(v.shape)} {_name(v.dtype)}" if isinstance(v, Tensor) else type(v).__name__
                 raise ValueError(f"f: client {i} returned {got}; allowed: a real scalar tensor")
             if not bool(torch.isfinite(v).all()):
-                raise ValueError(f"f: client {i}'s value at the start point is {float(v.detach())}; allowed: finite "
-                                 f"values")
+                raise ValueError(
+                    f"f: client {i}'s value at the start point is {float(v.detach())}; allowed: finite values"
+                )
             gx, gy = torch.autograd.grad(v.reshape(()), (x, y), allow_unused=True)
         for key, g in (("x", gx), ("y", gy)):
             if g is not None and not bool(torch.isfinite(g).all()):
-                raise ValueError(f"f: client {i}'s gradient in {key} at the start point holds NaN/inf; allowed: a "
-                                 f"function differentiable there")
+                raise ValueError(
+                    f"f: client {i}'s gradient in {key} at the start point holds NaN/inf; allowed: a "
+                    f"function differentiable there"
+                )
 
 
 # ------------------------------------------------------------------ the quadratic case
-def quadratic_saddle_problem(A, B, C, a=None, c=None, x0: Tensor | None = None, y0: Tensor | None = None,
-                             name: str = "quadratic_saddle") -> ClientSaddleProblem:
+def quadratic_saddle_problem(
+    A, B, C, a=None, c=None, x0: Tensor | None = None, y0: Tensor | None = None, name: str = "quadratic_saddle"
+) -> ClientSaddleProblem:
     """``f_i(x, y) = 1/2 x'A_i x + x'B_i y - 1/2 y'C_i y + a_i'x - c_i'y`` from each client's matrices.
 
     ``A``, ``B``, ``C``: one matrix per client (lists, or tensors ``[N, dx, dx]``, ``[N, dx, dy]``,
@@ -248,23 +280,31 @@ def quadratic_saddle_problem(A, B, C, a=None, c=None, x0: Tensor | None = None, 
     want = {"A": (n, dx, dx), "B": (n, dx, dy), "C": (n, dy, dy), "a": (n, dx), "c": (n, dy)}
     for key, t in zip(want, (A, B, C, a, c)):
         if tuple(t.shape) != want[key] or t.dtype != A.dtype:
-            raise ValueError(f"{key}: shape {tuple(t.shape[1:])} {_name(t.dtype)} on {t.shape[0]} clients; allowed: "
-                             f"{want[key][1:]} {_name(A.dtype)} on each of the {n} clients (A is {dx}x{dx}, C "
-                             f"{dy}x{dy})")
+            raise ValueError(
+                f"{key}: shape {tuple(t.shape[1:])} {_name(t.dtype)} on {t.shape[0]} clients; allowed: "
+                f"{want[key][1:]} {_name(A.dtype)} on each of the {n} clients (A is {dx}x{dx}, C "
+                f"{dy}x{dy})"
+            )
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t.reshape(t.shape[0], -1))).any(-1).nonzero()[0])
             raise ValueError(f"{key}: client {bad}'s entries hold NaN/inf; allowed: finite values only")
-    for key, t, part in (("A", A, "min part is not strongly convex in x"),
-                         ("C", C, "max part is not strongly concave in y")):
+    for key, t, part in (
+        ("A", A, "min part is not strongly convex in x"),
+        ("C", C, "max part is not strongly concave in y"),
+    ):
         asym = (t - t.transpose(-1, -2)).abs().amax((-1, -2))
         if bool((asym > 1e-12 * max(1.0, float(t.abs().max()))).any()):
-            raise ValueError(f"{key}: client {int(asym.argmax())}'s matrix is not symmetric (max |{key} - {key}'| = "
-                             f"{float(asym.max()):.3g}); allowed: symmetric matrices")
+            raise ValueError(
+                f"{key}: client {int(asym.argmax())}'s matrix is not symmetric (max |{key} - {key}'| = "
+                f"{float(asym.max()):.3g}); allowed: symmetric matrices"
+            )
         low = float(torch.linalg.eigvalsh(t.mean(0).double()).min())
         if low <= 0:
-            raise ValueError(f"{key}: the clients' mean {key} has the eigenvalue {low:.3g} <= 0: the {part}, so "
-                             f"no unique saddle point exists (the iterates run off along it, whatever the step "
-                             f"size); allowed: mean {key} positive definite")
+            raise ValueError(
+                f"{key}: the clients' mean {key} has the eigenvalue {low:.3g} <= 0: the {part}, so "
+                f"no unique saddle point exists (the iterates run off along it, whatever the step "
+                f"size); allowed: mean {key} positive definite"
+            )
     x0 = torch.zeros(dx, dtype=A.dtype) if x0 is None else x0
     y0 = torch.zeros(dy, dtype=A.dtype) if y0 is None else y0
     data = [{"A": A[i], "B": B[i], "C": C[i], "a": a[i], "c": c[i]} for i in range(n)]
@@ -273,7 +313,7 @@ def quadratic_saddle_problem(A, B, C, a=None, c=None, x0: Tensor | None = None, 
 
 def quadratic_value(i: Tensor, x: Tensor, y: Tensor, d: dict[str, Tensor]) -> Tensor:
     """``1/2 x'Ax + x'By - 1/2 y'Cy + a'x - c'y`` with client i's matrices ``d``."""
-    return (0.5 * x @ d["A"] @ x + x @ d["B"] @ y - 0.5 * y @ d["C"] @ y + d["a"] @ x - d["c"] @ y)
+    return 0.5 * x @ d["A"] @ x + x @ d["B"] @ y - 0.5 * y @ d["C"] @ y + d["a"] @ x - d["c"] @ y
 
 
 def _stack(key: str, v) -> Tensor:
@@ -285,12 +325,15 @@ def _stack(key: str, v) -> Tensor:
         if len(shapes) != 1:
             first = tuple(v[0].shape)
             bad = next(i for i, m in enumerate(v) if tuple(m.shape) != first)
-            raise ValueError(f"{key}: client {bad}'s is {tuple(v[bad].shape)} but client 0's is {first}; allowed: "
-                             f"the same shape on every client")
+            raise ValueError(
+                f"{key}: client {bad}'s is {tuple(v[bad].shape)} but client 0's is {first}; allowed: "
+                f"the same shape on every client"
+            )
         t = torch.stack(list(v))
     else:
         raise ValueError(f"{key}: expected a list of per-client tensors or one tensor [N, ...], got {type(v).__name__}")
     if not t.is_floating_point() or t.dim() < 2:
-        raise ValueError(f"{key}: expected float tensors, one per client, got {_name(t.dtype)} of shape "
-                         f"{tuple(t.shape)}")
+        raise ValueError(
+            f"{key}: expected float tensors, one per client, got {_name(t.dtype)} of shape {tuple(t.shape)}"
+        )
     return t

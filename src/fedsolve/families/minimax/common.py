@@ -36,14 +36,19 @@ class GDAConfig(AlgorithmConfig):
 
     lr: float = Field(0.01, gt=0, description="eta_1: step size of the min player omega")
     lr_psi: float = Field(0.01, gt=0, description="eta_2: step size of the max player psi")
-    feature_lr: float | None = Field(None, gt=0, description="step size of the 'features' block (pretrained "
-                                                             "regime: 0.0005); null: eta_1 times the problem's "
-                                                             "feature_scale (0.05 pretrained, else 1)")
+    feature_lr: float | None = Field(
+        None,
+        gt=0,
+        description="step size of the 'features' block (pretrained "
+        "regime: 0.0005); null: eta_1 times the problem's "
+        "feature_scale (0.05 pretrained, else 1)",
+    )
     local_epochs: float | None = Field(None, gt=0, description="local passes (local_steps takes precedence)")
     local_steps: int | None = Field(20, ge=1, description="M: local descent-ascent steps per round")
     batch_size: int | None = Field(64, ge=1, description="minibatch per client per local step (null: full batch)")
     aggregation: Literal["uniform", "sample_size"] = Field(
-        "uniform", description="server mean: 'uniform' 1/N (the paper) or sample-size weighted")
+        "uniform", description="server mean: 'uniform' 1/N (the paper) or sample-size weighted"
+    )
 
     @model_validator(mode="after")
     def _no_weight_decay(self):
@@ -59,17 +64,18 @@ class MinimaxAlgorithm(Algorithm):
     divergence guard watches it (a saddle objective near zero or negative is no train loss to watch)."""
 
     Config = GDAConfig
+    cfg: GDAConfig
     watch = "w"
 
     def setup(self) -> None:
         mm = minimax_of(self.problem)
         self.objective = mm.loss
         om = self.layout.mask(OMEGA)
-        self.sign = player_signs(self.layout).double()             # +1 omega (descent), -1 psi (ascent)
-        self.sign[~om] *= mm.psi_scale                              # psi's gradient factor (1 in the paper)
+        self.sign = player_signs(self.layout).double()  # +1 omega (descent), -1 psi (ascent)
+        self.sign[~om] *= mm.psi_scale  # psi's gradient factor (1 in the paper)
         lr = torch.where(om, self.cfg.lr, self.cfg.lr_psi)
         feature_lr = self.cfg.feature_lr
-        if feature_lr is None and mm.feature_scale != 1.0:        # the pretrained regime: 0.01 x 0.05 = 0.0005
+        if feature_lr is None and mm.feature_scale != 1.0:  # the pretrained regime: 0.01 x 0.05 = 0.0005
             feature_lr = self.cfg.lr * mm.feature_scale
         if feature_lr is not None:
             if not self.layout.has_block("features"):
@@ -78,7 +84,7 @@ class MinimaxAlgorithm(Algorithm):
         self.lr_vec = lr
 
     def work(self, round_: int | None = 0) -> dict[str, Work]:
-        if round_ is None:   # the global model is scored as it is
+        if round_ is None:  # the global model is scored as it is
             return {}
         c = self.cfg
         return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
@@ -101,16 +107,25 @@ class MinimaxAlgorithm(Algorithm):
         return msg["w"]
 
 
-def descent_ascent(algo: MinimaxAlgorithm, start: Tensor, then, prox: Tensor | float = 0.0,
-                   linear: Tensor | None = None) -> Descend:
+def descent_ascent(
+    algo: MinimaxAlgorithm, start: Tensor, then, prox: Tensor | float = 0.0, linear: Tensor | None = None
+) -> Descend:
     """The local loop of ``algo`` as a statement: ``theta <- theta - eta * [sign * grad f_i(theta) + linear +
     prox * (theta - start)]`` over the planned steps (simultaneous GDA on one fresh minibatch per step; ``sign`` =
     +1 on omega, ``-psi_scale`` on psi; ``eta`` per coordinate); ``then(theta, steps)`` gives the new client rows
     and the upload. The objective is a ``TensorLoss`` (its gradient is taken per parameter tensor)."""
-    like = dict(dtype=start.dtype, device=start.device)
     pull = not (isinstance(prox, float) and prox == 0.0)
-    return Descend(start=start, lr=algo.lr_vec.to(**like), scale=algo.sign.to(**like), objective=algo.objective,
-                   prox=prox, anchor=start if pull else None, linear=linear, then=then)
+    # .to(start): start's dtype and device
+    return Descend(
+        start=start,
+        lr=algo.lr_vec.to(start),
+        scale=algo.sign.to(start),
+        objective=algo.objective,
+        prox=prox,
+        anchor=start if pull else None,
+        linear=linear,
+        then=then,
+    )
 
 
 def block_vector(layout, on_omega: float, on_psi: float) -> Tensor:

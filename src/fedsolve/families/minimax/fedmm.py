@@ -27,8 +27,13 @@ from fedsolve.families.minimax.common import GDAConfig, MinimaxAlgorithm, block_
 class FedMMConfig(GDAConfig):
     mu1: float = Field(1.0, gt=0, description="mu_1: penalty of omega (paper 1.0; the authors' code 2.0)")
     mu2: float = Field(1.0, gt=0, description="mu_2: penalty of psi (paper 1.0; the authors' code 2.0)")
-    eta3: float = Field(1 / 1.0005, ge=0, le=1, description="eta_3: upload factor eta_3^t of the duals (DANN "
-                        "1/1.0005, CDAN 1/1.0002, MDD 1/1.0001; theory: 1; 0 = no dual correction)")
+    eta3: float = Field(
+        1 / 1.0005,
+        ge=0,
+        le=1,
+        description="eta_3: upload factor eta_3^t of the duals (DANN "
+        "1/1.0005, CDAN 1/1.0002, MDD 1/1.0001; theory: 1; 0 = no dual correction)",
+    )
 
 
 @register
@@ -36,22 +41,24 @@ class FedMM(MinimaxAlgorithm):
     name = "fedmm"
     description = "FedMM: augmented-Lagrangian local descent-ascent with client duals (Shen et al., Alg. 3)"
     Config = FedMMConfig
+    cfg: FedMMConfig
 
     def setup(self) -> None:
         super().setup()
         self.mu = block_vector(self.layout, self.cfg.mu1, self.cfg.mu2)
 
     def init(self, x0, rngs):
-        return {"w": x0.clone()}, ClientStates(self.num_clients, {"dual": torch.zeros(self.num_clients, x0.numel(),
-                                                                                        dtype=x0.dtype)})
+        return {"w": x0.clone()}, ClientStates(
+            self.num_clients, {"dual": torch.zeros(self.num_clients, x0.numel(), dtype=x0.dtype)}
+        )
 
     def local_update(self, state, msg, ctx):
-        w0, dual = msg["w"], state["dual"]               # round-start global and duals: frozen in the loop
+        w0, dual = msg["w"], state["dual"]  # round-start global and duals: frozen in the loop
         mu = self.mu.to(dtype=w0.dtype, device=w0.device)
-        upload = self.cfg.eta3 ** ctx.round               # eta_3^t
+        upload = self.cfg.eta3**ctx.round  # eta_3^t
 
         def then(w, steps):
-            new = dual + mu * (w - w0)                                            # eqs. 13-14
-            return {"dual": new}, {"w": w + upload * new / mu}                     # eq. 15
+            new = dual + mu * (w - w0)  # eqs. 13-14
+            return {"dual": new}, {"w": w + upload * new / mu}  # eq. 15
 
-        return descent_ascent(self, w0, then, prox=mu, linear=dual)               # eqs. 11-12
+        return descent_ascent(self, w0, then, prox=mu, linear=dual)  # eqs. 11-12

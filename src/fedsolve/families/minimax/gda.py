@@ -41,6 +41,7 @@ class FedSGDA(FedAvgGDA):
     name = "fedsgda"
     description = "FedSGDA: one stochastic descent-ascent gradient pair per round, averaged (Peng et al. 2019)"
     Config = FedSGDAConfig
+    cfg: FedSGDAConfig
 
 
 class FedProxGDAConfig(GDAConfig):
@@ -52,6 +53,7 @@ class FedProxGDA(FedAvgGDA):
     name = "fedproxgda"
     description = "FedProxGDA: FedAvgGDA with +/-(mu/2)||. - global||^2 proximal terms (FedMM paper, Alg. 2)"
     Config = FedProxGDAConfig
+    cfg: FedProxGDAConfig
 
     def local_update(self, state, msg, ctx):
         """The minimizer form of the +/- prox terms: ``mu (theta - theta_0^t)`` on both players."""

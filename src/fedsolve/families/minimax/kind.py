@@ -42,26 +42,44 @@ class DomainAdaptationParams(BaseModel):
     feature_dim: int = Field(64, ge=1, description="width of the 'mlp' feature extractor")
     hidden: list[int] = Field(default_factory=lambda: [100, 100], description="classifier hidden sizes")
     domain_hidden: int = Field(100, ge=1, description="DANN/CDAN discriminator hidden size")
-    regime: Literal["scratch", "pretrained"] = Field("scratch", description="from scratch, or pretrained on the "
-                                                     "source first with a 20x smaller feature step")
-    pretrain: PretrainParams = Field(default_factory=PretrainParams, description="the pretrained regime's "
-                                     "source-only stage (ignored from scratch)")
-    feature_scale: float | None = Field(None, gt=0, description="factor on the features' step size (default: "
-                                        "0.05 pretrained, 1 from scratch)")
+    regime: Literal["scratch", "pretrained"] = Field(
+        "scratch", description="from scratch, or pretrained on the source first with a 20x smaller feature step"
+    )
+    pretrain: PretrainParams = Field(
+        default_factory=PretrainParams, description="the pretrained regime's source-only stage (ignored from scratch)"
+    )
+    feature_scale: float | None = Field(
+        None, gt=0, description="factor on the features' step size (default: 0.05 pretrained, 1 from scratch)"
+    )
     psi_gradient: Literal["paper", "authors_code"] = Field(
-        "paper", description="psi's gradient of f_i in its step: 'paper' as in eq. 12 (ascent on f_i, step eta_2); "
-                             "'authors_code' divided by nu + 0.01 (pretrained) or by nu (from scratch) as in the "
-                             "authors' code; the penalty and dual terms are not scaled")
+        "paper",
+        description="psi's gradient of f_i in its step: 'paper' as in eq. 12 (ascent on f_i, step eta_2); "
+        "'authors_code' divided by nu + 0.01 (pretrained) or by nu (from scratch) as in the "
+        "authors' code; the penalty and dual terms are not scaled",
+    )
     init: Literal["torch", "authors_code"] = Field(
-        "torch", description="initialization of every layer: 'torch' (PyTorch's default, the reported runs) or "
-                             "'authors_code' (weights from a normal of std 0.1 truncated at 2 std, biases 0.1, as "
-                             "the authors' code; the paper is silent)")
+        "torch",
+        description="initialization of every layer: 'torch' (PyTorch's default, the reported runs) or "
+        "'authors_code' (weights from a normal of std 0.1 truncated at 2 std, biases 0.1, as "
+        "the authors' code; the paper is silent)",
+    )
 
 
 @register_problem_kind("domain_adaptation")
 def domain_adaptation(problem, params, seed):
     p = parse_params(DomainAdaptationParams, params)
     pretrain = Pretrain(**p.pretrain.model_dump()) if p.regime == "pretrained" else None
-    return adversarial_problem(problem.data, p.loss, p.nu, p.features, p.feature_dim, p.hidden, p.domain_hidden,
-                               name=problem.name, pretrain=pretrain, feature_scale=p.feature_scale,
-                               psi_gradient=p.psi_gradient, init=p.init)
+    return adversarial_problem(
+        problem.data,
+        p.loss,
+        p.nu,
+        p.features,
+        p.feature_dim,
+        p.hidden,
+        p.domain_hidden,
+        name=problem.name,
+        pretrain=pretrain,
+        feature_scale=p.feature_scale,
+        psi_gradient=p.psi_gradient,
+        init=p.init,
+    )

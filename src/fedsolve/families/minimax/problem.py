@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +30,20 @@ from fedsolve.data.federated import FederatedData
 from fedsolve.families.minimax.saddle import OMEGA, PSI, check_finite_data, with_saddle_objective
 from fedsolve.problems import FederatedProblem
 
-__all__ = ["Pretrain", "DomainAdaptationProblem", "pretrain_on_source", "adversarial_problem", "adversarial_loss",
-           "DomainAdversarialNet", "ADVERSARIAL_LOSSES", "DEFAULT_NU", "PRETRAINED_NU", "DOMAIN_GROUPS",
-           "PSI_GRADIENTS", "psi_gradient_scale"]
+__all__ = [
+    "Pretrain",
+    "DomainAdaptationProblem",
+    "pretrain_on_source",
+    "adversarial_problem",
+    "adversarial_loss",
+    "DomainAdversarialNet",
+    "ADVERSARIAL_LOSSES",
+    "DEFAULT_NU",
+    "PRETRAINED_NU",
+    "DOMAIN_GROUPS",
+    "PSI_GRADIENTS",
+    "psi_gradient_scale",
+]
 
 #: row-group names of domain data (``FederatedData.group_names``)
 DOMAIN_GROUPS = ("source", "target")
@@ -95,9 +106,17 @@ class DomainAdversarialNet(nn.Module):
     ``(logits, domain_logits)``.
     """
 
-    def __init__(self, in_shape: Sequence[int], num_classes: int, loss: str = "dann", features: str = "cnn",
-                 feature_dim: int = 64, hidden: Sequence[int] = (100, 100), domain_hidden: int = 100,
-                 init: str = "torch"):
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        num_classes: int,
+        loss: str = "dann",
+        features: str = "cnn",
+        feature_dim: int = 64,
+        hidden: Sequence[int] = (100, 100),
+        domain_hidden: int = 100,
+        init: str = "torch",
+    ):
         super().__init__()
         if loss not in ADVERSARIAL_LOSSES:
             raise ValueError(f"loss: unknown {loss!r}; allowed: {list(ADVERSARIAL_LOSSES)}")
@@ -107,8 +126,17 @@ class DomainAdversarialNet(nn.Module):
             if len(in_shape) != 3:
                 raise ValueError(f"features 'cnn' needs image inputs [C, H, W], got shape {in_shape}")
             c, h, w = in_shape
-            self.features = Chain([nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                                   nn.Conv2d(32, 48, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()])
+            self.features = Chain(
+                [
+                    nn.Conv2d(c, 32, 3, padding=1),
+                    nn.ReLU(),
+                    nn.MaxPool2d(2),
+                    nn.Conv2d(32, 48, 3, padding=1),
+                    nn.ReLU(),
+                    nn.MaxPool2d(2),
+                    nn.Flatten(),
+                ]
+            )
             d = 48 * (h // 4) * (w // 4)
         elif features == "mlp":
             self.features = Chain([nn.Flatten(), nn.Linear(math.prod(in_shape), feature_dim), nn.ReLU()])
@@ -138,6 +166,7 @@ class DomainAdversarialNet(nn.Module):
 
     def _forward(self, x: Tensor, adversarial: bool, layer):
         """The network, each layer ``module`` (named ``name``) applied to ``h`` as ``layer(name, module, h)``."""
+
         def seq(prefix: str, h: Tensor) -> Tensor:
             for name, module in getattr(self, prefix).named_children():
                 h = layer(f"{prefix}.{name}", module, h)
@@ -157,10 +186,17 @@ def _layer_with(module: nn.Module, params: dict[str, Tensor], name: str, h: Tens
     """One layer of :class:`DomainAdversarialNet` on ``h`` with its weight and bias taken from ``params``."""
     if isinstance(module, nn.Linear):
         return F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"])
-    if isinstance(module, nn.Conv2d):   # zero padding (the only mode this network builds)
-        return F.conv2d(h, params[f"{name}.weight"], params[f"{name}.bias"], module.stride, module.padding,
-                        module.dilation, module.groups)
-    return module(h)   # ReLU, MaxPool2d, Flatten: no parameters
+    if isinstance(module, nn.Conv2d):  # zero padding (the only mode this network builds)
+        return F.conv2d(
+            h,
+            params[f"{name}.weight"],
+            params[f"{name}.bias"],
+            module.stride,
+            module.padding,
+            module.dilation,
+            module.groups,
+        )
+    return module(h)  # ReLU, MaxPool2d, Flatten: no parameters
 
 
 def authors_init(model: nn.Module) -> None:
@@ -170,6 +206,7 @@ def authors_init(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             nn.init.trunc_normal_(m.weight, std=0.1, a=-0.2, b=0.2)
+            assert m.bias is not None, "every linear and convolutional layer of this network has a bias"
             nn.init.constant_(m.bias, 0.1)
 
 
@@ -258,12 +295,20 @@ class DomainAdaptationProblem(FederatedProblem):
             return pretrain_on_source(self, x0.to(self.device), self.pretrain, g).cpu()
 
 
-def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"] = "dann", nu: float | None = None,
-                        features: str = "cnn", feature_dim: int = 64, hidden: Sequence[int] = (100, 100),
-                        domain_hidden: int = 100, name: str = "domain_adaptation", pretrain: Pretrain | None = None,
-                        feature_scale: float | None = None,
-                        psi_gradient: Literal["paper", "authors_code"] = "paper",
-                        init: Literal["torch", "authors_code"] = "torch") -> FederatedProblem:
+def adversarial_problem(
+    data: FederatedData,
+    loss: Literal["dann", "cdan", "mdd"] = "dann",
+    nu: float | None = None,
+    features: str = "cnn",
+    feature_dim: int = 64,
+    hidden: Sequence[int] = (100, 100),
+    domain_hidden: int = 100,
+    name: str = "domain_adaptation",
+    pretrain: Pretrain | None = None,
+    feature_scale: float | None = None,
+    psi_gradient: Literal["paper", "authors_code"] = "paper",
+    init: Literal["torch", "authors_code"] = "torch",
+) -> FederatedProblem:
     """Adversarial domain adaptation on domain data (labelled source ``y >= 0``, unlabelled target ``y = -1``).
 
     Blocks: ``omega`` = features + classifier, ``psi`` = domain head, ``features`` = the feature extractor
@@ -275,12 +320,16 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
     if loss not in ADVERSARIAL_LOSSES:
         raise ValueError(f"loss: unknown {loss!r}; allowed: {list(ADVERSARIAL_LOSSES)}")
     if data.task != "classification" or data.num_classes is None:
-        raise ValueError("data: domain adaptation needs classification data (labelled source rows); allowed: a "
-                         "domain dataset (fedsolve.data.domains)")
+        raise ValueError(
+            "data: domain adaptation needs classification data (labelled source rows); allowed: a "
+            "domain dataset (fedsolve.data.domains)"
+        )
     if tuple(data.group_names) != DOMAIN_GROUPS or data.train_groups is None:
-        raise ValueError(f"data: domain adaptation needs domain data, row groups {DOMAIN_GROUPS} (train_groups), got "
-                         f"{tuple(data.group_names) or None}; allowed: a dataset of fedsolve.data.domains or one "
-                         f"built with its domain_split")
+        raise ValueError(
+            f"data: domain adaptation needs domain data, row groups {DOMAIN_GROUPS} (train_groups), got "
+            f"{tuple(data.group_names) or None}; allowed: a dataset of fedsolve.data.domains or one "
+            f"built with its domain_split"
+        )
     if bool(((data.train_groups == 1) != (data.train_y < 0)).any()):
         raise ValueError("data: target rows (group 'target') must carry y = -1 and source rows y >= 0")
     check_finite_data(data, DOMAIN_ROLES)
@@ -299,11 +348,25 @@ def adversarial_problem(data: FederatedData, loss: Literal["dann", "cdan", "mdd"
 
     model_fn()  # validate the architecture now (clear errors)
     blocks = {OMEGA: ["features.*", "classifier.*"], PSI: ["domain.*"], "features": ["features.*"]}
-    problem = DomainAdaptationProblem(data=data, model_fn=model_fn, loss="cross_entropy", blocks=blocks, name=name,
-                                      pretrain=pretrain)
-    problem.extras["domain_adaptation"] = {"loss": loss, "nu": nu, "features": features,
-                                           "regime": "scratch" if pretrain is None else "pretrained",
-                                           "feature_scale": feature_scale, "psi_gradient": psi_gradient,
-                                           "psi_scale": psi_scale, "init": init}
-    return with_saddle_objective(problem, lambda layout: adversarial_loss(problem.model, layout, nu), f"{loss}",
-                                 feature_scale, psi_scale, checked=True)
+    problem = DomainAdaptationProblem(
+        data=data, model_fn=model_fn, loss="cross_entropy", blocks=blocks, name=name, pretrain=pretrain
+    )
+    problem.extras["domain_adaptation"] = {
+        "loss": loss,
+        "nu": nu,
+        "features": features,
+        "regime": "scratch" if pretrain is None else "pretrained",
+        "feature_scale": feature_scale,
+        "psi_gradient": psi_gradient,
+        "psi_scale": psi_scale,
+        "init": init,
+    }
+    # model_fn builds a DomainAdversarialNet
+    return with_saddle_objective(
+        problem,
+        lambda layout: adversarial_loss(cast(DomainAdversarialNet, problem.model), layout, nu),
+        f"{loss}",
+        feature_scale,
+        psi_scale,
+        checked=True,
+    )

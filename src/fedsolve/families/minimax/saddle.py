@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -28,10 +29,20 @@ from torch import Tensor, nn
 from fedsolve.data.federated import FederatedData
 from fedsolve.problems import FederatedProblem
 
-__all__ = ["OMEGA", "PSI", "Minimax", "minimax_of", "player_signs", "with_saddle_objective", "check_finite_data",
-           "check_concave", "saddle_problem"]
+__all__ = [
+    "OMEGA",
+    "PSI",
+    "Minimax",
+    "minimax_of",
+    "player_signs",
+    "with_saddle_objective",
+    "check_finite_data",
+    "check_concave",
+    "saddle_problem",
+]
 
 OMEGA, PSI = "omega", "psi"
+_Problem = TypeVar("_Problem", bound=FederatedProblem)
 Batch = tuple[Tensor, Tensor, Tensor]
 #: ``f_i(params, x, y, w)``: the saddle objective on one weighted minibatch, ``params`` the flat vector
 FlatObjective = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -63,9 +74,11 @@ def minimax_of(problem) -> Minimax:
     """The problem's minimax objective; a clear error for a problem that is not a minimax problem."""
     mm = getattr(problem, "extras", {}).get("minimax")
     if not isinstance(mm, Minimax):
-        raise ValueError("problem: the minimax solvers need a minimax problem; allowed: problem: {kind: "
-                         "domain_adaptation} in a config (with domain data), or a problem from "
-                         "fedsolve.families.minimax (client_saddle_problem, quadratic_saddle_problem, saddle_problem)")
+        raise ValueError(
+            "problem: the minimax solvers need a minimax problem; allowed: problem: {kind: "
+            "domain_adaptation} in a config (with domain data), or a problem from "
+            "fedsolve.families.minimax (client_saddle_problem, quadratic_saddle_problem, saddle_problem)"
+        )
     return mm
 
 
@@ -83,8 +96,14 @@ def player_signs(layout) -> Tensor:
     return torch.where(om, 1.0, -1.0)
 
 
-def with_saddle_objective(problem: FederatedProblem, loss_of_layout, name: str, feature_scale: float = 1.0,
-                          psi_scale: float = 1.0, checked: bool = False) -> FederatedProblem:
+def with_saddle_objective(
+    problem: _Problem,
+    loss_of_layout,
+    name: str,
+    feature_scale: float = 1.0,
+    psi_scale: float = 1.0,
+    checked: bool = False,
+) -> _Problem:
     """``problem`` with its data checked finite (unless ``checked``: already done) and ``extras["minimax"]`` set to
     the objective ``loss_of_layout(layout)`` (the layout's ``omega``/``psi`` blocks checked to split the model)."""
     if not checked:
@@ -100,8 +119,11 @@ def check_finite_data(data: FederatedData, roles: Mapping[str, str] | None = Non
     images")."""
     roles = roles or {}
     fields = [("train_x", data.train_x, data.train_offsets), ("test_x", data.test_x, data.test_offsets)]
-    fields += [(k, t, o) for k, t, o in (("train_y", data.train_y, data.train_offsets),
-                                         ("test_y", data.test_y, data.test_offsets)) if t.is_floating_point()]
+    fields += [
+        (k, t, o)
+        for k, t, o in (("train_y", data.train_y, data.train_offsets), ("test_y", data.test_y, data.test_offsets))
+        if t.is_floating_point()
+    ]
     for key, t, offsets in fields:
         if not t.is_floating_point():
             continue
@@ -110,15 +132,25 @@ def check_finite_data(data: FederatedData, roles: Mapping[str, str] | None = Non
             row = int(bad.nonzero()[0])
             client = int(torch.searchsorted(offsets, torch.tensor(row), right=True)) - 1
             what = f" ({roles[key]})" if key in roles else ""
-            raise ValueError(f"data.{key}{what}: client {client} holds NaN/inf values ({int(bad.sum())} row(s) in all, "
-                             f"its row {row - int(offsets[client])} first); allowed: finite values only")
+            raise ValueError(
+                f"data.{key}{what}: client {client} holds NaN/inf values ({int(bad.sum())} row(s) in all, "
+                f"its row {row - int(offsets[client])} first); allowed: finite values only"
+            )
 
 
 # ------------------------------------------------------------------ objectives on data rows
-def saddle_problem(data: FederatedData, model_fn: Callable[[], nn.Module], objective: SaddleObjective,
-                   omega: Sequence[str], psi: Sequence[str], *, name: str = "saddle",
-                   eval_loss: str = "squared_error", extra_blocks: dict | None = None,
-                   concave: bool = True) -> FederatedProblem:
+def saddle_problem(
+    data: FederatedData,
+    model_fn: Callable[[], nn.Module],
+    objective: SaddleObjective,
+    omega: Sequence[str],
+    psi: Sequence[str],
+    *,
+    name: str = "saddle",
+    eval_loss: str = "squared_error",
+    extra_blocks: dict | None = None,
+    concave: bool = True,
+) -> FederatedProblem:
     """A minimax problem from an objective ``objective(omega, psi, (x, y, w))`` on minibatches of data rows
     (``omega``/``psi``: the flat block vectors; a weighted mean over the batch rows). ``omega``/``psi``:
     parameter-name patterns of the two players (together all of ``model_fn()``'s parameters). ``eval_loss``
@@ -130,8 +162,9 @@ def saddle_problem(data: FederatedData, model_fn: Callable[[], nn.Module], objec
     def lift(layout):
         io = torch.nonzero(layout.mask(OMEGA)).flatten()
         ip = torch.nonzero(layout.mask(PSI)).flatten()
-        return lambda params, x, y, w: objective(params[..., io.to(params.device)], params[..., ip.to(params.device)],
-                                                 (x, y, w))
+        return lambda params, x, y, w: objective(
+            params[..., io.to(params.device)], params[..., ip.to(params.device)], (x, y, w)
+        )
 
     problem = with_saddle_objective(problem, lift, name)
     if concave:
@@ -149,8 +182,11 @@ def saddle_problem(data: FederatedData, model_fn: Callable[[], nn.Module], objec
 def _client_rows(data: FederatedData, i: int) -> Batch:
     """Client ``i``'s training rows with the weights of their mean."""
     x, y = data.client_train(i)
-    return x, y, torch.full((y.shape[0],), 1.0 / max(y.shape[0], 1), dtype=x.dtype if x.is_floating_point()
-                            else torch.float32)
+    return (
+        x,
+        y,
+        torch.full((y.shape[0],), 1.0 / max(y.shape[0], 1), dtype=x.dtype if x.is_floating_point() else torch.float32),
+    )
 
 
 def check_concave(mean_f: Callable[[Tensor], Tensor], y0: Tensor, where: str) -> None:
@@ -169,13 +205,16 @@ def check_concave(mean_f: Callable[[Tensor], Tensor], y0: Tensor, where: str) ->
         top, size = _top_curvature(mean_f, y)
     tol = (1e-5 if y0.dtype == torch.float32 else 1e-10) * max(1.0, size)
     if top > tol:
-        raise ValueError(f"{where}: the max part is not concave: at the start point the Hessian in y of the clients' "
-                         f"mean has the eigenvalue {top:.3g} > 0 (the ascent runs off along it, whatever the step "
-                         f"size); allowed: a function concave in y (strongly concave for a unique saddle point)")
+        raise ValueError(
+            f"{where}: the max part is not concave: at the start point the Hessian in y of the clients' "
+            f"mean has the eigenvalue {top:.3g} > 0 (the ascent runs off along it, whatever the step "
+            f"size); allowed: a function concave in y (strongly concave for a unique saddle point)"
+        )
 
 
 def _top_curvature(mean_f: Callable[[Tensor], Tensor], y: Tensor) -> tuple[float, float]:
     """``(the largest v'Hv found over unit v, |lambda_1|)`` by power iteration with Hessian-vector products."""
+
     def hvp(v: Tensor) -> Tensor:
         return torch.autograd.functional.hvp(mean_f, y, v)[1]
 

@@ -33,8 +33,22 @@ from fedsolve.families.personalized.partial import (
     drift,
 )
 
-__all__ = ["BaselineConfig", "Ditto", "DittoConfig", "FedAlt", "FedPer", "FedRep", "FedRepConfig", "FedSim",
-           "LGFedAvg", "PFedMe", "PFedMeConfig", "PartialAlgorithm", "PartialConfig", "Personalization"]
+__all__ = [
+    "BaselineConfig",
+    "Ditto",
+    "DittoConfig",
+    "FedAlt",
+    "FedPer",
+    "FedRep",
+    "FedRepConfig",
+    "FedSim",
+    "LGFedAvg",
+    "PFedMe",
+    "PFedMeConfig",
+    "PartialAlgorithm",
+    "PartialConfig",
+    "Personalization",
+]
 
 
 @register
@@ -75,8 +89,9 @@ class FedSim(PartialAlgorithm):
             new = {"v": v, "u": u, "drift": drift(u, u_t)}
             return new, self.upload(state, new)
 
-        return Descend(start=self.join(state["v"], u_t), lr=lr, scale=self.alpha(ctx), weight_decay=c.weight_decay,
-                       then=then)
+        return Descend(
+            start=self.join(state["v"], u_t), lr=lr, scale=self.alpha(ctx), weight_decay=c.weight_decay, then=then
+        )
 
 
 class _OutputConfig(BaselineConfig):
@@ -98,6 +113,7 @@ class FedPer(FedSim):
     name = "fedper"
     description = "FedPer: FedSim with a personal head (output personalization; Arivazhagan et al. 2019)"
     Config = _OutputConfig
+    cfg: _OutputConfig
 
 
 @register
@@ -105,6 +121,7 @@ class LGFedAvg(FedSim):
     name = "lgfedavg"
     description = "LG-FedAvg: FedSim with personal lower layers (input personalization; Liang et al. 2020)"
     Config = _InputConfig
+    cfg: _InputConfig
 
 
 @register
@@ -112,3 +129,4 @@ class FedRep(FedAlt):
     name = "fedrep"
     description = "FedRep: FedAlt with a personal head, many head epochs then body epochs (Collins et al. 2021)"
     Config = FedRepConfig
+    cfg: FedRepConfig

@@ -42,8 +42,10 @@ def personal_groups(model: nn.Module, kind: str) -> list[str]:
         raise ValueError(f"personalization: unknown {kind!r}; allowed: {list(TYPES)}")
     table = getattr(model, "PERSONALIZATION", None) or _FALLBACK
     if kind not in table:
-        raise ValueError(f"personalization: model {type(model).__name__} defines no {kind!r} personalization; "
-                         f"it defines {sorted(table)} (set PERSONALIZATION on the model)")
+        raise ValueError(
+            f"personalization: model {type(model).__name__} defines no {kind!r} personalization; "
+            f"it defines {sorted(table)} (set PERSONALIZATION on the model)"
+        )
     return list(table[kind])
 
 
@@ -54,12 +56,16 @@ def personal_patterns(model: nn.Module, kind: str) -> list[str]:
     pats: list[str] = []
     for g in personal_groups(model, kind):
         if g not in groups:
-            raise ValueError(f"personalization {kind!r}: model {type(model).__name__} has no group {g!r}; "
-                             f"groups are {sorted(groups)}")
+            raise ValueError(
+                f"personalization {kind!r}: model {type(model).__name__} has no group {g!r}; "
+                f"groups are {sorted(groups)}"
+            )
         pats += list(groups[g])
     if not pats:
-        raise ValueError(f"personalization {kind!r}: groups {personal_groups(model, kind)} of "
-                         f"{type(model).__name__} are empty (no personal parameters)")
+        raise ValueError(
+            f"personalization {kind!r}: groups {personal_groups(model, kind)} of "
+            f"{type(model).__name__} are empty (no personal parameters)"
+        )
     return pats
 
 
@@ -79,7 +85,7 @@ def mask_from_patterns(layout, patterns: Sequence[str]) -> Tensor:
     mask = torch.zeros(layout.dim, dtype=torch.bool)
     for e in layout.entries:
         if any(fnmatch.fnmatchcase(e.name, p) for p in patterns):
-            mask[e.start:e.start + e.numel] = True
+            mask[e.start : e.start + e.numel] = True
     return mask
 
 
@@ -88,6 +94,9 @@ def personal_mask(problem, kind: str = "problem") -> Tensor:
     all-False when the problem defines none) or a preset built from the model's groups."""
     layout = problem.layout
     if kind == "problem":
-        return layout.mask("personal").clone() if layout.has_block("personal") else torch.zeros(
-            layout.dim, dtype=torch.bool)
+        return (
+            layout.mask("personal").clone()
+            if layout.has_block("personal")
+            else torch.zeros(layout.dim, dtype=torch.bool)
+        )
     return mask_from_patterns(layout, personal_patterns(problem.model, _norm(kind)))

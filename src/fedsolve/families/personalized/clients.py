@@ -56,8 +56,14 @@ class ClientPartialProblem(FederatedProblem):
         return p["shared"], p["personal"]
 
 
-def client_partial_problem(f: PartialFunction, u0: Tensor, v0: Tensor, data: Sequence[Any] | None = None,
-                           num_clients: int | None = None, name: str = "partial") -> ClientPartialProblem:
+def client_partial_problem(
+    f: PartialFunction,
+    u0: Tensor,
+    v0: Tensor,
+    data: Sequence[Any] | None = None,
+    num_clients: int | None = None,
+    name: str = "partial",
+) -> ClientPartialProblem:
     """``min sum_i alpha_i f(i, u, v_i, data[i])`` over a shared ``u`` and one personal ``v_i`` per client.
 
     ``f(i, u, v, d) -> scalar``: ``i`` is the client's index (a 0-dim integer tensor), ``u`` and ``v`` are shaped as
@@ -88,19 +94,26 @@ def client_partial_problem(f: PartialFunction, u0: Tensor, v0: Tensor, data: Seq
     rows = torch.arange(m, dtype=u0.dtype).reshape(m, 1)
     _check_values(value, u0, v0, rows)
 
-    def with_gradient(r: Tensor) -> Tensor:   # the value and its gradient, as the local steps take them
+    def with_gradient(r: Tensor) -> Tensor:  # the value and its gradient, as the local steps take them
         gu, gv = torch.func.grad(lambda uu, vv: value(r, uu, vv).reshape(()), argnums=(0, 1))(u0, v0)
         return torch.cat([value(r, u0, v0).reshape(1), gu.reshape(-1), gv.reshape(-1)])
 
     why = rowwise_mismatch(with_gradient, rows)
     if why is not None:
-        raise ValueError(f"f: {why}; allowed: tensor operations on u, v and d (a client's own tensors go in its "
-                         f"data entry d, not indexed by i; no Python if or int() on i or on tensor values)")
+        raise ValueError(
+            f"f: {why}; allowed: tensor operations on u, v and d (a client's own tensors go in its "
+            f"data entry d, not indexed by i; no Python if or int() on i or on tensor values)"
+        )
     zeros = torch.zeros(m, 1, dtype=u0.dtype)
     off = torch.arange(m + 1)
     fdata = FederatedData(rows, zeros, off, rows.clone(), zeros.clone(), off.clone(), task="regression", name=name)
-    return ClientPartialProblem(data=fdata, model_fn=lambda: SharedPersonal(u0, v0, value), loss=client_value,
-                                blocks={"personal": ["personal"]}, name=name)
+    return ClientPartialProblem(
+        data=fdata,
+        model_fn=lambda: SharedPersonal(u0, v0, value),
+        loss=client_value,
+        blocks={"personal": ["personal"]},
+        name=name,
+    )
 
 
 def _stack(data, num_clients, dtype) -> tuple[Any, int]:
@@ -115,15 +128,23 @@ def _stack(data, num_clients, dtype) -> tuple[Any, int]:
     if num_clients is not None and num_clients != len(data):
         raise ValueError(f"num_clients: {num_clients} but data lists {len(data)} clients")
     first = data[0]
-    keys = list(first) if isinstance(first, Mapping) else range(len(first)) if isinstance(first, (tuple, list)) \
-        else [None]
+    keys = (
+        list(first) if isinstance(first, Mapping) else range(len(first)) if isinstance(first, (tuple, list)) else [None]
+    )
     columns: dict[Any, list[Tensor]] = {k: [] for k in keys}
     for i, d in enumerate(data):
-        same = (isinstance(d, Mapping) and list(d) == list(keys)) if isinstance(first, Mapping) else \
-            (isinstance(d, (tuple, list)) and len(d) == len(keys)) if isinstance(first, (tuple, list)) else True
+        same = (
+            (isinstance(d, Mapping) and list(d) == list(keys))
+            if isinstance(first, Mapping)
+            else (isinstance(d, (tuple, list)) and len(d) == len(keys))
+            if isinstance(first, (tuple, list))
+            else True
+        )
         if not same:
-            raise ValueError(f"data[{i}]: not structured as client 0's entry; allowed: the same keys (or the same "
-                             f"number of tensors) on every client")
+            raise ValueError(
+                f"data[{i}]: not structured as client 0's entry; allowed: the same keys (or the same "
+                f"number of tensors) on every client"
+            )
         for k in keys:
             t = d if k is None else d[k]
             where = f"data[{i}]" + ("" if k is None else f"[{k!r}]")
@@ -131,12 +152,15 @@ def _stack(data, num_clients, dtype) -> tuple[Any, int]:
                 raise ValueError(f"{where}: expected a torch tensor, got {type(t).__name__}")
             ref = t if i == 0 else columns[k][0]
             if t.shape != ref.shape or t.dtype != ref.dtype:
-                raise ValueError(f"{where}: shape {tuple(t.shape)} {_name(t.dtype)} but client 0's is "
-                                 f"{tuple(ref.shape)} {_name(ref.dtype)}; allowed: the same shapes and types on "
-                                 f"every client")
+                raise ValueError(
+                    f"{where}: shape {tuple(t.shape)} {_name(t.dtype)} but client 0's is "
+                    f"{tuple(ref.shape)} {_name(ref.dtype)}; allowed: the same shapes and types on "
+                    f"every client"
+                )
             if t.is_floating_point() and t.dtype != dtype:
-                raise ValueError(f"{where}: {_name(t.dtype)} but the start points are {_name(dtype)}; allowed: one "
-                                 f"float type")
+                raise ValueError(
+                    f"{where}: {_name(t.dtype)} but the start points are {_name(dtype)}; allowed: one float type"
+                )
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise ValueError(f"{where}: holds NaN/inf values; allowed: finite values only")
             columns[k].append(t.detach())
@@ -167,20 +191,28 @@ def _check_values(value, u0: Tensor, v0: Tensor, rows: Tensor) -> None:
         u, v = u0.detach().clone().requires_grad_(True), v0.detach().clone().requires_grad_(True)
         try:
             out = value(r, u, v)
-        except Exception as e:   # noqa: BLE001  (the user's function: any failure is reported in one line)
-            raise ValueError(f"f: fails on client {i} at the start point ({type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})") from None
+        except Exception as e:  # noqa: BLE001  (the user's function: any failure is reported in one line)
+            raise ValueError(
+                f"f: fails on client {i} at the start point ({type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})"
+            ) from None
         if not isinstance(out, Tensor) or out.numel() != 1 or not out.is_floating_point():
-            raise ValueError(f"f: client {i} gives {type(out).__name__} "
-                             f"{tuple(out.shape) if isinstance(out, Tensor) else ''}; allowed: a real float scalar")
+            raise ValueError(
+                f"f: client {i} gives {type(out).__name__} "
+                f"{tuple(out.shape) if isinstance(out, Tensor) else ''}; allowed: a real float scalar"
+            )
         if not bool(torch.isfinite(out).all()):
-            raise ValueError(f"f: client {i} gives {float(out.detach())} at the start point; allowed: finite values "
-                             f"(check the client's data and f)")
+            raise ValueError(
+                f"f: client {i} gives {float(out.detach())} at the start point; allowed: finite values "
+                f"(check the client's data and f)"
+            )
         gu, gv = torch.autograd.grad(out.reshape(()), (u, v), allow_unused=True)
         for key, g in (("u", gu), ("v", gv)):
             if g is not None and not bool(torch.isfinite(g).all()):
-                raise ValueError(f"f: client {i}'s gradient in {key} is not finite at the start point; allowed: f "
-                                 f"differentiable there")
+                raise ValueError(
+                    f"f: client {i}'s gradient in {key} is not finite at the start point; allowed: f "
+                    f"differentiable there"
+                )
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -32,8 +32,10 @@ class SharedDrift(Wrapper):
     def __init__(self, inner):
         super().__init__(inner)
         if inner.averages is None:
-            raise ValueError(f"wrap.drift: needs a solver that averages one global model (FedAvg, FedProx, ...); "
-                             f"{inner.name} declares none")
+            raise ValueError(
+                f"wrap.drift: needs a solver that averages one global model (FedAvg, FedProx, ...); "
+                f"{inner.name} declares none"
+            )
         self.avg = inner.averages
         self.shared = ~personal_mask(inner.problem, "problem")
 
@@ -64,8 +66,11 @@ class _NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-@register_wrapper("drift", "logs local_drift: mean over clients of ||w_i - w^t|| on the shared block at each "
-                           "client's latest round (FedAPM Fig. 5's model deviation, for FedAvg/FedProx)")
+@register_wrapper(
+    "drift",
+    "logs local_drift: mean over clients of ||w_i - w^t|| on the shared block at each "
+    "client's latest round (FedAPM Fig. 5's model deviation, for FedAvg/FedProx)",
+)
 def _drift(inner, params):
     try:
         _NoParams(**params)

@@ -49,26 +49,31 @@ from fedsolve.families.personalized.partial import PartialAlgorithm, PartialConf
 class FedAPMConfig(PartialConfig):
     # defaults of the authors' code (spec sec. 2.5); lr per dataset: CIFAR10 0.1, CrisisMMD/KU-HAR 0.5, Crema-D 1.0
     lr: float = Field(0.1, gt=0, description="local learning rate (multiplies the alpha-scaled gradient)")
-    local_epochs: float | None = Field(3.0, gt=0, description="epochs of the u-phase (and of the v-phase unless "
-                                                              "personal_epochs is set)")
+    local_epochs: float | None = Field(
+        3.0, gt=0, description="epochs of the u-phase (and of the v-phase unless personal_epochs is set)"
+    )
     batch_size: int | None = Field(50, ge=1, description="minibatch size (null = full batch)")
     weight_decay: float = Field(0.01, ge=0, description="L2 term in f_i (the code's mu = 0.01)")
     alpha: Literal["one", "uniform", "samples"] = Field("uniform", description="alpha_i: 1/m (code) or n_i/n")
     eval_shared: Literal["local", "server"] = Field(
-        "local", description="evaluate with the client's local (v_i, u_i) (code) or with (v_i, u^t)")
+        "local", description="evaluate with the client's local (v_i, u_i) (code) or with (v_i, u^t)"
+    )
     log_other_eval: bool = Field(True, description="also log the (v_i, u^t) model's test metrics (other_eval_*)")
     rho: float = Field(0.01, ge=0, description="ADMM penalty rho (0 only with dual: false)")
     sigma: float = Field(0.01, ge=0, description="proximal coefficient sigma_i of the v-step")
     dual: bool = Field(True, description="false: pi fixed at 0 and z_i = u_i (penalty method / FedAlt reduction)")
     solver: Literal["fixed_epochs", "xi_controlled"] = Field(
-        "fixed_epochs", description="'fixed_epochs': E epochs of minibatch SGD per phase (experiments); "
-                                    "'xi_controlled': full-batch GD until ||grad_u L_i||^2 <= xi_i (theory)")
+        "fixed_epochs",
+        description="'fixed_epochs': E epochs of minibatch SGD per phase (experiments); "
+        "'xi_controlled': full-batch GD until ||grad_u L_i||^2 <= xi_i (theory)",
+    )
     xi0: float = Field(1.0, gt=0, description="xi_i^0 (xi_controlled)")
     xi_decay: float = Field(0.9, gt=0, lt=1, description="mu_i: xi_i^{t+1} = mu_i xi_i^t")
     max_steps: int = Field(1000, ge=1, description="step guard of each xi_controlled phase")
     v_tol: float = Field(1e-12, ge=0, description="xi_controlled v-step: GD until ||grad_v||^2 <= v_tol")
     v_shared: Literal["local", "server"] = Field(
-        "local", description="shared block the v-step sees: u_i^t (paper eq. 9) or u^t (the code)")
+        "local", description="shared block the v-step sees: u_i^t (paper eq. 9) or u^t (the code)"
+    )
     warm_start: Literal["server", "local"] = Field("server", description="u-solve starts at u^t or u_i^t")
     log_stationarity: bool = Field(True, description="log the eq. (6) residual (one full gradient per client)")
 
@@ -84,18 +89,21 @@ class FedAPM(PartialAlgorithm):
     name = "fedapm"
     description = "FedAPM: ADMM with partial personalization, prox v-step, inexact u-step, z=u+pi/rho (Zhu 2025)"
     Config = FedAPMConfig
+    cfg: FedAPMConfig
 
     def work(self, round_: int | None = 0):
         if round_ is None:
             return {}
         if self.cfg.solver == "xi_controlled":
-            return {"v": Work(steps=self.cfg.max_steps, batch_size=None),
-                    "u": Work(steps=self.cfg.max_steps, batch_size=None)}
+            return {
+                "v": Work(steps=self.cfg.max_steps, batch_size=None),
+                "u": Work(steps=self.cfg.max_steps, batch_size=None),
+            }
         return super().work()
 
     def init(self, x0, rngs):
         server, clients = super().init(x0, rngs)  # u^0 = mean_i z_i^0 with z_i^0 = u_i^0 = u^0, pi_i^0 = 0
-        clients.set_default("pi", x0.new_zeros(self.d_u))   # one default row each: nothing [m, d] until used
+        clients.set_default("pi", x0.new_zeros(self.d_u))  # one default row each: nothing [m, d] until used
         clients.set_default("xi", x0.new_full((), self.cfg.xi0))
         return server, clients
 
@@ -106,10 +114,17 @@ class FedAPM(PartialAlgorithm):
         # (9) proximal v-step anchored at v_i^t: the pull sigma (p - v_i^t) as sigma p + (-sigma v_i^t)
         v_new = v
         if self.d_v:
-            v_new = ctx.descend(self.block_descent(
-                ctx, "v", v, u_i if c.v_shared == "local" else u_t, prox=c.sigma,
-                linear=-c.sigma * v if c.sigma > 0 else None,
-                until=(lambda p, g: (g * g).sum() <= c.v_tol) if xi_ctl else None))
+            v_new = ctx.descend(
+                self.block_descent(
+                    ctx,
+                    "v",
+                    v,
+                    u_i if c.v_shared == "local" else u_t,
+                    prox=c.sigma,
+                    linear=-c.sigma * v if c.sigma > 0 else None,
+                    until=(lambda p, g: (g * g).sum() <= c.v_tol) if xi_ctl else None,
+                )
+            )
         # (10) tolerance decay
         xi = c.xi_decay * state["xi"]
         # (11) inexact u-step: pi_i^t + rho (u - u^t) enters every step, as rho u + (pi_i^t - rho u^t)
@@ -119,13 +134,25 @@ class FedAPM(PartialAlgorithm):
             # (12) dual ascent with u^t; (13) upload z_i^{t+1} - z_i^t (the server keeps sum_i z_i)
             du = u_new - u_t
             pi_new = torch.add(pi, du, alpha=rho) if c.dual else pi
-            rows = {"v": v_new, "u": u_new, "pi": pi_new, "xi": xi,
-                    "drift": torch.linalg.vector_norm(du, dim=-1)}   # ||u_i^{t+1} - u^t||
+            rows = {
+                "v": v_new,
+                "u": u_new,
+                "pi": pi_new,
+                "xi": xi,
+                "drift": torch.linalg.vector_norm(du, dim=-1),
+            }  # ||u_i^{t+1} - u^t||
             return rows, self.upload(state, rows)
 
-        return self.block_descent(ctx, "u", u_t if c.warm_start == "server" else u_i, v_new,
-                                  prox=rho if admm else 0.0, linear=torch.add(pi, u_t, alpha=-rho) if admm else None,
-                                  until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None, then=then)
+        return self.block_descent(
+            ctx,
+            "u",
+            u_t if c.warm_start == "server" else u_i,
+            v_new,
+            prox=rho if admm else 0.0,
+            linear=torch.add(pi, u_t, alpha=-rho) if admm else None,
+            until=(lambda p, g: (g * g).sum() <= xi) if xi_ctl else None,
+            then=then,
+        )
 
     def z_of(self, state):
         """(13) ``z_i = u_i + pi_i / rho`` (``u_i`` with ``dual: false``)."""
@@ -172,5 +199,10 @@ class FedAPM(PartialAlgorithm):
                 srv = srv + clients["pi"][i] + c.rho * r
         kc = float((clients["u"] - u).pow(2).sum())
         ks = float(srv.pow(2).sum())
-        return {"kkt_v": kv, "kkt_u": ku, "kkt_consensus": kc, "kkt_server": ks,
-                "stationarity": math.sqrt(kv + ku + kc + ks)}
+        return {
+            "kkt_v": kv,
+            "kkt_u": ku,
+            "kkt_consensus": kc,
+            "kkt_server": ks,
+            "stationarity": math.sqrt(kv + ku + kc + ks),
+        }

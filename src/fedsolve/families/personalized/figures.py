@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EARLY = 30   # Fig. 5's bar averages rounds 1-30
+EARLY = 30  # Fig. 5's bar averages rounds 1-30
 
 
 def run_records(run_dir: Path) -> list[dict]:
@@ -60,8 +60,10 @@ def method_runs(folder: Path) -> dict[str, list[list[dict]]]:
 
 def seed_mean(runs: Sequence[list[dict]], key: str) -> dict[int, float]:
     """``round -> mean over seeds of key`` at the rounds every seed evaluated with a finite value."""
-    per = [{r["round"]: r[key] for r in recs if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
-           for recs in runs]
+    per = [
+        {r["round"]: r[key] for r in recs if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])}
+        for recs in runs
+    ]
     common = sorted(set.intersection(*(set(p) for p in per))) if per else []
     return {t: statistics.fmean(p[t] for p in per) for t in common}
 
@@ -82,8 +84,9 @@ def drift_rows(drifts: dict[str, dict[int, float]]) -> list[str]:
     rows = []
     for name, c in drifts.items():
         early = [v for t, v in c.items() if 1 <= t <= EARLY]
-        rows.append(f"| {name} | {statistics.fmean(early):.3f} | {c[max(c)]:.3f} |" if early and c else
-                    f"| {name} | - | - |")
+        rows.append(
+            f"| {name} | {statistics.fmean(early):.3f} | {c[max(c)]:.3f} |" if early and c else f"| {name} | - | - |"
+        )
     return rows
 
 
@@ -96,9 +99,15 @@ def _rounds(curves: dict[str, dict[int, float]]) -> list[int]:
 def _loss_section(curves: dict[str, dict[int, float]], first: str, what: str) -> list[str]:
     rounds = _rounds(curves)
     rows, level = loss_table(curves, rounds)
-    return [f"Training loss ({what}; seed mean per evaluated round):", "",
-            f"| {first} | " + " | ".join(f"round {t}" for t in rounds) + f" | mean over rounds | first round <= "
-            f"{level:.3f} (L*) |", "|---" * (len(rounds) + 3) + "|", *rows, ""]
+    return [
+        f"Training loss ({what}; seed mean per evaluated round):",
+        "",
+        f"| {first} | " + " | ".join(f"round {t}" for t in rounds) + f" | mean over rounds | first round <= "
+        f"{level:.3f} (L*) |",
+        "|---" * (len(rounds) + 3) + "|",
+        *rows,
+        "",
+    ]
 
 
 def folder_report(folder: Path) -> str:
@@ -108,8 +117,12 @@ def folder_report(folder: Path) -> str:
     lines = [f"### {Path(folder).name} (seeds per method: {', '.join(map(str, sorted(n)))})", ""]
     lines += _loss_section({k: seed_mean(v, "train_loss") for k, v in runs.items()}, "method", "Fig. 4")
     drifts = {k: seed_mean(v, "local_drift") for k, v in runs.items()}
-    lines += ["Model deviation (Fig. 5; seed-mean local_drift):", "",
-              f"| method | mean of the evaluations in rounds 1-{EARLY} | last round |", "|---|---|---|"]
+    lines += [
+        "Model deviation (Fig. 5; seed-mean local_drift):",
+        "",
+        f"| method | mean of the evaluations in rounds 1-{EARLY} | last round |",
+        "|---|---|---|",
+    ]
     lines += [*drift_rows(drifts), ""]
     return "\n".join(lines)
 
@@ -126,8 +139,9 @@ def sweep_report(folders: Sequence[Path], label: str | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fedsolve.families.personalized.figures", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m fedsolve.families.personalized.figures", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("folders", nargs="+", type=Path, help="compare folders")
     ap.add_argument("--sweep", action="store_true", help="one training-loss table, a row per folder (Fig. 7)")
     args = ap.parse_args(argv)

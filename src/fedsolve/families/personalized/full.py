@@ -37,6 +37,7 @@ class Ditto(FedAvg):
     name = "ditto"
     description = "Ditto: FedAvg global model + personal models pulled to it by (lam/2)||v - w||^2 (Li 2021)"
     Config = DittoConfig
+    cfg: DittoConfig
 
     def init(self, x0, rngs):
         server, _ = super().init(x0, rngs)
@@ -47,17 +48,28 @@ class Ditto(FedAvg):
         if round_ is None:
             return {}
         pe = c.personal_epochs if c.personal_epochs is not None else c.local_epochs
-        return {"train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size),
-                "personal": Work(epochs=pe, steps=c.local_steps if c.personal_epochs is None else None,
-                                 batch_size=c.batch_size)}
+        return {
+            "train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size),
+            "personal": Work(
+                epochs=pe, steps=c.local_steps if c.personal_epochs is None else None, batch_size=c.batch_size
+            ),
+        }
 
     def local_update(self, state, msg, ctx):
         c, w_t = self.cfg, msg["w"]
         mask = shared_mask(self)
         # the global model's local solve (FedAvg's), then the personal one pulled to w^t
         w = ctx.descend(Descend(start=w_t, lr=c.lr, weight_decay=c.weight_decay, mask=mask, then=None))
-        return Descend(start=state["v"], lr=c.personal_lr or c.lr, phase="personal", weight_decay=c.weight_decay,
-                       prox=c.lam, anchor=w_t, mask=mask, then=lambda v, steps: ({"v": v}, {"w": w}))
+        return Descend(
+            start=state["v"],
+            lr=c.personal_lr or c.lr,
+            phase="personal",
+            weight_decay=c.weight_decay,
+            prox=c.lam,
+            anchor=w_t,
+            mask=mask,
+            then=lambda v, steps: ({"v": v}, {"w": w}),
+        )
 
     def eval_model(self, state, msg):
         return state["v"] if self.cfg.eval_model == "personal" else msg["w"]
@@ -77,6 +89,7 @@ class PFedMe(FedAvg):
     name = "pfedme"
     description = "pFedMe: Moreau-envelope personalization, K inner steps per local step (Dinh et al. 2020)"
     Config = PFedMeConfig
+    cfg: PFedMeConfig
 
     def init(self, x0, rngs):
         server, _ = super().init(x0, rngs)

@@ -17,7 +17,7 @@ groups (``fedsolve.families.personalized.blocks``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -44,24 +44,32 @@ class PartialConfig(AlgorithmConfig):
     """Hyper-parameters shared by partial-personalization algorithms."""
 
     personalization: Personalization = Field(
-        "problem", description="personal block: the problem's 'personal' block, or a preset type")
+        "problem", description="personal block: the problem's 'personal' block, or a preset type"
+    )
     alpha: Literal["one", "uniform", "samples"] = Field(
-        "one", description="loss weight alpha_i in the local objective: 1, 1/m or n_i/n")
-    personal_epochs: float | None = Field(None, gt=0, description="epochs of the personal (v) phase "
-                                                                  "(null: local_epochs)")
-    personal_steps: int | None = Field(None, ge=1, description="steps of the personal phase (overrides epochs; "
-                                                               "null: local_steps)")
+        "one", description="loss weight alpha_i in the local objective: 1, 1/m or n_i/n"
+    )
+    personal_epochs: float | None = Field(
+        None, gt=0, description="epochs of the personal (v) phase (null: local_epochs)"
+    )
+    personal_steps: int | None = Field(
+        None, ge=1, description="steps of the personal phase (overrides epochs; null: local_steps)"
+    )
     personal_lr: float | None = Field(None, gt=0, description="learning rate of the personal block (null: lr)")
     eval_shared: Literal["local", "server"] = Field(
-        "server", description="evaluate client i with (v_i, u_i) ('local') or (v_i, u^t) ('server')")
-    log_other_eval: bool = Field(False, description="also log test accuracy/loss of the other eval_shared choice "
-                                                    "(keys other_eval_*)")
+        "server", description="evaluate client i with (v_i, u_i) ('local') or (v_i, u^t) ('server')"
+    )
+    log_other_eval: bool = Field(
+        False, description="also log test accuracy/loss of the other eval_shared choice (keys other_eval_*)"
+    )
 
 
 class BaselineConfig(PartialConfig):
     aggregate_over: Literal["selected", "all"] = Field(
-        "selected", description="'selected': mean over this round's uploads (standard); 'all': mean over "
-                                "all m clients' latest (stale) uploads (FedAPM code's quirk)")
+        "selected",
+        description="'selected': mean over this round's uploads (standard); 'all': mean over "
+        "all m clients' latest (stale) uploads (FedAPM code's quirk)",
+    )
     weighting: Literal["samples", "uniform"] = Field("samples", description="server mean weights")
 
 
@@ -73,9 +81,11 @@ def drift(u_new: Tensor, u_t: Tensor) -> Tensor:
 class PartialAlgorithm(Algorithm):
     """Base class: personal/shared split, v- and u-phases, server averaging of the shared block."""
 
-    Config = BaselineConfig
+    # the baselines' config; FedAPM's is a PartialConfig without the server-mean options (read with getattr)
+    Config: ClassVar[type[PartialConfig]] = BaselineConfig
+    cfg: PartialConfig
     #: the personalization used when the config says ``problem`` and the problem defines none
-    default_personalization: str | None = None
+    default_personalization: Personalization | None = None
 
     # ------------------------------------------------------------------ split / join
     def setup(self) -> None:
@@ -83,7 +93,7 @@ class PartialAlgorithm(Algorithm):
         if kind == "problem" and not self.layout.has_block("personal") and self.default_personalization:
             kind = self.default_personalization
         pmask = personal_mask(self.problem, kind)
-        self.pmask, self.smask = pmask, ~pmask   # [d] masks of the personal and the shared block
+        self.pmask, self.smask = pmask, ~pmask  # [d] masks of the personal and the shared block
         #: the two blocks as whole parameter tensors: v = pblock.gather(full), u = sblock.gather(full)
         self.pblock = ParamBlock(self.layout, pmask)
         self.sblock = self.pblock.rest
@@ -111,22 +121,44 @@ class PartialAlgorithm(Algorithm):
         w = {"u": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
         if self.d_v:
             pe = c.personal_epochs if c.personal_epochs is not None else c.local_epochs
-            ps = c.personal_steps if c.personal_steps is not None else (
-                c.local_steps if c.personal_epochs is None else None)
+            ps = (
+                c.personal_steps
+                if c.personal_steps is not None
+                else (c.local_steps if c.personal_epochs is None else None)
+            )
             w["v"] = Work(epochs=pe, steps=ps, batch_size=c.batch_size)
         return w
 
-    def block_descent(self, ctx: LocalContext, phase: Literal["v", "u"], start: Tensor, rest: Tensor,
-                      prox: float = 0.0, linear: Tensor | None = None, until: Callable | None = None,
-                      then: Then | None = None) -> Descend:
+    def block_descent(
+        self,
+        ctx: LocalContext,
+        phase: Literal["v", "u"],
+        start: Tensor,
+        rest: Tensor,
+        prox: float = 0.0,
+        linear: Tensor | None = None,
+        until: Callable | None = None,
+        then: Then | None = None,
+    ) -> Descend:
         """Local SGD on ``alpha_i f_i`` (with the L2 term ``(weight_decay/2)||.||^2`` in ``f_i``) over one block:
         the personal block (phase ``v``, learning rate ``personal_lr``) with the shared one fixed at ``rest``, or the
         shared block (phase ``u``) with the personal one fixed at ``rest``; the phase's own terms ``prox * p +
         linear`` join the step direction (``until``: a stopping rule; ``then``: the statement's last step)."""
         c = self.cfg
         block, lr = (self.pblock, c.personal_lr or c.lr) if phase == "v" else (self.sblock, c.lr)
-        return Descend(start=start, block=block, rest=rest, lr=lr, phase=phase, scale=self.alpha(ctx),
-                       weight_decay=c.weight_decay, prox=prox, linear=linear, until=until, then=then)
+        return Descend(
+            start=start,
+            block=block,
+            rest=rest,
+            lr=lr,
+            phase=phase,
+            scale=self.alpha(ctx),
+            weight_decay=c.weight_decay,
+            prox=prox,
+            linear=linear,
+            until=until,
+            then=then,
+        )
 
     # ------------------------------------------------------------------ uploads and the running sum
     @property
@@ -153,7 +185,7 @@ class PartialAlgorithm(Algorithm):
         v0, u0 = self.split(x0)
         m = self.num_clients
         server = {"u": u0.clone()}
-        if self.over_all:   # S = sum_i w_i z_i over all m clients, with z_i^0 = u^0 (float64: no drift over rounds)
+        if self.over_all:  # S = sum_i w_i z_i over all m clients, with z_i^0 = u^0 (float64: no drift over rounds)
             server["zsum"] = self._all_weights(None, u0).double().sum() * u0.double()
         return server, ClientStates(m, defaults={"v": v0, "u": u0, "drift": x0.new_zeros(())})
 
@@ -166,8 +198,9 @@ class PartialAlgorithm(Algorithm):
         new = dict(server)
         if self.over_all:
             dz = uploads["dz"]
-            new["zsum"], new["u"] = stale_mean_step(server["zsum"], dz, self._all_weights(ids, dz),
-                                                    self._all_weights(None, server["zsum"]).sum())
+            new["zsum"], new["u"] = stale_mean_step(
+                server["zsum"], dz, self._all_weights(ids, dz), self._all_weights(None, server["zsum"]).sum()
+            )
         elif getattr(self.cfg, "weighting", "uniform") == "uniform":
             new["u"] = uploads["z"].mean(0)
         else:
@@ -184,7 +217,7 @@ class PartialAlgorithm(Algorithm):
         if final:
             return {}
         gap = (clients["u"] - server["u"]).norm(dim=-1)
-        out = {"model_deviation": float(gap.sum()), "local_drift": float(clients["drift"].mean())}
+        out: dict[str, Any] = {"model_deviation": float(gap.sum()), "local_drift": float(clients["drift"].mean())}
         if self.cfg.log_other_eval:
             other = clients["u"] if self.cfg.eval_shared == "server" else server["u"].expand_as(clients["u"])
             out["other_eval_"] = self.join(clients["v"], other)

@@ -46,5 +46,19 @@ from fedsolve.families.clustered.baselines.ifca import IFCA, IFCAConfig
 from fedsolve.families.clustered.baselines.pacfl import PACFL, PACFLConfig, pacfl_bases, pacfl_clusters, pacfl_proximity
 from fedsolve.families.clustered.baselines.perfedavg import LGCode, PerFedAvg, PerFedAvgConfig
 
-__all__ = ["CFL", "CFLConfig", "ClusterModels", "IFCA", "IFCAConfig", "LGCode", "PACFL", "PACFLConfig", "PerFedAvg",
-           "PerFedAvgConfig", "clustering_report", "pacfl_bases", "pacfl_clusters", "pacfl_proximity"]
+__all__ = [
+    "CFL",
+    "CFLConfig",
+    "ClusterModels",
+    "IFCA",
+    "IFCAConfig",
+    "LGCode",
+    "PACFL",
+    "PACFLConfig",
+    "PerFedAvg",
+    "PerFedAvgConfig",
+    "clustering_report",
+    "pacfl_bases",
+    "pacfl_clusters",
+    "pacfl_proximity",
+]

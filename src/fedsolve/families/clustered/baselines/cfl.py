@@ -29,6 +29,7 @@ class CFL(ClusterModels):
     name = "cfl"
     description = "CFL: FedAvg within clusters, recursive cosine bipartition (Sattler et al. 2021)"
     Config = CFLConfig
+    cfg: CFLConfig
     #: uploads are model changes ``dw``; no own view is defined
     attack_surface = AttackSurface(model="dw")
 
@@ -38,11 +39,18 @@ class CFL(ClusterModels):
         each side's mean unit-norm member update (so a newcomer's mean cosine similarity to a side is one
         dot product, and the tree costs 3 vectors per split)."""
         m, d = self.num_clients, x0.numel()
-        return ({"W": repeat_rows(x0, m), "cluster": torch.zeros(m, dtype=torch.long),
-                 "dW": torch.zeros(m, d, dtype=x0.dtype), "seen": torch.zeros(m, dtype=torch.bool),
-                 "tree_w": torch.zeros(0, d, dtype=x0.dtype), "tree_ids": torch.zeros(0, 2, dtype=torch.long),
-                 "tree_dir": torch.zeros(0, 2, d, dtype=x0.dtype)},
-                ClientStates(m))
+        return (
+            {
+                "W": repeat_rows(x0, m),
+                "cluster": torch.zeros(m, dtype=torch.long),
+                "dW": torch.zeros(m, d, dtype=x0.dtype),
+                "seen": torch.zeros(m, dtype=torch.bool),
+                "tree_w": torch.zeros(0, d, dtype=x0.dtype),
+                "tree_ids": torch.zeros(0, 2, dtype=torch.long),
+                "tree_dir": torch.zeros(0, 2, d, dtype=x0.dtype),
+            },
+            ClientStates(m),
+        )
 
     def local_update(self, state, msg, ctx):
         return local_descent(self.cfg, msg["w"], lambda w, steps: ({}, {"dw": w - msg["w"]}))

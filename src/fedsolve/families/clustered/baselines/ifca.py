@@ -26,10 +26,13 @@ class IFCAConfig(AlgorithmConfig):
     batch_size: int | None = Field(None, ge=1, description="null = full-batch GD (FPFC synthetic budget)")
     num_clusters: int = Field(4, ge=1, description="L, the true number of clusters (IFCA is told it)")
     normalize: Literal["assigned", "sampled"] = Field(
-        "assigned", description="divide the cluster update by its assigned clients (correct) or by all sampled "
-                                "clients (FPFC reference code)")
-    init: Literal["model", "normal"] = Field("model", description="cluster model init: fresh model inits or "
-                                                                  "N(0, init_std^2) entries")
+        "assigned",
+        description="divide the cluster update by its assigned clients (correct) or by all sampled "
+        "clients (FPFC reference code)",
+    )
+    init: Literal["model", "normal"] = Field(
+        "model", description="cluster model init: fresh model inits or N(0, init_std^2) entries"
+    )
     init_std: float = Field(1.0, gt=0)
 
 
@@ -38,6 +41,7 @@ class IFCA(Algorithm):
     name = "ifca"
     description = "IFCA: L cluster models, clients pick the lowest-loss one (Ghosh et al. 2020)"
     Config = IFCAConfig
+    cfg: IFCAConfig
     #: the upload ``w`` is the client's model; a client that ignores the server is sent its own model as every
     #: cluster model
     attack_surface = AttackSurface(model="w", view="models")
@@ -46,8 +50,10 @@ class IFCA(Algorithm):
         c = self.cfg
         if round_ is None:
             return {}
-        return {"assign": Work(steps=1, batch_size=None),
-                "train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size)}
+        return {
+            "assign": Work(steps=1, batch_size=None),
+            "train": Work(epochs=c.local_epochs, steps=c.local_steps, batch_size=c.batch_size),
+        }
 
     def init(self, x0, rngs):
         L, m = self.cfg.num_clusters, self.num_clients
@@ -79,9 +85,9 @@ class IFCA(Algorithm):
 
     def aggregate(self, server, ids, uploads, round_):
         models = server["models"].clone()
-        A = uploads["assign"]                       # [k, L]
-        cnt = A.sum(0)                              # assigned clients per cluster
-        delta = A.T @ (uploads["w"] - A @ models)   # sum of updates per cluster
+        A = uploads["assign"]  # [k, L]
+        cnt = A.sum(0)  # assigned clients per cluster
+        delta = A.T @ (uploads["w"] - A @ models)  # sum of updates per cluster
         den = cnt if self.cfg.normalize == "assigned" else torch.full_like(cnt, float(ids.numel()))
         upd = cnt > 0
         models[upd] = models[upd] + delta[upd] / den[upd].unsqueeze(1)

@@ -26,8 +26,10 @@ class PACFLConfig(AlgorithmConfig):
     n_basis: int = Field(5, ge=1, description="left singular vectors per (class) data matrix")
     threshold: float = Field(4.0, gt=0, description="linkage cut in degrees (code: 4 synthetic, 2 MNIST)")
     linkage: Literal["weighted", "average"] = Field(
-        "weighted", description="'weighted' (WPGMA: merged rows averaged, the PACFL/FPFC code's 'average') or "
-                                "'average' (UPGMA: mean over all member pairs)")
+        "weighted",
+        description="'weighted' (WPGMA: merged rows averaged, the PACFL/FPFC code's 'average') or "
+        "'average' (UPGMA: mean over all member pairs)",
+    )
     per_class: bool = Field(True, description="per-class data matrices side by side (classification; code)")
     weighting: Literal["samples", "uniform"] = Field("samples", description="FedAvg weights within a cluster")
 
@@ -38,8 +40,11 @@ def pacfl_bases(data, n_basis: int, per_class: bool) -> list[np.ndarray]:
     for i in range(data.num_clients):
         x, y = data.client_train(i)
         X = x.reshape(x.shape[0], -1).double().cpu().numpy()
-        groups = [X[(y == c).cpu().numpy()] for c in torch.unique(y).tolist()] if per_class and data.task == \
-            "classification" else [X]
+        groups = (
+            [X[(y == c).cpu().numpy()] for c in torch.unique(y).tolist()]
+            if per_class and data.task == "classification"
+            else [X]
+        )
         us = []
         for G in groups:
             if G.shape[0] == 0:
@@ -77,6 +82,7 @@ class PACFL(ClusterModels):
     name = "pacfl"
     description = "PACFL: one-shot principal-angle clustering, then FedAvg per cluster (Vahidian et al. 2023)"
     Config = PACFLConfig
+    cfg: PACFLConfig
     #: the upload ``w`` is the client's model; a client that ignores the server starts from its own model
     attack_surface = AttackSurface(model="w", view="w")
 
@@ -97,8 +103,11 @@ class PACFL(ClusterModels):
         for c in torch.unique(cl[ids]).tolist():
             sel = cl[ids] == c
             part = ids[sel]
-            wts = n[part] / n[part].sum() if self.cfg.weighting == "samples" else torch.full((part.numel(),),
-                                                                                           1.0 / part.numel())
+            wts = (
+                n[part] / n[part].sum()
+                if self.cfg.weighting == "samples"
+                else torch.full((part.numel(),), 1.0 / part.numel())
+            )
             W[cl == c] = (wts.unsqueeze(1) * uploads["w"][sel]).sum(0)
         return {"W": W, "cluster": cl}
 

@@ -16,7 +16,7 @@ import torch
 from pydantic import Field, model_validator
 
 from fedsolve.core.plans import Work
-from fedsolve.core.statements import Descend
+from fedsolve.core.statements import Descend, Then
 from fedsolve.core.states import ClientStates, repeat_rows
 from fedsolve.engine.algorithm import AlgorithmConfig, expand, register, weighted_mean
 from fedsolve.families.classic.fedavg import FedAvg
@@ -28,14 +28,22 @@ class PerFedAvgConfig(AlgorithmConfig):
     local_epochs: float | None = Field(10.0, gt=0)
     batch_size: int | None = Field(None, ge=1)
     alpha: float = Field(0.1, gt=0, description="inner / adaptation step size")
-    variant: Literal["fo", "code"] = Field("fo", description="'fo': Per-FedAvg first-order MAML local steps; "
-                                                             "'code': FedAvg local steps (FPFC reference code)")
-    adapt_epochs: float | None = Field(None, gt=0, description="adaptation before scoring: null = one full-batch "
-                                                               "GD step of size alpha; k = k epochs of SGD "
-                                                               "(batch_size, step alpha), the FPFC label-swap code")
+    variant: Literal["fo", "code"] = Field(
+        "fo",
+        description="'fo': Per-FedAvg first-order MAML local steps; 'code': FedAvg local steps (FPFC reference code)",
+    )
+    adapt_epochs: float | None = Field(
+        None,
+        gt=0,
+        description="adaptation before scoring: null = one full-batch "
+        "GD step of size alpha; k = k epochs of SGD "
+        "(batch_size, step alpha), the FPFC label-swap code",
+    )
     train_from: Literal["global", "adapted"] = Field(
-        "global", description="variant 'code': local training starts from the global model, or from its one-step "
-                              "adaptation (the FPFC synthetic code, whose devices keep their adapted model)")
+        "global",
+        description="variant 'code': local training starts from the global model, or from its one-step "
+        "adaptation (the FPFC synthetic code, whose devices keep their adapted model)",
+    )
 
     @model_validator(mode="after")
     def _check(self):
@@ -52,6 +60,7 @@ class PerFedAvg(FedAvg):
     name = "perfedavg"
     description = "Per-FedAvg (FO): MAML-style local steps, personalized by one local GD step (Fallah et al. 2020)"
     Config = PerFedAvgConfig
+    cfg: PerFedAvgConfig
 
     def work(self, round_: int | None = 0):
         """The round's local work; ``round_=None``: the adaptation before scoring, one full-batch GD step of size
@@ -70,9 +79,9 @@ class PerFedAvg(FedAvg):
     def local_update(self, state, msg, ctx):
         c = self.cfg
         w = msg["w"]
-        keep = lambda w, steps: ({}, {"w": w})
+        keep: Then = lambda w, steps: ({}, {"w": w})
         if c.variant == "code":
-            if c.train_from == "adapted":   # the FPFC synthetic code: start from the one-step adaptation
+            if c.train_from == "adapted":  # the FPFC synthetic code: start from the one-step adaptation
                 w = ctx.descend(Descend(start=w, lr=c.alpha, phase="start", weight_decay=c.weight_decay, then=keep))
             return local_descent(c, w, keep)
         for s in range(ctx.max_steps("train")):
@@ -88,8 +97,9 @@ class PerFedAvg(FedAvg):
         """The adaptation each device runs from the global model right before it is scored (phase ``adapt`` of
         ``work(None)``), at step size alpha."""
         c = self.cfg
-        return Descend(start=msg["w"], lr=c.alpha, phase="adapt", weight_decay=c.weight_decay,
-                       then=lambda w, steps: ({}, {"w": w}))
+        return Descend(
+            start=msg["w"], lr=c.alpha, phase="adapt", weight_decay=c.weight_decay, then=lambda w, steps: ({}, {"w": w})
+        )
 
 
 @register
@@ -105,8 +115,10 @@ class LGCode(FedAvg):
     """
 
     name = "lg_code"
-    description = ("LG-FedAvg as the FPFC code runs it on one-layer models: FedAvg, devices scored before "
-                   "aggregation (participants with their local model, the rest with the global one)")
+    description = (
+        "LG-FedAvg as the FPFC code runs it on one-layer models: FedAvg, devices scored before "
+        "aggregation (participants with their local model, the rest with the global one)"
+    )
 
     def init(self, x0, rngs):
         m = self.num_clients
@@ -115,15 +127,19 @@ class LGCode(FedAvg):
 
     def local_update(self, state, msg, ctx):
         last = torch.full_like(state["last"], float(ctx.round))
-        return replace(super().local_update(state, msg, ctx), then=lambda w, steps: ({"local": w, "last": last},
-                                                                                        {"w": w}))
+        return replace(
+            super().local_update(state, msg, ctx), then=lambda w, steps: ({"local": w, "last": last}, {"w": w})
+        )
 
     def aggregate(self, server, ids, uploads, round_):
-        return {"w": weighted_mean(uploads["w"], self.client_weights[ids]), "w_start": server["w"],
-                "round": torch.tensor(float(round_))}
+        return {
+            "w": weighted_mean(uploads["w"], self.client_weights[ids]),
+            "w_start": server["w"],
+            "round": torch.tensor(float(round_)),
+        }
 
     def broadcast(self, server, ids, round_):
-        if round_ is None:   # scored with the model before the last aggregation, or the local one trained from it
+        if round_ is None:  # scored with the model before the last aggregation, or the local one trained from it
             return {"w": expand(server["w_start"], ids), "round": server["round"].expand(ids.numel())}
         return super().broadcast(server, ids, round_)
 

@@ -56,10 +56,10 @@ The oracle of Theorem 3 and the augmented Lagrangian of Lemma 2 are in ``fedsolv
 """
 
 from fedsolve.families.clustered.clusters import (
-           adjusted_rand,
-           cluster_average,
-           clusters_from_norms,
-           connected_components,
+    adjusted_rand,
+    cluster_average,
+    clusters_from_norms,
+    connected_components,
 )
 from fedsolve.families.clustered.fpfc.algorithm import FPFC, FPFCL1, FPFCConfig, FPFCL1Config, paper_cost
 from fedsolve.families.clustered.fpfc.async_server import AsyncFPFC
@@ -67,6 +67,25 @@ from fedsolve.families.clustered.fpfc.newcomers import FPFCNewcomers
 from fedsolve.families.clustered.fpfc.pairs import PAIR_STORES, DensePairs, SparsePairs, pair_step
 from fedsolve.families.clustered.fpfc.penalties import penalty_value, prox, prox_scale, scad, smoothed_scad
 
-__all__ = ["FPFC", "FPFCL1", "FPFCConfig", "FPFCL1Config", "AsyncFPFC", "FPFCNewcomers", "paper_cost",
-           "DensePairs", "SparsePairs", "PAIR_STORES", "pair_step", "penalty_value", "prox", "prox_scale", "scad",
-           "smoothed_scad", "adjusted_rand", "cluster_average", "clusters_from_norms", "connected_components"]
+__all__ = [
+    "FPFC",
+    "FPFCL1",
+    "FPFCConfig",
+    "FPFCL1Config",
+    "AsyncFPFC",
+    "FPFCNewcomers",
+    "paper_cost",
+    "DensePairs",
+    "SparsePairs",
+    "PAIR_STORES",
+    "pair_step",
+    "penalty_value",
+    "prox",
+    "prox_scale",
+    "scad",
+    "smoothed_scad",
+    "adjusted_rand",
+    "cluster_average",
+    "clusters_from_norms",
+    "connected_components",
+]

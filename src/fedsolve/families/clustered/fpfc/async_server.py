@@ -25,7 +25,7 @@ class AsyncFPFC(FPFC):
 
     def init(self, x0, rngs):
         server, clients = super().init(x0, rngs)
-        server["Z"] = self.zeta(server, torch.arange(self.num_clients))   # sent to every device at the start
+        server["Z"] = self.zeta(server, torch.arange(self.num_clients))  # sent to every device at the start
         return server, clients
 
     def broadcast(self, server, ids, round_):
@@ -38,5 +38,5 @@ class AsyncFPFC(FPFC):
 
     def aggregate(self, server, ids, uploads, round_):
         server = super().aggregate(server, ids, uploads, round_)
-        server["Z"] = server["Z"].index_copy(0, ids, self.zeta(server, ids))   # sent back at once
+        server["Z"] = server["Z"].index_copy(0, ids, self.zeta(server, ids))  # sent back at once
         return server

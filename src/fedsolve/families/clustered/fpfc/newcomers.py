@@ -40,21 +40,31 @@ class FPFCNewcomers(FPFC):
     description = "FPFC newcomers: asyncFPFC with only the newcomers active against frozen devices"
     finite_check_keys = ("W",)
 
-    def __init__(self, config: FPFCConfig | Mapping[str, Any] | None, problem, frozen: Tensor, denom: int,
-                 init_epochs: float = 10.0):
+    def __init__(
+        self,
+        config: FPFCConfig | Mapping[str, Any] | None,
+        problem,
+        frozen: Tensor,
+        denom: int,
+        init_epochs: float = 10.0,
+    ):
         self.frozen, self.denom, self.init_epochs = frozen, int(denom), float(init_epochs)
         super().__init__(config, problem)
 
     def init(self, x0, rngs):
         n, m_old = self.num_clients, self.frozen.shape[0]
         W = repeat_rows(self.frozen.mean(0), n)
-        server = {"W": W.clone(), "W_old": self.frozen[:, self.fidx].to(self.sdtype),
-                  "delta": torch.zeros(n, m_old, self.df, dtype=self.sdtype),
-                  "scale": torch.zeros(n, m_old, dtype=self.sdtype), "denom": torch.tensor(float(self.denom))}
+        server = {
+            "W": W.clone(),
+            "W_old": self.frozen[:, self.fidx].to(self.sdtype),
+            "delta": torch.zeros(n, m_old, self.df, dtype=self.sdtype),
+            "scale": torch.zeros(n, m_old, dtype=self.sdtype),
+            "denom": torch.tensor(float(self.denom)),
+        }
         return server, ClientStates(n, {"w": W})
 
     def work(self, round_: int | None = 0) -> dict[str, Work]:
-        if round_ == 0:   # the warm-up
+        if round_ == 0:  # the warm-up
             return {"train": Work(epochs=self.init_epochs, batch_size=self.cfg.batch_size)}
         return super().work(round_)
 
@@ -63,7 +73,7 @@ class FPFCNewcomers(FPFC):
         return server["scale"].abs() * server["delta"].norm(dim=-1)
 
     def broadcast(self, server, ids, round_):
-        if round_ is None:   # scored with their own models
+        if round_ is None:  # scored with their own models
             return {"w": server["W"][ids]}
         Wf = self.fused(server["W"][ids], self.sdtype)
         rowsum = ((2 * server["scale"][ids] - 1).unsqueeze(-1) * server["delta"][ids]).sum(1)
@@ -74,17 +84,19 @@ class FPFCNewcomers(FPFC):
         return msg
 
     def local_update(self, state, msg, ctx):
-        if ctx.round == 0:   # the warm-up: plain local steps from the device's start (the mean of the old models)
+        if ctx.round == 0:  # the warm-up: plain local steps from the device's start (the mean of the old models)
             c = self.cfg
-            return Descend(start=state["w"], lr=c.lr, weight_decay=c.weight_decay,
-                           then=lambda w, steps: ({"w": w}, {"w": w}))
+            return Descend(
+                start=state["w"], lr=c.lr, weight_decay=c.weight_decay, then=lambda w, steps: ({"w": w}, {"w": w})
+            )
         return super().local_update(state, msg, ctx)
 
     def aggregate(self, server, ids, uploads, round_):
         server = dict(server, W=server["W"].index_copy(0, ids, uploads["w"].to(server["W"].dtype)))
         Wf = self.fused(server["W"][ids], self.sdtype)
-        d, s = pair_step(Wf.unsqueeze(1), server["W_old"].unsqueeze(0), server["delta"][ids], server["scale"][ids],
-                         self.prox_fn)
+        d, s = pair_step(
+            Wf.unsqueeze(1), server["W_old"].unsqueeze(0), server["delta"][ids], server["scale"][ids], self.prox_fn
+        )
         server["delta"] = server["delta"].index_copy(0, ids, d)
         server["scale"] = server["scale"].index_copy(0, ids, s)
         return server

@@ -17,8 +17,9 @@ from torch import Tensor
 from fedsolve.core import native
 
 
-def pair_step(w_p: Tensor, w_q: Tensor, delta: Tensor, scale: Tensor, prox_fn: Callable[[Tensor], Tensor]
-              ) -> tuple[Tensor, Tensor]:
+def pair_step(
+    w_p: Tensor, w_q: Tensor, delta: Tensor, scale: Tensor, prox_fn: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Tensor]:
     """One ADMM pair update in the (delta, s) representation, any leading shape.
 
     v_old/rho = (1 - s_old) delta_old;  delta_new = w_p - w_q + v_old/rho;  s_new = prox_scale(||delta_new||)
@@ -81,30 +82,36 @@ class DensePairs:
         Dn, r2 = torch.empty(k, m, d), torch.empty(k, m)
         col_old = [torch.zeros(m, d) for _ in parts]
         P = native.pointer
-        native.parallel(lambda t: lib.pair_delta(P(delta), P(scale), P(Wf), m, d, P(ids), *parts[t], P(Dn), P(r2),
-                                                 P(col_old[t])), range(len(parts)))
+        native.parallel(
+            lambda t: lib.pair_delta(P(delta), P(scale), P(Wf), m, d, P(ids), *parts[t], P(Dn), P(r2), P(col_old[t])),
+            range(len(parts)),
+        )
         S_new = prox_fn(r2.sqrt()).to(torch.float32).contiguous()
         active = torch.zeros(m, dtype=torch.uint8)
         active[ids] = 1
         row = torch.empty(k, d)
         col_new = [torch.zeros(m, d) for _ in parts]
-        native.parallel(lambda t: lib.pair_write(P(delta), P(scale), P(Dn), P(S_new), m, d, P(ids), P(active),
-                                                 *parts[t], P(row), P(col_new[t])), range(len(parts)))
-        R.sub_(torch.stack(col_new).sum(0) - torch.stack(col_old).sum(0))   # rows j: entries (j, i) = -(i, j)
-        R.index_copy_(0, ids, row)                                          # rows i in ids: recomputed whole
+        native.parallel(
+            lambda t: lib.pair_write(
+                P(delta), P(scale), P(Dn), P(S_new), m, d, P(ids), P(active), *parts[t], P(row), P(col_new[t])
+            ),
+            range(len(parts)),
+        )
+        R.sub_(torch.stack(col_new).sum(0) - torch.stack(col_old).sum(0))  # rows j: entries (j, i) = -(i, j)
+        R.index_copy_(0, ids, row)  # rows i in ids: recomputed whole
 
     @staticmethod
     def update_torch(st: dict[str, Tensor], Wf: Tensor, ids: Tensor, prox_fn) -> None:
         """:meth:`update` in tensor operations (the reference)."""
-        D_old = st["delta"].index_select(0, ids)                     # [k, m, d]
-        S_old = st["scale"].index_select(0, ids)                     # [k, m]
+        D_old = st["delta"].index_select(0, ids)  # [k, m, d]
+        S_old = st["scale"].index_select(0, ids)  # [k, m]
         D_new, S_new = pair_step(Wf.index_select(0, ids).unsqueeze(1), Wf.unsqueeze(0), D_old, S_old, prox_fn)
         # change of theta_ij - v_ij/rho = (2 s - 1) delta for the pairs (i in ids, j)
         E = (2 * S_new - 1).unsqueeze(-1) * D_new
         E.addcmul_((2 * S_old - 1).unsqueeze(-1), D_old, value=-1.0)
         R = st["R"]
-        R_act = R.index_select(0, ids) + E.sum(1)                    # rows i in ids: all their pairs
-        R.sub_(E.sum(0))                                             # rows j: entries (j, i) = -(i, j)
+        R_act = R.index_select(0, ids) + E.sum(1)  # rows i in ids: all their pairs
+        R.sub_(E.sum(0))  # rows j: entries (j, i) = -(i, j)
         R.index_copy_(0, ids, R_act)
         st["delta"].index_copy_(1, ids, D_new.neg().transpose(0, 1))
         st["delta"].index_copy_(0, ids, D_new)
@@ -127,8 +134,11 @@ class SparsePairs:
 
     @staticmethod
     def init(m: int, df: int, dtype) -> dict[str, Tensor]:
-        return {"pair_key": torch.zeros(0, dtype=torch.long), "delta": torch.zeros(0, df, dtype=dtype),
-                "scale": torch.zeros(0, dtype=dtype)}
+        return {
+            "pair_key": torch.zeros(0, dtype=torch.long),
+            "delta": torch.zeros(0, df, dtype=dtype),
+            "scale": torch.zeros(0, dtype=dtype),
+        }
 
     @staticmethod
     def slots(st: dict[str, Tensor], keys: Tensor) -> Tensor:
@@ -146,7 +156,7 @@ class SparsePairs:
         if n_new:
             slot[new] = torch.arange(P, P + n_new)
             st["pair_key"] = torch.cat([pool, keys[new]])
-            for k in ("delta", "scale"):   # one new tensor (not zeros then a concatenation: half the peak)
+            for k in ("delta", "scale"):  # one new tensor (not zeros then a concatenation: half the peak)
                 grown = st[k].new_zeros((P + n_new, *st[k].shape[1:]))
                 grown[:P] = st[k]
                 st[k] = grown
@@ -166,7 +176,7 @@ class SparsePairs:
         slot = SparsePairs.slots(st, p * m + q)
         step = max(1, SparsePairs.CHUNK_FLOATS // max(1, Wf.shape[1]))
         for a in range(0, p.numel(), step):
-            pp, qq, ss = p[a:a + step], q[a:a + step], slot[a:a + step]
+            pp, qq, ss = p[a : a + step], q[a : a + step], slot[a : a + step]
             D_old, S_old = st["delta"][ss], st["scale"][ss]
             D_new, S_new = pair_step(Wf[pp], Wf[qq], D_old, S_old, prox_fn)
             E = (2 * S_new - 1).unsqueeze(-1) * D_new - (2 * S_old - 1).unsqueeze(-1) * D_old
@@ -200,4 +210,4 @@ class SparsePairs:
         return S * D, rho * (1 - S) * D
 
 
-PAIR_STORES = {"dense": DensePairs, "sparse": SparsePairs}
+PAIR_STORES: dict[str, type[DensePairs] | type[SparsePairs]] = {"dense": DensePairs, "sparse": SparsePairs}

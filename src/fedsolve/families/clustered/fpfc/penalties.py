@@ -33,8 +33,9 @@ def penalty_value(t: Tensor, lam: float, a: float, xi: float, penalty: str) -> T
     return lam * t * t if penalty == "l2sq" else lam * t.abs()
 
 
-def prox_scale(r: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e-4,
-               penalty: Literal["scad", "l1", "l2sq"] = "scad") -> Tensor:
+def prox_scale(
+    r: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e-4, penalty: Literal["scad", "l1", "l2sq"] = "scad"
+) -> Tensor:
     """Scalar s(r) with prox(delta) = s(||delta||) * delta (eq. 6; spec 2.4), elementwise over ``r``.
 
     ``scad``: argmin_theta P~_a(||theta||, lam) + rho/2 ||delta - theta||^2, 4 branches:
@@ -56,10 +57,20 @@ def prox_scale(r: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e
     s2 = 1 - lam / (rho * rs)
     s3 = (1 - a * lam / ((a - 1) * rho * rs)).clamp_min(0.0) / (1 - 1 / ((a - 1) * rho))
     one = torch.ones_like(r)
-    return torch.where(r <= xi + lam / rho, torch.full_like(r, s1),
-                       torch.where(r <= lam + lam / rho, s2, torch.where(r <= a * lam, s3, one)))
+    return torch.where(
+        r <= xi + lam / rho,
+        torch.full_like(r, s1),
+        torch.where(r <= lam + lam / rho, s2, torch.where(r <= a * lam, s3, one)),
+    )
 
 
-def prox(delta: Tensor, lam: float, rho: float, a: float = 3.7, xi: float = 1e-4, penalty: str = "scad") -> Tensor:
+def prox(
+    delta: Tensor,
+    lam: float,
+    rho: float,
+    a: float = 3.7,
+    xi: float = 1e-4,
+    penalty: Literal["scad", "l1", "l2sq"] = "scad",
+) -> Tensor:
     """theta = prox(delta) over the last dimension (the joint l2 norm of the fused block)."""
     return prox_scale(delta.norm(dim=-1), lam, rho, a, xi, penalty).unsqueeze(-1) * delta

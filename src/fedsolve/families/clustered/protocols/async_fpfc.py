@@ -103,13 +103,15 @@ class AsyncEvents(Schedule):
         self.cfg = AsyncConfig(**params)
         self.delays: Delays | None = None
         self.heap: list[tuple[float, int]] = []
-        self.now, self.device = 0.0, -1     # the event being processed
+        self.now, self.device = 0.0, -1  # the event being processed
         self.next_eval = self.cfg.eval_every
 
     def check(self, algo, cfg) -> None:
         if not isinstance(_solver(algo), AsyncFPFC):
-            raise ValueError(f"schedule.kind: async_fpfc needs asyncFPFC's server (algorithm async_fpfc), got "
-                             f"{algo.name}; allowed for {algo.name}: virtual_clock")
+            raise ValueError(
+                f"schedule.kind: async_fpfc needs asyncFPFC's server (algorithm async_fpfc), got "
+                f"{algo.name}; allowed for {algo.name}: virtual_clock"
+            )
 
     def start(self, run) -> None:
         self.check(run.algo, run.cfg)
@@ -119,14 +121,17 @@ class AsyncEvents(Schedule):
 
     def before_round(self, run, round_: int):
         self.now, self.device = heapq.heappop(self.heap)
-        if self.now > self.cfg.horizon:   # nothing arrives before the horizon: an empty round, then the end
+        if self.now > self.cfg.horizon:  # nothing arrives before the horizon: an empty round, then the end
             return torch.zeros(0, dtype=torch.long)
         return torch.tensor([self.device])
 
     def after_round(self, run, round_: int, info: dict[str, Any]) -> Decision:
         c = self.cfg
-        heapq.heappush(self.heap, (self.now + self.delays(self.device), self.device) if info["clients"] else
-                       (self.now, self.device))
+        assert self.delays is not None, "start (or load_state_dict) builds the delays before the first round"
+        heapq.heappush(
+            self.heap,
+            (self.now + self.delays(self.device), self.device) if info["clients"] else (self.now, self.device),
+        )
         t_next = self.heap[0][0]
         if not info["clients"] or t_next > c.horizon or (c.max_events is not None and round_ + 1 >= c.max_events):
             return Decision(log={"virtual_time": min(t_next, c.horizon)}, evaluate=True, stop=True)
@@ -137,8 +142,14 @@ class AsyncEvents(Schedule):
         return Decision(log={"virtual_time": self.now}, evaluate=False)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"heap": list(self.heap), "count": self.delays.count.tolist(), "now": self.now, "device": self.device,
-                "next_eval": self.next_eval}
+        assert self.delays is not None, "start (or load_state_dict) builds the delays before the first round"
+        return {
+            "heap": list(self.heap),
+            "count": self.delays.count.tolist(),
+            "now": self.now,
+            "device": self.device,
+            "next_eval": self.next_eval,
+        }
 
     def load_state_dict(self, run, state: dict[str, Any]) -> None:
         self.delays = Delays(self.cfg, run.problem.num_clients, run.rngs)
@@ -164,14 +175,17 @@ class VirtualClock(Schedule):
         self.delays = Delays(self.cfg, run.problem.num_clients, run.rngs)
 
     def after_round(self, run, round_: int, info: dict[str, Any]) -> Decision:
+        assert self.delays is not None, "start (or load_state_dict) builds the delays before the first round"
         self.t += max((self.delays(i) for i in info["ids"].tolist()), default=0.0)
         return Decision(log={"virtual_time": self.t}, stop=self.t >= self.cfg.horizon)
 
     def state_dict(self) -> dict[str, Any]:
+        assert self.delays is not None, "start (or load_state_dict) builds the delays before the first round"
         return {"t": self.t, "count": self.delays.count.tolist()}
 
     def load_state_dict(self, run, state: dict[str, Any]) -> None:
         self.start(run)
+        assert self.delays is not None, "start builds the delays"
         self.delays.count[:] = state["count"]
         self.t = state["t"]
 
@@ -187,8 +201,14 @@ def _history(res) -> list[dict[str, Any]]:
     return [dict(r, virtual_time=r.get("virtual_time", 0.0)) for r in res.history]
 
 
-def run_async_fpfc(problem, algo_cfg: dict, cfg: AsyncConfig | dict | None = None, seed: int = 0,
-                   simulation: dict[str, Any] | None = None, algorithm: type[FPFC] = FPFC) -> dict[str, Any]:
+def run_async_fpfc(
+    problem,
+    algo_cfg: dict,
+    cfg: AsyncConfig | dict | None = None,
+    seed: int = 0,
+    simulation: dict[str, Any] | None = None,
+    algorithm: type[FPFC] = FPFC,
+) -> dict[str, Any]:
     """asyncFPFC of ``algorithm``'s config (FPFC or FPFC-l1) on ``problem`` (``simulation``: further simulation
     settings); returns ``history`` (per evaluation: virtual time, events as ``round``, scores, clusters), the final
     ``server`` and ``clients``, the algorithm and the number of events."""
@@ -197,13 +217,26 @@ def run_async_fpfc(problem, algo_cfg: dict, cfg: AsyncConfig | dict | None = Non
     sim_cfg = SimulationConfig(**{**(simulation or {}), "rounds": cfg.max_events or UNTIL_HORIZON, "metrics": []})
     sim = Simulation(problem, algo, sim_cfg, seed=seed, schedule=AsyncEvents(**cfg.model_dump()))
     res = sim.run()
-    return {"history": _history(res), "server": res.server, "clients": res.clients, "algorithm": algo,
-            "events": sim.round, "wall_time_s": sim.elapsed}
+    return {
+        "history": _history(res),
+        "server": res.server,
+        "clients": res.clients,
+        "algorithm": algo,
+        "events": sim.round,
+        "wall_time_s": sim.elapsed,
+    }
 
 
-def run_sync_fpfc_timed(problem, algo_cfg: dict, clients_per_round: int, cfg: ClockConfig | dict | None = None,
-                        seed: int = 0, eval_every_rounds: int = 5, simulation: dict[str, Any] | None = None,
-                        algorithm: type[FPFC] = FPFC) -> dict[str, Any]:
+def run_sync_fpfc_timed(
+    problem,
+    algo_cfg: dict,
+    clients_per_round: int,
+    cfg: ClockConfig | dict | None = None,
+    seed: int = 0,
+    eval_every_rounds: int = 5,
+    simulation: dict[str, Any] | None = None,
+    algorithm: type[FPFC] = FPFC,
+) -> dict[str, Any]:
     """Synchronous FPFC with ``clients_per_round`` devices a round on the virtual clock of ``cfg`` (an
     :class:`AsyncConfig` serves too), run until its horizon (evaluated every ``eval_every_rounds`` rounds and at
     the end; ``simulation``: further simulation settings)."""
@@ -212,8 +245,15 @@ def run_sync_fpfc_timed(problem, algo_cfg: dict, clients_per_round: int, cfg: Cl
     c = clock.cfg
     bound = max(1, math.ceil(c.horizon / max((c.compute_time + c.delay_high) * 0.5, 1e-9)))
     algo = algorithm(algo_cfg, problem)
-    sim_cfg = SimulationConfig(**{**(simulation or {}), "rounds": bound, "eval_every": eval_every_rounds,
-                                  "metrics": [], "sampling": {"clients_per_round": clients_per_round}})
+    sim_cfg = SimulationConfig(
+        **{
+            **(simulation or {}),
+            "rounds": bound,
+            "eval_every": eval_every_rounds,
+            "metrics": [],
+            "sampling": {"clients_per_round": clients_per_round},
+        }
+    )
     sim = Simulation(problem, algo, sim_cfg, seed=seed, schedule=clock)
     res = sim.run()
     return {"history": _history(res), "server": res.server, "algorithm": algo, "rounds": sim.round}

@@ -29,8 +29,9 @@ from fedsolve.engine.schedules import Decision, Schedule, register_schedule
 
 class LocalBudgetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    total_steps: int = Field(..., ge=1, description="end the run once the rounds' local steps add up to this "
-                                                    "(the paper's K x T)")
+    total_steps: int = Field(
+        ..., ge=1, description="end the run once the rounds' local steps add up to this (the paper's K x T)"
+    )
 
 
 def steps_at(algo, round_: int) -> int:
@@ -38,9 +39,11 @@ def steps_at(algo, round_: int) -> int:
     phases = algo.work(round_)
     missing = [name for name, w in phases.items() if w.steps is None]
     if missing or not phases:
-        raise ValueError(f"schedule.kind: local_budget counts local steps, but {algo.name}'s phase "
-                         f"{(missing or ['(none)'])[0]!r} runs epochs; allowed: an algorithm with local_steps set "
-                         f"(or local_schedule: growing)")
+        raise ValueError(
+            f"schedule.kind: local_budget counts local steps, but {algo.name}'s phase "
+            f"{(missing or ['(none)'])[0]!r} runs epochs; allowed: an algorithm with local_steps set "
+            f"(or local_schedule: growing)"
+        )
     return sum(w.steps for w in phases.values())
 
 
@@ -69,8 +72,10 @@ class LocalBudget(Schedule):
         need = rounds_for(algo, self.cfg.total_steps, cfg.rounds)
         if need is None:
             spent = sum(steps_at(algo, k) for k in range(cfg.rounds))
-            raise ValueError(f"simulation.rounds: {cfg.rounds} rounds spend {spent} local steps, below the budget "
-                             f"schedule.total_steps = {self.cfg.total_steps}; allowed: more rounds")
+            raise ValueError(
+                f"simulation.rounds: {cfg.rounds} rounds spend {spent} local steps, below the budget "
+                f"schedule.total_steps = {self.cfg.total_steps}; allowed: more rounds"
+            )
 
     def start(self, run) -> None:
         self.check(run.algo, run.cfg)

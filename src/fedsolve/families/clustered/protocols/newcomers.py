@@ -52,15 +52,21 @@ Rule = Callable[..., Tensor]
 
 
 # ---------------------------------------------------------------------- shared mechanics
-def train_on(algo: Algorithm, problem, start: Tensor, *, seed: int = 0, work: Work | None = None,
-             lr: float | None = None) -> Tensor:
+def train_on(
+    algo: Algorithm, problem, start: Tensor, *, seed: int = 0, work: Work | None = None, lr: float | None = None
+) -> Tensor:
     """Plain local training of every client of ``problem`` from ``start`` ``[m, d]``: local SGD on ``f_i`` with
     ``algo``'s lr (unless ``lr`` is given), weight decay and trained mask, for ``work`` (default: one round's
     ``train`` phase)."""
     work = algo.work(0)["train"] if work is None else work
     c = algo.cfg
-    stmt = Descend(start=start.contiguous(), lr=c.lr if lr is None else lr, weight_decay=c.weight_decay,
-                   mask=shared_mask(algo), then=lambda w, steps: ({"w": w}, {}))
+    stmt = Descend(
+        start=start.contiguous(),
+        lr=c.lr if lr is None else lr,
+        weight_decay=c.weight_decay,
+        mask=shared_mask(algo),
+        then=lambda w, steps: ({"w": w}, {}),
+    )
     return run_statement(problem, stmt, {"train": work}, RngStreams(seed), 0)
 
 
@@ -75,6 +81,7 @@ def rounds_of_work(algo: Algorithm, rounds: int) -> Work:
     w = algo.work(0)["train"]
     if w.steps is not None:
         return Work(epochs=None, steps=w.steps * rounds, batch_size=w.batch_size)
+    assert w.epochs is not None, "Work: a phase without steps has epochs (checked in Work.__post_init__)"
     return Work(epochs=w.epochs * rounds, batch_size=w.batch_size)
 
 
@@ -85,12 +92,13 @@ def _global(server, new_problem) -> Tensor:
 # ---------------------------------------------------------------------- the rules
 def local_rule(algo, server, new_problem, *, rounds=100, seed=0):
     x0 = new_problem.init_params(RngStreams(seed).torch("init"))
-    return train_on(algo, new_problem, repeat_rows(x0, new_problem.num_clients), seed=seed,
-                    work=rounds_of_work(algo, rounds))
+    return train_on(
+        algo, new_problem, repeat_rows(x0, new_problem.num_clients), seed=seed, work=rounds_of_work(algo, rounds)
+    )
 
 
 def fedavg_rule(algo, server, new_problem, *, rounds=100, seed=0):
-    if type(algo).eval_model is not FedAvg.eval_model:   # scores a personal model: no global one to hand out
+    if type(algo).eval_model is not FedAvg.eval_model:  # scores a personal model: no global one to hand out
         raise NotImplementedError(f"{algo.name} defines no newcomer rule")
     return _global(server, new_problem).clone()
 
@@ -107,8 +115,9 @@ def perfedavg_rule(algo, server, new_problem, *, rounds=100, seed=0):
 
 def ifca_rule(algo, server, new_problem, *, rounds=100, seed=0):
     models, mn = server["models"], new_problem.num_clients
-    losses = torch.stack([train_losses(new_problem, models[l].unsqueeze(0).expand(mn, -1))
-                          for l in range(models.shape[0])])
+    losses = torch.stack(
+        [train_losses(new_problem, models[l].unsqueeze(0).expand(mn, -1)) for l in range(models.shape[0])]
+    )
     return models[losses.argmin(0)].clone()
 
 
@@ -130,8 +139,9 @@ def cfl_rule(algo, server, new_problem, *, rounds=100, seed=0):
 
 def pacfl_rule(algo, server, new_problem, *, rounds=100, seed=0):
     c, m_old = algo.cfg, algo.num_clients
-    bases = pacfl_bases(algo.problem.data, c.n_basis, c.per_class) + pacfl_bases(new_problem.data, c.n_basis,
-                                                                                 c.per_class)
+    bases = pacfl_bases(algo.problem.data, c.n_basis, c.per_class) + pacfl_bases(
+        new_problem.data, c.n_basis, c.per_class
+    )
     lab = pacfl_clusters(pacfl_proximity(bases), c.threshold, c.linkage)
     cl_old = server["cluster"].numpy()
     x0 = new_problem.init_params(RngStreams(seed).torch("init")).to(server["W"].dtype)
@@ -151,9 +161,16 @@ def fpfc_rule(algo, server, new_problem, *, rounds=100, seed=0):
 
 
 #: algorithm class -> its newcomer rule; a class without an entry uses its nearest base class's
-RULES: dict[type[Algorithm], Rule] = {Local: local_rule, FedAvg: fedavg_rule, LGCode: lg_code_rule,
-                                      PerFedAvg: perfedavg_rule, IFCA: ifca_rule, CFL: cfl_rule, PACFL: pacfl_rule,
-                                      FPFC: fpfc_rule}
+RULES: dict[type[Algorithm], Rule] = {
+    Local: local_rule,
+    FedAvg: fedavg_rule,
+    LGCode: lg_code_rule,
+    PerFedAvg: perfedavg_rule,
+    IFCA: ifca_rule,
+    CFL: cfl_rule,
+    PACFL: pacfl_rule,
+    FPFC: fpfc_rule,
+}
 
 
 def newcomer_models(algo: Algorithm, server, new_problem, *, rounds: int = 100, seed: int = 0) -> Tensor:
@@ -166,10 +183,17 @@ def newcomer_models(algo: Algorithm, server, new_problem, *, rounds: int = 100, 
 
 
 # ---------------------------------------------------------------------- FPFC's protocol
-def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: int = 50, seed: int = 0,
-                   init_epochs: float = 10.0, simulation: dict[str, Any] | None = None,
-                   denominator: Literal["m_old+1", "m_old"] = "m_old+1",
-                   eval_with: Literal["local", "cluster"] = "local") -> dict[str, Any]:
+def fpfc_newcomers(
+    algo: FPFC,
+    server: dict[str, Tensor],
+    new_problem,
+    rounds: int = 50,
+    seed: int = 0,
+    init_epochs: float = 10.0,
+    simulation: dict[str, Any] | None = None,
+    denominator: Literal["m_old+1", "m_old"] = "m_old+1",
+    eval_with: Literal["local", "cluster"] = "local",
+) -> dict[str, Any]:
     """Newcomers after training (Sec. 6.4.2, spec 3.2): asyncFPFC with only the newcomer active.
 
     A run of ``FPFCNewcomers`` with every newcomer (a client of ``new_problem``) active: in round 0 each first
@@ -183,11 +207,23 @@ def fpfc_newcomers(algo: FPFC, server: dict[str, Tensor], new_problem, rounds: i
     c = algo.cfg
     W_old = server["W"]
     denom = W_old.shape[0] + 1 if denominator == "m_old+1" else W_old.shape[0]
-    new_algo = FPFCNewcomers({k: v for k, v in c.model_dump().items() if k in FPFCConfig.model_fields}, new_problem,
-                             frozen=W_old, denom=denom, init_epochs=init_epochs)
+    new_algo = FPFCNewcomers(
+        {k: v for k, v in c.model_dump().items() if k in FPFCConfig.model_fields},
+        new_problem,
+        frozen=W_old,
+        denom=denom,
+        init_epochs=init_epochs,
+    )
     mn = new_problem.num_clients
-    cfg = SimulationConfig(**{**(simulation or {}), "rounds": rounds + 1, "eval_every": rounds + 1, "metrics": [],
-                              "sampling": {"fraction": 1.0}})
+    cfg = SimulationConfig(
+        **{
+            **(simulation or {}),
+            "rounds": rounds + 1,
+            "eval_every": rounds + 1,
+            "metrics": [],
+            "sampling": {"fraction": 1.0},
+        }
+    )
     srv = Simulation(new_problem, new_algo, cfg, seed=seed).run().server
     tnorm = new_algo.theta_norms(srv)
     params = srv["W"].clone()

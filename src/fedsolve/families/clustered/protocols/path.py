@@ -40,22 +40,28 @@ def val_accuracy(sim: Simulation, val_problem) -> float:
 def check_lam(kind: str, algo) -> None:
     """``algo`` has the fusion penalty ``lam`` that schedule ``kind`` moves along its path."""
     if "lam" not in type(algo.cfg).model_fields:
-        raise ValueError(f"schedule.kind: {kind} moves FPFC's fusion penalty lam, which {algo.name} does not have; "
-                         f"allowed: an algorithm with lam (fpfc, fpfc_l1, async_fpfc)")
+        raise ValueError(
+            f"schedule.kind: {kind} moves FPFC's fusion penalty lam, which {algo.name} does not have; "
+            f"allowed: an algorithm with lam (fpfc, fpfc_l1, async_fpfc)"
+        )
 
 
 class WarmupPathConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grid: list[float] = Field(..., min_length=1, description="the lambdas in the order they are tried (the paper: "
-                                                             "increasing, from 0)")
-    tol: float = Field(1e-4, ge=0, description="switch when the validation score changes less than this between "
-                                                "two checks")
+    grid: list[float] = Field(
+        ..., min_length=1, description="the lambdas in the order they are tried (the paper: increasing, from 0)"
+    )
+    tol: float = Field(
+        1e-4, ge=0, description="switch when the validation score changes less than this between two checks"
+    )
     check_every: int = Field(1, ge=1, description="rounds between validation checks")
     min_rounds: int = Field(1, ge=0, description="rounds at a lambda before a switch on tol")
-    max_rounds_per_lambda: int | None = Field(None, ge=1, description="switch after this many rounds at a lambda "
-                                                                      "(null: no limit)")
-    stop_at_selection: bool = Field(False, description="end the run once lambda is chosen, in the state of the "
-                                                       "chosen lambda")
+    max_rounds_per_lambda: int | None = Field(
+        None, ge=1, description="switch after this many rounds at a lambda (null: no limit)"
+    )
+    stop_at_selection: bool = Field(
+        False, description="end the run once lambda is chosen, in the state of the chosen lambda"
+    )
 
 
 @register_schedule
@@ -71,21 +77,23 @@ class WarmupPath(Schedule):
     (``stop_at_selection``: end the run there)."""
 
     name = "warmup_path"
-    description = "FPFC's warmup lambda path (Sec. 4.3): the next lambda when the validation score settles, back " \
-                  "to the best when it drops"
+    description = (
+        "FPFC's warmup lambda path (Sec. 4.3): the next lambda when the validation score settles, back "
+        "to the best when it drops"
+    )
 
-    def __init__(self, val_problem=None, /, **params: Any):   # the validation problem: from Python only
+    def __init__(self, val_problem=None, /, **params: Any):  # the validation problem: from Python only
         self.cfg = WarmupPathConfig(**params)
         self.val_problem = val_problem
-        self.at = 0                   # position on the grid
-        self.since = 0                # the round the current lambda started at
-        self.stopped = False          # lambda chosen
-        self.lam = self.cfg.grid[0]   # the lambda in force
+        self.at = 0  # position on the grid
+        self.since = 0  # the round the current lambda started at
+        self.stopped = False  # lambda chosen
+        self.lam = self.cfg.grid[0]  # the lambda in force
         self.prev: float | None = None
         self.scores: list[tuple[float, float]] = []
         self.switches: list[tuple[int, float]] = [(0, self.cfg.grid[0])]
         self.history: list[dict[str, float]] = []
-        self.best: tuple[float, float, dict, ClientStates] | None = None   # (score, lam, server, clients)
+        self.best: tuple[float, float, dict, ClientStates] | None = None  # (score, lam, server, clients)
 
     def check(self, algo, cfg) -> None:
         check_lam(self.name, algo)
@@ -104,6 +112,7 @@ class WarmupPath(Schedule):
         if (t - self.since) % c.check_every and t < run.cfg.rounds:
             return Decision()
         acc, lam = self.score(run), run.algo.cfg.lam
+        assert self.prev is not None, "start (or the restored state) scores the model before the first round"
         self.history.append({"round": t, "lam": lam, "val_accuracy": acc})
         converged = (t - self.since) >= c.min_rounds and abs(acc - self.prev) < c.tol
         budget = c.max_rounds_per_lambda is not None and (t - self.since) >= c.max_rounds_per_lambda
@@ -136,9 +145,17 @@ class WarmupPath(Schedule):
         if self.best is not None:
             score, lam, server, clients = self.best
             best = {"score": score, "lam": lam, "server": server, "clients": clients.compact_state_dict()}
-        return {"at": self.at, "since": self.since, "stopped": self.stopped, "lam": self.lam, "prev": self.prev,
-                "scores": list(self.scores), "switches": list(self.switches), "history": list(self.history),
-                "best": best}
+        return {
+            "at": self.at,
+            "since": self.since,
+            "stopped": self.stopped,
+            "lam": self.lam,
+            "prev": self.prev,
+            "scores": list(self.scores),
+            "switches": list(self.switches),
+            "history": list(self.history),
+            "best": best,
+        }
 
     def load_state_dict(self, run, state: dict[str, Any]) -> None:
         self.at, self.since, self.stopped, self.prev = state["at"], state["since"], state["stopped"], state["prev"]
@@ -146,20 +163,33 @@ class WarmupPath(Schedule):
         self.scores, self.switches = list(state["scores"]), list(state["switches"])
         self.history = list(state["history"])
         b = state["best"]
-        self.best = None if b is None else (b["score"], b["lam"], copy.deepcopy(b["server"]),
-                                            ClientStates.load(b["clients"], run.problem.num_clients))
+        self.best = (
+            None
+            if b is None
+            else (
+                b["score"],
+                b["lam"],
+                copy.deepcopy(b["server"]),
+                ClientStates.load(b["clients"], run.problem.num_clients),
+            )
+        )
 
     def summary(self) -> dict[str, Any]:
         """The lambda in force at the end (the chosen one once the path has stopped), the switches (round,
         lambda) and each finished lambda's validation score."""
-        return {"best_lambda": self.lam, "lambda_chosen": self.stopped, "switches": [list(s) for s in self.switches],
-                "scores": [list(s) for s in self.scores]}
+        return {
+            "best_lambda": self.lam,
+            "lambda_chosen": self.stopped,
+            "switches": [list(s) for s in self.switches],
+            "scores": [list(s) for s in self.scores],
+        }
 
 
 class LambdaGridConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    grid: list[float] = Field(..., min_length=1, description="the lambdas in turn, each warm-started from the "
-                                                             "previous one's state")
+    grid: list[float] = Field(
+        ..., min_length=1, description="the lambdas in turn, each warm-started from the previous one's state"
+    )
     rounds: int = Field(..., ge=1, description="rounds per lambda")
 
 
@@ -182,8 +212,10 @@ class LambdaGrid(Schedule):
     def check(self, algo, cfg) -> None:
         check_lam(self.name, algo)
         if cfg.rounds != self.total:
-            raise ValueError(f"simulation.rounds: the lambda grid takes {self.total} rounds ({len(self.cfg.grid)} "
-                             f"lambdas x {self.cfg.rounds}); got {cfg.rounds}")
+            raise ValueError(
+                f"simulation.rounds: the lambda grid takes {self.total} rounds ({len(self.cfg.grid)} "
+                f"lambdas x {self.cfg.rounds}); got {cfg.rounds}"
+            )
 
     def start(self, run) -> None:
         self.check(run.algo, run.cfg)
@@ -195,22 +227,50 @@ class LambdaGrid(Schedule):
 
     def after_round(self, run, round_: int, info: dict[str, Any]) -> Decision:
         done = round_ + 1
-        return Decision(log={"lam": run.algo.cfg.lam}, evaluate=True if done % self.cfg.rounds == 0 else None,
-                        stop=done >= self.total)
+        return Decision(
+            log={"lam": run.algo.cfg.lam},
+            evaluate=True if done % self.cfg.rounds == 0 else None,
+            stop=done >= self.total,
+        )
 
 
-def warmup_lambda_path(problem, lams: Sequence[float], algo_cfg, sim_cfg, seed: int = 0,
-                       val_problem=None, tol: float = 1e-4, check_every: int = 1, min_rounds: int = 1,
-                       max_rounds_per_lambda: int | None = None, algorithm: str = "fpfc",
-                       stop_at_selection: bool = False) -> dict[str, Any]:
+def warmup_lambda_path(
+    problem,
+    lams: Sequence[float],
+    algo_cfg,
+    sim_cfg,
+    seed: int = 0,
+    val_problem=None,
+    tol: float = 1e-4,
+    check_every: int = 1,
+    min_rounds: int = 1,
+    max_rounds_per_lambda: int | None = None,
+    algorithm: str = "fpfc",
+    stop_at_selection: bool = False,
+) -> dict[str, Any]:
     """The warmup path (:class:`WarmupPath`) of ``algorithm`` with the config ``algo_cfg`` on ``problem`` for
     ``sim_cfg.rounds`` rounds. Returns the chosen lambda, the switch rounds, per-lambda scores, every check's
     validation score (``history``), the rounds used, the finished Simulation and its algorithm."""
     cfg = dict(algo_cfg) if isinstance(algo_cfg, dict) else algo_cfg.model_dump()
     algo = lookup_algorithm(algorithm)({**cfg, "lam": lams[0]}, problem)
-    path = WarmupPath(val_problem, grid=list(lams), tol=tol, check_every=check_every, min_rounds=min_rounds,
-                      max_rounds_per_lambda=max_rounds_per_lambda, stop_at_selection=stop_at_selection)
+    path = WarmupPath(
+        val_problem,
+        grid=list(lams),
+        tol=tol,
+        check_every=check_every,
+        min_rounds=min_rounds,
+        max_rounds_per_lambda=max_rounds_per_lambda,
+        stop_at_selection=stop_at_selection,
+    )
     sim = Simulation(problem, algo, sim_cfg, seed=seed, schedule=path)
     sim.run()
-    return {"best_lambda": path.lam, "switches": path.switches, "scores": path.scores, "history": path.history,
-            "rounds_used": sim.round, "simulation": sim, "algorithm": algo, "wall_time_s": sim.elapsed}
+    return {
+        "best_lambda": path.lam,
+        "switches": path.switches,
+        "scores": path.scores,
+        "history": path.history,
+        "rounds_used": sim.round,
+        "simulation": sim,
+        "algorithm": algo,
+        "wall_time_s": sim.elapsed,
+    }

@@ -57,14 +57,27 @@ class Snapshots:
         labels = self.algo.cluster_labels(server)
         m = W.shape[0]
         D = distances(W)
-        if D.max() == 0:   # every device at the common start: one point
+        if D.max() == 0:  # every device at the common start: one point
             emb = np.zeros((m, 2))
-        else:   # exact t-SNE: m is small, and Barnes-Hut fails on near-equal points
-            emb = TSNE(n_components=2, perplexity=min(self.perplexity, m - 1), random_state=self.seed,
-                       init="pca", method="exact").fit_transform(W.double().numpy())
-        self.rows.append({"round": round_, **distance_summary(W, self.truth), "num_clusters": int(labels.max() + 1),
-                          "ari": float(adjusted_rand(labels, self.truth)), "truth": self.truth.tolist(),
-                          "distances": np.round(D, 5).tolist(), "embedding": np.round(emb, 4).tolist()})
+        else:  # exact t-SNE: m is small, and Barnes-Hut fails on near-equal points
+            emb = TSNE(
+                n_components=2,
+                perplexity=min(self.perplexity, m - 1),
+                random_state=self.seed,
+                init="pca",
+                method="exact",
+            ).fit_transform(W.double().numpy())
+        self.rows.append(
+            {
+                "round": round_,
+                **distance_summary(W, self.truth),
+                "num_clusters": int(labels.max() + 1),
+                "ari": float(adjusted_rand(labels, self.truth)),
+                "truth": self.truth.tolist(),
+                "distances": np.round(D, 5).tolist(),
+                "embedding": np.round(emb, 4).tolist(),
+            }
+        )
 
     def on_start(self, sim):
         if 0 in self.rounds and sim.round == 0:
@@ -88,8 +101,10 @@ def pairwise_snapshots(ctx) -> list[dict]:
     problem = ctx.problem()
     algo = ctx.algorithm(problem)
     if not hasattr(algo, "cluster_labels"):
-        raise ValueError(f"algorithms: pairwise_snapshots reads FPFC's pairwise state; {ctx.spec.name} has none; "
-                         f"allowed: fpfc, fpfc_l1")
+        raise ValueError(
+            f"algorithms: pairwise_snapshots reads FPFC's pairwise state; {ctx.spec.name} has none; "
+            f"allowed: fpfc, fpfc_l1"
+        )
     cb = Snapshots(algo, a.rounds, a.perplexity, ctx.seed)
     ctx.run(problem, algo, max(max(a.rounds), 1), callbacks=[cb])
     return sorted(cb.rows, key=lambda r: r["round"])

@@ -17,7 +17,7 @@ typed arguments.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -47,9 +47,15 @@ def train_validation(data: FederatedData, seed: int, fraction: float = 0.2) -> t
     va = data.split_validation(fraction, seed)
     tr = [va.client_train(i) for i in range(data.num_clients)]
     te = [data.client_test(i) for i in range(data.num_clients)]
-    kw = dict(task=data.task, num_classes=data.num_classes, name=data.name, meta=dict(data.meta),
-              clusters=data.clusters.tolist() if data.clusters is not None else None)
-    return FederatedData.from_client_arrays(tr, te, **kw), va
+    return FederatedData.from_client_arrays(
+        tr,
+        te,
+        task=data.task,
+        num_classes=data.num_classes,
+        name=data.name,
+        meta=dict(data.meta),
+        clusters=data.clusters.tolist() if data.clusters is not None else None,
+    ), va
 
 
 def clusters_found(labels, truth) -> dict[str, float]:
@@ -91,10 +97,16 @@ class PathRecord:
         labels = self.algo.cluster_labels(server)
         w = server["W"][:, self.start].numpy()
         groups = np.unique(truth)
-        self.rows.append({"lam": record["lam"], "groups": int(labels.max() + 1),
-                          "ari": float(adjusted_rand(labels, truth)), "slopes": w.tolist(),
-                          "spread": float(max(np.ptp(w[truth == g]) for g in groups)),
-                          "centres": [float(w[truth == g].mean()) for g in groups]})
+        self.rows.append(
+            {
+                "lam": record["lam"],
+                "groups": int(labels.max() + 1),
+                "ari": float(adjusted_rand(labels, truth)),
+                "slopes": w.tolist(),
+                "spread": float(max(np.ptp(w[truth == g]) for g in groups)),
+                "centres": [float(w[truth == g].mean()) for g in groups],
+            }
+        )
 
     def on_end(self, sim):
         pass
@@ -108,8 +120,14 @@ def lambda_path(ctx) -> list[dict]:
     problem = ctx.problem()
     algo = ctx.algorithm(problem)
     rec = PathRecord(algo, a.rounds)
-    sim = Simulation(problem, algo, ctx.sim_config(a.rounds * len(a.grid), eval_every=a.rounds), seed=ctx.seed,
-                     callbacks=[rec], schedule=LambdaGrid(grid=a.grid, rounds=a.rounds))
+    sim = Simulation(
+        problem,
+        algo,
+        ctx.sim_config(a.rounds * len(a.grid), eval_every=a.rounds),
+        seed=ctx.seed,
+        callbacks=[rec],
+        schedule=LambdaGrid(grid=a.grid, rounds=a.rounds),
+    )
     sim.run()
     return rec.rows
 
@@ -145,9 +163,16 @@ def attack_grid(ctx) -> dict:
     c, a = ctx.cell, ctx.args
     problem = ctx.problem()
     surface = attack_surface(get_algorithm(ctx.spec.name))
+    assert surface is not None, "the attack grid runs solvers that declare an attack surface (Attack needs one)"
     view = a.attacker_view if surface.view is not None or surface.model is None else "server"
-    algo = Attack(ctx.algorithm(problem), attack=c["attack"], malicious_fraction=c["fraction"],
-                  attack_seed=ctx.seed, attacker_view=view, attack_block=a.attack_block)
+    algo = Attack(
+        ctx.algorithm(problem),
+        attack=c["attack"],
+        malicious_fraction=c["fraction"],
+        attack_seed=ctx.seed,
+        attacker_view=view,
+        attack_block=a.attack_block,
+    )
     _, res = ctx.run(problem, algo)
     acc = np.array([d.get("accuracy", np.nan) for d in res.per_client], dtype=np.float64)
     return {"benign_accuracy": float(np.nanmean(acc[benign_mask(algo).numpy()]))}
@@ -183,7 +208,7 @@ def newcomers(ctx) -> dict:
     p_old, p_new = ctx.problem(data, old, "old"), ctx.problem(data, new, "newcomers")
     extra = {"lam": a.lam} if ctx.spec.name == "fpfc" and a.lam is not None else None
     algo = ctx.algorithm(p_old, extra)
-    if ctx.spec.name == "local":          # nothing to train on the old devices
+    if ctx.spec.name == "local":  # nothing to train on the old devices
         server, final = {}, {}
     else:
         _, res = ctx.run(p_old, algo)
@@ -197,16 +222,23 @@ def newcomers(ctx) -> dict:
 # ------------------------------------------------------------------ Table 1 (S1) / Table 2
 class FPFCTuningArgs(_Args):
     lam: float = Field(0.6, description="strategy fixed: the lambda")
-    grid: list[float] | None = Field(None, description="warmup / separate: the lambda grid (null: the paper's; "
-                                                       "warmup 0, 0.5, ..., 3.5, separate 0.2, ..., 1.0)")
+    grid: list[float] | None = Field(
+        None,
+        description="warmup / separate: the lambda grid (null: the paper's; "
+        "warmup 0, 0.5, ..., 3.5, separate 0.2, ..., 1.0)",
+    )
     tol: float = Field(1e-4, description="warmup: switch when validation changes less than this between checks")
     check_every: int = Field(5, ge=1, description="warmup: rounds between validation checks")
     max_per_lambda: int = Field(400, ge=1, description="warmup: at most this many rounds per lambda")
     eval_every: int = Field(100, ge=1, description="evaluation cadence of the runs")
-    validation: bool = Field(True, description="cut each device's training data 80/20 into train/validation "
-                                               "(false: train on all of it, as the authors' code)")
-    refit_full: bool = Field(False, description="warmup: once lambda is chosen, train the remaining rounds on "
-                                                "train + validation")
+    validation: bool = Field(
+        True,
+        description="cut each device's training data 80/20 into train/validation "
+        "(false: train on all of it, as the authors' code)",
+    )
+    refit_full: bool = Field(
+        False, description="warmup: once lambda is chosen, train the remaining rounds on train + validation"
+    )
     data_seed: int | None = Field(None, description="draw the data once with this seed (null: per seed)")
 
 
@@ -214,9 +246,13 @@ def _fpfc_score(sim, algo, problem) -> dict:
     s, _ = evaluate(problem, sim.eval_params(), which=())
     own, _ = evaluate(problem, sim.state()[0]["W"], which=())
     lab = algo.cluster_labels(sim.state()[0])
-    return {"test_accuracy": s["test_accuracy"], "test_accuracy_own_w": own["test_accuracy"],
-            "num_clusters": int(lab.max() + 1), "ari": float(adjusted_rand(lab, problem.data.clusters.numpy())),
-            "cluster_sizes": np.bincount(lab).tolist()}
+    return {
+        "test_accuracy": s["test_accuracy"],
+        "test_accuracy_own_w": own["test_accuracy"],
+        "num_clusters": int(lab.max() + 1),
+        "ari": float(adjusted_rand(lab, problem.data.clusters.numpy())),
+        "cluster_sizes": np.bincount(lab).tolist(),
+    }
 
 
 def fpfc_tuning(ctx) -> dict:
@@ -247,16 +283,24 @@ def fpfc_tuning(ctx) -> dict:
     elif strategy == "separate":
         runs = [fixed(lam) for lam in grid]
         out = dict(max(runs, key=lambda r: r["val_accuracy"]))
-        out["grid"] = [{k: r[k] for k in ("lam", "val_accuracy", "test_accuracy", "num_clusters", "ari")}
-                       for r in runs]
+        out["grid"] = [{k: r[k] for k in ("lam", "val_accuracy", "test_accuracy", "num_clusters", "ari")} for r in runs]
     elif strategy == "warmup":
-        r = warmup_lambda_path(problem, grid, ctx.params(extra={"lam": grid[0]}),
-                               ctx.sim_config(eval_every=a.eval_every), seed=ctx.seed, val_problem=val, tol=a.tol,
-                               check_every=a.check_every, min_rounds=a.check_every,
-                               max_rounds_per_lambda=a.max_per_lambda, stop_at_selection=a.refit_full,
-                               algorithm=ctx.spec.name)
+        r = warmup_lambda_path(
+            problem,
+            grid,
+            ctx.params(extra={"lam": grid[0]}),
+            ctx.sim_config(eval_every=a.eval_every),
+            seed=ctx.seed,
+            val_problem=val,
+            tol=a.tol,
+            check_every=a.check_every,
+            min_rounds=a.check_every,
+            max_rounds_per_lambda=a.max_per_lambda,
+            stop_at_selection=a.refit_full,
+            algorithm=ctx.spec.name,
+        )
         sim, algo = r["simulation"], r["algorithm"]
-        if a.refit_full:   # the remaining rounds with the chosen lambda on train + validation data, from its state
+        if a.refit_full:  # the remaining rounds with the chosen lambda on train + validation data, from its state
             algo = ctx.algorithm(full, {"lam": r["best_lambda"]})
             refit = Simulation(full, algo, ctx.sim_config(eval_every=a.eval_every), seed=ctx.seed)
             refit.set_state(*sim.state())
@@ -264,8 +308,7 @@ def fpfc_tuning(ctx) -> dict:
             refit.run()
             sim = refit
         out = _fpfc_score(sim, algo, full)
-        out.update(lam=r["best_lambda"], switches=r["switches"],
-                   scores=[(float(l), float(s)) for l, s in r["scores"]])
+        out.update(lam=r["best_lambda"], switches=r["switches"], scores=[(float(l), float(s)) for l, s in r["scores"]])
     else:
         raise ValueError(f"strategy: unknown {strategy!r}; allowed: fixed, warmup, separate")
     out["tuning_wall_s"] = time.perf_counter() - t0
@@ -284,7 +327,7 @@ def tuning(ctx) -> dict:
     grid values that give the same one-shot partition share one run); the best value retrained on the full
     training split and scored on test (accuracy, clusters, ARI)."""
     from fedsolve.families import get_algorithm
-    from fedsolve.families.clustered.baselines import pacfl_bases, pacfl_clusters, pacfl_proximity
+    from fedsolve.families.clustered.baselines import PACFLConfig, pacfl_bases, pacfl_clusters, pacfl_proximity
 
     a = ctx.args
     name = ctx.spec.name
@@ -300,11 +343,14 @@ def tuning(ctx) -> dict:
         acc = evaluate(eval_problem, sim.eval_params(), which=())[0]["test_accuracy"]
         lab = res.extras.get("clusters")
         truth = problem.data.clusters
-        return {"acc": float(acc), "num_clusters": int(max(lab) + 1) if lab is not None else None,
-                "ari": float(adjusted_rand(lab, truth.numpy())) if lab is not None and truth is not None else None}
+        return {
+            "acc": float(acc),
+            "num_clusters": int(max(lab) + 1) if lab is not None else None,
+            "ari": float(adjusted_rand(lab, truth.numpy())) if lab is not None and truth is not None else None,
+        }
 
     if name == "pacfl":
-        cfg = get_algorithm("pacfl").Config(**ctx.params())
+        cfg = cast(PACFLConfig, get_algorithm("pacfl").Config(**ctx.params()))  # the pacfl solver's Config
         prox = pacfl_proximity(pacfl_bases(tr, cfg.n_basis, cfg.per_class))
     keys, runs = {}, []
     for v in a.grid:
@@ -314,8 +360,14 @@ def tuning(ctx) -> dict:
         runs.append({"value": v, "val_acc": keys[key]["acc"], "val_num_clusters": keys[key]["num_clusters"]})
     best = max(runs, key=lambda r: r["val_acc"])
     final = scored(full, full, best["value"], None)
-    return {"chosen": best["value"], "grid": runs, "distinct_runs": len(keys), "test_accuracy": final["acc"],
-            "num_clusters": final["num_clusters"], "ari": final["ari"]}
+    return {
+        "chosen": best["value"],
+        "grid": runs,
+        "distinct_runs": len(keys),
+        "test_accuracy": final["acc"],
+        "num_clusters": final["num_clusters"],
+        "ari": final["ari"],
+    }
 
 
 # ------------------------------------------------------------------ Theorem 3
@@ -328,7 +380,7 @@ class OracleGap:
     """Callback: at every evaluation, the training-objective gap of the evaluation models to the oracle's."""
 
     def __init__(self, problem, oracle: torch.Tensor):
-        self.loss = lambda params: train_losses(problem, params)                 # [m, d] -> f_i, [m]
+        self.loss = lambda params: train_losses(problem, params)  # [m, d] -> f_i, [m]
         self.oracle_loss = self.loss(oracle)
         self.rows: list[dict] = []
 
@@ -340,9 +392,15 @@ class OracleGap:
 
     def on_eval(self, sim, record):
         gap = (self.loss(sim.eval_params()) - self.oracle_loss).mean()
-        self.rows.append({"round": record["round"], "test_accuracy": record.get("test_accuracy"),
-                          "num_clusters": record.get("num_clusters"), "ari": record.get("ari"),
-                          "loss_gap": float(gap)})
+        self.rows.append(
+            {
+                "round": record["round"],
+                "test_accuracy": record.get("test_accuracy"),
+                "num_clusters": record.get("num_clusters"),
+                "ari": record.get("ari"),
+                "loss_gap": float(gap),
+            }
+        )
 
     def on_end(self, sim):
         pass
@@ -363,5 +421,14 @@ def oracle_gap(ctx) -> list[dict]:
     cb = OracleGap(problem, oracle)
     ctx = ctx.for_cell({**ctx.cell, "algorithm": a.algorithm})
     _, res = ctx.run(problem, ctx.algorithm(problem), eval_every=a.eval_every, callbacks=[cb])
-    return [dict(t, algorithm=a.algorithm, oracle_accuracy=acc_oracle, oracle_grad_max=gmax, oracle_s=oracle_s,
-                 fpfc_wall_s=res.wall_time_s) for t in cb.rows]
+    return [
+        dict(
+            t,
+            algorithm=a.algorithm,
+            oracle_accuracy=acc_oracle,
+            oracle_grad_max=gmax,
+            oracle_s=oracle_s,
+            fpfc_wall_s=res.wall_time_s,
+        )
+        for t in cb.rows
+    ]
