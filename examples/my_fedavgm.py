@@ -60,8 +60,9 @@ class FedAvgM(Algorithm):
         # ONE client's update, stated: local SGD on its loss from msg["w"] ([d]); then its upload. The engine
         # runs the statement on whatever executes clients fastest for this model.
         w0 = msg["w"]
-        return Descend(start=w0, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay,
-                       then=lambda w, steps: ({}, {"delta": w - w0}))
+        return Descend(
+            start=w0, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, then=lambda w, steps: ({}, {"delta": w - w0})
+        )
 
     def aggregate(self, server, ids, uploads, round_):
         # uploads["delta"] is [k, d]; weighted by the selected clients' sample counts
@@ -104,8 +105,10 @@ def check_executors() -> None:
         torch.testing.assert_close(r1.server[k], r2.server[k], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(s1.eval_params(), s2.eval_params(), rtol=1e-5, atol=1e-6)
     assert r1.ledger.uplink_bytes == r2.ledger.uplink_bytes
-    print(f"sequential == vectorized: ok (test accuracy {r1.history[-1]['test_accuracy']:.4f}, "
-          f"{r1.ledger.uplink_bytes} bytes up)")
+    print(
+        f"sequential == vectorized: ok (test accuracy {r1.history[-1]['test_accuracy']:.4f}, "
+        f"{r1.ledger.uplink_bytes} bytes up)"
+    )
 
 
 def check_reduces_to_fedavg() -> None:
@@ -121,17 +124,24 @@ def compare_from_config(out: str) -> dict:
     """The same algorithm from an experiment config, next to FedAvg (a compare folder in ``out``)."""
     from fedsolve.experiments import compare, parse_config
 
-    cfg = parse_config({
-        "name": "fedavgm_example",
-        "seeds": [0, 1],
-        "data": {"dataset": "fedprox_synthetic", "num_clients": 10,
-                 "params": {"alpha": 0.5, "beta": 0.5, "dim": 20, "max_size": 150}},
-        "model": {"name": "logreg"},
-        "simulation": {"rounds": 20, "eval_every": 5, "sampling": {"clients_per_round": 5}},
-        "defaults": {"lr": 0.05, "batch_size": 16, "local_epochs": 1},
-        "algorithms": [{"name": "fedavg", "label": "FedAvg"},
-                       {"name": "my_fedavgm", "label": "FedAvgM", "params": {"momentum": 0.9}}],
-    })
+    cfg = parse_config(
+        {
+            "name": "fedavgm_example",
+            "seeds": [0, 1],
+            "data": {
+                "dataset": "fedprox_synthetic",
+                "num_clients": 10,
+                "params": {"alpha": 0.5, "beta": 0.5, "dim": 20, "max_size": 150},
+            },
+            "model": {"name": "logreg"},
+            "simulation": {"rounds": 20, "eval_every": 5, "sampling": {"clients_per_round": 5}},
+            "defaults": {"lr": 0.05, "batch_size": 16, "local_epochs": 1},
+            "algorithms": [
+                {"name": "fedavg", "label": "FedAvg"},
+                {"name": "my_fedavgm", "label": "FedAvgM", "params": {"momentum": 0.9}},
+            ],
+        }
+    )
     agg = compare(cfg, out, progress=False)
     for label, e in agg["algorithms"].items():
         acc = e["final"]["test_accuracy"]

@@ -115,7 +115,7 @@ def test_deployment_matches_simulation(federation, app_dir, tmp_path, algorithm)
     hist, part, summary = _run(federation, app_dir, tmp_path / "res", {"algorithm": algorithm, "round-timeout": 600.0})
     assert summary["status"] == "completed" and summary["algorithm"] == algorithm
     assert all(p["participants"] == p["sampled"] for p in part), part  # nobody dropped
-    res, _ = simulate_with_participation(_task(app_dir, {"algorithm": algorithm}))
+    res, _ = simulate_with_participation(_task(app_dir, {"algorithm": algorithm}), threads=1)   # the app's threads
     _assert_same(hist, res.history)
     assert hist[-1]["eval_clients"] == NUM_CLIENTS
 
@@ -155,7 +155,7 @@ def test_killed_node_is_not_selected_and_rejoins(federation, app_dir, tmp_path):
     assert 1 in missed and 2 in missed, part
     assert 1 in part[-1]["participants"], part  # rejoined
     assert summary["status"] == "completed" and hist[-1]["eval_clients"] == NUM_CLIENTS
-    res, _ = simulate_with_participation(_task(app_dir, FAULT_CFG), part)
+    res, _ = simulate_with_participation(_task(app_dir, FAULT_CFG), part, threads=1)   # the app's threads
     _assert_same(hist, res.history, complete_only=True)
 
 
@@ -176,7 +176,7 @@ def test_slow_node_past_timeout_is_not_selected(federation, app_dir, tmp_path):
     assert 2 not in part[1]["participants"], part
     assert 2 in part[-1]["participants"], part
     assert summary["status"] == "completed" and hist[-1]["eval_clients"] == NUM_CLIENTS
-    res, _ = simulate_with_participation(_task(app_dir, FAULT_CFG), part)
+    res, _ = simulate_with_participation(_task(app_dir, FAULT_CFG), part, threads=1)   # the app's threads
     _assert_same(hist, res.history, complete_only=True)
 
 

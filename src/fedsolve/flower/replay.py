@@ -37,15 +37,25 @@ class ParticipationSimulation(Simulation):
 
 
 def simulate_with_participation(
-    task, participation: Sequence[Mapping[str, Any]] | None = None, executor: str = "sequential"
+    task,
+    participation: Sequence[Mapping[str, Any]] | None = None,
+    executor: str = "sequential",
+    threads: int | None = None,
 ):
     """Run the task's simulation; ``participation`` = the deployment's ``participation.json``.
 
     Returns ``(RunResult, simulation)``. The task's algorithm object (wrappers included) is copied so the run starts
-    fresh.
+    fresh. ``threads``: the torch threads the deployment's apps computed with (their run config's ``threads``; for
+    ``threads: 0``, the experiment's ``threads`` or the machine's physical cores), since a float sum's order follows
+    the thread count; the run uses them and the caller's count is restored afterwards (None: the caller's count).
     """
     algo = fresh(without_buffers(task.algorithm))  # the simulation keeps the running statistics itself
     cfg = task.simulation.model_copy(update={"executor": executor})
     allowed = None if participation is None else {int(p["round"]): p["participants"] for p in participation}
-    sim = ParticipationSimulation(task.problem, algo, cfg, task.seed, allowed=allowed)
-    return sim.run(), sim
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        sim = ParticipationSimulation(task.problem, algo, cfg, task.seed, allowed=allowed)
+        return sim.run(), sim
+    finally:
+        torch.set_num_threads(before)
