@@ -5,6 +5,7 @@
 * no solver file over 300 lines, Prox-AL FL's at most 250;
 * no loop over rounds outside the engine's one loop (protocols are schedules);
 * a solver written as the docs say, stated like FedAvg, gets FedAvg's executor and numbers on the MLP workload.
+* no import circle between modules (function-level imports included).
 """
 
 from __future__ import annotations
@@ -109,3 +110,89 @@ def test_a_fresh_solver_stated_like_fedavg_gets_fedavgs_executor_and_numbers(mon
     a, b = mine.run(), ref.run()
     assert a.history == b.history
     assert torch.equal(a.server["w"], b.server["w"])
+
+
+def _module_name(path: Path, src: Path = SRC) -> str:
+    rel = path.relative_to(src.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """Module -> the fedsolve modules it imports (at the top or inside a function, ``TYPE_CHECKING`` included),
+    packages' ``__init__`` left out (a package importing its own modules to register them is no circle)."""
+    import ast
+
+    files = {_module_name(p, src): p for p in src.rglob("*.py")}
+    packages = {_module_name(p, src) for p in src.rglob("__init__.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        if mod in packages:
+            continue
+        pkg = mod.rsplit(".", 1)[0]
+        out = graph.setdefault(mod, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            out.update(t for t in targets if t in files and t not in packages and t != mod)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No two modules of the package import each other, directly or through others (function-level imports
+    count: a lazy import hides a circle from Python, not from a reader)."""
+    graph = _import_graph()
+    assert len(graph) > 100
+    assert _circles(graph) == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path):
+    pkg = tmp_path / "fedsolve"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from fedsolve.b import g\n")
+    (pkg / "b.py").write_text("from .a import f\n")
+    (pkg / "c.py").write_text("import fedsolve.a\n")
+    assert _circles(_import_graph(pkg)) == [["fedsolve.a", "fedsolve.b"]]

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from .federated import FederatedData, Task
+from .federated import FederatedData
 from .fetch import load_npz
 from .partition import CLUSTER_TRANSFORMS, partition as run_partition
+from .pooled import PooledData, pooled_images, seed_streams, stratified_split
 from .standard import read_torchvision_idx
 from .synthetic import clustered_regression, fedprox_synthetic, fpfc_synthetic, toy1d
 
@@ -52,37 +52,6 @@ __all__ = [
 ]
 
 
-@dataclass
-class PooledData:
-    """A dataset before partitioning.
-
-    ``x``/``y`` are all samples (or the training part when ``x_test`` is given: the dataset's own test
-    set, used when :func:`build_federated` is called with ``test_fraction=None``). ``groups`` are
-    natural client ids (e.g. HAPT user), used by the ``natural`` partition.
-    """
-
-    x: np.ndarray
-    y: np.ndarray
-    task: Task = "classification"
-    num_classes: int | None = None
-    name: str = "data"
-    groups: np.ndarray | None = None
-    x_test: np.ndarray | None = None
-    y_test: np.ndarray | None = None
-    groups_test: np.ndarray | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-def _subsample(x: np.ndarray, y: np.ndarray, limit: int | None, rng: np.random.Generator, name: str):
-    if limit is None or limit >= len(y):
-        return x, y
-    if limit < 1:
-        raise ValueError(f"{name} must be a positive integer or None, got {limit!r}")
-    idx = np.sort(rng.choice(len(y), size=int(limit), replace=False))
-    return x[idx], y[idx]
-
-
-# ----------------------------------------------------------------------------- sklearn sets
 def load_digits() -> PooledData:
     """scikit-learn ``load_digits`` (UCI optdigits): 1797 images ``[1, 8, 8]`` scaled to [0, 1], 10 classes.
 
@@ -116,36 +85,6 @@ def load_breast_cancer(standardize: bool = True) -> PooledData:
 
 
 # ----------------------------------------------------------------------------- image sets
-def pooled_images(
-    name: str,
-    x: np.ndarray,
-    y: np.ndarray,
-    x_test: np.ndarray,
-    y_test: np.ndarray,
-    num_classes: int,
-    limit: int | None,
-    test_limit: int | None,
-    seed: int,
-    meta: dict[str, Any],
-) -> PooledData:
-    """uint8 images (``[N, H, W]`` grey or ``[N, C, H, W]``) with their own test set as :class:`PooledData`
-    ``[C, H, W]`` in [0, 1]; ``limit``/``test_limit`` take random subsets drawn from ``seed``."""
-    rng = np.random.default_rng(seed)
-    xtr, ytr = _subsample(x, y, limit, rng, "limit")
-    xte, yte = _subsample(x_test, y_test, test_limit, rng, "test_limit")
-    f = lambda a: (a.astype(np.float32) / 255.0)[:, None, :, :] if a.ndim == 3 else a.astype(np.float32) / 255.0
-    return PooledData(
-        f(xtr),
-        np.asarray(ytr).astype(np.int64),
-        "classification",
-        num_classes,
-        name,
-        x_test=f(xte),
-        y_test=np.asarray(yte).astype(np.int64),
-        meta={**meta, "limit": limit, "test_limit": test_limit},
-    )
-
-
 def _load_idx_set(
     name: str, limit: int | None, test_limit: int | None, seed: int, download: bool, root: str | None
 ) -> PooledData:
@@ -443,27 +382,6 @@ def load_dataset(name: str, **params: Any) -> PooledData | FederatedData:
     return _call_loader(name, params, params.pop("seed", 0), None)
 
 
-def stratified_split(
-    y: np.ndarray, test_fraction: float, rng: np.random.Generator, stratify: bool = True
-) -> tuple[np.ndarray, np.ndarray]:
-    """Split one client's indices into (train, test), ``round(test_fraction * n)`` test samples.
-
-    Stratified: shuffle, sort stably by label, and take evenly spaced positions as the test set, so
-    every label is represented in proportion (up to rounding). At least one sample stays in train.
-    """
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1) or None, got {test_fraction!r}")
-    n = len(y)
-    perm = rng.permutation(n)
-    if stratify:
-        perm = perm[np.argsort(np.asarray(y)[perm], kind="stable")]
-    nt = min(round(test_fraction * n), max(n - 1, 0))
-    mask = np.zeros(n, dtype=bool)
-    if nt > 0:
-        mask[np.floor((np.arange(nt) + 0.5) * n / nt).astype(np.int64)] = True
-    return np.sort(perm[~mask]), np.sort(perm[mask])
-
-
 def _apply_transform(name: str | None, params: dict[str, Any], train: list, test: list, num_classes: int | None = None):
     if name == "label_swap" and num_classes is not None and "pairs" not in params:
         params.setdefault("swap_sum", num_classes - 2)  # p <-> (C-2)-p; 8-p for 10 classes (FPFC)
@@ -482,13 +400,6 @@ def _apply_transform(name: str | None, params: dict[str, Any], train: list, test
     xtr, cl = fn([x for x, _ in train], **params)
     xte, _ = fn([x for x, _ in test], **params)
     return [(x, y) for x, (_, y) in zip(xtr, train)], [(x, y) for x, (_, y) in zip(xte, test)], cl
-
-
-def seed_streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
-    """The three independent random streams a federated build draws from ``seed``: the partition, the second
-    partition of a dataset's own test set, and the per-client train/test splits."""
-    part, test_part, split = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
-    return part, test_part, split
 
 
 def build_federated(

@@ -456,7 +456,7 @@ def mnist_digits(
     scanner; unlabelled target). ``test_fraction`` of the digits (stratified) is the target test set."""
     from sklearn.datasets import load_digits
 
-    from .datasets import stratified_split
+    from .pooled import stratified_split
 
     x, y, _, _ = _mnist(limit, 1, seed)
     src = _resize(x[:, None].astype(np.float32), 8)
@@ -503,7 +503,7 @@ def _digit_domain(
     if name == "digits":
         from sklearn.datasets import load_digits
 
-        from .datasets import stratified_split
+        from .pooled import stratified_split
 
         d = load_digits()
         x = np.repeat((d.images / 16.0).astype(np.float32)[:, None], 3, axis=1)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .datasets import PooledData
+from .pooled import PooledData
 from .torch_data import image_to_array, materialize
 
 __all__ = ["ImageFolder", "IMAGE_EXTENSIONS", "load_image_folder", "load_csv", "load_npz_file"]

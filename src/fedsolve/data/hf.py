@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .datasets import PooledData
 from .federated import Task
-from .torch_data import image_to_array
+from .pooled import PooledData, image_to_array
 
 __all__ = ["pooled_from_hf", "load_hf", "flwr_partition"]
 

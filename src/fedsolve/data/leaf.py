@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .datasets import PooledData
+from .pooled import PooledData
 
 __all__ = ["LEAF_CHARS", "read_leaf", "load_femnist", "load_shakespeare"]
 

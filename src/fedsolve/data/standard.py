@@ -113,7 +113,7 @@ def _names(meta: dict, key: str) -> list[str]:
 
 
 def _pooled(name: str, x, y, xt, yt, classes: list[str], num_classes: int, limit, test_limit, seed, meta):
-    from .datasets import pooled_images
+    from .pooled import pooled_images
 
     return pooled_images(
         name,

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .datasets import PooledData, seed_streams, stratified_split
 from .federated import FederatedData, Task
+from .pooled import PooledData, image_to_array, seed_streams, stratified_split
 
 __all__ = [
     "materialize",
@@ -49,18 +49,6 @@ def is_dataset(obj: Any) -> bool:
         and hasattr(obj, "__getitem__")
         and not isinstance(obj, (list, tuple, str, bytes, Mapping, np.ndarray, torch.Tensor))
     )
-
-
-def image_to_array(img: Any, mode: str | None = None) -> np.ndarray:
-    """A PIL image as a ``[C, H, W]`` float32 array in ``[0, 1]`` (``mode``: convert first, e.g. ``"RGB"``,
-    ``"L"``)."""
-    if mode is not None and img.mode != mode:
-        img = img.convert(mode)
-    elif img.mode not in ("L", "RGB"):
-        img = img.convert("RGB" if img.mode in ("RGBA", "P", "CMYK", "YCbCr", "LA") else "L")
-    a = np.asarray(img)
-    a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
-    return a.astype(np.float32) / (255.0 if a.dtype == np.uint8 else 65535.0 if a.dtype == np.uint16 else 1.0)
 
 
 def _input(x: Any) -> np.ndarray:

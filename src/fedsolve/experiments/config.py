@@ -16,10 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedsolve.engine.loop import SimulationConfig
-
-
-class ConfigError(ValueError):
-    """A config problem, naming the field and what is allowed."""
+from fedsolve.experiments.errors import ConfigError
 
 
 class TargetSpec(BaseModel):

@@ -34,7 +34,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     record, a truncated ``.gz``) is a ``ConfigError`` naming the file and the line."""
     path = Path(path)
     packed = path.with_name(path.name + ".gz")
-    from fedsolve.experiments.config import ConfigError  # (config imports this module)
+    from fedsolve.experiments.errors import ConfigError
 
     src = packed if not path.exists() and packed.exists() else path
     try:

@@ -58,7 +58,7 @@ _ABSENT = object()
 
 
 def _error(msg: str):
-    from fedsolve.experiments.config import ConfigError
+    from fedsolve.experiments.errors import ConfigError
 
     return ConfigError(msg)
 

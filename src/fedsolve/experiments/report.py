@@ -15,26 +15,11 @@ import numpy as np
 
 from fedsolve.engine.io import atomic_write_bytes, atomic_write_text, new_figure, save_figure  # noqa: F401
 from fedsolve.experiments.folders import default_run_dir, read_jsonl
-from fedsolve.experiments.tables import lead_sentence
+from fedsolve.experiments.tables import has_direction, lead_sentence, lower_is_better
 
-LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes", "violation", "kkt")
-# metrics with no better direction: a cluster count is good when it is the true one, which a run does not
-# know, so it has no "best" over rounds and is never marked best in a report; a constrained problem's objective
-# is only comparable between feasible points (an unconstrained baseline's is lower), and iteration counts and
-# the stopping flag describe a run rather than score it
-NO_DIRECTION = frozenset({"num_clusters", "objective", "outer_iterations", "admm_rounds", "converged"})
 # one line style and marker per method, so that curves lying on top of each other stay visible
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-
-
-def has_direction(metric: str) -> bool:
-    return metric not in NO_DIRECTION
-
-
-def lower_is_better(metric: str) -> bool:
-    """Loss-like metrics, spreads (``_std``), costs: lower is better; accuracy-like: higher."""
-    return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
 
 
 #: the certificate of a constrained run (paper 002, Definition 1): shown and plotted where the runs record it

@@ -14,6 +14,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: metrics where lower is better (a name containing one of these, or a spread ``_std``)
+LOWER_IS_BETTER = ("loss", "rmse", "deviation", "residual", "time", "bytes", "violation", "kkt")
+# metrics with no better direction: a cluster count is good when it is the true one, which a run does not
+# know, so it has no "best" over rounds and is never marked best in a report; a constrained problem's objective
+# is only comparable between feasible points (an unconstrained baseline's is lower), and iteration counts and
+# the stopping flag describe a run rather than score it
+NO_DIRECTION = frozenset({"num_clusters", "objective", "outer_iterations", "admm_rounds", "converged"})
+
+
+def has_direction(metric: str) -> bool:
+    return metric not in NO_DIRECTION
+
+
+def lower_is_better(metric: str) -> bool:
+    """Loss-like metrics, spreads (``_std``), costs: lower is better; accuracy-like: higher."""
+    return metric.endswith("_std") or any(k in metric for k in LOWER_IS_BETTER)
+
 
 class TableSpec(BaseModel):
     """One table of the report: ``metric`` of the rows, pivoted to ``rows`` x ``columns`` (one table per value
@@ -95,7 +112,6 @@ def _values(t: TableSpec, rows: list[dict]) -> list[float]:
     best over ``t.over``, or the one at its largest value)."""
     if t.over is None:
         return [x for x in (_num(r.get(t.metric)) for r in rows) if x is not None]
-    from fedsolve.experiments.report import lower_is_better
 
     out = []
     for seed in dict.fromkeys(r.get("seed") for r in rows):

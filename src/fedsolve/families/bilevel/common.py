@@ -12,7 +12,8 @@ import torch
 
 from fedsolve.engine.algorithm import Algorithm, expand
 from fedsolve.families.bilevel.checks import full_split
-from fedsolve.families.bilevel.problem import BilevelOracles, make_oracles
+from fedsolve.families.bilevel.oracles import make_oracles
+from fedsolve.families.bilevel.problem import BilevelOracles
 
 #: rows per forward pass of the training-accuracy read-out (bounds its memory)
 TRAIN_EVAL_CHUNK = 4096
@@ -31,7 +32,7 @@ class BilevelAlgorithm(Algorithm):
     sampling = None
 
     def use_oracles(self, kind: str = "auto") -> BilevelOracles:
-        """Set ``self.oracles`` (``problem.make_oracles``), what the divergence guard watches (the upper loss of a
+        """Set ``self.oracles`` (``oracles.make_oracles``), what the divergence guard watches (the upper loss of a
         model: cross entropy, squared error, positive and falling; the iterate x of the clients' own functions, whose
         values may have any sign) and whether the oracles draw independent minibatches."""
         self.oracles = make_oracles(self.problem, kind)

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fedsolve.core.layout import patterns_for
 from fedsolve.data.federated import FederatedData
 from fedsolve.families.bilevel.checks import check_finite_data, check_strongly_convex, outputs_affine_in_y
-from fedsolve.families.bilevel.problem import BilevelSpec, make_oracles, ridge_on
+from fedsolve.families.bilevel.oracles import make_oracles
+from fedsolve.families.bilevel.problem import BilevelSpec, ridge_on
 from fedsolve.problems import FederatedProblem, parse_params, register_problem_kind
 
 

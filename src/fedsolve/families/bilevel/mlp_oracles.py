@@ -1,5 +1,5 @@
 """The bilevel oracles in closed form for the hyper-representation problem of an MLP (SimFBO spec 2.8): no autograd,
-one forward pass per minibatch (:class:`MLPHeadOracles`; ``problem.make_oracles`` picks it where it applies)."""
+one forward pass per minibatch (:class:`MLPHeadOracles`; ``oracles.make_oracles`` picks it where it applies)."""
 
 from __future__ import annotations
 

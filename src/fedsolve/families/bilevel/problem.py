@@ -242,24 +242,6 @@ class BilevelOracles:
         return self.hvp_yy_g(x, y, v, bg) - self._flat(gy, self._ys), val
 
 
-def make_oracles(problem: FederatedProblem, kind: str = "auto") -> BilevelOracles:
-    """The bilevel oracles of ``problem``: ``autograd`` (torch.func double backward, any model), ``mlp`` (the
-    closed forms of :class:`~fedsolve.families.bilevel.mlp_oracles.MLPHeadOracles`) or ``auto`` (``mlp`` where it
-    applies, else ``autograd``); the clients' own functions' oracles where the problem states them
-    (``BilevelSpec.functions``)."""
-    if kind not in ("auto", "autograd", "mlp"):
-        raise ValueError(f"oracles: {kind!r} is not one of 'auto', 'autograd', 'mlp'")
-    # imported here: mlp_oracles builds on BilevelOracles above
-    from fedsolve.families.bilevel.mlp_oracles import MLPHeadOracles
-
-    spec = bilevel_spec(problem)
-    if spec.functions is not None and kind != "mlp":
-        return spec.functions.oracles(problem, spec)
-    if kind == "mlp" or (kind == "auto" and MLPHeadOracles.why_not(problem, spec) is None):
-        return MLPHeadOracles(problem, spec)
-    return BilevelOracles(problem, spec)
-
-
 def project_ball(v: Tensor, r: float | None) -> Tensor:
     """P_r(v) = min{1, r/||v||} v over the whole flat vector (identity when r is None)."""
     if r is None:

@@ -36,6 +36,7 @@ from fedsolve.families.constrained.problem import (
     ServerParty,
     constrained_problem,
 )
+from fedsolve.families.constrained.rows import rows_data
 from fedsolve.problems import FederatedProblem
 
 __all__ = ["party_problem", "quadratic_problem"]
@@ -163,7 +164,6 @@ def placeholder_rows(n: int, d: int, name: str) -> FederatedData:
     """One regression row of zeros ``[1, d]`` per client for training and none for test: the data of a problem
     whose parties hold their functions and tensors only (no test rows, so no test loss or RMSE is reported: of
     rows that are not samples they would be a meaningless 0)."""
-    from fedsolve.families.constrained.kind import rows_data
 
     rows = [(np.zeros((1, d)), np.zeros(1)) for _ in range(n)]
     return rows_data(rows, [(np.zeros((0, d)), np.zeros(0)) for _ in range(n)], task="regression", name=name)

@@ -15,7 +15,8 @@ from torch import Tensor
 from torch.func import grad, jvp
 
 from fedsolve.data.federated import FederatedData
-from fedsolve.families.constrained.problem import ConstrainedSpec, ConstraintError
+from fedsolve.families.constrained.prox import ConstraintError
+from fedsolve.families.constrained.spec import ConstrainedSpec
 
 
 def validate(spec: ConstrainedSpec, data: FederatedData, d: int) -> None:
