@@ -150,10 +150,13 @@ def busy_above(path: str | Path) -> FolderBusy | None:
 
 
 def clean_temps(folder: str | Path) -> list[Path]:
-    """Remove the temporary files of interrupted atomic writes in ``folder``, its ``plots/`` and a suite's
-    ``cells/`` (see the module docstring); returns what was removed."""
+    """Remove the temporary files of interrupted atomic writes in ``folder``, its ``plots/``, a suite's
+    ``cells/`` and a compare's run folders ``<label>/seed<k>`` (and their ``plots/``) that no live process holds
+    (a finished run there is not reopened by a resume); see the module docstring. Returns what was removed."""
     gone = []
-    for d in (Path(folder), Path(folder) / "plots", Path(folder) / "cells"):
+    root = Path(folder)
+    runs = [r for r in root.glob("*/seed*") if r.is_dir() and (r / MARKER).is_file() and holder(r) is None]
+    for d in (root, root / "plots", root / "cells", *runs, *(r / "plots" for r in runs)):
         if not d.is_dir():
             continue
         for f in d.iterdir():
