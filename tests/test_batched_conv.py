@@ -262,3 +262,18 @@ def test_fpfc_fused_block_runs_batched():
         ref[k] = p
     assert (ref - start).abs().max() > 1e-2
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("personalization", ["output", "input"])
+def test_block_phases_match_sequential(personalization):
+    """FedAPM's personal phase (run by the update itself on one block) and shared phase on the CNN kernel (which
+    forms the whole gradient; the block step moves the block's coordinates only): as the sequential executor."""
+    prob = problem("lenet_fc")
+    cfg = dict(lr=0.2, rho=0.05, sigma=0.02, personalization=personalization, batch_size=10, local_steps=3,
+               log_stationarity=False)
+    sim_b, loss_b, st_b = run_rounds(prob, get_algorithm("fedapm")(cfg, prob), "batched", fraction=0.7)
+    _, loss_s, st_s = run_rounds(prob, get_algorithm("fedapm")(cfg, prob), "sequential", fraction=0.7)
+    assert isinstance(sim_b.executor.kernel, StackedCNN)
+    assert loss_b == pytest.approx(loss_s, rel=1e-5, abs=1e-6)
+    for k in st_s:
+        torch.testing.assert_close(st_b[k], st_s[k], rtol=1e-5, atol=1e-6)

@@ -95,6 +95,72 @@ def test_batched_matches_sequential(case, model):
     assert (moved - x0).abs().max() > 1e-3
 
 
+# updates that run a phase themselves (ctx.descend) on one block of the model, then state the other block's phase
+PARTIAL = {
+    "fedapm_output": ("fedapm", dict(lr=0.2, rho=0.05, sigma=0.02, personalization="output", batch_size=10,
+                                     local_epochs=1.5, log_stationarity=False)),
+    "fedapm_input": ("fedapm", dict(lr=0.2, rho=0.05, sigma=0.02, personalization="input", v_shared="server",
+                                    warm_start="local", batch_size=10, local_steps=3, personal_steps=2,
+                                    log_stationarity=False, alpha="one")),
+    "fedalt_output": ("fedalt", dict(lr=0.2, personalization="output", batch_size=10, local_epochs=1,
+                                     weight_decay=0.01)),
+    "fedrep": ("fedrep", dict(lr=0.2, batch_size=10, local_steps=2, personal_steps=3, personalization="output")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PARTIAL))
+def test_block_phases_run_batched(case):
+    """A personal phase run by the update itself (``ctx.descend`` of a block step) and the shared phase it states
+    both run on the stacked kernels (only the block's layers get a gradient): the same rows, server state and
+    training loss (over both phases) as the sequential executor."""
+    name, cfg = PARTIAL[case]
+    prob = PROBLEMS["mlp"]()
+    sim_b, loss_b, st_b = run_rounds(prob, get_algorithm(name)(cfg, prob), "batched")
+    _, loss_s, st_s = run_rounds(prob, get_algorithm(name)(cfg, prob), "sequential")
+    assert sim_b.executor.name == "batched" and sim_b.executor.fallback is None   # no round fell back
+    assert loss_b == pytest.approx(loss_s, rel=1e-5, abs=1e-6)
+    assert st_b.keys() == st_s.keys()
+    for k in st_s:
+        torch.testing.assert_close(st_b[k], st_s[k], rtol=1e-5, atol=1e-6)
+    v0 = sim_b.algo.split(prob.layout.flatten(prob.model).detach())[0]
+    assert (st_b["client.v"] - v0).abs().max() > 1e-3   # the personal phase moved the personal rows
+
+
+def test_block_step_gradient_only_for_its_layers():
+    """A block step asks the MLP kernel for its layers' gradient only: the output layer's (nothing propagated
+    below it) or the first layer's (propagated down to it); the update moves the block's coordinates only."""
+    prob = PROBLEMS["mlp"]()
+    ex = BatchedMLPExecutor(prob)
+    ls = ex.kernel.layers
+    d = prob.layout.dim
+    last = torch.zeros(d, dtype=torch.bool)
+    last[ls[-1].w[0]:] = True
+    assert ex._block(last, 1.0).layers == frozenset({len(ls) - 1})
+    first = torch.zeros(d, dtype=torch.bool)
+    first[: ls[0].w[1] * ls[0].w[2]] = True   # the first layer's weight only
+    blk = ex._block(first, 0.5)
+    assert blk.layers == frozenset({0}) and blk.ranges == ((0, ls[0].w[1] * ls[0].w[2]),)
+    P, G = torch.randn(3, d), torch.randn(3, d)
+    P0, G0 = P.clone(), G.clone()
+    blk.step(P, G, torch.ones(3, dtype=torch.bool), True, 0.1, 0.0, None, {})   # G is scratch: used in place
+    a, b = blk.ranges[0]
+    torch.testing.assert_close(P[:, a:b], P0[:, a:b] - 0.1 * 0.5 * G0[:, a:b])
+    assert torch.equal(P[:, b:], P0[:, b:])
+
+
+def test_block_phases_with_a_stopping_rule_do_not_run_batched(monkeypatch):
+    """FedAPM's xi_controlled phases stop each client by a rule: the stacked kernels do not take them, so an explicit
+    ``batched`` is refused with one line and ``auto`` runs a generic executor."""
+    monkeypatch.setenv("FEDSOLVE_CALIBRATE", "0")
+    prob = PROBLEMS["mlp"]()
+    algo = get_algorithm("fedapm")({"lr": 0.1, "personalization": "output", "solver": "xi_controlled"}, prob)
+    with pytest.raises(ValueError, match=r"'batched' does not run fedapm"):
+        executor_for(algo, "batched")
+    assert executor_for(algo).name in ("vectorized", "sequential")
+    assert isinstance(executor_for(get_algorithm("fedapm")({"lr": 0.1, "personalization": "output"}, prob)),
+                      BatchedMLPExecutor)
+
+
 def test_chunks_and_threads_give_the_same_numbers():
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("fedprox")(CASES["fedprox"], prob)

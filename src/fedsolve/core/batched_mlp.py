@@ -54,8 +54,8 @@ from torch import Tensor, nn
 
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.executor import Executor, Plan, on_data_device
-from fedsolve.core.linear import coordinate_pull, keep_freed_memory, stacks
-from fedsolve.core.statements import stated
+from fedsolve.core.linear import block_stacks, coordinate_pull, keep_freed_memory, stacks
+from fedsolve.core.statements import Descend, NotStated, ProbeContext, stated
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: None}
 _ACT_FNS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", torch.sigmoid: "sigmoid"}
@@ -139,6 +139,45 @@ def mlp_layers(problem) -> list[_Layer]:
     return [_Layer(w, b, act) for w, _, b, act in layers]
 
 
+@dataclass(frozen=True)
+class _Block:
+    """A block step of the batched kernels (:func:`core.linear.block_stacks`): the flat ranges ``[a, b)`` of the
+    block's tensors (merged where adjacent), the loss's ``scale`` and, for a kernel that takes it, the layers whose
+    gradient the step needs."""
+
+    ranges: tuple[tuple[int, int], ...]
+    scale: float
+    layers: frozenset[int] | None
+
+    def step(self, P: Tensor, G: Tensor, live: Tensor, all_live: bool, lr, wd, L: Tensor | None, col) -> None:
+        """``p -= lr (scale g + wd p + L)`` on the block's coordinates of the live rows (``col``: the values given
+        one per client, as in ``_sgd_chunk``)."""
+        on = None if all_live else live.to(P.dtype).unsqueeze(1)
+        for a, b in self.ranges:
+            g, p = G[:, a:b], P[:, a:b]
+            if self.scale != 1.0:
+                g.mul_(self.scale)
+            if "wd" in col:
+                g.addcmul_(p, col["wd"])
+            elif wd != 0:
+                g.add_(p, alpha=float(wd))
+            if L is not None:
+                g.add_(L[:, a:b])
+            if "lr" in col:
+                p.addcmul_(g, col["lr"] if on is None else col["lr"] * on, value=-1.0)
+            elif on is None:
+                p.add_(g, alpha=-float(lr))
+            else:
+                p.addcmul_(g, on, value=-float(lr))
+
+
+def flat_ranges(mask: Tensor) -> tuple[tuple[int, int], ...]:
+    """The maximal runs ``[a, b)`` of True in a boolean ``[d]`` mask."""
+    m = mask.to(torch.int8).cpu()
+    edges = torch.diff(torch.cat([m.new_zeros(1), m, m.new_zeros(1)])).nonzero().flatten().tolist()
+    return tuple((edges[i], edges[i + 1]) for i in range(0, len(edges), 2))
+
+
 class StackedMLP:
     """One SGD step of the k clients of a chunk on a stacked-Linear chain (module docstring): the forward pass as
     ``baddbmm`` per layer, the backward pass by hand. ``X`` ``[k, B, in]`` (client-major), ``Y`` ``[k, B, ...]``."""
@@ -147,6 +186,8 @@ class StackedMLP:
     #: with ``lr`` given, :meth:`loss_grad` applies the plain step ``P -= lr G`` itself (fused into the backward
     #: products: ``W += -lr dz^T h`` by ``baddbmm_``, no gradient buffer is written or read)
     fuses_update = True
+    #: :meth:`loss_grad` takes ``need``: the layers whose gradient a block step uses (the others' are not formed)
+    partial = True
 
     def __init__(self, problem, layers: list[_Layer]):
         self.layers = layers
@@ -159,10 +200,21 @@ class StackedMLP:
             [like.new_empty(k, B, ly.w[2]) for ly in self.layers[1:]],
         )
 
-    def loss_grad(self, P: Tensor, G: Tensor, X: Tensor, Y: Tensor, w: Tensor, bufs, lr: float | None = None) -> Tensor:
+    def loss_grad(
+        self,
+        P: Tensor,
+        G: Tensor,
+        X: Tensor,
+        Y: Tensor,
+        w: Tensor,
+        bufs,
+        lr: float | None = None,
+        need: frozenset[int] | None = None,
+    ) -> Tensor:
         """Weighted mean loss ``[k]`` at ``P`` ``[k, d]`` on ``X`` ``[k, B, in]``; its gradient into ``G``, or
         with ``lr`` the step ``P -= lr * gradient`` applied in place (each layer's weights after its error has
-        been propagated through them)."""
+        been propagated through them). ``need``: the layers whose gradient is wanted (a block step): the others'
+        parts of ``G`` are left unwritten and the error is not propagated below the lowest of them."""
         zs, dhs = bufs
         K = P.shape[0]
         Ws, hs = [], [X]
@@ -194,11 +246,12 @@ class StackedMLP:
             dz = z.sub_(Y.reshape(z.shape).to(z.dtype))
             loss = (0.5 * dz.pow(2).sum(-1) * w).sum(1)
         dz = dz.mul_(w.unsqueeze(-1))
-        for l in range(len(self.layers) - 1, -1, -1):
+        low = 0 if need is None else min(need)
+        for l in range(len(self.layers) - 1, low - 1, -1):
             ly, h = self.layers[l], hs[l]
             s, o, i = ly.w
             dh = None
-            if l > 0:  # the error of the layer below, through this layer's weights before they move
+            if l > low:  # the error of the layer below, through this layer's weights before they move
                 dh = torch.bmm(dz, Ws[l], out=dhs[l - 1])
                 act = self.layers[l - 1].act
                 if act == "relu":  # relu's own backward, in place (h is the post-activation output)
@@ -207,7 +260,9 @@ class StackedMLP:
                     dh.mul_(1 - h * h)
                 elif act == "sigmoid":
                     dh.mul_(h * (1 - h))
-            if lr is None:
+            if need is not None and l not in need:
+                pass
+            elif lr is None:
                 torch.bmm(dz.transpose(1, 2), h, out=G[:, s : s + o * i].view(K, o, i))
                 if ly.b is not None:
                     torch.sum(dz, 1, out=G[:, ly.b : ly.b + o])
@@ -280,6 +335,7 @@ class BatchedMLPExecutor(Executor):
         rho: float | Tensor,
         wd: float | Tensor,
         L: Tensor | None = None,
+        train: _Block | None = None,
     ) -> Tensor:
         """All steps of the clients of one chunk, in place on their rows ``P`` ``[k, d]``; their summed loss.
 
@@ -290,7 +346,8 @@ class BatchedMLPExecutor(Executor):
         backward pass where it can (``fuses_update``); otherwise ``P -= lr (G + wd P + L + rho (P - anchor))``
         over the stacked rows (``L``: the clients' constant linear terms ``[k, d]``), inactive clients unchanged.
         ``lr``, ``rho`` and ``wd`` are numbers, or one value per client ``[k]`` (runs of a sweep batched together,
-        ``engine/sweep.py``); ``rho`` may also be one value per coordinate ``[1, d]``."""
+        ``engine/sweep.py``); ``rho`` may also be one value per coordinate ``[1, d]``. ``train``: a block step
+        (:class:`_Block`): only the block's coordinates move, by ``lr (scale G + wd P + L)`` on them."""
         kern = self.kernel
         K, (S, B) = P.shape[0], idx.shape[1:]
         G = torch.empty_like(P)
@@ -301,7 +358,8 @@ class BatchedMLPExecutor(Executor):
             for name, v in (("lr", lr), ("rho", rho), ("wd", wd))
             if isinstance(v, Tensor) and v.dim() == 1
         }  # one value per client
-        fuse = kern.fuses_update and not col and wd == 0 and Z is None and L is None
+        fuse = kern.fuses_update and not col and wd == 0 and Z is None and L is None and train is None
+        need = {"need": train.layers} if train is not None and train.layers is not None else {}
         loss_sum = P.new_zeros(K)
         bufs: dict[int, object] = {}
         row = Xf.shape[1] * Xf.element_size()
@@ -323,10 +381,13 @@ class BatchedMLPExecutor(Executor):
             if b not in bufs:
                 bufs[b] = kern.buffers(K, b, P)
             fused = fuse and live_all[s]
-            loss = kern.loss_grad(P, G, X, ybuf[j][:, :b], wts[:, s, :b], bufs[b], lr if fused else None)
+            loss = kern.loss_grad(P, G, X, ybuf[j][:, :b], wts[:, s, :b], bufs[b], lr if fused else None, **need)
             live = active[:, s]
             loss_sum += loss * live
             if fused:
+                continue
+            if train is not None:
+                train.step(P, G, live, live_all[s], lr, wd, L, col)
                 continue
             if "wd" in col:
                 G.addcmul_(P, col["wd"])
@@ -385,9 +446,11 @@ class BatchedMLPExecutor(Executor):
         rho: float | Tensor = 0.0,
         wd: float | Tensor = 0.0,
         linear: Tensor | None = None,
+        train: _Block | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Minibatch SGD of all clients from ``start`` ``[K, d]`` over ``plan``: ``(final P, mean loss [K])``.
         ``rho``: a number, one per client ``[K]`` or one per coordinate ``[1, d]`` (the pull toward ``anchor``).
+        ``train``: a block step (only the block's coordinates of ``P`` move; ``_sgd_chunk``).
 
         On the CPU the clients run in chunks (:meth:`chunks`, ``chunk`` clients at most; default: the
         calibration's, else :attr:`default_chunk` and at least 4 chunks a worker): a chunk's weights stay in
@@ -452,6 +515,7 @@ class BatchedMLPExecutor(Executor):
                 own(rho),
                 own(wd),
                 None if L is None else rows(L, g),
+                train,
             )
             if not contiguous:
                 P[g] = Pc
@@ -471,27 +535,81 @@ class BatchedMLPExecutor(Executor):
         return P, loss / steps.clamp_min(1)
 
     # ---------------------------------------------------------------- one round
+    def takes(self, stmt, plans) -> bool:
+        """The stacked kernels run ``stmt``: plain local SGD on the model's loss, or a block step of it."""
+        return stacks(stmt, plans, coordinate_prox=True) or block_stacks(stmt, plans)
+
+    def descend(self, s: Descend, plans, data, tally: list[Tensor]) -> Tensor:
+        """``s`` (one the kernels take) for the stacked clients: the new ``[K, d]`` rows (the block's ``[K, size]``
+        for a block step); the steps' summed losses and counts are added to ``tally``."""
+        plan = plans[s.phase]
+        if s.block is None:
+            # coordinate_pull: prox is a [d] tensor
+            rho = cast(Tensor, s.prox).unsqueeze(0) if coordinate_pull(s) else float(s.prox)
+            P, losses = self.sgd(s.start, s.lr, plan, data, s.anchor, rho, s.weight_decay, s.linear)
+        else:
+            blk, rest = s.block, cast(Tensor, s.rest)
+            K = s.start.shape[0]
+            full = blk.scatter(s.start, rest.expand(K, rest.shape[-1]))
+            # the block's terms: (scale wd + prox) p + linear - prox anchor (as the sequential executor's block_sgd)
+            a = float(s.scale) * s.weight_decay + float(s.prox)
+            c = s.linear
+            if s.anchor is not None and s.prox != 0:
+                pull = -float(s.prox) * s.anchor
+                c = pull if c is None else c + pull
+            L = None if c is None else blk.scatter(c.expand(K, blk.size), full.new_zeros(K, blk.rest.size))
+            P, losses = self.sgd(full, s.lr, plan, data, wd=a, linear=L, train=self._block(blk.mask, float(s.scale)))
+            P = blk.gather(P)
+        steps = plan.active.sum(-1).to(losses.dtype)
+        tally[0] += losses * steps
+        tally[1] += steps
+        return P.to(s.start.dtype)
+
+    def _block(self, mask: Tensor, scale: float) -> _Block:
+        ranges = flat_ranges(mask)
+        layers = None
+        if getattr(self.kernel, "partial", False):  # the layers whose weight or bias meets the block
+            spans = [
+                [(ly.w[0], ly.w[0] + ly.w[1] * ly.w[2])] + ([] if ly.b is None else [(ly.b, ly.b + ly.w[1])])
+                for ly in self.kernel.layers
+            ]
+            layers = frozenset(
+                n for n, sp in enumerate(spans) if any(a < e and s < b for s, e in sp for a, b in ranges)
+            )
+        return _Block(ranges, scale, layers)
+
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        stmt = stated(algo, rows, msgs, round_)
-        if not stacks(stmt, plans, coordinate_prox=True):
+        inner: list[Descend] = []
+
+        def dry(s: Descend) -> Tensor:  # a step the update runs itself: checked here, run below
+            if not self.takes(s, plans):
+                raise NotStated("descend")
+            inner.append(s)
+            return s.start
+
+        stmt = stated(algo, rows, msgs, round_, dry)
+        if not isinstance(stmt, Descend) or not self.takes(stmt, plans):
             if self.fallback is None:
                 raise ValueError(
                     f"executor: 'batched' does not run {algo.name} in round {round_ + 1}: its local "
                     f"update is not plain local SGD on the model's loss (a Descend statement without "
-                    f"objective, mask, block, stopping rule or optimizer); use 'auto', 'vectorized' "
-                    f"or 'sequential'"
+                    f"objective, mask, stopping rule or optimizer, on the whole model or one block); use "
+                    f"'auto', 'vectorized' or 'sequential'"
                 )
             return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
         if self.tune_malloc:  # the linear executor's process-wide allocator setting (core/linear.py)
             keep_freed_memory()
-        plan = plans[stmt.phase]
-        # coordinate_pull: prox is a [d] tensor
-        rho = cast(Tensor, stmt.prox).unsqueeze(0) if coordinate_pull(stmt) else float(stmt.prox)
-        P, losses = self.sgd(stmt.start, stmt.lr, plan, data, stmt.anchor, rho, stmt.weight_decay, stmt.linear)
+        K = len(ids)
+        tally = [torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)]
+        if inner:  # the update runs steps itself: again, each of them on the stacked kernels
+            again = algo.local_update(rows, msgs, ProbeContext(round_, lambda s: self.descend(s, plans, data, tally)))
+            assert isinstance(again, Descend), "the same update states the same statement"
+            stmt = again
+        P = self.descend(stmt, plans, data, tally)
         assert stmt.then is not None, "a returned Descend states its then"
-        new_rows, uploads = stmt.then(P.to(stmt.start.dtype), plan.active.sum(-1).to(stmt.start.dtype))
-        return new_rows, uploads, losses.to(torch.float32)
+        new_rows, uploads = stmt.then(P, plans[stmt.phase].active.sum(-1).to(stmt.start.dtype))
+        return new_rows, uploads, (tally[0] / tally[1].clamp_min(1)).to(torch.float32)
 
 
 # ------------------------------------------------------------------ auto: calibration per machine

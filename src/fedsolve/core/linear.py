@@ -381,6 +381,16 @@ def stacks(stmt, plans, coordinate_prox: bool = False) -> TypeGuard[Descend]:
     return stmt.plain() and bool(stmt.prox == 0 or stmt.anchor is not None)
 
 
+def block_stacks(stmt, plans) -> TypeGuard[Descend]:
+    """The stacked kernels run ``stmt`` as a block step: SGD on the model's loss over one block of whole parameter
+    tensors (``stmt.block``), the rest of the model fixed at ``stmt.rest``, with the block's own terms (weight decay,
+    a linear term, a proximal pull with a number as coefficient), a loss ``scale`` that is a number, and no optimizer,
+    mask, objective, stopping rule or extra term (e.g. a personalization phase of FedAPM or FedAlt)."""
+    if not isinstance(stmt, Descend) or stmt.block is None or stmt.rest is None or stmt.phase not in plans:
+        return False
+    return isinstance(stmt.scale, (int, float)) and replace(stmt, block=None, scale=1.0).plain()
+
+
 def coordinate_pull(stmt: Descend) -> bool:
     """``stmt``'s proximal pull has one coefficient per coordinate (a ``[d]`` tensor ``prox``) and an anchor."""
     return (

@@ -3,9 +3,10 @@
 ``make_executor(name, problem, chunk_size, linear_kernel, algorithm, statement)`` returns the executor for a run:
 ``sequential`` and ``vectorized`` (``core/executor.py``) run any algorithm; ``linear`` (``core/linear.py``) runs
 updates stated as full-batch gradient descent on one-layer models; ``batched`` (``core/batched_mlp.py``) runs
-updates stated as plain local SGD on stacked MLPs and small CNNs; ``auto`` picks among those that apply (a
-calibration cached per machine and model, or fixed rules). Kept apart from ``core/executor.py`` so the
-executors import the shared machinery and the choice imports the executors, never the other way round.
+updates stated as plain local SGD (on the whole model or one block of it) on stacked MLPs and small CNNs; ``auto``
+picks among those that apply (a calibration cached per machine and model, or fixed rules). Kept apart from
+``core/executor.py`` so the executors import the shared machinery and the choice imports the executors, never the
+other way round.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.executor import Executor, SequentialExecutor, VectorizedExecutor, Work
-from fedsolve.core.linear import LinearGDExecutor, linear_model_problem, stacks
-from fedsolve.core.statements import initial_statement
+from fedsolve.core.linear import LinearGDExecutor, block_stacks, linear_model_problem, stacks
+from fedsolve.core.statements import NotStated, initial_statement
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
 #: Measured in benchmarks/round_time.py on a 2-core CPU (see docs/concepts.md).
@@ -63,9 +64,16 @@ def linear_gd_applies(algorithm, problem, check_problem: bool = True, statement=
 
 def batched_applies(algorithm, problem, check_problem: bool = True, statement=None) -> bool:
     """The ``batched`` executor (``core/batched_mlp.py``) can run ``algorithm``: its update is stated as plain local
-    SGD on the model's loss (``statement``) and (``check_problem``) the model is one the executor stacks (a chain of
-    ``nn.Linear`` layers, or a small CNN such as LeNet)."""
-    if not _stated_sgd(algorithm, statement, full_batch=False):
+    SGD on the model's loss or a block step of it (``statement``; where that is None, the statement of a fresh start
+    whose own steps, run with ``ctx.descend``, are such steps too: :func:`stacked_statement`) and
+    (``check_problem``) the model is one the executor stacks (a chain of ``nn.Linear`` layers, or a small CNN such
+    as LeNet)."""
+    if statement is None and algorithm is not None:
+        statement = stacked_statement(algorithm)
+    if algorithm is None or statement is None:
+        return False
+    work = algorithm.work(0)
+    if not (stacks(statement, work, coordinate_prox=True) or block_stacks(statement, work)):
         return False
     if not check_problem:
         return True
@@ -74,6 +82,19 @@ def batched_applies(algorithm, problem, check_problem: bool = True, statement=No
     except ValueError:
         return False
     return True
+
+
+def stacked_statement(algorithm):
+    """The statement of ``algorithm``'s update from a fresh start (:func:`core.statements.initial_statement`) where
+    the steps it runs itself (``ctx.descend``) are ones the batched kernels take; None otherwise."""
+    work = algorithm.work(0)
+
+    def dry(s):
+        if not (stacks(s, work, coordinate_prox=True) or block_stacks(s, work)):
+            raise NotStated("descend")
+        return s.start
+
+    return initial_statement(algorithm, descend=dry)
 
 
 def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:
@@ -133,8 +154,8 @@ def make_executor(
         if algorithm is None or not batched_applies(algorithm, problem, check_problem=False, statement=statement):
             raise ValueError(
                 f"executor: 'batched' does not run {what} with this configuration (it needs plain "
-                f"local SGD on the model's loss, one phase); allowed: 'auto', 'sequential', "
-                f"'vectorized'"
+                f"local SGD on the model's loss, on the whole model or one block of it); allowed: 'auto', "
+                f"'sequential', 'vectorized'"
             )
         return bm.BatchedMLPExecutor(problem)  # raises with the reason when the model is not a stacked MLP
     if name == "auto":
