@@ -102,14 +102,26 @@ class TensorLoss:
 
     Called on a flat ``[d]`` vector (``loss(vec, x, y, w)``) it unflattens it first, so it stands wherever a flat
     objective does; :meth:`LocalContext.loss_grad` and :meth:`LocalContext.sgd` recognise it and take the
-    gradient with respect to the parameter tensors (the same gradient, without a backward through slices)."""
+    gradient with respect to the parameter tensors (the same gradient, without a backward through slices).
 
-    def __init__(self, layout, fn: Callable[[dict[str, Tensor], Tensor, Tensor, Tensor], Tensor]):
+    ``value_and_grad(params, x, y, w) -> (value, {name: gradient})``: the objective's gradient written out (no
+    autograd), which they use instead where given (not with BatchNorm layers, whose batch statistics the written-out
+    form does not know), e.g. ``families/minimax/dann_grad.py``."""
+
+    def __init__(
+        self,
+        layout,
+        fn: Callable[[dict[str, Tensor], Tensor, Tensor, Tensor], Tensor],
+        value_and_grad: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None,
+    ):
         self.layout = layout
         self.fn = fn
+        self.value_and_grad = value_and_grad
         #: the executor calibration keys objectives by it: the wrapped function's name, marked as differentiated
-        #: per tensor (a calibration of the same function through the flat vector timed other work)
-        self.__qualname__ = f"{getattr(fn, '__qualname__', 'custom')}[tensors]"
+        #: per tensor (a calibration of the same function through the flat vector timed other work) or by hand
+        self.__qualname__ = (
+            f"{getattr(fn, '__qualname__', 'custom')}[{'tensors' if value_and_grad is None else 'by hand'}]"
+        )
 
     def __call__(self, params: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         return self.fn(self.layout.unflatten(params), x, y, w)
@@ -194,6 +206,9 @@ class LocalContext:
         :class:`TensorLoss` is differentiated with respect to the parameter tensors.
         """
         x, y, w = self._batch(phase, step)
+        if isinstance(loss, TensorLoss) and loss.value_and_grad is not None and self._stats is None:
+            v, gd = loss.value_and_grad(self._layout.unflatten(params), x, y, w)
+            return v, torch.cat([gd[e.name].reshape(-1) for e in self._layout.entries])
         if loss is None or isinstance(loss, TensorLoss):
             return self._model_loss_grad(params, x, y, w, None if loss is None else loss.fn)
         if self._stats is not None:  # the objective may run the model: batch statistics as for the model's loss

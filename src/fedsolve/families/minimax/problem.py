@@ -27,6 +27,7 @@ from torch.func import functional_call
 
 from fedsolve.core.context import TensorLoss
 from fedsolve.data.federated import FederatedData
+from fedsolve.families.minimax.dann_grad import dann_value_and_grad
 from fedsolve.families.minimax.saddle import OMEGA, PSI, check_finite_data, with_saddle_objective
 from fedsolve.problems import FederatedProblem
 
@@ -236,7 +237,7 @@ def adversarial_loss(model: DomainAdversarialNet, layout, nu: float) -> TensorLo
             dom = torch.where(src, -logq[..., 0], -logq[..., 1])
         return (w * (ce - nu * dom)).sum()
 
-    return TensorLoss(layout, f)
+    return TensorLoss(layout, f, dann_value_and_grad(model, nu))
 
 
 @dataclass(frozen=True)
