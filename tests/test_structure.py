@@ -58,3 +58,25 @@ def test_every_claim_that_runs_experiments_names_one_suite_command():
                 assert n == 1 or (n == 2 and "full size" in cmd), f"{where}: give one fedsolve suite command"
                 checked += 1
     assert checked >= 30
+
+
+#: absolute paths of a developer's or CI's machine (a run's --out, a cache, a checkout): never in a commit
+MACHINE_PATH = re.compile(r"(?<![\w.])/(tmp|root|home|work|Users|private/var)/[\w.-]")
+
+
+def test_no_machine_path_in_committed_text():
+    """Committed results, docs, experiments and sources name paths relative to the repository (a run's provenance
+    records the command it was given: run experiments with --out runs/...)."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "results", "docs", "experiments", "src", "README.md", "examples"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for rel in files:
+        p = ROOT / rel
+        if p.suffix not in (".json", ".md", ".yaml", ".yml", ".txt", ".log", ".py", ".csv", ".jsonl") or not p.is_file():
+            continue
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                found.append(f"{rel}:{i}: {line.strip()[:100]}")
+    assert not found, "machine paths in committed files:\n" + "\n".join(found[:20])
