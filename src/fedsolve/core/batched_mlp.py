@@ -148,6 +148,8 @@ class _Block:
     ranges: tuple[tuple[int, int], ...]
     scale: float
     layers: frozenset[int] | None
+    #: the block is made of whole layers (weight and bias) of a kernel that fuses its update: the step runs fused
+    fusable: bool = False
 
     def step(self, P: Tensor, G: Tensor, live: Tensor, all_live: bool, lr, wd, L: Tensor | None, col) -> None:
         """``p -= lr (scale g + wd p + L)`` on the block's coordinates of the live rows (``col``: the values given
@@ -210,11 +212,14 @@ class StackedMLP:
         bufs,
         lr: float | None = None,
         need: frozenset[int] | None = None,
+        block: tuple[float, float, Tensor | None] | None = None,
     ) -> Tensor:
         """Weighted mean loss ``[k]`` at ``P`` ``[k, d]`` on ``X`` ``[k, B, in]``; its gradient into ``G``, or
         with ``lr`` the step ``P -= lr * gradient`` applied in place (each layer's weights after its error has
         been propagated through them). ``need``: the layers whose gradient is wanted (a block step): the others'
-        parts of ``G`` are left unwritten and the error is not propagated below the lowest of them."""
+        parts of ``G`` are left unwritten and the error is not propagated below the lowest of them. ``block = (scale,
+        a, L)`` with ``lr`` (the layers of ``need`` whole): the block step ``p <- (1 - lr a) p - lr scale g - lr L``
+        fused in the same way (``L`` the clients' linear terms ``[k, d]`` or None)."""
         zs, dhs = bufs
         K = P.shape[0]
         Ws, hs = [], [X]
@@ -266,6 +271,16 @@ class StackedMLP:
                 torch.bmm(dz.transpose(1, 2), h, out=G[:, s : s + o * i].view(K, o, i))
                 if ly.b is not None:
                     torch.sum(dz, 1, out=G[:, ly.b : ly.b + o])
+            elif block is not None:  # p <- (1 - lr a) p - lr scale g - lr L, on this layer's weight and bias
+                scale, a, L = block
+                for part in [(s, s + o * i)] + ([] if ly.b is None else [(ly.b, ly.b + o)]):
+                    if a != 0:
+                        P[:, part[0] : part[1]].mul_(1.0 - lr * a)
+                    if L is not None:
+                        P[:, part[0] : part[1]].sub_(L[:, part[0] : part[1]], alpha=lr)
+                Ws[l].baddbmm_(dz.transpose(1, 2), h, alpha=-lr * scale)
+                if ly.b is not None:
+                    P[:, ly.b : ly.b + o].sub_(dz.sum(1), alpha=lr * scale)
             else:
                 Ws[l].baddbmm_(dz.transpose(1, 2), h, alpha=-lr)
                 if ly.b is not None:
@@ -359,6 +374,8 @@ class BatchedMLPExecutor(Executor):
             if isinstance(v, Tensor) and v.dim() == 1
         }  # one value per client
         fuse = kern.fuses_update and not col and wd == 0 and Z is None and L is None and train is None
+        # a block step whose layers are whole: fused into the kernel's backward pass as well
+        fuse_block = train is not None and train.fusable and kern.fuses_update and not col and Z is None
         need = {"need": train.layers} if train is not None and train.layers is not None else {}
         loss_sum = P.new_zeros(K)
         bufs: dict[int, object] = {}
@@ -381,6 +398,12 @@ class BatchedMLPExecutor(Executor):
             if b not in bufs:
                 bufs[b] = kern.buffers(K, b, P)
             fused = fuse and live_all[s]
+            if fuse_block and live_all[s]:
+                assert train is not None, "fuse_block implies a block step"
+                blk = (train.scale, float(cast(float, wd)), L)
+                loss = kern.loss_grad(P, G, X, ybuf[j][:, :b], wts[:, s, :b], bufs[b], float(lr), block=blk, **need)
+                loss_sum += loss * active[:, s]
+                continue
             loss = kern.loss_grad(P, G, X, ybuf[j][:, :b], wts[:, s, :b], bufs[b], lr if fused else None, **need)
             live = active[:, s]
             loss_sum += loss * live
@@ -576,6 +599,9 @@ class BatchedMLPExecutor(Executor):
             layers = frozenset(
                 n for n, sp in enumerate(spans) if any(a < e and s < b for s, e in sp for a, b in ranges)
             )
+            inside = lambda a0, b0: any(a <= a0 and b0 <= b for a, b in ranges)
+            whole = all(inside(s, e) for n in layers for s, e in spans[n])
+            return _Block(ranges, scale, layers, fusable=whole and self.kernel.fuses_update)
         return _Block(ranges, scale, layers)
 
     @on_data_device

@@ -64,7 +64,17 @@ class ParamBlock:
         self.index = mask.nonzero().flatten()
         self._layout = layout
         self._rest = _rest
-        self._order: Tensor | None = None  # the permutation of scatter, built on first use
+        #: the flat vector as maximal runs of the block's and the rest's coordinates, in order: ``(in block?,
+        #: start in the flat vector, start in that part's vector, length)``; gather and scatter are slices of them
+        self._runs: list[tuple[bool, int, int, int]] = []
+        pos = {True: 0, False: 0}
+        flags = mask.tolist()
+        a = 0
+        for j in range(1, len(flags) + 1):
+            if j == len(flags) or flags[j] != flags[a]:
+                self._runs.append((flags[a], a, pos[flags[a]], j - a))
+                pos[flags[a]] += j - a
+                a = j
 
     @property
     def rest(self) -> ParamBlock:
@@ -86,14 +96,17 @@ class ParamBlock:
         return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
 
     def gather(self, full: Tensor) -> Tensor:
-        """The block's part of a flat ``[..., d]`` vector (``full[..., mask]``)."""
-        return full[..., self.index.to(full.device)]
+        """The block's part of a flat ``[..., d]`` vector (``full[..., mask]``, a new tensor): its runs of
+        coordinates sliced and concatenated (a whole parameter tensor is one run)."""
+        parts = [full[..., f : f + n] for inside, f, _, n in self._runs if inside]
+        if not parts:
+            return full[..., :0].clone()
+        return parts[0].clone() if len(parts) == 1 else torch.cat(parts, -1)
 
     def scatter(self, block: Tensor, rest: Tensor) -> Tensor:
-        """The flat ``[..., d]`` vector with this block's part ``block`` and the complement's ``rest``."""
-        if self._order is None:
-            self._order = torch.argsort(torch.cat([self.index, self.rest.index]))
-        return torch.cat([block, rest], -1)[..., self._order.to(block.device)]
+        """The flat ``[..., d]`` vector with this block's part ``block`` and the complement's ``rest`` (the two
+        with the same leading dimensions): their runs concatenated in the layout's order."""
+        return torch.cat([(block if inside else rest)[..., o : o + n] for inside, _, o, n in self._runs], -1)
 
 
 class TensorLoss:

@@ -44,7 +44,7 @@ def _forward(params: dict[str, Tensor], layers: Layers, h: Tensor) -> list[Tenso
     for name, relu in layers:
         h = torch.addmm(params[f"{name}.bias"], h, params[f"{name}.weight"].t())
         if relu:
-            h = h.relu()
+            h = h.relu_()  # in place on the new output
         hs.append(h)
     return hs
 
@@ -54,20 +54,20 @@ def _backward(params: dict[str, Tensor], layers: Layers, hs: list[Tensor], g: Te
     (None where ``to_input`` is false)."""
     for j in range(len(layers) - 1, -1, -1):
         name, relu = layers[j]
-        if relu:
-            g = g * (hs[j + 1] > 0)
-        grads[f"{name}.weight"] = g.t() @ hs[j]
+        if relu:  # ReLU's own backward (h is the layer's output after it)
+            g = torch.ops.aten.threshold_backward(g, hs[j + 1], 0.0)
+        grads[f"{name}.weight"] = torch.mm(g.t(), hs[j])
         grads[f"{name}.bias"] = g.sum(0)
         if j or to_input:
-            g = g @ params[f"{name}.weight"]
+            g = torch.mm(g, params[f"{name}.weight"])
     return g if to_input else None
 
 
 def _softmax_minus_onehot(logits: Tensor, label: Tensor) -> tuple[Tensor, Tensor]:
     """``(CE(logits, label) per row, softmax(logits) - e_label)``."""
     logp = torch.log_softmax(logits, -1)
-    onehot = (label.unsqueeze(-1) == torch.arange(logits.shape[-1], device=logits.device)).to(logits.dtype)
-    return -(logp * onehot).sum(-1), logp.exp() - onehot
+    at = label.unsqueeze(-1)
+    return -logp.gather(-1, at).squeeze(-1), logp.exp().scatter_add(-1, at, torch.full_like(logp[..., :1], -1.0))
 
 
 def dann_value_and_grad(model: nn.Module, nu: float) -> Callable | None:
