@@ -12,6 +12,7 @@ from torch import nn
 from fedsolve.families import get_algorithm
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.batched_mlp import BatchedMLPExecutor, mlp_layers
+from fedsolve.core.context import ParamBlock
 from fedsolve.core.executor import Work, build_plans
 from fedsolve.core.rng import RngStreams
 from fedsolve.core.selection import make_executor
@@ -20,7 +21,7 @@ from fedsolve.models import build_model_fn
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine import Simulation, SimulationConfig
 
-SIZES = [37, 50, 23, 61, 12]   # unequal clients; with batch 10 most epochs end in a short batch
+SIZES = [37, 50, 23, 61, 12]  # unequal clients; with batch 10 most epochs end in a short batch
 
 
 def data(sizes=SIZES, classes=4, shape=(1, 5, 5), seed=0, regression=False):
@@ -30,15 +31,24 @@ def data(sizes=SIZES, classes=4, shape=(1, 5, 5), seed=0, regression=False):
     y = torch.randn(N, 2, generator=g) if regression else torch.randint(0, classes, (N,), generator=g)
     off = torch.cumsum(torch.tensor([0] + list(sizes)), 0)
     m = len(sizes)
-    return FederatedData(x, y, off, x[:2 * m], y[:2 * m], torch.arange(0, 2 * m + 1, 2),
-                         num_classes=None if regression else classes, name="tiny")
+    return FederatedData(
+        x,
+        y,
+        off,
+        x[: 2 * m],
+        y[: 2 * m],
+        torch.arange(0, 2 * m + 1, 2),
+        num_classes=None if regression else classes,
+        name="tiny",
+    )
 
 
-class TanhNet(nn.Module):   # a chain built from nn.Sequential with other activations
+class TanhNet(nn.Module):  # a chain built from nn.Sequential with other activations
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(25, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(),
-                                 nn.Linear(5, 4, bias=False))
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(25, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(), nn.Linear(5, 4, bias=False)
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -48,8 +58,9 @@ PROBLEMS = {
     "mlp": lambda: FederatedProblem(data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7, 6))),
     "logreg": lambda: FederatedProblem(data(), build_model_fn("logreg", (1, 5, 5), 4)),
     "tanh": lambda: FederatedProblem(data(), TanhNet),
-    "mlp_sq": lambda: FederatedProblem(data(regression=True), build_model_fn("mlp", (1, 5, 5), 2, hidden=(6,)),
-                                       loss="squared_error"),
+    "mlp_sq": lambda: FederatedProblem(
+        data(regression=True), build_model_fn("mlp", (1, 5, 5), 2, hidden=(6,)), loss="squared_error"
+    ),
 }
 CASES = {
     "fedavg": dict(lr=0.1, batch_size=10, local_epochs=2),
@@ -64,8 +75,15 @@ CASES = {
 def run_rounds(prob, algo, executor, rounds=3, variable=True, fraction=0.6):
     """``rounds`` engine rounds of ``algo`` on ``executor`` on the CPU (sampling ``fraction``, variable local work):
     ``(simulation, train losses, final server and client states)``, for comparing executors."""
-    cfg = SimulationConfig(rounds=rounds, eval_every=rounds, executor="sequential", metrics=[], device="cpu",
-                           sampling={"fraction": fraction}, work={"variable": "uniform"} if variable else {})
+    cfg = SimulationConfig(
+        rounds=rounds,
+        eval_every=rounds,
+        executor="sequential",
+        metrics=[],
+        device="cpu",
+        sampling={"fraction": fraction},
+        work={"variable": "uniform"} if variable else {},
+    )
     sim = Simulation(prob, algo, cfg, seed=2)
     sim.use_executor(executor)
     losses = [sim.run_round(t)["train_loss"] for t in range(rounds)]
@@ -97,13 +115,38 @@ def test_batched_matches_sequential(case, model):
 
 # updates that run a phase themselves (ctx.descend) on one block of the model, then state the other block's phase
 PARTIAL = {
-    "fedapm_output": ("fedapm", dict(lr=0.2, rho=0.05, sigma=0.02, personalization="output", batch_size=10,
-                                     local_epochs=1.5, log_stationarity=False)),
-    "fedapm_input": ("fedapm", dict(lr=0.2, rho=0.05, sigma=0.02, personalization="input", v_shared="server",
-                                    warm_start="local", batch_size=10, local_steps=3, personal_steps=2,
-                                    log_stationarity=False, alpha="one")),
-    "fedalt_output": ("fedalt", dict(lr=0.2, personalization="output", batch_size=10, local_epochs=1,
-                                     weight_decay=0.01)),
+    "fedapm_output": (
+        "fedapm",
+        dict(
+            lr=0.2,
+            rho=0.05,
+            sigma=0.02,
+            personalization="output",
+            batch_size=10,
+            local_epochs=1.5,
+            log_stationarity=False,
+        ),
+    ),
+    "fedapm_input": (
+        "fedapm",
+        dict(
+            lr=0.2,
+            rho=0.05,
+            sigma=0.02,
+            personalization="input",
+            v_shared="server",
+            warm_start="local",
+            batch_size=10,
+            local_steps=3,
+            personal_steps=2,
+            log_stationarity=False,
+            alpha="one",
+        ),
+    ),
+    "fedalt_output": (
+        "fedalt",
+        dict(lr=0.2, personalization="output", batch_size=10, local_epochs=1, weight_decay=0.01),
+    ),
     "fedrep": ("fedrep", dict(lr=0.2, batch_size=10, local_steps=2, personal_steps=3, personalization="output")),
 }
 
@@ -117,13 +160,13 @@ def test_block_phases_run_batched(case):
     prob = PROBLEMS["mlp"]()
     sim_b, loss_b, st_b = run_rounds(prob, get_algorithm(name)(cfg, prob), "batched")
     _, loss_s, st_s = run_rounds(prob, get_algorithm(name)(cfg, prob), "sequential")
-    assert sim_b.executor.name == "batched" and sim_b.executor.fallback is None   # no round fell back
+    assert sim_b.executor.name == "batched" and sim_b.executor.fallback is None  # no round fell back
     assert loss_b == pytest.approx(loss_s, rel=1e-5, abs=1e-6)
     assert st_b.keys() == st_s.keys()
     for k in st_s:
         torch.testing.assert_close(st_b[k], st_s[k], rtol=1e-5, atol=1e-6)
     v0 = sim_b.algo.split(prob.layout.flatten(prob.model).detach())[0]
-    assert (st_b["client.v"] - v0).abs().max() > 1e-3   # the personal phase moved the personal rows
+    assert (st_b["client.v"] - v0).abs().max() > 1e-3  # the personal phase moved the personal rows
 
 
 def test_block_step_gradient_only_for_its_layers():
@@ -134,15 +177,15 @@ def test_block_step_gradient_only_for_its_layers():
     ls = ex.kernel.layers
     d = prob.layout.dim
     last = torch.zeros(d, dtype=torch.bool)
-    last[ls[-1].w[0]:] = True
-    assert ex._block(last, 1.0).layers == frozenset({len(ls) - 1})
+    last[ls[-1].w[0] :] = True
+    assert ex._block(ParamBlock(prob.layout, last), 1.0).layers == frozenset({len(ls) - 1})
     first = torch.zeros(d, dtype=torch.bool)
-    first[: ls[0].w[1] * ls[0].w[2]] = True   # the first layer's weight only
-    blk = ex._block(first, 0.5)
+    first[: ls[0].w[1] * ls[0].w[2]] = True  # the first layer's weight only
+    blk = ex._block(ParamBlock(prob.layout, first), 0.5)
     assert blk.layers == frozenset({0}) and blk.ranges == ((0, ls[0].w[1] * ls[0].w[2]),)
     P, G = torch.randn(3, d), torch.randn(3, d)
     P0, G0 = P.clone(), G.clone()
-    blk.step(P, G, torch.ones(3, dtype=torch.bool), True, 0.1, 0.0, None, {})   # G is scratch: used in place
+    blk.step(P, G, torch.ones(3, dtype=torch.bool), True, 0.1, 0.0, None, {})  # G is scratch: used in place
     a, b = blk.ranges[0]
     torch.testing.assert_close(P[:, a:b], P0[:, a:b] - 0.1 * 0.5 * G0[:, a:b])
     assert torch.equal(P[:, b:], P0[:, b:])
@@ -157,8 +200,9 @@ def test_block_phases_with_a_stopping_rule_do_not_run_batched(monkeypatch):
     with pytest.raises(ValueError, match=r"'batched' does not run fedapm"):
         executor_for(algo, "batched")
     assert executor_for(algo).name in ("vectorized", "sequential")
-    assert isinstance(executor_for(get_algorithm("fedapm")({"lr": 0.1, "personalization": "output"}, prob)),
-                      BatchedMLPExecutor)
+    assert isinstance(
+        executor_for(get_algorithm("fedapm")({"lr": 0.1, "personalization": "output"}, prob)), BatchedMLPExecutor
+    )
 
 
 def test_chunks_and_threads_give_the_same_numbers():
@@ -175,7 +219,7 @@ def test_chunks_and_threads_give_the_same_numbers():
     try:
         torch.set_num_threads(2)
         out, lout = BatchedMLPExecutor(prob, chunk=2).sgd(start, 0.1, plan, prob.data, start, 0.3)
-        assert torch.get_num_threads() == 2   # restored after the pool
+        assert torch.get_num_threads() == 2  # restored after the pool
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(out, ref)
@@ -186,7 +230,10 @@ def test_layers_detected():
     prob = PROBLEMS["tanh"]()
     ls = mlp_layers(prob)
     assert [(ly.w[1:], ly.b is not None, ly.act) for ly in ls] == [
-        ((6, 25), True, "tanh"), ((5, 6), True, "sigmoid"), ((4, 5), False, None)]
+        ((6, 25), True, "tanh"),
+        ((5, 6), True, "sigmoid"),
+        ((4, 5), False, None),
+    ]
 
 
 def executor_for(algo, name: str = "auto"):
@@ -202,8 +249,10 @@ def test_runs_every_update_stated_as_plain_sgd_and_refuses_the_others(monkeypatc
     prob = PROBLEMS["mlp"]()
     for name in ("fedavg", "fedprox", "scaffold", "fedadmm", "local"):
         assert isinstance(executor_for(get_algorithm(name)({"lr": 0.1}, prob)), BatchedMLPExecutor), name
-    fedavg = get_algorithm("fedavg")({"lr": 0.1, "shared_only": True}, FederatedProblem(
-        data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7,)), blocks={"personal": ["out.*"]}))
+    fedavg = get_algorithm("fedavg")(
+        {"lr": 0.1, "shared_only": True},
+        FederatedProblem(data(), build_model_fn("mlp", (1, 5, 5), 4, hidden=(7,)), blocks={"personal": ["out.*"]}),
+    )
     for algo in [fedavg, get_algorithm("pfedme")({"lr": 0.1}, prob)]:
         with pytest.raises(ValueError, match=rf"'batched' does not run {algo.name}"):
             executor_for(algo, "batched")
@@ -223,20 +272,20 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bm, "measure", counting)
     threads = torch.get_num_threads()
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)   # one thread: no 'batched:1' candidate
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # one thread: no 'batched:1' candidate
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
     first = make_executor("auto", prob, algorithm=algo)
     path = tmp_path / "executor_calibration.json"
     assert len(calls) == 1 and path.exists()
     cache = json.loads(path.read_text())
-    (key, entry), = cache.items()
-    chunked = {"batched@2", "batched@4", "batched@5"}   # 5 clients: chunks of 2, 4 and all
+    ((key, entry),) = cache.items()
+    chunked = {"batched@2", "batched@4", "batched@5"}  # 5 clients: chunks of 2, 4 and all
     assert set(entry["seconds"]) == chunked | {"vectorized", "sequential"}
     assert first.name == min(entry["seconds"], key=entry["seconds"].get).split("@")[0]
     assert f"threads {torch.get_num_threads()}" in key and "batch 10" in key
     again = make_executor("auto", prob, algorithm=algo)
-    assert len(calls) == 1 and again.name == first.name   # read from the cache, not measured again
+    assert len(calls) == 1 and again.name == first.name  # read from the cache, not measured again
     # a forced choice in the cache is obeyed (the cache is what decides)
     entry["seconds"] = {"batched@2": 3.0, "batched@4": 3.5, "batched@5": 4.0, "vectorized": 1.0, "sequential": 2.0}
     path.write_text(json.dumps({key: entry}))
@@ -260,14 +309,15 @@ def test_calibration_written_once_and_reused(tmp_path, monkeypatch):
     # several threads: also the chunks one after another ('batched:1'), a key of its own
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     ex = make_executor("auto", prob, algorithm=algo)
-    (key2, entry2), = [(k, v) for k, v in json.loads(path.read_text()).items() if "threads 2|" in k]
-    assert len(calls) == 3 and set(entry2["seconds"]) == chunked | {c.replace("batched", "batched:1") for c in
-                                                                    chunked} | {"vectorized", "sequential"}
+    ((key2, entry2),) = [(k, v) for k, v in json.loads(path.read_text()).items() if "threads 2|" in k]
+    assert len(calls) == 3 and set(entry2["seconds"]) == chunked | {
+        c.replace("batched", "batched:1") for c in chunked
+    } | {"vectorized", "sequential"}
     best = min(entry2["seconds"], key=entry2["seconds"].get)
     assert ex.name == best.split(":")[0].split("@")[0]
     assert (getattr(ex, "workers", None) == 1) == best.startswith("batched:1")
     monkeypatch.undo()
-    torch.set_num_threads(threads)   # the executor restored the patched count
+    torch.set_num_threads(threads)  # the executor restored the patched count
 
 
 def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):
@@ -276,12 +326,12 @@ def test_calibration_off_and_explicit_names(tmp_path, monkeypatch):
     prob = PROBLEMS["mlp"]()
     algo = get_algorithm("fedavg")(CASES["fedavg"], prob)
     assert make_executor("auto", prob, algorithm=algo).name == "batched"
-    pfa = get_algorithm("pfedme")({"lr": 0.1}, prob)   # written with the context
+    pfa = get_algorithm("pfedme")({"lr": 0.1}, prob)  # written with the context
     assert make_executor("auto", prob, algorithm=pfa).name == "vectorized"
     monkeypatch.delenv("FEDSOLVE_CALIBRATE")
     for name in ("sequential", "vectorized", "batched"):
         assert make_executor(name, prob, algorithm=algo).name == name
-    assert not (tmp_path / "executor_calibration.json").exists()   # explicit names never calibrate
+    assert not (tmp_path / "executor_calibration.json").exists()  # explicit names never calibrate
 
 
 def test_calibration_says_that_it_measures(tmp_path, monkeypatch, capfd):
@@ -294,8 +344,10 @@ def test_calibration_says_that_it_measures(tmp_path, monkeypatch, capfd):
     capfd.readouterr()
     make_executor("auto", prob, algorithm=algo)
     lines = capfd.readouterr().err.splitlines()
-    assert lines[0] == ("[fedsolve] timing the executors for this model on this machine (once; cached in "
-                        f"{tmp_path / 'executor_calibration.json'}) ...")
+    assert lines[0] == (
+        "[fedsolve] timing the executors for this model on this machine (once; cached in "
+        f"{tmp_path / 'executor_calibration.json'}) ..."
+    )
     assert re.fullmatch(r"\[fedsolve\] executors timed in \d+\.\d s", lines[1]) and len(lines) == 2, lines
     make_executor("auto", prob, algorithm=algo)
     assert capfd.readouterr().err == ""

@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.executor import Executor, Plan, on_data_device
-from fedsolve.core.linear import block_stacks, coordinate_pull, keep_freed_memory, stacks
+from fedsolve.core.linear import coordinate_pull, keep_freed_memory, kernels_take
 from fedsolve.core.statements import Descend, NotStated, ProbeContext, stated
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: None}
@@ -171,13 +171,6 @@ class _Block:
                 p.add_(g, alpha=-float(lr))
             else:
                 p.addcmul_(g, on, value=-float(lr))
-
-
-def flat_ranges(mask: Tensor) -> tuple[tuple[int, int], ...]:
-    """The maximal runs ``[a, b)`` of True in a boolean ``[d]`` mask."""
-    m = mask.to(torch.int8).cpu()
-    edges = torch.diff(torch.cat([m.new_zeros(1), m, m.new_zeros(1)])).nonzero().flatten().tolist()
-    return tuple((edges[i], edges[i + 1]) for i in range(0, len(edges), 2))
 
 
 class StackedMLP:
@@ -323,6 +316,7 @@ class BatchedMLPExecutor(Executor):
         #: machine measured it, else :attr:`default_chunk`, fewer to give every worker 4 chunks)
         self.chunk = chunk
         self._calibrated: dict[int | None, int | None] = {}
+        self._blocks: dict[tuple, _Block] = {}  # block steps' views, by (ParamBlock, scale)
         #: chunks run at once on the CPU in a thread pool, one torch thread each (None: 1, the chunks one after
         #: another with torch's own threads; a pool is opt-in: it stalled under load in CI)
         self.workers = workers
@@ -558,10 +552,6 @@ class BatchedMLPExecutor(Executor):
         return P, loss / steps.clamp_min(1)
 
     # ---------------------------------------------------------------- one round
-    def takes(self, stmt, plans) -> bool:
-        """The stacked kernels run ``stmt``: plain local SGD on the model's loss, or a block step of it."""
-        return stacks(stmt, plans, coordinate_prox=True) or block_stacks(stmt, plans)
-
     def descend(self, s: Descend, plans, data, tally: list[Tensor]) -> Tensor:
         """``s`` (one the kernels take) for the stacked clients: the new ``[K, d]`` rows (the block's ``[K, size]``
         for a block step); the steps' summed losses and counts are added to ``tally``."""
@@ -581,15 +571,21 @@ class BatchedMLPExecutor(Executor):
                 pull = -float(s.prox) * s.anchor
                 c = pull if c is None else c + pull
             L = None if c is None else blk.scatter(c.expand(K, blk.size), full.new_zeros(K, blk.rest.size))
-            P, losses = self.sgd(full, s.lr, plan, data, wd=a, linear=L, train=self._block(blk.mask, float(s.scale)))
+            P, losses = self.sgd(full, s.lr, plan, data, wd=a, linear=L, train=self._block(blk, float(s.scale)))
             P = blk.gather(P)
         steps = plan.active.sum(-1).to(losses.dtype)
         tally[0] += losses * steps
         tally[1] += steps
         return P.to(s.start.dtype)
 
-    def _block(self, mask: Tensor, scale: float) -> _Block:
-        ranges = flat_ranges(mask)
+    def _block(self, blk, scale: float) -> _Block:
+        """The kernel's view of a block step on ``blk`` (a ``ParamBlock``), worked out once per block and scale."""
+        key = (blk, scale)
+        if key not in self._blocks:
+            self._blocks[key] = self._make_block(blk.ranges, scale)
+        return self._blocks[key]
+
+    def _make_block(self, ranges: tuple[tuple[int, int], ...], scale: float) -> _Block:
         layers = None
         if getattr(self.kernel, "partial", False):  # the layers whose weight or bias meets the block
             spans = [
@@ -609,13 +605,13 @@ class BatchedMLPExecutor(Executor):
         inner: list[Descend] = []
 
         def dry(s: Descend) -> Tensor:  # a step the update runs itself: checked here, run below
-            if not self.takes(s, plans):
+            if not kernels_take(s, plans):
                 raise NotStated("descend")
             inner.append(s)
             return s.start
 
         stmt = stated(algo, rows, msgs, round_, dry)
-        if not isinstance(stmt, Descend) or not self.takes(stmt, plans):
+        if not isinstance(stmt, Descend) or not kernels_take(stmt, plans):
             if self.fallback is None:
                 raise ValueError(
                     f"executor: 'batched' does not run {algo.name} in round {round_ + 1}: its local "

@@ -77,6 +77,11 @@ class ParamBlock:
                 a = j
 
     @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        """The block's maximal runs ``[a, b)`` of coordinates in the flat vector."""
+        return tuple((f, f + n) for inside, f, _, n in self._runs if inside)
+
+    @property
     def rest(self) -> ParamBlock:
         """The complement block (the parameters this block leaves out)."""
         if self._rest is None:

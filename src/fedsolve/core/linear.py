@@ -391,6 +391,12 @@ def block_stacks(stmt, plans) -> TypeGuard[Descend]:
     return isinstance(stmt.scale, (int, float)) and replace(stmt, block=None, scale=1.0).plain()
 
 
+def kernels_take(stmt, plans) -> bool:
+    """The stacked kernels of ``core/batched_mlp.py`` run ``stmt``: plain local SGD (:func:`stacks`, a pull with one
+    coefficient per coordinate included) or a block step (:func:`block_stacks`)."""
+    return stacks(stmt, plans, coordinate_prox=True) or block_stacks(stmt, plans)
+
+
 def coordinate_pull(stmt: Descend) -> bool:
     """``stmt``'s proximal pull has one coefficient per coordinate (a ``[d]`` tensor ``prox``) and an anchor."""
     return (

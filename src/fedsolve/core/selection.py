@@ -18,7 +18,7 @@ import torch
 
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.executor import Executor, SequentialExecutor, VectorizedExecutor, Work
-from fedsolve.core.linear import LinearGDExecutor, block_stacks, linear_model_problem, stacks
+from fedsolve.core.linear import LinearGDExecutor, kernels_take, linear_model_problem, stacks
 from fedsolve.core.statements import NotStated, initial_statement
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
@@ -73,7 +73,7 @@ def batched_applies(algorithm, problem, check_problem: bool = True, statement=No
     if algorithm is None or statement is None:
         return False
     work = algorithm.work(0)
-    if not (stacks(statement, work, coordinate_prox=True) or block_stacks(statement, work)):
+    if not kernels_take(statement, work):
         return False
     if not check_problem:
         return True
@@ -90,7 +90,7 @@ def stacked_statement(algorithm):
     work = algorithm.work(0)
 
     def dry(s):
-        if not (stacks(s, work, coordinate_prox=True) or block_stacks(s, work)):
+        if not kernels_take(s, work):
             raise NotStated("descend")
         return s.start
 
