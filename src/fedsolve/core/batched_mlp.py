@@ -154,23 +154,36 @@ class _Block:
     def step(self, P: Tensor, G: Tensor, live: Tensor, all_live: bool, lr, wd, L: Tensor | None, col) -> None:
         """``p -= lr (scale g + wd p + L)`` on the block's coordinates of the live rows (``col``: the values given
         one per client, as in ``_sgd_chunk``)."""
-        on = None if all_live else live.to(P.dtype).unsqueeze(1)
         for a, b in self.ranges:
-            g, p = G[:, a:b], P[:, a:b]
+            g = G[:, a:b]
             if self.scale != 1.0:
                 g.mul_(self.scale)
-            if "wd" in col:
-                g.addcmul_(p, col["wd"])
-            elif wd != 0:
-                g.add_(p, alpha=float(wd))
-            if L is not None:
-                g.add_(L[:, a:b])
-            if "lr" in col:
-                p.addcmul_(g, col["lr"] if on is None else col["lr"] * on, value=-1.0)
-            elif on is None:
-                p.add_(g, alpha=-float(lr))
-            else:
-                p.addcmul_(g, on, value=-float(lr))
+            _sgd_update(P[:, a:b], g, live, all_live, lr, wd, None if L is None else L[:, a:b], col)
+
+
+def _sgd_update(P: Tensor, G: Tensor, live: Tensor, all_live: bool, lr, wd, L: Tensor | None, col, Z=None, rho=0.0):
+    """``P -= lr (G + wd P + L + rho (P - Z))`` on the live rows, in place (``G`` is scratch and changed); ``lr``,
+    ``wd``, ``rho``: numbers, or one value per client in ``col`` (runs of a sweep batched together); ``rho`` may
+    also be one value per coordinate ``[1, d]``. ``P`` may be a slice of the rows (a block step's run)."""
+    if "wd" in col:
+        G.addcmul_(P, col["wd"])
+    elif wd > 0:  # not one per client: a number
+        G.add_(P, alpha=cast(float, wd))
+    if L is not None:
+        G.add_(L)
+    if Z is not None:
+        if "rho" in col:
+            G.addcmul_(P - Z, col["rho"])
+        elif isinstance(rho, Tensor):  # one coefficient per coordinate [1, d]
+            G.addcmul_(P - Z, rho)
+        else:
+            G.add_(P - Z, alpha=rho)
+    if "lr" in col:  # one step size per client: -lr_k on the live rows
+        P.addcmul_(G, col["lr"] * live.to(P.dtype).unsqueeze(1), value=-1.0)
+    elif all_live:  # the update of the stacked flat rows (lr not one per client: a number)
+        P.add_(G, alpha=-cast(float, lr))
+    else:
+        P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-cast(float, lr))
 
 
 class StackedMLP:
@@ -406,25 +419,7 @@ class BatchedMLPExecutor(Executor):
             if train is not None:
                 train.step(P, G, live, live_all[s], lr, wd, L, col)
                 continue
-            if "wd" in col:
-                G.addcmul_(P, col["wd"])
-            elif wd > 0:  # not one per client: a number
-                G.add_(P, alpha=cast(float, wd))
-            if L is not None:
-                G.add_(L)
-            if Z is not None:
-                if "rho" in col:
-                    G.addcmul_(P - Z, col["rho"])
-                elif isinstance(rho, Tensor):  # one coefficient per coordinate [1, d]
-                    G.addcmul_(P - Z, rho)
-                else:
-                    G.add_(P - Z, alpha=rho)
-            if "lr" in col:  # one step size per client: -lr_k on the live rows
-                P.addcmul_(G, col["lr"] * live.to(P.dtype).unsqueeze(1), value=-1.0)
-            elif live_all[s]:  # the update of the chunk's stacked flat rows (lr not one per client: a number)
-                P.add_(G, alpha=-cast(float, lr))
-            else:
-                P.addcmul_(G, live.to(P.dtype).unsqueeze(1), value=-cast(float, lr))
+            _sgd_update(P, G, live, live_all[s], lr, wd, L, col, Z, rho)
         return loss_sum
 
     def chunks(self, active: Tensor, size: int, samples: Tensor | None = None) -> list[Tensor]:
