@@ -34,6 +34,8 @@ CASES = {   # name: full-batch configuration
     "perfedavg": dict(lr=0.1, local_epochs=3, variant="code", alpha=0.05),
     "lg_code": dict(lr=0.1, batch_size=None, local_epochs=3),
     "fpfc": dict(lam=0.4, local_epochs=3),
+    # IFCA scores every cluster model on the client's full batch (ctx.loss: the kernels' losses of all clients)
+    "ifca": dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3),
     "fedavg+attack": dict(lr=0.1, batch_size=None, local_epochs=3),
 }
 #: wrappers around a case's solver (the name before '+')
@@ -99,9 +101,9 @@ def test_auto_falls_back_and_explicit_linear_is_refused_with_a_reason():
     per = get_algorithm("perfedavg")(dict(variant="fo"), prob)
     with pytest.raises(ValueError, match="executor: 'linear' does not run perfedavg"):
         Simulation(prob, per, SimulationConfig(rounds=1, metrics=[], executor="linear"), seed=0)
-    # IFCA picks its start by the lowest loss among the cluster models: not one stated descent, so auto runs it
-    # on a generic executor (tests/test_clustering_baselines.py: sequential == vectorized) and linear refuses it
-    ifca = get_algorithm("ifca")(dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3), prob)
+    # IFCA with minibatches: its cluster scores are full-batch losses (the kernels' own), its steps are not full
+    # batch, so auto runs it on a generic executor (tests/test_clustering_baselines.py) and linear refuses it
+    ifca = get_algorithm("ifca")(dict(lr=0.1, num_clusters=3, init="normal", local_epochs=3, batch_size=16), prob)
     assert not isinstance(Simulation(prob, ifca, SimulationConfig(rounds=1, metrics=[]), seed=0).executor,
                           LinearGDExecutor)
     with pytest.raises(ValueError, match="executor: 'linear' does not run ifca"):

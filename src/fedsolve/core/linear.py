@@ -51,7 +51,7 @@ from torch import Tensor
 
 from fedsolve.core import native
 from fedsolve.core.executor import Executor, on_data_device
-from fedsolve.core.statements import Descend, stated
+from fedsolve.core.statements import Descend, NotStated, stated
 
 Record = dict[str, Tensor]
 
@@ -299,7 +299,7 @@ class LinearGDExecutor(Executor):
     # ---------------------------------------------------------------- one round
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        stmt = stated(algo, rows, msgs, round_)
+        stmt = stated(algo, rows, msgs, round_, loss=self._probe_loss(algo, plans, ids, round_))
         if not (stacks(stmt, plans) and plans[stmt.phase].fixed):
             if self.fallback is None:
                 raise ValueError(
@@ -321,6 +321,19 @@ class LinearGDExecutor(Executor):
             stmt.then,
             stmt.weight_decay,
         )
+
+    def _probe_loss(self, algo, plans, ids: Tensor, round_: int):
+        """``ctx.loss`` of the stacked clients for :func:`stated`: their mean losses ``[k]`` on a full-batch phase
+        over all their training rows, with this executor's kernels (IFCA scoring each cluster model)."""
+        work = algo.work(round_)
+        fb = FullBatch(self, ids)
+
+        def loss(params: Tensor, phase: str = "train", step: int = 0) -> Tensor:
+            if phase not in plans or not plans[phase].fixed or work[phase].group is not None:
+                raise NotStated("loss")
+            return fb.loss(params).to(params.dtype)
+
+        return loss
 
     def _gd(
         self,

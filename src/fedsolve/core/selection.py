@@ -57,6 +57,8 @@ def linear_gd_applies(algorithm, problem, check_problem: bool = True, statement=
     gradient descent on the model's loss (``statement``: its round-0 statement, a
     :class:`~fedsolve.core.statements.Descend` on a full-batch phase), and (``check_problem``) the model is one
     ``nn.Linear`` with a supported loss."""
+    if statement is None and algorithm is not None:
+        statement = full_batch_statement(algorithm)
     if not _stated_sgd(algorithm, statement, full_batch=True):
         return False
     return linear_model_problem(problem) if check_problem else True
@@ -95,6 +97,20 @@ def stacked_statement(algorithm):
         return s.start
 
     return initial_statement(algorithm, descend=dry)
+
+
+def full_batch_statement(algorithm):
+    """The statement of ``algorithm``'s update from a fresh start (:func:`core.statements.initial_statement`) where
+    the losses it asks for (``ctx.loss``) are of full-batch phases over the clients' whole training rows, which
+    the ``linear`` executor computes for all clients at once; None otherwise."""
+    work = algorithm.work(0)
+
+    def dry(params, phase="train", step=0):
+        if phase not in work or work[phase].batch_size is not None or work[phase].group is not None:
+            raise NotStated("loss")
+        return params.new_zeros(params.shape[:-1])
+
+    return initial_statement(algorithm, loss=dry)
 
 
 def _stated_sgd(algorithm, statement, full_batch: bool) -> bool:

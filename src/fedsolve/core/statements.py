@@ -130,39 +130,62 @@ class NotStated(Exception):
 
 
 class ProbeContext:
-    """What :func:`stated` passes as ``ctx``: its ``round``, and ``descend`` where the caller gives one (an executor
-    that runs a client's own :class:`Descend` steps on the stacked rows of all its clients, or a dry check of them);
-    any other use of it means the update is not stated as data this round."""
+    """What :func:`stated` passes as ``ctx``: its ``round``, ``descend`` where the caller gives one (an executor
+    that runs a client's own :class:`Descend` steps on the stacked rows of all its clients, or a dry check of them)
+    and ``loss`` likewise (the stacked clients' losses of a full-batch phase, ``[K]``); any other use of it means
+    the update is not stated as data this round."""
 
-    def __init__(self, round_: int, descend: Callable[[Descend], Tensor] | None = None):
+    def __init__(
+        self,
+        round_: int,
+        descend: Callable[[Descend], Tensor] | None = None,
+        loss: Callable[[Tensor, str, int], Tensor] | None = None,
+    ):
         self.round = int(round_)
         self._descend = descend
+        self._loss = loss
 
     def descend(self, s: Descend) -> Tensor:
         if self._descend is None:
             raise NotStated("descend")
         return self._descend(s)
 
+    def loss(self, params: Tensor, phase: str = "train", step: int = 0) -> Tensor:
+        if self._loss is None:
+            raise NotStated("loss")
+        return self._loss(params, phase, step)
+
     def __getattr__(self, name: str):
         raise NotStated(name)
 
 
 def stated(
-    algo, rows: Record, msgs: Record, round_: int = 0, descend: Callable[[Descend], Tensor] | None = None
+    algo,
+    rows: Record,
+    msgs: Record,
+    round_: int = 0,
+    descend: Callable[[Descend], Tensor] | None = None,
+    loss: Callable[[Tensor, str, int], Tensor] | None = None,
 ) -> Statement | None:
     """``algo``'s update of the stacked clients (rows and messages ``[K, ...]``) as a statement, or None when this
     round's update is not stated (it uses the context, returns computed rows, or fails on stacked rows: the generic
     executors then run it client by client, where any real error surfaces). ``descend``: what ``ctx.descend`` does
     with the stacked rows of a step the update runs itself (raising :class:`NotStated` where it cannot); without
-    it such an update is not stated."""
+    it such an update is not stated. ``loss``: what ``ctx.loss(params [K, d], phase, step)`` gives (the clients'
+    losses ``[K]``), likewise."""
     try:
-        out = algo.local_update(rows, msgs, ProbeContext(round_, descend))
+        out = algo.local_update(rows, msgs, ProbeContext(round_, descend, loss))
     except Exception:  # noqa: BLE001  (not stated for stacked rows; the generic path reports real errors)
         return None
     return out if is_statement(out) else None
 
 
-def initial_statement(algo, round_: int = 0, descend: Callable[[Descend], Tensor] | None = None) -> Statement | None:
+def initial_statement(
+    algo,
+    round_: int = 0,
+    descend: Callable[[Descend], Tensor] | None = None,
+    loss: Callable[[Tensor, str, int], Tensor] | None = None,
+) -> Statement | None:
     """:func:`stated` for two clients of ``algo`` from a fresh start (its ``init`` at the problem's initial
     parameters, seed 0): how it states its update when no run is at hand (``core.selection.make_executor``)."""
     import torch
@@ -178,4 +201,4 @@ def initial_statement(algo, round_: int = 0, descend: Callable[[Descend], Tensor
             msgs = algo.broadcast(server, ids, round_)
     except Exception:  # noqa: BLE001
         return None
-    return stated(algo, clients.gather(ids), msgs, round_, descend)
+    return stated(algo, clients.gather(ids), msgs, round_, descend, loss)

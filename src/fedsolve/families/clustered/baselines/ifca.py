@@ -76,11 +76,11 @@ class IFCA(Algorithm):
     def local_update(self, state, msg, ctx):
         """IFCA's client: the cluster model with the lowest loss on its full training set (phase ``assign``),
         then local SGD from it; it keeps and uploads its one-hot choice."""
-        models = msg["models"]
-        L = models.shape[0]
-        losses = torch.stack([ctx.loss(models[l], "assign", 0) for l in range(L)])
-        onehot = torch.nn.functional.one_hot(torch.argmin(losses), L).to(models.dtype)
-        w0 = (onehot.unsqueeze(1) * models).sum(0)
+        models = msg["models"]  # [L, d]; indexed from the end, so leading axes broadcast
+        L = models.shape[-2]
+        losses = torch.stack([ctx.loss(models[..., l, :], "assign", 0) for l in range(L)], -1)
+        onehot = torch.nn.functional.one_hot(torch.argmin(losses, -1), L).to(models.dtype)
+        w0 = (onehot.unsqueeze(-1) * models).sum(-2)
         return local_descent(self.cfg, w0, lambda w, steps: ({"assign": onehot}, {"w": w, "assign": onehot}))
 
     def aggregate(self, server, ids, uploads, round_):
