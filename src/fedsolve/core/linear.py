@@ -135,6 +135,11 @@ class FullBatch:
         self._ex, self._ids = executor, ids
         self._sel: _Selected | None = None
 
+    @property
+    def ids(self) -> Tensor:
+        """The clients (global ids) whose data this is."""
+        return self._ids
+
     def selection(self) -> _Selected:
         """The torch kernel's chunks of these clients, gathered once and shared with the executor's steps."""
         if self._sel is None:
@@ -299,7 +304,8 @@ class LinearGDExecutor(Executor):
     # ---------------------------------------------------------------- one round
     @on_data_device
     def run(self, algo, rows, msgs, ids, plans, data, round_: int = 0):
-        stmt = stated(algo, rows, msgs, round_, loss=self._probe_loss(algo, plans, ids, round_))
+        fb = FullBatch(self, ids)  # the clients' data, gathered at most once a round (scores and steps share it)
+        stmt = stated(algo, rows, msgs, round_, loss=self._probe_loss(algo, fb, round_))
         if not (stacks(stmt, plans) and plans[stmt.phase].fixed):
             if self.fallback is None:
                 raise ValueError(
@@ -317,19 +323,19 @@ class LinearGDExecutor(Executor):
             float(stmt.prox),
             stmt.linear,
             plans[stmt.phase],
-            ids,
+            fb,
             stmt.then,
             stmt.weight_decay,
         )
 
-    def _probe_loss(self, algo, plans, ids: Tensor, round_: int):
+    @staticmethod
+    def _probe_loss(algo, fb: FullBatch, round_: int):
         """``ctx.loss`` of the stacked clients for :func:`stated`: their mean losses ``[k]`` on a full-batch phase
-        over all their training rows, with this executor's kernels (IFCA scoring each cluster model)."""
-        work = algo.work(round_)
-        fb = FullBatch(self, ids)
+        over all their training rows (:func:`whole_rows`), with this executor's kernels (IFCA scoring each cluster
+        model)."""
 
         def loss(params: Tensor, phase: str = "train", step: int = 0) -> Tensor:
-            if phase not in plans or not plans[phase].fixed or work[phase].group is not None:
+            if not whole_rows(algo.work(round_), phase):
                 raise NotStated("loss")
             return fb.loss(params).to(params.dtype)
 
@@ -343,13 +349,14 @@ class LinearGDExecutor(Executor):
         rho: float,
         linear: Tensor | None,
         plan,
-        ids,
+        fb: FullBatch,
         then,
         wd: float,
     ):
-        """Full-batch GD of the clients ``ids`` from ``start`` over ``plan``'s steps; ``then(w, steps)``."""
+        """Full-batch GD of the clients of ``fb`` from ``start`` over ``plan``'s steps; ``then(w, steps)``."""
         if self.tune_malloc:  # the process-wide allocator setting, when the first round runs
             keep_freed_memory()
+        ids = fb.ids
         k = ids.numel()
         steps = plan.active.sum(1)
         S = int(steps.max()) if k else 0
@@ -361,7 +368,7 @@ class LinearGDExecutor(Executor):
             A, losses = self.native.run(ids, A, steps, Z, lr, rho if Z is not None else 0.0, wd)
             new_rows, uploads = done(A)
             return new_rows, uploads, losses.to(torch.float32)
-        sel = FullBatch(self, ids).selection()
+        sel = fb.selection()
         loss_sum = torch.zeros(k, dtype=self.dtype)
         gbuf = torch.zeros(k, self.out_dim, self.in_dim + 1, dtype=self.dtype)
         for s in range(S):
@@ -408,6 +415,13 @@ def kernels_take(stmt, plans) -> bool:
     """The stacked kernels of ``core/batched_mlp.py`` run ``stmt``: plain local SGD (:func:`stacks`, a pull with one
     coefficient per coordinate included) or a block step (:func:`block_stacks`)."""
     return stacks(stmt, plans, coordinate_prox=True) or block_stacks(stmt, plans)
+
+
+def whole_rows(work, phase: str) -> bool:
+    """Phase ``phase`` of ``work`` is one full batch over each client's whole training rows: the data the
+    ``linear`` kernels hold, so they can answer a loss on it."""
+    w = work.get(phase)
+    return w is not None and w.batch_size is None and w.group is None
 
 
 def coordinate_pull(stmt: Descend) -> bool:

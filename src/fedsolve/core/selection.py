@@ -18,7 +18,7 @@ import torch
 
 from fedsolve.core import batched_mlp as bm
 from fedsolve.core.executor import Executor, SequentialExecutor, VectorizedExecutor, Work
-from fedsolve.core.linear import LinearGDExecutor, kernels_take, linear_model_problem, stacks
+from fedsolve.core.linear import LinearGDExecutor, kernels_take, linear_model_problem, stacks, whole_rows
 from fedsolve.core.statements import NotStated, initial_statement
 
 #: Largest model (in parameters) for which ``auto`` picks the vectorized executor.
@@ -106,7 +106,7 @@ def full_batch_statement(algorithm):
     work = algorithm.work(0)
 
     def dry(params, phase="train", step=0):
-        if phase not in work or work[phase].batch_size is not None or work[phase].group is not None:
+        if not whole_rows(work, phase):
             raise NotStated("loss")
         return params.new_zeros(params.shape[:-1])
 
