@@ -245,6 +245,29 @@ def test_vectorized_buckets_unequal_clients_match_sequential():
     torch.testing.assert_close(r1.server["w"], r2.server["w"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("sizes", [(20, 21), (5, 400)])
+def test_vectorized_sends_a_broadcast_message_in_once(sizes, monkeypatch):
+    """A message that is one server tensor for every client (``expand``, stride 0) enters vmap unbatched (in_dims
+    None: its products with the clients' data become one matrix product), in one bucket or several, with the
+    sequential executor's numbers."""
+    from fedsolve.core import executor as ex
+
+    seen = []
+    real = ex.vmap
+
+    def spy(fn, in_dims=0, *a, **k):
+        seen.append(in_dims[1])
+        return real(fn, in_dims, *a, **k)
+
+    problem = make_problem("mlp", m=8, n_range=sizes)
+    params = {"batch_size": None, "local_steps": 2}
+    _, r1 = _run(problem, "fedavg", "sequential", params=params)
+    monkeypatch.setattr(ex, "vmap", spy)
+    _, r2 = _run(problem, "fedavg", "vectorized", params=params)
+    assert seen and all(d == {"w": None} for d in seen), seen
+    torch.testing.assert_close(r1.server["w"], r2.server["w"], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
 def test_full_batch_plans_are_fixed_and_gathered_once_with_same_numbers(executor, monkeypatch):
     offsets = torch.tensor([0, 10, 13, 30])

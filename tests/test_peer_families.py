@@ -41,3 +41,17 @@ def test_perturb_names_a_family_and_a_reference():
     p = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--perturb", "fedapm:fedsolve"], capture_output=True,
                        text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "--perturb" in p.stderr
+
+
+def test_threads_list_reports_each_contender_at_its_best_count():
+    p = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--repeats", "1", "--families", "simfbo",
+                        "--threads", "1,2"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert re.search(r"^ratio simfbo plain \d+\.\d+$", out, re.M), out
+    # every contender's line names the count it was reported at
+    assert len(re.findall(r"best at [12] of 1/2 thread\(s\)$", out, re.M)) >= 3, out
+    for bad in ("0", "1,x", ""):
+        q = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--threads", bad], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120)
+        assert q.returncode == 2 and "--threads" in q.stderr, (bad, q.stderr)

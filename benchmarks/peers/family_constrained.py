@@ -187,4 +187,4 @@ def run(inst: dict[str, Tensor], w0: Tensor, party, beta: float, p: dict) -> Res
     return Result(times, {"trace": torch.stack(path), "w": w, "mu0": mu0,
                           "k": torch.tensor(float(k), dtype=torch.float64),
                           "converged": torch.tensor(float(converged), dtype=torch.float64),
-                          "rounds": torch.tensor(float(len(times)))}, "1 thread(s)")
+                          "rounds": torch.tensor(float(len(times)))}, f"{torch.get_num_threads()} thread(s)")

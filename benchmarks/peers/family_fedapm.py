@@ -150,7 +150,7 @@ def plain(problem, full0: Tensor, x, y, sched, m: int, lr: float) -> Result:
         u_glob = [(s / m).float() for s in zsum]
         times.append(time.perf_counter() - t0)
     return Result(times, {"u": flat(u_glob), "v": torch.stack([flat(c.head) for c in clients]),
-                          "pi": torch.stack([flat(c.pi) for c in clients])}, "1 thread(s)")
+                          "pi": torch.stack([flat(c.pi) for c in clients])}, f"{torch.get_num_threads()} thread(s)")
 
 
 # ------------------------------------------------------------------ (b) fastest sequential loop

@@ -161,7 +161,7 @@ def plain(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
                 p.copy_(sum(u[j] for u in ups) / len(ups))
         times.append(time.perf_counter() - t0)
     return Result(times, {"w": flat(glob.parameters()),
-                          "dual": torch.stack([flat(c.dual) for c in clients])}, "1 thread(s)")
+                          "dual": torch.stack([flat(c.dual) for c in clients])}, f"{torch.get_num_threads()} thread(s)")
 
 
 # ------------------------------------------------------------------ (b) fastest sequential loop

@@ -153,7 +153,7 @@ def plain(W0: Tensor, data, sched, lr: float) -> Result:
                 theta[j, i], V[j, i] = -theta[i, j], -V[i, j]
         times.append(time.perf_counter() - t0)
     R = (theta - V / rho).sum(1)
-    return Result(times, {"W": W, "R": R}, "1 thread(s)")
+    return Result(times, {"W": W, "R": R}, f"{torch.get_num_threads()} thread(s)")
 
 
 # ------------------------------------------------------------------ (b) fastest sequential loop

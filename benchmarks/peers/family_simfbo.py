@@ -119,7 +119,7 @@ def plain(model: nn.Module, start: dict[str, Tensor], X, Y, sched, gamma_x: floa
             sums["v"] += dv
         srv = _server_step(srv, sums, len(rnd.ids), gamma_x)
         times.append(time.perf_counter() - t0)
-    return Result(times, srv, "1 thread(s)")
+    return Result(times, srv, f"{torch.get_num_threads()} thread(s)")
 
 
 # ------------------------------------------------------------------ (b) fastest sequential loop

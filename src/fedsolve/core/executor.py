@@ -175,7 +175,12 @@ class VectorizedExecutor(Executor):
             s, u = carry_out(algo.local_update(row, msg, ctx), ctx)
             return s, u, ctx.train_loss
 
-        f = vmap(one, in_dims=(0, 0, 0, 0, 0, 0, 0, 0), randomness="error")
+        # a message that is one server tensor sent to every client (a stride-0 ``expand``) goes in once, unbatched:
+        # its products with the clients' batched data are then single matrix products over all of them
+        shared = {k: v.dim() > 0 and v.shape[0] > 1 and v.stride(0) == 0 for k, v in msgs.items()}
+        f = vmap(
+            one, in_dims=(0, {k: None if s else 0 for k, s in shared.items()}, 0, 0, 0, 0, 0, 0), randomness="error"
+        )
         K = ids.numel()
         groups = self.buckets(plans, K)
         whole = len(groups) == 1 and torch.equal(groups[0], torch.arange(K))
@@ -195,7 +200,7 @@ class VectorizedExecutor(Executor):
             outs.append(
                 f(
                     {k: take(v) for k, v in rows.items()},
-                    {k: take(v) for k, v in msgs.items()},
+                    {k: v[0] if shared[k] else take(v) for k, v in msgs.items()},
                     idxs,
                     ws,
                     acts,

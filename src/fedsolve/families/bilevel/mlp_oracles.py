@@ -4,7 +4,6 @@ one forward pass per minibatch (:class:`MLPHeadOracles`; ``oracles.make_oracles`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 import torch
 from torch import Tensor
@@ -135,12 +134,12 @@ class MLPHeadOracles(BilevelOracles):
         for l in range(len(self._hidden) - 1, -1, -1):
             wo, o, i, bo, act = self._hidden[l]
             ds = [d * _ACT_GRAD[act](hs[l + 1]) if act is not None else d for (hs, _), d in zip(passes, cur)]
-            gW = ds[0].T @ passes[0][0][l]
-            for d, (hs, _) in zip(ds[1:], passes[1:]):
-                gW = torch.addmm(gW, d.T, hs[l])
-            parts.append((wo, gW.reshape(-1)))
+            # the passes' weight gradients in ONE product over all their rows (sum_p ds_p^T a_p = [ds]^T [a])
+            d_all = ds[0] if len(ds) == 1 else torch.cat(ds)
+            a_all = passes[0][0][l] if len(ds) == 1 else torch.cat([hs[l] for hs, _ in passes])
+            parts.append((wo, (d_all.T @ a_all).reshape(-1)))
             if bo is not None:
-                parts.append((bo, cast(Tensor, sum(d.sum(0) for d in ds))))  # ds is not empty: a Tensor
+                parts.append((bo, d_all.sum(0)))
             if l > 0:
                 W = x[wo : wo + o * i].view(o, i)
                 cur = [d @ W for d in ds]

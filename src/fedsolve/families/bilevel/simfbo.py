@@ -109,18 +109,18 @@ class SimFBO(BilevelAlgorithm):
         tau = tau_at(state["tau"], ctx.round, c.per_round)
         first = next(iter(self._work))
         T = c.steps()
+        on = [(tau > k) & ctx.is_active(first, k) for k in range(T)]  # the steps client i actually takes
+        a = [c.a * o.to(x.dtype) for o in on]
+        a_norm = sum(a[1:], a[0])  # ||a_i||_1
+        h: list[torch.Tensor] = []  # h = q / ||a_i||_1 = sum_k (a_k / ||a_i||_1) d_k, accumulated as it goes
         for k in range(T):
-            on = (tau > k) & ctx.is_active(first, k)
-            ak = c.a * on.to(x.dtype)
             dy, dv, dx, fval = self.directions(ctx, k, x, y, v)
-            ctx.record_loss(fval, on)
-            if k == 0:  # a_norm: ||a_i||_1 over the steps actually taken
-                qy, qv, qx, a_norm = ak * dy, ak * dv, ak * dx, ak
-            else:
-                qy, qv, qx, a_norm = qy + ak * dy, qv + ak * dv, qx + ak * dx, a_norm + ak
+            ctx.record_loss(fval, on[k])
+            d = (dy, dv, dx) if T == 1 else tuple(a[k] / a_norm * t for t in (dy, dv, dx))  # one step: h = d
+            h = list(d) if k == 0 else [s + t for s, t in zip(h, d)]
             if k < T - 1:  # the last local iterate is never evaluated (spec 2.3): skip computing it
-                y, v, x = y - ak * c.eta_y * dy, v - ak * c.eta_v * dv, x - ak * c.eta_x * dx
-        return {}, {"hx": qx / a_norm, "hy": qy / a_norm, "hv": qv / a_norm, "a_norm": a_norm}
+                y, v, x = y - a[k] * c.eta_y * dy, v - a[k] * c.eta_v * dv, x - a[k] * c.eta_x * dx
+        return {}, {"hy": h[0], "hv": h[1], "hx": h[2], "a_norm": a_norm}
 
     def directions(self, ctx, k, x, y, v):
         """(d_y, d_v, d_x, f_i) at the local point (x_k, y_k, v_k), on step k's minibatches (eq. 3)."""
@@ -159,7 +159,7 @@ class SimFBO(BilevelAlgorithm):
     def aggregate(self, server, ids, uploads, round_):
         c = self.cfg
         w = self.coefficients(server, ids, uploads, round_)
-        step = lambda h: (w.unsqueeze(-1) * h).sum(0)
+        step = lambda h: w @ h  # sum_i w_i h_i
         return {
             **server,
             "x": server["x"] - c.gamma_x * step(uploads["hx"]),
