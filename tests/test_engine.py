@@ -268,6 +268,45 @@ def test_vectorized_sends_a_broadcast_message_in_once(sizes, monkeypatch):
     torch.testing.assert_close(r1.server["w"], r2.server["w"], rtol=1e-5, atol=1e-6)
 
 
+def test_vectorized_upload_computed_from_the_message_alone_is_every_clients_own_row():
+    """An upload that depends on the (shared, unbatched) message only comes out of vmap expanded (one row seen K
+    times); the executor returns every client's own row, as ``sequential`` does, so it can be written in place."""
+    from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor
+    from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand
+
+    class Echo(Algorithm):
+        name = "echo_for_test"
+        Config = AlgorithmConfig
+
+        def init(self, x0, rngs):
+            return {"w": x0.clone()}, ClientStates(self.num_clients)
+
+        def broadcast(self, server, ids, round_):
+            return {"w": expand(server["w"], ids)}
+
+        def local_update(self, state, msg, ctx):
+            return {}, {"w": 0.5 * msg["w"]}
+
+        def aggregate(self, server, ids, uploads, round_):
+            return {"w": uploads["w"].mean(0)}
+
+        def eval_model(self, state, msg):
+            return msg["w"]
+
+    problem = make_problem("logreg", n_range=(20, 21))  # clients of one size: one bucket, vmap's output as it is
+    algo = Echo({"lr": 0.1}, problem)
+    server, clients = algo.init(problem.init_params(RngStreams(0).torch("init")), RngStreams(0))
+    ids = torch.tensor([0, 2, 3])
+    msgs = algo.broadcast(server, ids, 0)
+    plans = build_plans(algo.work(0), problem.data.train_offsets, ids, RngStreams(0), 0)
+    ups = [ex.run(algo, clients.gather(ids), msgs, ids, plans, problem.data, 0)[1]["w"]
+           for ex in (SequentialExecutor(), VectorizedExecutor())]
+    torch.testing.assert_close(ups[0], ups[1])
+    assert ups[1].stride(0) != 0
+    ups[1][0].add_(1.0)  # one client's row only
+    assert torch.equal(ups[1][1:], ups[0][1:]) and not torch.equal(ups[1][0], ups[0][0])
+
+
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
 def test_full_batch_plans_are_fixed_and_gathered_once_with_same_numbers(executor, monkeypatch):
     offsets = torch.tensor([0, 10, 13, 30])

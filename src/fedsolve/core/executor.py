@@ -209,8 +209,11 @@ class VectorizedExecutor(Executor):
                     take(ids),
                 )
             )
-        if whole:
-            return outs[0]
+        if whole:  # an output computed from shared messages alone comes back expanded: give every client its own row
+            own = lambda r: {
+                k: v.contiguous() if v.dim() and v.shape[0] > 1 and v.stride(0) == 0 else v for k, v in r.items()
+            }
+            return own(outs[0][0]), own(outs[0][1]), outs[0][2]
         inv = torch.empty(K, dtype=torch.long)
         inv[torch.cat(groups)] = torch.arange(K)
         cat = lambda i: {k: torch.cat([o[i][k] for o in outs])[inv] for k in outs[0][i]}
