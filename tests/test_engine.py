@@ -272,26 +272,10 @@ def test_vectorized_upload_computed_from_the_message_alone_is_every_clients_own_
     """An upload that depends on the (shared, unbatched) message only comes out of vmap expanded (one row seen K
     times); the executor returns every client's own row, as ``sequential`` does, so it can be written in place."""
     from fedsolve.core.executor import SequentialExecutor, VectorizedExecutor
-    from fedsolve.engine.algorithm import Algorithm, AlgorithmConfig, expand
 
-    class Echo(Algorithm):
-        name = "echo_for_test"
-        Config = AlgorithmConfig
-
-        def init(self, x0, rngs):
-            return {"w": x0.clone()}, ClientStates(self.num_clients)
-
-        def broadcast(self, server, ids, round_):
-            return {"w": expand(server["w"], ids)}
-
+    class Echo(get_algorithm("fedavg")):  # FedAvg's server, clients that upload half the message
         def local_update(self, state, msg, ctx):
             return {}, {"w": 0.5 * msg["w"]}
-
-        def aggregate(self, server, ids, uploads, round_):
-            return {"w": uploads["w"].mean(0)}
-
-        def eval_model(self, state, msg):
-            return msg["w"]
 
     problem = make_problem("logreg", n_range=(20, 21))  # clients of one size: one bucket, vmap's output as it is
     algo = Echo({"lr": 0.1}, problem)

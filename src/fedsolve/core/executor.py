@@ -175,9 +175,9 @@ class VectorizedExecutor(Executor):
             s, u = carry_out(algo.local_update(row, msg, ctx), ctx)
             return s, u, ctx.train_loss
 
-        # a message that is one server tensor sent to every client (a stride-0 ``expand``) goes in once, unbatched:
-        # its products with the clients' batched data are then single matrix products over all of them
-        shared = {k: v.dim() > 0 and v.shape[0] > 1 and v.stride(0) == 0 for k, v in msgs.items()}
+        # a message that is one server tensor sent to every client goes in once, unbatched: its products with the
+        # clients' batched data are then single matrix products over all of them
+        shared = {k: _one_row_repeated(v) for k, v in msgs.items()}
         f = vmap(
             one, in_dims=(0, {k: None if s else 0 for k, s in shared.items()}, 0, 0, 0, 0, 0, 0), randomness="error"
         )
@@ -210,14 +210,17 @@ class VectorizedExecutor(Executor):
                 )
             )
         if whole:  # an output computed from shared messages alone comes back expanded: give every client its own row
-            own = lambda r: {
-                k: v.contiguous() if v.dim() and v.shape[0] > 1 and v.stride(0) == 0 else v for k, v in r.items()
-            }
+            own = lambda r: {k: v.contiguous() if _one_row_repeated(v) else v for k, v in r.items()}
             return own(outs[0][0]), own(outs[0][1]), outs[0][2]
         inv = torch.empty(K, dtype=torch.long)
         inv[torch.cat(groups)] = torch.arange(K)
         cat = lambda i: {k: torch.cat([o[i][k] for o in outs])[inv] for k in outs[0][i]}
         return cat(0), cat(1), torch.cat([o[2] for o in outs])[inv]
+
+
+def _one_row_repeated(v: Tensor) -> bool:
+    """``v`` is one row seen by every client (an ``expand``: stride 0 over the clients' dimension)."""
+    return v.dim() > 0 and v.shape[0] > 1 and v.stride(0) == 0
 
 
 def minimize_stacked(s: Minimize, plans: Mapping[str, Plan], data) -> tuple[Record, Record]:

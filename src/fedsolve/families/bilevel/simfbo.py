@@ -112,15 +112,17 @@ class SimFBO(BilevelAlgorithm):
         on = [(tau > k) & ctx.is_active(first, k) for k in range(T)]  # the steps client i actually takes
         a = [c.a * o.to(x.dtype) for o in on]
         a_norm = sum(a[1:], a[0])  # ||a_i||_1
-        h: list[torch.Tensor] = []  # h = q / ||a_i||_1 = sum_k (a_k / ||a_i||_1) d_k, accumulated as it goes
+        h: dict[str, torch.Tensor] = {}  # h_z = q_z / ||a_i||_1 = sum_k (a_k / ||a_i||_1) d_z, accumulated as it goes
         for k in range(T):
             dy, dv, dx, fval = self.directions(ctx, k, x, y, v)
             ctx.record_loss(fval, on[k])
-            d = (dy, dv, dx) if T == 1 else tuple(a[k] / a_norm * t for t in (dy, dv, dx))  # one step: h = d
-            h = list(d) if k == 0 else [s + t for s, t in zip(h, d)]
+            wk = a[k] / a_norm
+            for z, dz in (("hy", dy), ("hv", dv), ("hx", dx)):
+                term = dz if T == 1 else wk * dz  # one step: h = d
+                h[z] = term if k == 0 else h[z] + term
             if k < T - 1:  # the last local iterate is never evaluated (spec 2.3): skip computing it
                 y, v, x = y - a[k] * c.eta_y * dy, v - a[k] * c.eta_v * dv, x - a[k] * c.eta_x * dx
-        return {}, {"hy": h[0], "hv": h[1], "hx": h[2], "a_norm": a_norm}
+        return {}, {**h, "a_norm": a_norm}
 
     def directions(self, ctx, k, x, y, v):
         """(d_y, d_v, d_x, f_i) at the local point (x_k, y_k, v_k), on step k's minibatches (eq. 3)."""
