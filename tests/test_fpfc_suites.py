@@ -10,6 +10,7 @@ thread; the arguments are named at each table. Each test runs the suite live on 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +323,31 @@ def test_fig3_suite_snapshots_the_rounds_it_names(tmp_path):
     assert np.asarray(last["distances"]).shape == (100, 100) and np.asarray(last["embedding"]).shape == (100, 2)
     assert last["between"] > last["within"] > 0
     assert (tmp_path / "fig3_distances" / "pairwise_snapshots.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_table3_tuned_suite_sets_each_seeds_pick_as_an_explicit_override_would(tmp_path):
+    """``args.picks`` (newcomers protocol): seed 1's FedAvg lr pick 0.4 gives the numbers of the untuned suite with
+    that lr set by hand, and every row names the value it used."""
+    small = [*SYN_SMALL, "experiment.simulation.rounds=2", "args.newcomer_rounds=2", "seeds=[1]"]
+    tuned = _by(_suite("table3_newcomers_tuned_suite", tmp_path, *small, "algorithms=[FedAvg, FPFC-l1]"), "algorithm")
+    by_hand = _by(_suite("table3_newcomers", tmp_path, *small, "algorithms=[FedAvg, FPFC-l1]",
+                         "experiment.algorithms.6.params.lr=0.4", "experiment.algorithms.1.params.lam=0.05"),
+                  "algorithm")
+    assert tuned["FedAvg"]["pick_lr"] == 0.4 and tuned["FPFC-l1"]["pick_lam"] == 0.05
+    for label in ("FedAvg", "FPFC-l1"):
+        assert tuned[label]["newcomer_accuracy"] == by_hand[label]["newcomer_accuracy"], label
+    plain = _by(_suite("table3_newcomers", tmp_path / "plain", *small, "algorithms=[FedAvg]"), "algorithm")
+    assert plain["FedAvg"]["newcomer_accuracy"] != tuned["FedAvg"]["newcomer_accuracy"]  # the pick matters here
+
+
+@pytest.mark.parametrize("pick, message", [
+    ("args.picks.FedAvgX={lr: {0: 0.1}}", "args.picks: ['FedAvgX'] not in the experiment"),
+    ("args.picks.FedAvg={lrr: {0: 0.1}}", "args.picks.FedAvg: fedavg has no field 'lrr'"),
+    ("args.picks.FedAvg={lr: {1: 0.1}}", "args.picks.FedAvg.lr: no pick for seed 0"),
+])
+def test_newcomers_picks_refused_before_any_run(tmp_path, pick, message):
+    from fedsolve.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _suite("table3_newcomers", tmp_path, *SYN_SMALL, "seeds=[0]", "algorithms=[FedAvg]", pick)
+    assert not list((tmp_path / "table3_newcomers").glob("cells/*.json"))  # nothing ran

@@ -247,13 +247,15 @@ class Protocol:
     """``run(ctx) -> row | [rows]`` for one cell (None: the grid of plain runs, ``protocol: runs``); ``Args``: its
     typed arguments; ``axes``: sweep axes it needs; ``algorithms``: whether cells run per algorithm;
     ``key(ctx) -> cell``: the cell whose run serves this one (a run shared by several cells, e.g. no attack at
-    fraction 0)."""
+    fraction 0); ``check(ctx)``: raises ValueError for a cell its ``args`` cannot serve (an unknown label or field),
+    called for every cell before any runs, so a bad argument is one config error, not a traceback mid-suite."""
 
     run: Callable[[Context], dict | list[dict]] | None
     Args: type[BaseModel]
     axes: tuple[str, ...] = ()
     algorithms: bool = True
     key: Callable[[Context], dict] | None = None
+    check: Callable[[Context], None] | None = None
 
     @property
     def description(self) -> str:
@@ -297,9 +299,9 @@ def builtin_protocols() -> dict[str, Protocol]:
         register_protocol(
             "attack_grid", Protocol(t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"), key=t.attack_grid_key)
         )
-        register_protocol("newcomers", Protocol(t.newcomers, t.NewcomersArgs))
+        register_protocol("newcomers", Protocol(t.newcomers, t.NewcomersArgs, check=t.newcomers_check))
         register_protocol("fpfc_tuning", Protocol(t.fpfc_tuning, t.FPFCTuningArgs, axes=("strategy",)))
-        register_protocol("tuning", Protocol(t.tuning, t.TuningArgs))
+        register_protocol("tuning", Protocol(t.tuning, t.TuningArgs, check=t.tuning_check))
         register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))
         from fedsolve.families.constrained import runs as c
 
@@ -587,9 +589,15 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
     _set_threads(suite.threads)
     t0 = time.perf_counter()
     all_cells = cells(suite, base)
+    check = PROTOCOLS[suite.protocol].check
     runs: dict[str, dict] = {}  # run key -> the cell that runs it
     serves: list[tuple[dict, str]] = []
     for cell in all_cells:
+        if check is not None:
+            try:
+                check(ctx.for_cell(cell))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         rk = _run_key(ctx.for_cell(cell))
         k = cell_key(rk)
         runs.setdefault(k, rk)

@@ -183,6 +183,11 @@ class NewcomersArgs(_Args):
     newcomer_rounds: int = Field(100, ge=1, description="rounds of newcomer training")
     share: float = Field(0.2, gt=0, lt=1, description="share of each true cluster that joins late")
     lam: float | None = Field(None, description="FPFC's lambda (null: the experiment's)")
+    picks: dict[str, dict[str, dict[int, Any]]] = Field(
+        default_factory=dict,
+        description="per algorithm label, {parameter: {seed: value}}: each seed's pick of a tuning made on validation "
+        "elsewhere (e.g. Table 1's), set on that seed's run; a seed a pick lacks is an error",
+    )
 
 
 def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[int]]:
@@ -198,6 +203,29 @@ def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[
     return old, new
 
 
+def _seed_picks(ctx, picks: dict[str, dict[str, dict[int, Any]]]) -> dict[str, Any]:
+    """The cell's method's picks for the cell's seed (``NewcomersArgs.picks``), every label and field checked."""
+    from fedsolve.families import get_algorithm
+
+    labels = [s.display for s in ctx.experiment().all_algorithms()]
+    unknown = sorted(set(picks) - set(labels))
+    if unknown:
+        raise ValueError(f"args.picks: {unknown} not in the experiment; allowed: {labels}")
+    label, out = ctx.spec.display, {}
+    for param, by_seed in picks.get(label, {}).items():
+        if param not in get_algorithm(ctx.spec.name).Config.model_fields:
+            raise ValueError(f"args.picks.{label}: {ctx.spec.name} has no field {param!r}")
+        if ctx.seed not in by_seed:
+            raise ValueError(f"args.picks.{label}.{param}: no pick for seed {ctx.seed}; given seeds {sorted(by_seed)}")
+        out[param] = by_seed[ctx.seed]
+    return out
+
+
+def newcomers_check(ctx) -> None:
+    """The cell's picks can be applied (``args.picks``: known labels and fields, a pick for the cell's seed)."""
+    _seed_picks(ctx, ctx.args.picks)
+
+
 def newcomers(ctx) -> dict:
     """Train the cell's method on the old devices, then its own newcomer rule
     (``fedsolve.families.clustered.protocols.newcomers``); the newcomers' mean test accuracy and, for a clustering
@@ -206,8 +234,10 @@ def newcomers(ctx) -> dict:
     data = ctx.data()
     old, new = split_old_new(data, ctx.seed, a.share)
     p_old, p_new = ctx.problem(data, old, "old"), ctx.problem(data, new, "newcomers")
-    extra = {"lam": a.lam} if ctx.spec.name == "fpfc" and a.lam is not None else None
-    algo = ctx.algorithm(p_old, extra)
+    extra = {"lam": a.lam} if ctx.spec.name == "fpfc" and a.lam is not None else {}
+    picks = _seed_picks(ctx, a.picks)
+    extra.update(picks)
+    algo = ctx.algorithm(p_old, extra or None)
     if ctx.spec.name == "local":  # nothing to train on the old devices
         server, final = {}, {}
     else:
@@ -216,6 +246,7 @@ def newcomers(ctx) -> dict:
     W = newcomer_models(algo, server, p_new, rounds=a.newcomer_rounds, seed=ctx.seed)
     row: dict[str, Any] = {"newcomer_accuracy": test_accuracy(p_new, W), "old": len(old), "new": len(new)}
     row.update({k: float(final[k]) for k in ("num_clusters", "ari") if k in final and "num_clusters" in final})
+    row.update({f"pick_{k}": v for k, v in picks.items()})  # the value each run used, in its row
     return row
 
 
@@ -322,6 +353,14 @@ class TuningArgs(_Args):
     tune_rounds: int | None = Field(None, ge=1, description="rounds of each tuning run (null: the experiment's)")
 
 
+def tuning_check(ctx) -> None:
+    """``args.param`` is a field of the cell's method."""
+    from fedsolve.families import get_algorithm
+
+    if ctx.args.param not in get_algorithm(ctx.spec.name).Config.model_fields:
+        raise ValueError(f"args.param: {ctx.spec.name} has no field {ctx.args.param!r}")
+
+
 def tuning(ctx) -> dict:
     """Each grid value trained on 64% of each device's data and scored on the 16% validation part (PACFL:
     grid values that give the same one-shot partition share one run); the best value retrained on the full
@@ -331,8 +370,7 @@ def tuning(ctx) -> dict:
 
     a = ctx.args
     name = ctx.spec.name
-    if a.param not in get_algorithm(name).Config.model_fields:
-        raise ValueError(f"args.param: {name} has no field {a.param!r}")
+    tuning_check(ctx)
     data = ctx.data()
     tr, va = train_validation(data, ctx.seed)
     p_tr, p_va, full = ctx.problem(tr), ctx.problem(va), ctx.problem(data)
