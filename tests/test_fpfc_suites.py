@@ -351,3 +351,11 @@ def test_newcomers_picks_refused_before_any_run(tmp_path, pick, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         _suite("table3_newcomers", tmp_path, *SYN_SMALL, "seeds=[0]", "algorithms=[FedAvg]", pick)
     assert not list((tmp_path / "table3_newcomers").glob("cells/*.json"))  # nothing ran
+
+
+def test_tuning_param_refused_before_any_run(tmp_path):
+    from fedsolve.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"args\.param: \w+ has no field 'nope'"):
+        _suite("tune_pacfl", tmp_path, *SYN_SMALL, "args.param=nope")
+    assert not list((tmp_path / "tune_pacfl").glob("cells/*.json"))  # nothing ran
