@@ -203,18 +203,24 @@ def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[
     return old, new
 
 
-def _seed_picks(ctx, picks: dict[str, dict[str, dict[int, Any]]]) -> dict[str, Any]:
-    """The cell's method's picks for the cell's seed (``NewcomersArgs.picks``), every label and field checked."""
+def _check_field(ctx, param: str, where: str) -> None:
+    """``param`` is a field of the cell's method's config (else a ValueError naming ``where`` and the fields)."""
     from fedsolve.families import get_algorithm
 
+    fields = get_algorithm(ctx.spec.name).Config.model_fields
+    if param not in fields:
+        raise ValueError(f"{where}: {ctx.spec.name} has no field {param!r}; allowed: {sorted(fields)}")
+
+
+def _seed_picks(ctx, picks: dict[str, dict[str, dict[int, Any]]]) -> dict[str, Any]:
+    """The cell's method's picks for the cell's seed (``NewcomersArgs.picks``), every label and field checked."""
     labels = [s.display for s in ctx.experiment().all_algorithms()]
     unknown = sorted(set(picks) - set(labels))
     if unknown:
         raise ValueError(f"args.picks: {unknown} not in the experiment; allowed: {labels}")
     label, out = ctx.spec.display, {}
     for param, by_seed in picks.get(label, {}).items():
-        if param not in get_algorithm(ctx.spec.name).Config.model_fields:
-            raise ValueError(f"args.picks.{label}: {ctx.spec.name} has no field {param!r}")
+        _check_field(ctx, param, f"args.picks.{label}")
         if ctx.seed not in by_seed:
             raise ValueError(f"args.picks.{label}.{param}: no pick for seed {ctx.seed}; given seeds {sorted(by_seed)}")
         out[param] = by_seed[ctx.seed]
@@ -355,10 +361,7 @@ class TuningArgs(_Args):
 
 def tuning_check(ctx) -> None:
     """``args.param`` is a field of the cell's method."""
-    from fedsolve.families import get_algorithm
-
-    if ctx.args.param not in get_algorithm(ctx.spec.name).Config.model_fields:
-        raise ValueError(f"args.param: {ctx.spec.name} has no field {ctx.args.param!r}")
+    _check_field(ctx, ctx.args.param, "args.param")
 
 
 def tuning(ctx) -> dict:
