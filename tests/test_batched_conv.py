@@ -217,12 +217,15 @@ class _ClosurePullFPFC(get_algorithm("fpfc")):
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
 def test_fpfc_fused_block_pull_keeps_its_numbers(executor):
     """FPFC states eq. 5's pull on a fused block as a per-coordinate ``prox`` (rho there, 0 on the averaged block)
-    with the anchor zeta_i: bit for bit the numbers of the closure it replaced, client by client and vmapped."""
+    with the anchor zeta_i: the numbers of the closure it replaced, client by client and vmapped (the engine folds
+    the pull and the weight decay into one affine term: the same sums in another order, equal to float rounding)."""
     prob = _fpfc_problem()
     _, loss_new, new = run_rounds(prob, get_algorithm("fpfc")(FPFC, prob), executor, 3, fraction=0.7)
     _, loss_old, old = run_rounds(prob, _ClosurePullFPFC(FPFC, prob), executor, 3, fraction=0.7)
-    assert loss_new == loss_old and new.keys() == old.keys()
-    assert all(torch.equal(new[k], old[k]) for k in old)
+    assert loss_new == pytest.approx(loss_old, rel=1e-5, abs=1e-6) and new.keys() == old.keys()
+    for k in old:
+        torch.testing.assert_close(new[k], old[k], rtol=1e-5, atol=1e-6)
+    assert abs(loss_new[0] - loss_new[-1]) > 1e-3   # the rounds trained: the check compares something
 
 
 def test_fpfc_fused_block_runs_batched():

@@ -149,7 +149,9 @@ def test_authors_code_scales_only_the_gradient_in_fedmm_not_its_penalty_or_duals
         w0 = w + eta3 ** t * dual / mu
     moved = (w0 - w_start)[psi].abs().max()
     assert moved > 1e-2
-    torch.testing.assert_close(server["w"], w0, rtol=1e-4, atol=1e-6)
+    # float32 rounding: the engine folds mu (w - w0^t) + dual into mu w + (dual - mu w0^t) (one pass a step); with
+    # weights up to |14| after these steps, a different order of the same sums moves a weight by up to ~4e-5
+    torch.testing.assert_close(server["w"], w0, rtol=1e-4, atol=1e-4)
     # the same loop with the scale also on the penalty and dual (a different algorithm) is far from it
     w0b, dual = w_start.clone(), torch.zeros_like(w_start)
     for t in range(rounds):

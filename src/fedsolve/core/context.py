@@ -410,25 +410,26 @@ class LocalContext:
                 raise ValueError(
                     "Descend: a block step takes plain SGD on the model's loss (no optimizer, mask or objective)"
                 )
-            a = s.prox
-            if s.weight_decay > 0:
-                a = s.scale * s.weight_decay + a
-            c = s.linear
-            if s.anchor is not None:
-                pull = -s.prox * s.anchor
-                c = pull if c is None else c + pull
+            a, c = _affine_terms(s)
             assert s.rest is not None, "Descend(block=...) states the rest of the model's vector in ``rest``"
             return self.block_sgd(
                 s.block, s.start, s.rest, s.lr, s.phase, scale=s.scale, affine=(a, c), extra=s.extra, until=s.until
             )
-        extra = _extra_terms(s)
         if s.optimizer == "sgd":
             return self.sgd(
-                s.start, s.lr, s.phase, extra=extra, mask=s.mask, scale=s.scale, until=s.until, loss=s.objective
+                s.start,
+                s.lr,
+                s.phase,
+                extra=s.extra,
+                mask=s.mask,
+                scale=s.scale,
+                until=s.until,
+                loss=s.objective,
+                affine=_affine_terms(s),
             )
-        return self._adaptive(s, extra)
+        return self._adaptive(s)
 
-    def _adaptive(self, s: Descend, extra) -> Tensor:
+    def _adaptive(self, s: Descend) -> Tensor:
         """Momentum (heavy ball, PyTorch's ``SGD(momentum=...)`` rule) or Adam steps over the planned steps of
         ``s.phase``; the buffers start at zero and live for the phase (one local update)."""
         params = s.start
@@ -437,12 +438,12 @@ class LocalContext:
         count = torch.zeros((), dtype=params.dtype)
         done = torch.zeros((), dtype=torch.bool)
         b1, b2 = s.betas
+        a, c = _affine_terms(s)
         for step in range(self.max_steps(s.phase)):
             fval, g = self.loss_grad(params, s.phase, step, s.objective)
-            if not (isinstance(s.scale, (int, float)) and s.scale == 1.0):
-                g = g * s.scale
-            if extra is not None:
-                g = g + extra(params)
+            g = _direction(g, params, s.scale, a, c)
+            if s.extra is not None:
+                g = g + s.extra(params)
             if s.mask is not None:
                 g = g * s.mask
             live = self.plans[s.phase].active[step]
@@ -474,20 +475,26 @@ class LocalContext:
         scale: float | Tensor = 1.0,
         until: Callable[[Tensor, Tensor], Tensor] | None = None,
         loss: Callable | None = None,
+        affine: tuple[float | Tensor, Tensor | None] | None = None,
     ) -> Tensor:
         """Plain (minibatch) gradient descent over the planned steps of ``phase``.
 
-        Each step: ``g = scale * grad f(params) + extra(params)``; ``g *= mask``;
-        ``params -= lr * g``. Inactive steps (variable local work) leave ``params`` unchanged.
+        Each step: ``g = scale * grad f(params) + a * params + c + extra(params)`` with ``affine = (a, c)`` (weight
+        decay, proximal pulls and duals folded into two passes over ``[d]``; ``c`` a vector, a scalar or None);
+        ``g *= mask``; ``params -= lr * g``. Inactive steps (variable local work) leave ``params`` unchanged.
         ``until(params, g) -> bool`` stops this client for good once true (inexactness rules).
         """
         steps = self.max_steps(phase)
         done = torch.zeros((), dtype=torch.bool)
         neg_lr = -lr  # once, not every step
+        a, c = affine if affine is not None else (0.0, None)
+        if c is not None and not isinstance(c, Tensor):
+            c = torch.as_tensor(c, dtype=params.dtype, device=params.device)
+        # one client at a time: a step's activity is a plain bool (no [d] pass to scale the step by it)
+        step_lr = torch.as_tensor(neg_lr, dtype=params.dtype, device=params.device) if self.eager else None
         for s in range(steps):
             fval, g = self.loss_grad(params, phase, s, loss)
-            if not (isinstance(scale, (int, float)) and scale == 1.0):
-                g = g * scale
+            g = _direction(g, params, scale, a, c)
             if extra is not None:
                 g = g + extra(params)
             if mask is not None:
@@ -497,6 +504,10 @@ class LocalContext:
                 done = done | until(params, g)
                 live = live & ~done
             self.record_loss(fval, live)
+            if step_lr is not None:
+                if bool(live):
+                    params = torch.addcmul(params, g, step_lr)
+                continue
             # one fused pass over the [d] vector: params - lr * g on active steps, unchanged otherwise
             params = torch.addcmul(params, g, live.to(params.dtype) * neg_lr)
         return params
@@ -559,34 +570,17 @@ class LocalContext:
         return block.flatten(ps)
 
 
-def _extra_terms(s: Descend):
-    """``p -> scale * weight_decay * p + linear + prox * (p - anchor) + extra(p)`` (the terms present, in this order;
-    the L2 term scaled with ``f_i``), or None when there is none."""
-    parts: list[Callable[[Tensor], Tensor]] = []
-    if s.linear is not None:
-        linear = s.linear
-        parts.append(lambda p: linear)
-    if not (isinstance(s.prox, (int, float)) and s.prox == 0):
-        if s.anchor is None:
-            parts.append(lambda p: s.prox * p)
-        else:
-            anchor = s.anchor
-            parts.append(lambda p: s.prox * (p - anchor))
-    if s.extra is not None:
-        parts.append(s.extra)
-    base = None
-    if parts:
-
-        def base(p):
-            out = parts[0](p)
-            for f in parts[1:]:
-                out = out + f(p)
-            return out
-
+def _affine_terms(s: Descend) -> tuple[float | Tensor, Tensor | None]:
+    """``(a, c)`` with ``scale * weight_decay * p + linear + prox * (p - anchor) = a * p + c`` (``c`` formed once per
+    local update: ``linear - prox * anchor``)."""
+    a = s.prox
     if s.weight_decay > 0:
-        wd, scale = s.weight_decay, s.scale
-        return (lambda p: scale * wd * p + base(p)) if base is not None else (lambda p: scale * wd * p + 0.0)
-    return base
+        a = s.scale * s.weight_decay + a
+    c = s.linear
+    if s.anchor is not None and not (isinstance(s.prox, (int, float)) and s.prox == 0):
+        pull = -s.prox * s.anchor
+        c = pull if c is None else c + pull
+    return a, c
 
 
 def _direction(g: Tensor, p: Tensor, scale: float | Tensor, a: float | Tensor, c: Tensor | None) -> Tensor:

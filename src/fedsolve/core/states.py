@@ -253,7 +253,8 @@ class ClientStates:
     # ---------------------------------------------------------------- rows
     def gather(self, ids: Tensor) -> dict[str, Tensor]:
         """Rows of the selected clients: ``{name: [k, ...]}`` (copies, except views of a read-only column's
-        stored rows when they sit in order; the default row for a client not yet written)."""
+        stored rows when they sit in order, or of its default row when no client has a row of its own; the default
+        row for a client not yet written)."""
         ids_c = ids.cpu()
         gen = self._ids_gen(ids_c)
         return {k: self._gather(col, ids_c, gen) for k, col in self._cols.items()}
@@ -291,6 +292,8 @@ class ClientStates:
             if look.run is not None:
                 return col.rows[look.run : look.run + ids_c.numel()]
             return col.rows.index_select(0, look.at_rows)
+        if col.readonly and col.n == 0:  # constant data no client has written: every row the default, one view
+            return col.default.expand(ids_c.numel(), *col.default.shape)
         dev = col.rows.device
         if look.known:
             out = col.rows.index_select(0, look.at_rows).to(col.device)
