@@ -9,7 +9,7 @@ runs from the client's own RNG stream, so every executor (and a Flower client) s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -214,25 +214,42 @@ def _group_rows(
     return rel[hit], counts
 
 
-def _draw_phase(
+@dataclass(frozen=True)
+class _Sized:
+    """One phase's sizes before any draw (numpy ``[K]`` arrays): the group's rows (None: the client's own), rows
+    ``n``, batch size ``bs``, ``per_epoch``, ``steps``, which clients draw (``bs < n``), their ``passes``, and
+    where each client's passes start in the phase's flat row list (``base``; ``seg`` rows each)."""
+
+    rows: np.ndarray | None
+    n: np.ndarray
+    bs: np.ndarray
+    per_epoch: np.ndarray
+    steps: np.ndarray
+    drawn: np.ndarray
+    passes: np.ndarray
+    seg: np.ndarray
+    base: np.ndarray
+
+
+def _size_phase(
     phase: str,
     wk: Work,
     cids: np.ndarray,
     sizes: np.ndarray,
     starts: np.ndarray,
-    rngs: RngStreams,
-    round_: int,
     scale: np.ndarray | None,
     groups: tuple[Tensor, Sequence[str]] | None,
-) -> tuple[_Drawn, bool]:
-    """One phase's plans for every client: epoch-aligned passes, each a fresh permutation of the client's
-    ``n`` rows from its stream ``("batches", round_, cid, phase)`` split into ``ceil(n / bs)`` batches (the
-    last may be short); a client with ``bs = n`` uses its rows in order at every step and draws nothing."""
+    group_rows: dict[str, tuple[np.ndarray, np.ndarray]],
+) -> _Sized:
+    """One phase's sizes for every client; ``group_rows`` keeps each row group's rows for the round's other
+    phases that draw from it."""
     bad = np.flatnonzero(sizes <= 0)
     bad_n = int(bad[0]) if bad.size else len(sizes)
     rows = None
     if wk.group is not None:
-        rows, n = _group_rows(groups, phase, wk.group, starts, sizes, cids, bad_n)
+        if wk.group not in group_rows:
+            group_rows[wk.group] = _group_rows(groups, phase, wk.group, starts, sizes, cids, bad_n)
+        rows, n = group_rows[wk.group]
     elif bad.size:
         raise ValueError(f"client {int(cids[bad_n])} has no training samples")
     else:
@@ -248,7 +265,15 @@ def _draw_phase(
     drawn = bs < n
     passes = np.where(drawn, -(-steps // per_epoch), 1)  # the passes the steps reach (one for a full batch)
     seg = passes * n
-    base = np.cumsum(seg) - seg
+    return _Sized(rows, n, bs, per_epoch, steps, drawn, passes, seg, np.cumsum(seg) - seg)
+
+
+def _draw_phase(sz: _Sized, starts: np.ndarray, gens: Iterator[tuple[int, np.random.Generator]]) -> tuple[_Drawn, bool]:
+    """One phase's plans for every client: epoch-aligned passes, each a fresh permutation of the client's
+    ``n`` rows split into ``ceil(n / bs)`` batches (the last may be short), from the next generator of ``gens``
+    for each client that draws (its stream ``("batches", round_, cid, phase)``); a client with ``bs = n`` uses
+    its rows in order at every step and draws nothing."""
+    n, drawn, passes, seg, base = sz.n, sz.drawn, sz.passes, sz.seg, sz.base
     # a full batch's pass is arange(n); a drawn pass is g.permutation(n) = arange(n) shuffled (in a small
     # buffer that stays in cache, then copied into place)
     flat = np.empty(int(seg.sum()), np.int64) if drawn.all() else _ranges(np.repeat(n, passes))
@@ -257,16 +282,17 @@ def _draw_phase(
         n_l, base_l, passes_l = n[ks].tolist(), base[ks].tolist(), passes[ks].tolist()
         ar = np.arange(max(n_l), dtype=np.int64)
         buf = np.empty_like(ar)
-        for i, g in rngs.numpy_each("batches", round_, cids[ks], phase):
+        for i in range(len(ks)):
+            _, g = next(gens)
             ni, b0 = n_l[i], base_l[i]
             b, a = buf[:ni], ar[:ni]
             for e in range(passes_l[i]):
                 b[:] = a
                 g.shuffle(b)
                 flat[b0 + e * ni : b0 + (e + 1) * ni] = b
-    if rows is not None:  # group phases: pass positions -> the group's rows
-        flat = rows[np.repeat(np.cumsum(n) - n, seg) + flat]
-    return _Drawn(flat, starts, n, bs, per_epoch, steps, base, np.where(drawn, n, 0)), not drawn.any()
+    if sz.rows is not None:  # group phases: pass positions -> the group's rows
+        flat = sz.rows[np.repeat(np.cumsum(n) - n, seg) + flat]
+    return _Drawn(flat, starts, n, sz.bs, sz.per_epoch, sz.steps, base, np.where(drawn, n, 0)), not drawn.any()
 
 
 def build_plans(
@@ -298,8 +324,16 @@ def build_plans(
     if work and len(cids) == 0:
         raise ValueError("build_plans: no clients selected (ids is empty)")
     plans: dict[str, Plan] = {}
-    for phase, wk in work.items():
-        d, fixed = _draw_phase(phase, wk, cids, sizes, starts, rngs, round_, sc, groups)
+    group_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    sized = {phase: _size_phase(phase, wk, cids, sizes, starts, sc, groups, group_rows) for phase, wk in work.items()}
+    # every phase's drawing clients seeded in ONE vectorized hash (phase by phase, clients in order): the same
+    # generators as one numpy_each call per phase
+    draws = [(np.flatnonzero(sz.drawn), RngStreams.key(phase)) for phase, sz in sized.items()]
+    draw_cids = np.concatenate([cids[ks] for ks, _ in draws]) if draws else np.empty(0, np.int64)
+    draw_keys = np.concatenate([np.full(len(ks), key, np.int64) for ks, key in draws]) if draws else draw_cids
+    gens = rngs.numpy_each("batches", round_, draw_cids, draw_keys)
+    for phase, sz in sized.items():
+        d, fixed = _draw_phase(sz, starts, gens)
         act = torch.from_numpy(np.arange(int(d.steps.max())) < d.steps[:, None])
         plans[phase] = Plan(None, None, act, build=partial(_stack_plan, d), fixed=fixed)
     return plans

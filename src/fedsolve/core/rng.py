@@ -95,19 +95,29 @@ class RngStreams:
     def numpy(self, stream: str, *keys: object) -> np.random.Generator:
         return np.random.Generator(np.random.PCG64(self._seq(stream, *keys)))
 
+    @staticmethod
+    def key(x: object) -> int:
+        """The 32-bit entropy word of one key (an int's low 32 bits, a string's hash): ``numpy_each`` takes an
+        array of these where a key varies and is not an int (e.g. a phase name)."""
+        return _key(x)
+
     def numpy_each(self, stream: str, *keys: object) -> Iterator[tuple[int, np.random.Generator]]:
-        """``(i, generator)`` for each value ``v_i`` of the one integer-array key: the generator is
-        ``numpy(stream, *keys with v_i)`` (the same PCG64 state). ONE generator object is re-seeded per ``i``:
-        draw from it before taking the next."""
-        arrays = [i for i, k in enumerate(keys) if isinstance(k, np.ndarray)]
-        vals = keys[arrays[0]] if len(arrays) == 1 else None
-        if not isinstance(vals, np.ndarray) or not np.issubdtype(vals.dtype, np.integer) or vals.ndim != 1:
-            raise ValueError("numpy_each: give exactly one key as a 1-D integer numpy array")
-        if vals.size == 0:
+        """``(i, generator)`` for each position ``i`` of the integer-array keys (one or more 1-D arrays of one
+        length; an int array's values are taken as :meth:`key` takes ints): the generator is ``numpy(stream, *keys
+        with each array's value i)`` (the same PCG64 state). ONE generator object is re-seeded per ``i``: draw
+        from it before taking the next."""
+        arrays = [k for k in keys if isinstance(k, np.ndarray)]
+        if not arrays or any(
+            not np.issubdtype(a.dtype, np.integer) or a.ndim != 1 or a.shape != arrays[0].shape for a in arrays
+        ):
+            raise ValueError("numpy_each: give one or more keys as 1-D integer numpy arrays of one length")
+        if arrays[0].size == 0:
             return
-        varying = (vals.astype(np.uint64) & np.uint64(_MASK32)).astype(np.uint32)
         entropy: list[int | np.ndarray] = [*_int_words(self.seed), _key(stream)]
-        entropy += [varying if i == arrays[0] else _key(k) for i, k in enumerate(keys)]
+        entropy += [
+            (k.astype(np.uint64) & np.uint64(_MASK32)).astype(np.uint32) if isinstance(k, np.ndarray) else _key(k)
+            for k in keys
+        ]
         s0, s1, q0, q1 = _seed_seq_state(entropy).tolist()
         bit_gen = np.random.PCG64(0)
         gen = np.random.Generator(bit_gen)
