@@ -405,15 +405,15 @@ class LocalContext:
 
     def descend(self, s: Descend) -> Tensor:
         """The parameters after :class:`~fedsolve.core.statements.Descend`'s steps (its docstring has the rule)."""
+        affine = _affine_terms(s)
         if s.block is not None:
             if s.optimizer != "sgd" or s.mask is not None or s.objective is not None:
                 raise ValueError(
                     "Descend: a block step takes plain SGD on the model's loss (no optimizer, mask or objective)"
                 )
-            a, c = _affine_terms(s)
             assert s.rest is not None, "Descend(block=...) states the rest of the model's vector in ``rest``"
             return self.block_sgd(
-                s.block, s.start, s.rest, s.lr, s.phase, scale=s.scale, affine=(a, c), extra=s.extra, until=s.until
+                s.block, s.start, s.rest, s.lr, s.phase, scale=s.scale, affine=affine, extra=s.extra, until=s.until
             )
         if s.optimizer == "sgd":
             return self.sgd(
@@ -425,20 +425,20 @@ class LocalContext:
                 scale=s.scale,
                 until=s.until,
                 loss=s.objective,
-                affine=_affine_terms(s),
+                affine=affine,
             )
-        return self._adaptive(s)
+        return self._adaptive(s, affine)
 
-    def _adaptive(self, s: Descend) -> Tensor:
+    def _adaptive(self, s: Descend, affine: tuple[float | Tensor, Tensor | None]) -> Tensor:
         """Momentum (heavy ball, PyTorch's ``SGD(momentum=...)`` rule) or Adam steps over the planned steps of
         ``s.phase``; the buffers start at zero and live for the phase (one local update)."""
         params = s.start
+        a, c = _affine_pair(affine, params)
         buf = torch.zeros_like(params)
         sq = torch.zeros_like(params)
         count = torch.zeros((), dtype=params.dtype)
         done = torch.zeros((), dtype=torch.bool)
         b1, b2 = s.betas
-        a, c = _affine_terms(s)
         for step in range(self.max_steps(s.phase)):
             fval, g = self.loss_grad(params, s.phase, step, s.objective)
             g = _direction(g, params, s.scale, a, c)
@@ -487,9 +487,7 @@ class LocalContext:
         steps = self.max_steps(phase)
         done = torch.zeros((), dtype=torch.bool)
         neg_lr = -lr  # once, not every step
-        a, c = affine if affine is not None else (0.0, None)
-        if c is not None and not isinstance(c, Tensor):
-            c = torch.as_tensor(c, dtype=params.dtype, device=params.device)
+        a, c = _affine_pair(affine, params)
         # one client at a time: a step's activity is a plain bool (no [d] pass to scale the step by it)
         step_lr = torch.as_tensor(neg_lr, dtype=params.dtype, device=params.device) if self.eager else None
         for s in range(steps):
@@ -537,9 +535,7 @@ class LocalContext:
         """
         if block.size == 0:
             return params
-        a, c = affine if affine is not None else (0.0, None)
-        if c is not None and not isinstance(c, Tensor):
-            c = torch.as_tensor(c, dtype=params.dtype, device=params.device)
+        a, c = _affine_pair(affine, params)
         if c is not None and c.dim() and c.shape[-1] != block.size:
             raise ValueError(
                 f"block_sgd: affine offset c must be a scalar or a block vector of {block.size} "
@@ -580,6 +576,16 @@ def _affine_terms(s: Descend) -> tuple[float | Tensor, Tensor | None]:
     if s.anchor is not None and not (isinstance(s.prox, (int, float)) and s.prox == 0):
         pull = -s.prox * s.anchor
         c = pull if c is None else c + pull
+    return a, c
+
+
+def _affine_pair(
+    affine: tuple[float | Tensor, Tensor | float | None] | None, like: Tensor
+) -> tuple[float | Tensor, Tensor | None]:
+    """``(a, c)`` of an ``affine`` argument (None: no term), ``c`` a tensor like ``like`` or None."""
+    a, c = affine if affine is not None else (0.0, None)
+    if c is not None and not isinstance(c, Tensor):
+        c = torch.as_tensor(c, dtype=like.dtype, device=like.device)
     return a, c
 
 

@@ -329,8 +329,8 @@ def build_plans(
     # every phase's drawing clients seeded in ONE vectorized hash (phase by phase, clients in order): the same
     # generators as one numpy_each call per phase
     draws = [(np.flatnonzero(sz.drawn), RngStreams.key(phase)) for phase, sz in sized.items()]
-    draw_cids = np.concatenate([cids[ks] for ks, _ in draws]) if draws else np.empty(0, np.int64)
-    draw_keys = np.concatenate([np.full(len(ks), key, np.int64) for ks, key in draws]) if draws else draw_cids
+    draw_cids = np.concatenate([cids[ks] for ks, _ in draws] or [np.empty(0, np.int64)])
+    draw_keys = np.concatenate([np.full(len(ks), key, np.int64) for ks, key in draws] or [draw_cids])
     gens = rngs.numpy_each("batches", round_, draw_cids, draw_keys)
     for phase, sz in sized.items():
         d, fixed = _draw_phase(sz, starts, gens)

@@ -287,13 +287,13 @@ class ClientStates:
         when they lie there in order, else a copy."""
         if ids_c.numel() == 0:
             return col.default.new_empty((0, *col.default.shape))
+        if col.readonly and col.n == 0:  # constant data no client has written: every row the default, one view
+            return col.default.expand(ids_c.numel(), *col.default.shape)
         look = self._lookup(col, ids_c, gen)
         if col.spill is None and look.known:  # the rows live where the default row does
             if look.run is not None:
                 return col.rows[look.run : look.run + ids_c.numel()]
             return col.rows.index_select(0, look.at_rows)
-        if col.readonly and col.n == 0:  # constant data no client has written: every row the default, one view
-            return col.default.expand(ids_c.numel(), *col.default.shape)
         dev = col.rows.device
         if look.known:
             out = col.rows.index_select(0, look.at_rows).to(col.device)

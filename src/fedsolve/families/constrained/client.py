@@ -42,7 +42,7 @@ class ClientSide:
         self.spec, self.cfg, self.n, self.solver = spec, cfg, n, solver
         self.sigma = 1.0 / ((n + 1) * cfg.beta)
         self.eq = spec.client_eq
-        self._key: tuple | None = None  # ((beta, rho, dtype, device), the [2] key tensor) of the last call
+        self._key_cache: tuple | None = None  # ((beta, rho, dtype, device), the [2] key tensor) of the last call
 
     def init_rows(self, d: int) -> ClientStates:
         """Every client's rows: multipliers mu_i, the ADMM rows (w^k, u_i, lambda_i, u~_i), its index and per-party
@@ -187,9 +187,9 @@ class ClientSide:
     def key(self, like: Tensor) -> Tensor:
         """(beta, rho) of the current config, shaped like the rows' ``hkey``."""
         key = (self.cfg.beta, self.cfg.rho, like.dtype, like.device)
-        if self._key is None or self._key[0] != key:
-            self._key = (key, torch.tensor([self.cfg.beta, self.cfg.rho], dtype=like.dtype, device=like.device))
-        return self._key[1].expand_as(like)
+        if self._key_cache is None or self._key_cache[0] != key:
+            self._key_cache = (key, torch.tensor([self.cfg.beta, self.cfg.rho], dtype=like.dtype, device=like.device))
+        return self._key_cache[1].expand_as(like)
 
     def current(self, state) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The model in ``state``, re-packed where beta or rho changed since it was built (``set_hparams``), and the
