@@ -51,6 +51,9 @@ def test_threads_list_reports_each_contender_at_its_best_count():
     assert re.search(r"^ratio simfbo plain \d+\.\d+$", out, re.M), out
     # every contender's line names the count it was reported at
     assert len(re.findall(r"best at [12] of 1/2 thread\(s\)$", out, re.M)) >= 3, out
+    # the machine line the ratios are read beside (they move between machines with the per-op cost)
+    assert re.search(r"^machine: .+; one small torch op [\d.]+ us, a 512 x 512 float32 product [\d.]+ GFLOP/s", out,
+                     re.M), out
     for bad in ("0", "1,x", ""):
         q = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--threads", bad], capture_output=True,
                            text=True, cwd=ROOT, timeout=120)

@@ -25,7 +25,9 @@ loop whose many small products gain from spinning threads.
 Prints ``ratio <family> plain <x>`` and ``ratio <family> fastest <x>`` with x = the reference's seconds /
 fedsolve's with the first of ``--executors`` (default ``auto``; x > 1: fedsolve is faster),
 ``ratio <family>:<executor> <reference> <x>`` the same against another fedsolve executor timed in the run (e.g.
-``vectorized``), and the load average at the start and the end. The exit status is 1 when any check failed.
+``vectorized``), the load average at the start and the end, and a machine line (the CPU's model, the cost of one
+small torch op, a 512 x 512 product's rate: ``family_common.machine_profile``; ratios move between machines with
+the first). The exit status is 1 when any check failed.
 
 Usage: python benchmarks/peers/families.py [--families fedapm,fpfc,constrained,simfbo,fedmm] [--repeats 3]
        [--smoke] [--threads 1 | 1,2] [--executors auto,vectorized] [--json results/perf/families.json]
@@ -56,7 +58,7 @@ for p in (HERE, HERE.parent):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from family_common import Family, rel_diff  # noqa: E402
+from family_common import Family, machine_profile, rel_diff  # noqa: E402
 
 FAMILIES = ("fedapm", "fpfc", "constrained", "simfbo", "fedmm")
 
@@ -140,10 +142,13 @@ def main(argv=None) -> int:
         ap.error(f"--threads: counts must be >= 1, got {a.threads!r}")
     torch.set_num_threads(threads[0])
     load0 = os.getloadavg()
+    prof = machine_profile()
     print(f"fedsolve family benchmarks vs plain and fastest loops: torch {torch.__version__}, {a.threads} thread(s), "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
           f"{os.cpu_count()} CPUs, {a.repeats} interleaved repeat(s){' (SMOKE sizes)' if a.smoke else ''}; "
           f"load average {load0[0]:.2f}", flush=True)
+    print(f"machine: {prof['cpu_model']}; one small torch op {prof['small_op_us']} us, a 512 x 512 float32 product "
+          f"{prof['matmul512_gflops']} GFLOP/s (1 thread)", flush=True)
     report: dict = {"families": {}, "ratios": {}}
     failed = False
     for name in names:
@@ -186,7 +191,7 @@ def main(argv=None) -> int:
     print(f"\nload average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end")
     if a.json:
         report.update(machine={"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                               "load_average_start": load0, "load_average_end": load1},
+                               "load_average_start": load0, "load_average_end": load1, **prof},
                       versions={"python": platform.python_version(), "torch": torch.__version__,
                                 "numpy": np.__version__},
                       threads=list(threads), repeats=a.repeats, smoke=a.smoke)

@@ -152,3 +152,36 @@ def rel_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
         scale = max(1.0, float(x.abs().max())) if x.numel() else 1.0
         worst = max(worst, float((x - y).abs().max()) / scale if x.numel() else 0.0)
     return worst
+
+
+def machine_profile() -> dict:
+    """What makes the ratios differ from machine to machine, measured at one thread: the CPU's model name, the
+    cost of one small torch op (``a + b`` on 100 floats: the dispatch cost that dominates a millisecond round) and
+    the rate of a 512 x 512 float32 matrix product. The plain loops pay more per op than fedsolve does, the
+    fastest loops less; the families whose rounds are small (the constrained QP, FedMM) move most with the
+    per-op cost, so a ratio is read beside these figures."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(100), torch.randn(100)
+        m1, m2 = torch.randn(512, 512), torch.randn(512, 512)
+        op, mm = [], []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                a + b
+            op.append((time.perf_counter() - t0) / 2000)
+            t0 = time.perf_counter()
+            for _ in range(10):
+                m1 @ m2
+            mm.append((time.perf_counter() - t0) / 10)
+    finally:
+        torch.set_num_threads(threads)
+    return {"cpu_model": model, "small_op_us": round(min(op) * 1e6, 2),
+            "matmul512_gflops": round(2 * 512 ** 3 / min(mm) / 1e9, 1)}
