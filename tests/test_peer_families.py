@@ -58,3 +58,17 @@ def test_threads_list_reports_each_contender_at_its_best_count():
         q = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--threads", bad], capture_output=True,
                            text=True, cwd=ROOT, timeout=120)
         assert q.returncode == 2 and "--threads" in q.stderr, (bad, q.stderr)
+
+
+def test_op_counts_prints_ops_a_round_for_every_contender():
+    """benchmarks/peers/op_counts.py: the ops a round of each contender (a count, not a timing)."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers" / "op_counts.py"), "--smoke", "--families",
+                        "constrained"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    counts = dict(re.findall(r"^ops constrained (\S+) ([\d.]+)$", out, re.M))
+    assert set(counts) == {"fedsolve[auto]", "plain", "fastest"}, out
+    assert all(float(v) > 10 for v in counts.values()), counts   # a round issues ops: the profiler saw them
+    q = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers" / "op_counts.py"), "--families", "nope"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert q.returncode == 2 and "--families" in q.stderr
