@@ -194,6 +194,16 @@ def _all_finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
 
 
+def _joined(floats: list[torch.Tensor]) -> torch.Tensor:
+    """``floats`` as one vector (promoted to the widest type), the 0-d entries stacked in one op rather than
+    reshaped one by one (a round's scalar records are most of its entries)."""
+    parts = [v.reshape(-1) for v in floats if v.dim()]
+    scalars = [v for v in floats if not v.dim()]
+    if scalars:
+        parts.append(torch.stack(scalars))
+    return torch.cat(parts)
+
+
 def check_round(
     round_: int,
     train_loss: float | None,
@@ -211,11 +221,7 @@ def check_round(
     vals = [server[k] for k in keys or server]
     vals += uploads.values()
     floats = [v for v in vals if v.is_floating_point()]
-    if (
-        floats
-        and all(v.is_cpu and v.numel() <= 4096 for v in floats)
-        and _all_finite(torch.cat([v.reshape(-1) for v in floats]))
-    ):  # cat promotes to the widest type
+    if floats and all(v.is_cpu and v.numel() <= 4096 for v in floats) and _all_finite(_joined(floats)):
         bad = []  # every entry small: one pass over them all (a millisecond round has dozens of scalars)
     else:
         named = [(k, server[k]) for k in keys or server] + [(f"upload:{k}", v) for k, v in uploads.items()]
