@@ -124,7 +124,11 @@ def test_robustness_suite_gives_the_drivers_numbers(tmp_path):
     for r in rows:
         ref = ROBUST.get(("none" if r["fraction"] == 0 else r["attack"], r["fraction"], r["algorithm"]),
                          ROBUST.get(("any", r["fraction"], r["algorithm"])))
-        assert r["benign_accuracy"] == pytest.approx(ref, **APPROX), r
+        # IFCA under the same-value attack at 40%: a near-tie in a device's cluster choice that another CPU's rounding
+        # settles the other way (an AVX-512 machine: 0.3317 against the drivers' 0.3208); the other attacks give
+        # 0.02-0.13 at this fraction, so 0.02 still tells the attacks apart
+        near_tie = r["algorithm"] == "IFCA" and r["attack"] == "same_value" and r["fraction"] == 0.4
+        assert r["benign_accuracy"] == pytest.approx(ref, **({"abs": 0.02} if near_tie else APPROX)), r
     # fraction 0 and LOCAL: one run serves every attack (4 + 1 + 3 x 3 runs for 24 cells)
     assert len(list((tmp_path / "robustness_synthetic" / "cells").glob("*.json"))) == 4 + 1 + 9
     text = (tmp_path / "robustness_synthetic" / "report.md").read_text()

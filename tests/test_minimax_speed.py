@@ -93,7 +93,7 @@ def test_pinned_numbers(data, case, algo, executor):
     server, clients, _ = run_rounds(_algo(algo, problem), 3, executor)
     got = torch.tensor(_summary(server, clients, algo == "fedmm"), dtype=torch.float64)
     torch.testing.assert_close(got, torch.tensor(PINNED[(case, algo, executor)], dtype=torch.float64),
-                               rtol=1e-6, atol=1e-7)
+                               rtol=1e-6, atol=1e-6)   # an AVX-512 CPU: 2.4e-7 off in the 0.14 entry of mdd/fedmm
     # folding the penalty and dual changed the order of the same sums: float rounding (at most 5e-7 here), far below
     # the 1e-5 a changed update would move them
     torch.testing.assert_close(got, torch.tensor(PINNED_UNFOLDED[(case, algo, executor)], dtype=torch.float64),
