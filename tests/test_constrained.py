@@ -124,18 +124,29 @@ def test_quadratic_fast_path_has_the_reference_iterates(inner_stop):
         assert np.abs(a - b).max() < 1e-10
 
 
+def _stored_inverse(T, fix):
+    """The ``H^{-1}`` that sym_pair stored in ``(T, fix)``, column by column through sym_pair_apply."""
+    from fedsolve.families.constrained import subproblem as sp
+
+    d = T.shape[-2]
+    eye = torch.eye(d, dtype=T.dtype)
+    return torch.stack([sp.sym_pair_apply(T, fix, e.expand(*T.shape[:-2], d), None)[0] for e in eye], -1)
+
+
 def test_quadratic_factor_follows_a_change_of_rho():
-    """The clients factor Eq. 19's Hessian H = H_P + rho I once (packed: H^{-1} on and above the diagonal, H
-    below); after rho changes they factor it again (H's diagonal moves by exactly the change of rho, its
-    off-diagonal stays, the upper triangle is the new inverse), and not in any other round."""
+    """The clients factor Eq. 19's Hessian H = H_P + rho I once (stored with its inverse: sym_pair); after rho
+    changes they factor it again (H's diagonal moves by exactly the change of rho, its off-diagonal stays, the
+    stored inverse is the new one), and not in any other round."""
+    from fedsolve.families.constrained import subproblem as sp
+
     prob = qp_problem(5, 2, 1, seed=0)
     sim = Simulation(prob, get_algorithm("proxal")({**QP, "solver": "quadratic"}, prob),
                      SimulationConfig(rounds=50, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
     for t in range(5):
         sim.run_round(t)
     T1, fix1 = sim.clients["pair"].clone(), sim.clients["pair_fix"].clone()
-    H1 = torch.tril(T1, -1) + torch.tril(T1, -1).mT + torch.diag_embed(T1.diagonal(dim1=1, dim2=2) + fix1)
-    torch.testing.assert_close(torch.triu(T1), torch.triu(torch.linalg.inv(H1)), rtol=0, atol=1e-12)
+    H1 = sp.sym_unpack(T1, fix1)
+    torch.testing.assert_close(_stored_inverse(T1, fix1), torch.linalg.inv(H1), rtol=0, atol=1e-12)
     spec, beta, sigma = sim.algo.spec, QP["beta"], sim.algo.sigma
     for i in range(2):   # H = the Hessian of P_{i,k} + rho/2 ||u||^2 (Eq. 19), at any mu_i and w^k
         mu, wk = torch.randn(1, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
@@ -146,30 +157,36 @@ def test_quadratic_factor_follows_a_change_of_rho():
     sim.set_hparams(rho=3.0)
     sim.run_round(6)
     T2, fix2 = sim.clients["pair"], sim.clients["pair_fix"]
-    H2 = torch.tril(T2, -1) + torch.tril(T2, -1).mT + torch.diag_embed(T2.diagonal(dim1=1, dim2=2) + fix2)
+    H2 = sp.sym_unpack(T2, fix2)
     torch.testing.assert_close(H2, H1 + 2.0 * torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-12)
-    torch.testing.assert_close(torch.triu(T2), torch.triu(torch.linalg.inv(H2)), rtol=0, atol=1e-12)
+    torch.testing.assert_close(_stored_inverse(T2, fix2), torch.linalg.inv(H2), rtol=0, atol=1e-12)
 
 
-def test_sym_pair_products_and_unpack():
-    """sym_pair_apply gives (H^{-1} x, H y) from the one packed array: BLAS on CPU float64, the torch form
-    otherwise (as on a GPU), on stacked parties or one at a time; sym_unpack reads H back."""
+@pytest.mark.parametrize("d", [9, 131])
+def test_sym_pair_products_and_unpack(d):
+    """sym_pair_apply gives (H^{-1} x, H y) from the one stored array, in both layouts (dense [H^{-1} | H] at
+    d = 9, packed triangles at d = 131 > DENSE_MAX_D): BLAS on CPU float64, the torch form otherwise (as on a
+    GPU), on stacked parties or one at a time, each party's bits the same either way; sym_unpack reads H back."""
     from fedsolve.families.constrained import subproblem as sp
 
+    assert (d <= sp.DENSE_MAX_D) == (d == 9)
     g = torch.Generator().manual_seed(0)
-    B, d = 3, 9
+    B = 3
     A = torch.randn(B, d, d, generator=g, dtype=torch.float64)
     H = A @ A.mT + d * torch.eye(d, dtype=torch.float64)
     x, y = torch.randn(2, B, d, generator=g, dtype=torch.float64)
     want = torch.linalg.solve(H, x), (H @ y.unsqueeze(-1)).squeeze(-1)
     T, fix = sp.sym_pair(H)
-    got = {"blas": sp.sym_pair_apply(T, fix, x, y), "torch": (sp._upper_mv(T, x), sp._lower_mv(T, fix, y)),
+    assert T.shape == (B, d, 2 * d if d == 9 else d) and sp.pair_zeros(d)[0].shape == T.shape[1:]
+    got = {"blas": sp.sym_pair_apply(T, fix, x, y), "torch": sp._torch_apply(T, fix, x, y),
            "one": tuple(torch.stack(v) for v in zip(*(sp.sym_pair_apply(T[b], fix[b], x[b], y[b])
                                                      for b in range(B))))}
     for name, (a, b) in got.items():
         torch.testing.assert_close(a, want[0], rtol=0, atol=1e-13, msg=name)
-        torch.testing.assert_close(b, want[1], rtol=0, atol=1e-12, msg=name)
-    torch.testing.assert_close(sp.sym_unpack(T, fix), H, rtol=0, atol=1e-12)
+        torch.testing.assert_close(b, want[1], rtol=0, atol=1e-11, msg=name)
+    assert torch.equal(got["one"][0], got["blas"][0]) and torch.equal(got["one"][1], got["blas"][1])
+    torch.testing.assert_close(sp.sym_unpack(T, fix), H, rtol=0, atol=1e-11)
+    assert torch.equal(sp.sym_unpack(T, fix), sp.sym_unpack(T, fix).mT)
 
 
 def test_lemma4_bounded_outer_iterates():

@@ -21,7 +21,7 @@ def row_bytes(record: Mapping[str, Tensor]) -> int:
     """Bytes of ONE client's row of a stacked record."""
     total = 0
     for t in record.values():
-        per_row = t[0].numel() if t.dim() > 0 and t.shape[0] > 0 else 0
+        per_row = t.numel() // t.shape[0] if t.dim() > 0 and t.shape[0] > 0 else 0
         total += per_row * t.element_size()
     return total
 

@@ -196,8 +196,8 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 def _joined(floats: list[torch.Tensor]) -> torch.Tensor:
     """``floats`` as one vector (promoted to the widest type), the 0-d entries stacked in one op rather than
-    reshaped one by one (a round's scalar records are most of its entries)."""
-    parts = [v.reshape(-1) for v in floats if v.dim()]
+    reshaped one by one (a round's scalar records are most of its entries), the 1-d ones as they are."""
+    parts = [v if v.dim() == 1 else v.reshape(-1) for v in floats if v.dim()]
     scalars = [v for v in floats if not v.dim()]
     if scalars:
         parts.append(torch.stack(scalars))

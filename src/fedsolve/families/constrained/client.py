@@ -55,9 +55,10 @@ class ClientSide:
         constant = {}
         if self.solver == "quadratic":
             rows.update(g0=torch.zeros(n, d, dtype=f64), hkey=torch.full((n, 2), float("nan"), dtype=f64))
+            pair, pair_fix = sp.pair_zeros(d, f64)
             constant = {
-                "pair": torch.zeros(d, d, dtype=f64),
-                "pair_fix": torch.zeros(d, dtype=f64),
+                "pair": pair,
+                "pair_fix": pair_fix,
                 "gf0": torch.zeros(d, dtype=f64),
                 "J": torch.zeros(m, d, dtype=f64),
                 "c0": torch.zeros(m, dtype=f64),

@@ -66,6 +66,9 @@ class ProxAL(Algorithm):
     cfg: ProxALConfig
     reports_train_loss = False  # a round solves Eq. 19 or updates multipliers: the certificate is the record
     watch = "w"  # the iterate w must stay below divergence_factor x max(1, |w^0|_inf)
+    #: the round's finiteness check reads the iterates and the uploads; the server's scalar records (tau, gap, dw,
+    #: dmu, residuals) are computed from exactly these, so a NaN or inf there shows in them first
+    finite_check_keys = ("w", "w0", "z", "mu0")
     phases = PHASES
     #: the run's client sampling (``engine.sampling.SamplingConfig``), told before the first round; None: not told
     sampling = None
