@@ -71,3 +71,55 @@ def test_slot_lookups_follow_new_ids_new_rows_and_ids_changed_in_place():
     assert got["K"].untyped_storage().data_ptr() == s._cols["K"].rows.untyped_storage().data_ptr()
     assert torch.equal(got["K"], torch.ones(2, 2)) and torch.equal(s.gather(torch.tensor([1, 3]))["K"],
                                                                    torch.full((2, 2), 3.0))
+
+
+def test_gathers_that_replay_the_last_reading_match_a_plain_model_through_random_operations():
+    """``gather`` replays its last reading (same views, fresh copies) while the ids and every column are unchanged;
+    through 400 random operations (gathers and scatters of random, repeated, full or in-place-changed ids, first
+    writes, column replacements, a new read-only flag, a memory budget that spills, a caller that changes the ids
+    tensor it gave and passes the old values in a new one) every gather equals the rows of
+    a plain dict of full tensors, no copy shares storage with the store, and a write through a gathered copy never
+    reaches the store."""
+    g = torch.Generator().manual_seed(0)
+    m = 6
+    model = {"x": torch.randn(m, 3, generator=g, dtype=torch.float64), "K": torch.zeros(m, 2, 2), "v": torch.zeros(m, 2)}
+    s = ClientStates(m, {"x": model["x"].clone()}, defaults={"K": torch.zeros(2, 2), "v": torch.zeros(2)},
+                     readonly=("x", "K"))
+    ids = torch.arange(m)
+    replays = 0
+    for step in range(400):
+        op = int(torch.randint(0, 10, (1,), generator=g))
+        if op < 2:                                                    # other ids: full, a run, or a random subset
+            kind = int(torch.randint(0, 3, (1,), generator=g))
+            ids = (torch.arange(m) if kind == 0 else torch.arange(1, 4) if kind == 1 else
+                   torch.randperm(m, generator=g)[: int(torch.randint(1, m + 1, (1,), generator=g))])
+        elif op == 2 and ids.numel() > 1:                             # the same tensor changed in place
+            ids[0], ids[-1] = int(ids[-1]), int(ids[0])
+        elif op in (3, 4, 5):                                         # writes (first writes included)
+            key = ("x", "K", "v")[int(torch.randint(0, 3, (1,), generator=g))]
+            new = torch.randn(ids.numel(), *model[key].shape[1:], generator=g, dtype=model[key].dtype)
+            s.scatter(ids, {key: new})
+            model[key][ids] = new
+        elif op == 6 and step % 50 == 6:                              # a column replaced by a new default
+            s.set_default("v", torch.full((2,), float(step)))
+            model["v"][:] = float(step)
+        elif op == 7 and step == 207:
+            s.set_readonly(["v"])
+        elif op == 8 and step > 300 and s.budget_bytes is None:      # the rows move to spill files
+            s.set_budget(0)
+        elif op == 9 and ids.numel() > 1:     # the caller changes the tensor it gave; passes its old values anew
+            fresh = ids.clone()
+            ids.copy_(ids.flip(0))
+            ids = fresh
+        before = s._plan
+        got = s.gather(ids)
+        replays += before is not None and s._plan is before
+        for k, want in model.items():
+            assert torch.equal(got[k], want[ids]), (step, k)
+            store = s._cols[k].rows
+            if not s._cols[k].readonly and got[k].numel() and store.numel():
+                assert got[k].untyped_storage().data_ptr() != store.untyped_storage().data_ptr(), (step, k)
+        if not s._cols["v"].readonly:
+            got["v"].add_(1.0)                                        # a copy: the store keeps its numbers
+            assert torch.equal(s.gather(ids)["v"], model["v"][ids]), step
+    assert replays > 50, replays

@@ -258,8 +258,7 @@ class ClientStates:
         """Rows of the selected clients: ``{name: [k, ...]}`` (copies, except views of a read-only column's
         stored rows when they sit in order, or of its default row when no client has a row of its own; the default
         row for a client not yet written)."""
-        ids_c = ids.cpu()
-        gen = self._ids_gen(ids_c)
+        ids_c, gen = self._ids_gen(ids.cpu())
         again = self._replay(gen)
         if again is not None:
             return again
@@ -294,14 +293,15 @@ class ClientStates:
             out[k] = view if view is not None else rows.index_select(0, look.at_rows)  # type: ignore[union-attr]
         return out
 
-    def _ids_gen(self, ids_c: Tensor) -> int:
-        """A number that names the values of ``ids_c`` (CPU): the same as the last call's when the ids are equal
-        (a round's gather and scatter, and every round of full participation, look their slots up once)."""
+    def _ids_gen(self, ids_c: Tensor) -> tuple[Tensor, int]:
+        """``(ids, gen)``: the values of ``ids_c`` (CPU) in a copy this object owns (lookups keep it: the caller may
+        change its tensor in place later) and a number that names them, the same as the last call's when the ids
+        are equal (a round's gather and scatter, and every round of full participation, look their slots up once)."""
         last = self._ids
         if last is None or last.shape != ids_c.shape or not torch.equal(last, ids_c):
-            self._ids = ids_c.clone()
+            last = self._ids = ids_c.clone()
             self._gen += 1
-        return self._gen
+        return last, self._gen
 
     @staticmethod
     def _lookup(col: _Column, ids_c: Tensor, gen: int) -> _Lookup:
@@ -360,8 +360,7 @@ class ClientStates:
                 col.rows.index_copy_(0, ids if ids.device == col.rows.device else ids.to(col.rows.device), v)
                 continue
             if gen is None or ids_c is None:  # set together, on the first column that keeps slots
-                ids_c = ids.cpu()
-                gen = self._ids_gen(ids_c)
+                ids_c, gen = self._ids_gen(ids.cpu())
             look = self._lookup(col, ids_c, gen)
             s = look.slots
             if not look.known:  # first write of some of these clients: a stored row each (amortized growth)
