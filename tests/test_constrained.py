@@ -212,6 +212,45 @@ def test_lemma4_bounded_outer_iterates():
     assert seen >= 3
 
 
+def test_theorem5_outer_iterations_below_the_bound_and_at_eq11s_floor():
+    """Theorem 5 (Eq. 48): Algorithm 1 stops within K = [s_bar + sqrt(2)(r0 + 4 sqrt(n) s_bar beta)/beta]^2
+    max(eps1^-2, eps2^-2) outer iterations. Swept over eps = eps1 = eps2 in {1e-2, 1e-3, 1e-4} on a QP with a known
+    KKT pair: every run converges far below K, and no earlier than the floor Eq. 11's own term sets (beta tau_k <=
+    beta eps1 with tau_k = s_bar/(k+1)^2: k + 1 >= sqrt(s_bar/eps1)); the counts grow like eps^-1/2 (that floor),
+    not like the bound's eps^-2, and the communication rounds (outer rounds + ADMM rounds) less than 10x a decade.
+    Prints the table (results/constrained/theorem5_counts.txt is this test's output with -s)."""
+    n, d, m = 2, 5, 1
+    prob = qp_problem(d, n, m, seed=1)
+    inst = prob.extras["qp_instance"]
+    A, b = inst["A"].sum(0), inst["b"].sum(0)
+    C, dd = inst["C"].reshape(-1, d), inst["d"].reshape(-1)
+    K = np.block([[A, C.T], [C, np.zeros((len(dd), len(dd)))]])
+    sol = np.linalg.solve(K, np.concatenate([-b, -dd]))
+    w_star, mu_star = sol[:d], sol[d:]
+    beta, s_bar = 10.0, 0.1
+    counts = {}
+    print("\neps  outer_iterations  floor  bound_K  communication_rounds  admm_rounds")
+    for eps in (1e-2, 1e-3, 1e-4):
+        params = {"beta": beta, "s_bar": s_bar, "rho": 1.0, "q": 0.5, "eps1": eps, "eps2": eps, "max_inner": 5000}
+        sim = Simulation(prob, get_algorithm("proxal")(params, prob),
+                         SimulationConfig(rounds=5000, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
+        r0 = math.sqrt(float(np.sum((sim.server["w0"].numpy() - w_star) ** 2)) + float(np.sum(mu_star ** 2)))
+        bound = (s_bar + math.sqrt(2) * (r0 + 4 * math.sqrt(n) * s_bar * beta) / beta) ** 2 * eps ** -2
+        rounds = 0
+        while not sim.algo.phases.finished(sim.server) and rounds < 5000:
+            sim.run_round(rounds)
+            rounds += 1
+        k = int(sim.server["k"])
+        floor = math.ceil(math.sqrt(s_bar / eps) - 1 - 1e-9)
+        print(f"{eps:g}  {k}  {floor}  {bound:.3g}  {rounds}  {int(sim.server['admm_rounds'])}")
+        assert int(sim.server["converged"]) == 1, eps
+        assert floor <= k <= bound, (eps, k, floor, bound)
+        counts[eps] = (k, rounds)
+    for hi, lo in ((1e-2, 1e-3), (1e-3, 1e-4)):
+        assert counts[lo][0] / counts[hi][0] <= 10 ** 0.6, counts   # eps^-1/2 (3.16x a decade) up to rounding of k
+        assert counts[lo][1] / counts[hi][1] < 10, counts
+
+
 # ------------------------------------------------------------------ identities (Eqs. 38, 39; Remark 8)
 def _fair_problem(n=2, seed=0):
     rng = np.random.default_rng(seed)
