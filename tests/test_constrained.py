@@ -189,16 +189,21 @@ def test_sym_pair_products_and_unpack(d):
     assert torch.equal(sp.sym_unpack(T, fix), sp.sym_unpack(T, fix).mT)
 
 
-def test_lemma4_bounded_outer_iterates():
-    """||w^k - w*|| <= r0 + 2 sqrt(n) s_bar beta for every outer iterate (Lemma 4); mu* from the KKT solve."""
-    n, d, m = 2, 5, 1
-    prob = qp_problem(d, n, m, seed=1)
+def _qp_kkt_pair(prob, d):
+    """The QP's primal-dual optimal pair (w*, mu*) (equality constraints only): one KKT linear solve."""
     inst = prob.extras["qp_instance"]
     A, b = inst["A"].sum(0), inst["b"].sum(0)
     C, dd = inst["C"].reshape(-1, d), inst["d"].reshape(-1)
     K = np.block([[A, C.T], [C, np.zeros((len(dd), len(dd)))]])
     sol = np.linalg.solve(K, np.concatenate([-b, -dd]))
-    w_star, mu_star = sol[:d], sol[d:]
+    return sol[:d], sol[d:]
+
+
+def test_lemma4_bounded_outer_iterates():
+    """||w^k - w*|| <= r0 + 2 sqrt(n) s_bar beta for every outer iterate (Lemma 4); mu* from the KKT solve."""
+    n, d, m = 2, 5, 1
+    prob = qp_problem(d, n, m, seed=1)
+    w_star, mu_star = _qp_kkt_pair(prob, d)
     params = {**QP, "s_bar": 0.1, "eps1": 1e-4, "eps2": 1e-4}
     sim = Simulation(prob, get_algorithm("proxal")(params, prob),
                      SimulationConfig(rounds=400, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
@@ -221,12 +226,7 @@ def test_theorem5_outer_iterations_below_the_bound_and_at_eq11s_floor():
     Prints the table (results/constrained/theorem5_counts.txt is this test's output with -s)."""
     n, d, m = 2, 5, 1
     prob = qp_problem(d, n, m, seed=1)
-    inst = prob.extras["qp_instance"]
-    A, b = inst["A"].sum(0), inst["b"].sum(0)
-    C, dd = inst["C"].reshape(-1, d), inst["d"].reshape(-1)
-    K = np.block([[A, C.T], [C, np.zeros((len(dd), len(dd)))]])
-    sol = np.linalg.solve(K, np.concatenate([-b, -dd]))
-    w_star, mu_star = sol[:d], sol[d:]
+    w_star, mu_star = _qp_kkt_pair(prob, d)
     beta, s_bar = 10.0, 0.1
     counts = {}
     print("\neps  outer_iterations  floor  bound_K  communication_rounds  admm_rounds")
