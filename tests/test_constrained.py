@@ -251,6 +251,60 @@ def test_theorem5_outer_iterations_below_the_bound_and_at_eq11s_floor():
         assert counts[lo][1] / counts[hi][1] < 10, counts
 
 
+def test_theorem12_inner_rounds_below_eq74_and_at_the_servers_floor():
+    """Theorem 12 (Eqs. 64-74): an inner loop of Algorithm 2 for tau_k stops within ceil(2 log(tau_k/(n+1+b)) /
+    log q_r) + 1 rounds, q_r = max(q, 1/(1+r)), r = min_i sigma rho_i/(rho_i^2 + 2 L^2), b of Eq. 73 (with
+    S_0 of the subproblem's exact minimiser w~*). On a QP every constant is computable (sigma = 1/((n+1) beta) by
+    Remark 8, L = the largest eigenvalue of the parties' Hessians of P_{i,k}, w~* by one linear solve at each
+    w^k, mu^k): every inner loop of a run to eps 1e-4 stays below the bound, and no shorter than the floor the
+    server's own term sets (eps_{t+1} = q^t <= tau_k: t + 1 >= log(tau_k)/log(q) + 1), so the count grows like
+    log(1/tau_k). Prints the table (results/constrained/theorem12_counts.txt is this test's output with -s)."""
+    n, d, m = 2, 5, 1
+    prob = qp_problem(d, n, m, seed=1)
+    inst = {k: np.asarray(v) for k, v in prob.extras["qp_instance"].items()}
+    beta, rho, q, s_bar = 10.0, 1.0, 0.5, 0.1
+    params = {"beta": beta, "s_bar": s_bar, "rho": rho, "q": q, "eps1": 1e-4, "eps2": 1e-4, "max_inner": 5000}
+    sim = Simulation(prob, get_algorithm("proxal")(params, prob),
+                     SimulationConfig(rounds=5000, eval_every=10 ** 6, sampling={"fraction": 1.0}), seed=0)
+    sig, eye = 1.0 / ((n + 1) * beta), np.eye(d)
+    A, b, C, dv = inst["A"], inst["b"], inst["C"], inst["d"]  # A, b: clients; C, d: the server (0), then clients
+    H = [A[i] + beta * C[i + 1].T @ C[i + 1] + sig * eye for i in range(n)] + [beta * C[0].T @ C[0] + sig * eye]
+    L = max(float(np.linalg.eigvalsh(h).max()) for h in H)
+    q_r = max(q, 1 / (1 + sig * rho / (rho ** 2 + 2 * L ** 2)))
+
+    def loop_bound(wk, mus, mu0, tau):
+        grads = [lambda w, i=i: A[i] @ w + b[i] + C[i + 1].T @ (mus[i] + beta * (C[i + 1] @ w + dv[i + 1]))
+                 + sig * (w - wk) for i in range(n)]
+        g0 = C[0].T @ (mu0 + beta * dv[0]) - sig * wk               # grad P_0(0)
+        w_star = np.linalg.solve(sum(H), -(sum(g(np.zeros(d)) for g in grads) + g0))
+        S0 = sum(rho / 2 * np.sum((w_star - wk) ** 2) + np.sum((g(w_star) - g(wk)) ** 2) / (2 * rho) for g in grads)
+        bb = (2 / math.sqrt(sig) * n * (L + rho) + math.sqrt(2 * n * rho)) * (
+            math.sqrt(S0 + ((n + 1) / (2 * sig) + n * sig / (rho ** 2 + 2 * L ** 2)) / (1 - q))
+            + math.sqrt((n + 1) / (2 * sig)))
+        return math.ceil(2 * math.log(tau / (n + 1 + bb)) / math.log(q_r)) + 1
+
+    loops, cur, rounds = [], None, 0
+    while not sim.algo.phases.finished(sim.server) and rounds < 5000:
+        sim.run_round(rounds)
+        rounds += 1
+        s = sim.server
+        if cur is not None and int(s["k"]) > cur[0]:
+            loops.append((*cur[:3], int(s["admm_rounds"]) - cur[3]))
+            cur = None
+        if sim.algo.phases.current(s) == "inner" and int(s["t"]) == 0:  # an inner loop starts at w^k, mu^k
+            tau = float(s["tau"])
+            bound = loop_bound(s["w"].numpy(), sim.clients["mu"].numpy(), s["mu0"].numpy(), tau)
+            cur = (int(s["k"]), tau, bound, int(s["admm_rounds"]))
+    assert int(sim.server["converged"]) == 1 and len(loops) >= 30
+    print(f"\nL {L:.4f}  q_r {q_r:.10f}")
+    print("k  tau_k  inner_rounds  floor  bound_eq74")
+    for k, tau, bound, T in loops:
+        floor = math.ceil(math.log(tau) / math.log(q) - 1e-9) + 1
+        print(f"{k}  {tau:.3g}  {T}  {floor}  {bound}")
+        assert floor <= T <= bound, (k, tau, T, floor, bound)
+        assert T - floor <= 15, (k, T, floor)                      # O(log(1/tau_k)): near the server's floor
+
+
 # ------------------------------------------------------------------ identities (Eqs. 38, 39; Remark 8)
 def _fair_problem(n=2, seed=0):
     rng = np.random.default_rng(seed)
