@@ -5,13 +5,13 @@ dimensions broadcast). Newton's method to a tolerance, for the other subproblems
   the Hessian ``H`` is constant, so it is built and factored once and every solve is exact. A round of
   Eqs. 19 + 22 needs ``H^{-1} r`` and ``H w``: :func:`sym_pair` stores ``H^{-1}`` and ``H`` as ONE array ``T`` and
   :func:`sym_pair_apply` gets both products from it. Two layouts, chosen by d alone (so a Flower node's one row
-  and the simulation's stacked rows agree bit for bit):
+  and the simulation's rows of all clients agree bit for bit):
 
   - packed (``d > DENSE_MAX_D``): ``T [d, d]`` holds ``H^{-1}`` on and above the diagonal and ``H`` below it
     (``fix = diag(H) - diag(H^{-1})``); both products from one read of it (two BLAS ``dsymv``, each on its own
     triangle). At large d a round is memory-bound: this reads ``d^2`` numbers per client instead of ``2 d^2``.
   - dense (``d <= DENSE_MAX_D``): ``T [d, 2d] = [H^{-1} | H]`` (both full, symmetric; ``fix`` zero); the products
-    are two stacked matrix-vector products (NumPy's ``matmul``, one BLAS ``dgemv`` per row). At small d a
+    are two matrix-vector products a row (NumPy's ``matmul``, one BLAS ``dgemv`` per row). At small d a
     round is bound by per-call overhead, not memory: 4x faster at d = 100, 5 clients; slower from d = 200.
 
   :func:`sym_unpack` reads ``H`` back.
@@ -37,7 +37,7 @@ Fun = Callable[[Tensor], Tensor]
 def mv(A: Tensor, x: Tensor) -> Tensor:
     """``A x`` for a matrix ``A [..., k, d]`` and a vector ``x [..., d]`` with the same leading dimensions. On CPU
     float64 (no autograd) through NumPy's ``matmul``, one BLAS ``dgemv`` per row, so that a row's bits do not depend
-    on the rows beside it (torch's batched product and its single one may round the last bit differently: a Flower
+    on the rows beside it (torch's product over many rows and over one may round the last bit differently: a Flower
     node multiplies its own row, the simulation all clients' rows at once)."""
     arrays = _cpu64_arrays(A, x)
     if arrays is not None:
@@ -47,7 +47,7 @@ def mv(A: Tensor, x: Tensor) -> Tensor:
 
 def _cpu64_arrays(*ts: Tensor) -> list[np.ndarray] | None:
     """The tensors ``ts`` as NumPy arrays (no copy) when all are plain CPU float64 tensors outside autograd; None
-    otherwise, also for the wrappers of ``torch.func``'s transforms (vmap, grad), which have no storage to share."""
+    otherwise, also for the wrappers of ``torch.func``'s transforms, which have no storage to share."""
     if not all(t.device.type == "cpu" and t.dtype == torch.float64 and not t.requires_grad for t in ts):
         return None
     try:
@@ -145,7 +145,7 @@ def _sym_pair_blas(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
 
 
 def _dense_blas(T: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """:func:`sym_pair_apply` on CPU float64 dense rows ``[..., d, 2d]``: NumPy's ``matmul`` over the stacked rows
+    """:func:`sym_pair_apply` on CPU float64 dense rows ``[..., d, 2d]``: NumPy's ``matmul`` over the rows
     (one BLAS ``dgemv`` per row and product; no reshaping: NumPy broadcasts the leading dimensions)."""
     Tn, d = T.numpy(), T.shape[-2]
     ox = None if x is None else torch.from_numpy(np.matmul(Tn[..., :d], x.numpy()[..., None])[..., 0])
