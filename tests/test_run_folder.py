@@ -272,6 +272,30 @@ def test_outside_a_git_checkout_the_commit_is_unknown(tmp_path):
     assert prov["commit"] == "unknown" and prov["dirty"] is None and prov["versions"]["fedsolve"]
 
 
+def test_the_recorded_commit_is_the_one_the_process_loaded_even_when_head_moves(tmp_path):
+    """A long suite keeps recording the commit its code was loaded from (pinned at the first record, or at the
+    CLI's start) although a commit lands in the checkout meanwhile; the checkout's HEAD itself has moved."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "src" / "fedsolve", repo / "fedsolve", ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "a"]):
+        subprocess.run(["git", *cmd] if cmd[0] == "init" else [*git, *cmd], cwd=repo, check=True)
+    code = (
+        "import json, subprocess, sys\n"
+        "from fedsolve.engine.provenance import provenance, source_commit\n"
+        "first = provenance()['commit']\n"
+        "subprocess.run(sys.argv[1:], check=True)\n"
+        "print(json.dumps([first, provenance()['commit'], source_commit()[0]]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    out = subprocess.run([sys.executable, "-c", code, *git, "commit", "-q", "--allow-empty", "-m", "b"],
+                         capture_output=True, text=True, env=env, cwd=repo)
+    assert out.returncode == 0, out.stderr
+    first, later, head = json.loads(out.stdout)
+    heads = subprocess.run(["git", "log", "--format=%H"], cwd=repo, capture_output=True, text=True).stdout.split()
+    assert first == later == heads[1] and head == heads[0] != first
+
+
 # ------------------------------------------------------------------ one-line errors (Python API, --import, files)
 @pytest.mark.parametrize("args, kwargs, words", [
     ((5,), {}, "config: expected a YAML path"),

@@ -516,11 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the fedsolve program: a SIGTERM (kill, a batch system's stop) ends it as Ctrl-C does
         signal.signal(signal.SIGTERM, _sigterm)
     from fedsolve.engine.loop import DivergenceError, ResumeError, RunInterrupted
-    from fedsolve.engine.provenance import COMMAND, command_line
+    from fedsolve.engine.provenance import COMMAND, command_line, pin_source
     from fedsolve.engine.run_folder import FolderBusy
     from fedsolve.experiments.config import ConfigError
 
     COMMAND.set(command_line(argv))
+    pin_source()  # the commit of the code this process loaded, before any run (HEAD may move during a long one)
     try:
         for mod in args.imports or []:  # user plugins: modules that @register algorithms
             _import_plugin(mod)

@@ -5,7 +5,9 @@
 
 * ``commit``: the git commit of the fedsolve source that ran, when it ran from a git checkout, else
   ``"unknown"`` (an installed wheel); ``dirty``: whether the package's tracked files differed from that commit
-  (``null`` when unknown); ``commit_source``: ``"recorded"`` (this record was written by the run itself);
+  (``null`` when unknown); both read once per process (:func:`pin_source`: at the CLI's start, before any run),
+  so a record names the code the process loaded even when HEAD moves during a long suite;
+  ``commit_source``: ``"recorded"`` (this record was written by the run itself);
 * ``config_hash``: SHA-256 of the resolved config (:func:`config_hash`);
 * ``versions``: fedsolve, torch, numpy, python, and flwr where it is installed;
 * ``machine``: platform, processor architecture, CPU count; ``device``: where the run computed (with the GPU's
@@ -68,6 +70,18 @@ def source_commit() -> tuple[str, bool | None]:
         return "unknown", None
     status = _git("status", "--porcelain", "--untracked-files=no", "--", ".")
     return head, None if status is None else bool(status)
+
+
+_PINNED: list[tuple[str, bool | None]] = []  # the (commit, dirty) of the code this process runs, once known
+
+
+def pin_source(value: tuple[str, bool | None] | None = None) -> tuple[str, bool | None]:
+    """``(commit, dirty)`` of the code this process runs: the checkout's at the first call (or ``value``, the
+    parent's pin handed to a worker process), the same for every later record although HEAD may move while a
+    long run lasts (the CLI pins it at start-up, a suite hands it to its worker processes)."""
+    if not _PINNED:
+        _PINNED.append(value if value is not None else source_commit())
+    return _PINNED[0]
 
 
 def source_changed(commit: str, other: str = "HEAD", checkout: tuple[Path, str] | None = None) -> bool | None:
@@ -142,7 +156,7 @@ def device_info(device: Any = None) -> dict[str, Any]:
 
 def provenance(device: Any = None, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record described in the module docstring (``config``: the resolved config to hash)."""
-    commit, dirty = source_commit()
+    commit, dirty = pin_source()
     return {
         "commit": commit,
         "dirty": dirty,
@@ -169,6 +183,7 @@ __all__ = [
     "config_hash",
     "device_info",
     "head_of",
+    "pin_source",
     "provenance",
     "source_changed",
     "source_commit",

@@ -48,7 +48,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedsolve.engine.io import atomic_write_text
-from fedsolve.engine.provenance import provenance
+from fedsolve.engine.provenance import pin_source, provenance
 from fedsolve.engine.run_folder import RunFolder, busy_above
 from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, apply_overrides, merged_params
 from fedsolve.experiments.records import folder_kind, read_json
@@ -499,10 +499,13 @@ def _worker_cell(dump: dict, base: str, cell: dict) -> list[dict]:
     return run_cell(_WORKER[key].for_cell(cell))
 
 
-def _set_threads(n: int) -> None:
+def _set_threads(n: int, source: tuple[str, bool | None] | None = None) -> None:
+    """A worker's start: its torch threads, and the parent's pinned source commit (:func:`pin_source`)."""
     import torch
 
     torch.set_num_threads(n)
+    if source is not None:
+        pin_source(source)
 
 
 # settings that do not change a cell's numbers: a report may be redrawn with other tables on --resume
@@ -630,7 +633,7 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
             max_workers=min(jobs, len(todo)),
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_set_threads,
-            initargs=(1,),
+            initargs=(1, pin_source()),
         ) as pool:
             futs = {pool.submit(_worker_cell, dump, str(base), cell): k for k, cell in todo.items()}
             error = None
