@@ -144,15 +144,6 @@ def _sym_pair_blas(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
     return (None if ox is None else torch.from_numpy(ox)), (None if oy is None else torch.from_numpy(oy))
 
 
-def _dense_blas(T: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """:func:`sym_pair_apply` on CPU float64 dense rows ``[..., d, 2d]``: NumPy's ``matmul`` over the rows
-    (one BLAS ``dgemv`` per row and product; no reshaping: NumPy broadcasts the leading dimensions)."""
-    Tn, d = T.numpy(), T.shape[-2]
-    ox = None if x is None else torch.from_numpy(np.matmul(Tn[..., :d], x.numpy()[..., None])[..., 0])
-    oy = None if y is None else torch.from_numpy(np.matmul(Tn[..., d:], y.numpy()[..., None])[..., 0])
-    return ox, oy
-
-
 @overload
 def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor, y: None) -> tuple[Tensor, None]: ...
 @overload
@@ -163,10 +154,8 @@ def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
     """``(H^{-1} x, H y)`` from :func:`sym_pair`'s ``(T, fix)`` (``[..., d, d or 2d]``, ``[..., d]``); ``x`` or
     ``y`` may be None (that product is skipped). Plain tensors only (one party, or the rows of several); each
     row's products are computed alone, so a row gives the same bits whatever rows stand beside it."""
-    if T.device.type != "cpu" or T.dtype != torch.float64:
-        return _torch_apply(T, fix, x, y)
-    if _is_dense(T):
-        return _dense_blas(T, x, y)
+    if _is_dense(T) or T.device.type != "cpu" or T.dtype != torch.float64:
+        return _torch_apply(T, fix, x, y)  # dense: two row-by-row products (:func:`mv`)
     d = T.shape[-2]
     flat = lambda v: None if v is None else v.reshape(-1, d).contiguous()
     ox, oy = _sym_pair_blas(T.reshape(-1, d, d).contiguous(), fix.reshape(-1, d).contiguous(), flat(x), flat(y))
@@ -175,7 +164,8 @@ def sym_pair_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -
 
 
 def _torch_apply(T: Tensor, fix: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-    """:func:`sym_pair_apply` in torch ops (any device and dtype)."""
+    """:func:`sym_pair_apply` without the packed layout's BLAS route (any device and dtype): the dense layout's
+    two products by :func:`mv` (row by row through NumPy on CPU float64), the packed one's in torch ops."""
     if _is_dense(T):
         d = T.shape[-2]
         return (None if x is None else mv(T[..., :d], x)), (None if y is None else mv(T[..., d:], y))
