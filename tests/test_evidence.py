@@ -255,6 +255,15 @@ def test_verify_a_compare_without_logs_needs_full_and_compares_mean_sd_and_n(tmp
     assert "FedAPM for seeds [0]" in capsys.readouterr().out
 
 
+def test_verify_a_compare_without_its_config_says_so_in_one_line(tmp_path, capsys):
+    out, _ = _tiny_compare(tmp_path, "fedapm")
+    (out / "config.yaml").unlink()
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "config.yaml" in err and "Errno" not in err and len(err.splitlines()) == 1, err
+
+
 def test_verify_a_suite_cell(tmp_path, capsys):
     from fedsolve.experiments.suite import main as suite
 
@@ -284,3 +293,75 @@ def test_verify_a_real_cell_under_results_at_reduced_size(capsys):
         pytest.skip(text.err)
     assert "code:" in text.out and "SimFBO seed 0 to round 20 of 200" in text.out
     assert rc == 0, text.out      # the recorded per-round numbers, to float tolerance, by today's code
+
+
+# ------------------------------------------------------------------ fedsolve ledger --recheck
+def _scale_first_eval(run: Path, factor: float) -> None:
+    """Multiply every float of the first evaluation after round 0 of ``run``'s log by ``factor``."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in recs if r["round"] > 0)
+    for k, v in first.items():
+        if k != "round" and isinstance(v, float):
+            first[k] = v * factor
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_recheck_reruns_a_cell_of_each_evidence_and_tells_agree_close_differ_and_not_rerunnable(tmp_path):
+    from fedsolve.experiments.recheck import recheck_entries, recheck_path
+
+    out, label = _tiny_compare(tmp_path, "fpfc")
+    root = tmp_path
+    rel = str(out.relative_to(root))
+    (root / "results" / "table.md").write_text("| a |\n")
+    [cell] = recheck_path(root, rel)
+    assert (cell["path"], cell["cell"], cell["outcome"]) == (rel, label, "agrees"), cell
+    assert str(tmp_path) not in json.dumps(cell)                 # no machine path in a ledger
+    run = next(out.glob("*/seed0"))
+    _scale_first_eval(run, 1 + 1e-4)                             # float32 drift size: close, not agreeing
+    assert recheck_path(root, rel)[0]["outcome"] == "close"
+    _scale_first_eval(run, 1.1)                                  # a real difference
+    [cell] = recheck_path(root, rel)
+    assert cell["outcome"] == "differs" and "DIFFERS" in cell["detail"], cell
+    assert recheck_path(root, "results/table.md")[0]["outcome"] == "not re-checked"
+    (out / "config.yaml").unlink()
+    [cell] = recheck_path(root, rel)
+    assert cell["outcome"] == "not re-checked" and "config.yaml" in cell["detail"], cell
+
+    entries = [{"id": "a", "claim": "c", "status": "reproduced", "paper": None, "ours": "o",
+                "evidence": [rel, "results/table.md"], "command": "fedsolve suite x.yaml", "stale": True},
+               {"id": "b", "claim": "c", "status": "reproduced", "paper": None, "ours": "o",
+                "evidence": ["results/table.md"], "command": "fedsolve suite x.yaml"}]
+    recheck_entries(root, entries, "0123456789abcdef", only=["a"])
+    assert "rechecked" not in entries[1]
+    assert entries[0]["rechecked"]["at"] == "0123456789abcdef"
+    assert [c["outcome"] for c in entries[0]["rechecked"]["cells"]] == ["not re-checked", "not re-checked"]
+    text = render(entries)
+    assert "re-checked at 0123456: no cell re-run" in text
+    assert f"re-check: `{rel}` ({label}): not re-checked" in text
+
+
+def test_a_rechecked_field_is_the_shape_the_recheck_writes(tmp_path):
+    from fedsolve.experiments.recheck import status_phrase
+
+    cells = [{"path": "results/x", "cell": None, "outcome": o, "detail": ""}
+             for o in ("agrees", "agrees", "close", "differs", "not re-checked")]
+    assert status_phrase({"at": "abcdef0123", "cells": cells}) == \
+        "re-checked at abcdef0: 2 of 4 re-run cells agree, 1 within 0.001, 1 differ"
+    entry = {"id": "a", "claim": "c", "status": "reproduced", "paper": None, "ours": "o", "evidence": [],
+             "command": "fedsolve suite x.yaml"}
+    folder = tmp_path / "results" / "fam"
+    folder.mkdir(parents=True)
+    for bad in ({"at": 1, "cells": []}, {"at": "x", "cells": [{"path": "p", "outcome": "fine"}]}, "yes"):
+        (folder / "claims.json").write_text(json.dumps([{**entry, "rechecked": bad}]))
+        with pytest.raises(ConfigError, match="rechecked"):
+            load_claims(folder)
+    (folder / "claims.json").write_text(json.dumps([{**entry, "rechecked": {"at": "x", "cells": cells}}]))
+    assert load_claims(folder)[0]["rechecked"]["cells"] == cells
+
+
+def test_ledger_only_and_check_with_recheck_are_bad_input(capsys):
+    fam = RESULTS / "bilevel"
+    assert main(["ledger", str(fam), "--only", "fig4-regime"]) == 2
+    assert main(["ledger", str(fam), "--check", "--recheck"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("--recheck" in line for line in err), err

@@ -8,7 +8,7 @@
     fedsolve list [algorithms|datasets|partitioners|models|schedules|wrappers|protocols]
     fedsolve report DIR
     fedsolve verify DIR [--full] [--cell LABEL|KEY] [--rounds R] [--rtol X] [--atol X]
-    fedsolve ledger DIR [--check]
+    fedsolve ledger DIR [--check | --recheck [--only ID ...]]
     fedsolve examples [NAME]       (the example configs shipped with fedsolve: their paths)
     fedsolve --version
 
@@ -306,12 +306,18 @@ def _cmd_verify(args) -> int:
 def _cmd_ledger(args) -> int:
     from fedsolve.experiments.ledger import check_ledger, stamp_commits, write_ledger
 
+    clash = (
+        "--check with --recheck" if args.check and args.recheck else "--only" if args.only and not args.recheck else ""
+    )
+    if clash:
+        print(f"error: ledger {clash}: allowed: --check alone, or --recheck [--only ID ...]", file=sys.stderr)
+        return EXIT_CONFIG
     if args.check:
         problems = check_ledger(args.dir)
         print("\n".join(problems) or f"{args.dir}: the ledger agrees with claims.json and every evidence path exists")
         return EXIT_DIFFERS if problems else 0
     stamped = stamp_commits(args.dir)
-    readme = write_ledger(args.dir)
+    readme = write_ledger(args.dir, recheck=args.recheck, only=args.only)
     print(
         f"{readme}: ledger written from {Path(args.dir) / 'claims.json'}"
         + (f"; {len(stamped)} summary.json given the commit that added them" if stamped else "")
@@ -449,6 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only check: exit 1 when the README's table is not the generated one or an evidence path is missing",
     )
+    lg.add_argument(
+        "--recheck",
+        action="store_true",
+        help="first re-run a cell of each claim's evidence to its first evaluation with the current (committed) "
+        "source and record whether it agrees (docs/fair-reporting.md)",
+    )
+    lg.add_argument("--only", nargs="+", metavar="ID", help="with --recheck: only these claims")
     lg.set_defaults(fn=_cmd_ledger)
     ex = sub.add_parser("examples", help="the example configs shipped with fedsolve (their paths)")
     ex.add_argument("name", nargs="?", help="print only this example's path (e.g. demo)")

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from fedsolve.engine.io import atomic_write_text
-from fedsolve.engine.provenance import added_in, head_of, source_changed
+from fedsolve.engine.provenance import added_in, head_of, pin_source, source_changed
 from fedsolve.experiments.config import ConfigError
+from fedsolve.experiments.recheck import OUTCOMES, recheck_entries, status_phrase
 from fedsolve.experiments.records import read_json
 
 STATUSES = ("reproduced", "not reproduced", "not attempted")
@@ -45,6 +46,7 @@ OPTIONAL = (
     "ratios",
     "source_only",
     "centralized",
+    "rechecked",
 )
 #: the reference runs a claim of a federated method's gain carries (fair reporting): a mapping with the mean, the
 #: sample SD and n of the repeated measurement (and, e.g., the per-seed values and the command)
@@ -90,6 +92,8 @@ def load_claims(folder: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{where}: reference_same_run {e['reference_same_run']!r}; allowed: true or false")
         if "ratios" in e and not isinstance(e["ratios"], dict):
             raise ConfigError(f"{where}: ratios must be a mapping (e.g. instance -> ratio, median, range)")
+        if "rechecked" in e:
+            _check_rechecked(e["rechecked"], where)
         for ref in REFERENCES:
             r = e.get(ref, {"mean": 0.0, "sd": 0.0, "n": 1})
             if not (
@@ -104,6 +108,22 @@ def load_claims(folder: str | Path) -> list[dict[str, Any]]:
                     f"and n >= 1 (and e.g. per_seed, command)"
                 )
     return entries
+
+
+def _check_rechecked(r: Any, where: str) -> None:
+    """``rechecked`` is what ``fedsolve ledger --recheck`` wrote (:mod:`fedsolve.experiments.recheck`)."""
+    cells = r.get("cells") if isinstance(r, dict) else None
+    ok = (
+        isinstance(r, dict)
+        and isinstance(r.get("at"), str)
+        and isinstance(cells, list)
+        and all(isinstance(c, dict) and isinstance(c.get("path"), str) and c.get("outcome") in OUTCOMES for c in cells)
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where}: rechecked {r!r}; allowed: the mapping `fedsolve ledger --recheck` writes (at: a commit, "
+            f"cells: [{{path, cell, outcome, detail}}], outcome one of {list(OUTCOMES)})"
+        )
 
 
 def evidence_commits(root: Path, paths: list[str], added: dict[Path, str]) -> list[str]:
@@ -172,7 +192,8 @@ def _how(how: Any) -> Any:
 def render(entries: list[dict[str, Any]]) -> str:
     """The ledger block of a README: a table of the claims, then each claim's command and tuning."""
     counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
-    stale = sum(bool(e.get("stale")) for e in entries)
+    stale = [e for e in entries if e.get("stale")]
+    held = sum(_held(e) for e in stale)
     lines = [
         BEGIN,
         "",
@@ -180,8 +201,16 @@ def render(entries: list[dict[str, Any]]) -> str:
         "",
         f"{len(entries)} claims of the paper: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
-        + f". {stale} rest on numbers made by an older version of the package source (stale: re-run them, "
-        f"or `fedsolve verify` a cell, before relying on them).",
+        + f". {len(stale)} rest on numbers made by an older version of the package source (stale: re-run them, "
+        f"or `fedsolve verify` a cell, before relying on them)"
+        + (
+            f"; of those, {held} were re-checked by the current source (`fedsolve ledger --recheck`: a cell of "
+            f"their evidence re-run to its first evaluation) with every re-run cell agreeing to 1e-5, or to 1e-3 "
+            f"(float32 rounding on another CPU or executor)"
+            if stale and any("rechecked" in e for e in entries)
+            else ""
+        )
+        + ".",
         "",
         "| id | claim | status | paper | ours | evidence |",
         "|---|---|---|---|---|---|",
@@ -190,6 +219,10 @@ def render(entries: list[dict[str, Any]]) -> str:
         status = e["status"] + (
             f" (stale: code changed since {', '.join(c[:7] for c in e.get('commits') or [])})" if e.get("stale") else ""
         )
+        if "rechecked" in e:
+            status += f"; {status_phrase(e['rechecked'])}" + (
+                "" if e["rechecked"].get("current", True) else " (code changed since the re-check)"
+            )
         evidence = "<br>".join(f"`{p}`" for p in e["evidence"]) or "–"
         lines.append(
             f"| {_cell(e['id'])} | {_cell(e['claim'])} | {_cell(status)} | {_cell(e['paper'])} | "
@@ -203,8 +236,22 @@ def render(entries: list[dict[str, Any]]) -> str:
             lines.append(f"  - references: {'; '.join(refs)}")
         for method, how in (e.get("tuning") or {}).items():
             lines.append(f"  - {method}: {_cell(_how(how))}")
+        for c in (e.get("rechecked") or {}).get("cells", []):
+            cell = f" ({_cell(c['cell'])})" if c.get("cell") else ""
+            detail = c.get("detail") or ""
+            detail = detail if len(detail) <= 240 else detail[:237] + "..."
+            lines.append(
+                f"  - re-check: `{c['path']}`{cell}: {c['outcome']}" + (f": {_cell(detail)}" if detail else "")
+            )
     lines += ["", END]
     return "\n".join(lines)
+
+
+def _held(e: dict[str, Any]) -> bool:
+    """Whether a claim's current re-check re-ran at least one cell and every re-run cell agreed."""
+    r = e.get("rechecked") or {}
+    outcomes = [c.get("outcome") for c in r.get("cells", []) if c.get("outcome") != "not re-checked"]
+    return bool(outcomes) and r.get("current", True) and all(o in ("agrees", "close") for o in outcomes)
 
 
 def _ledger_block(text: str) -> str | None:
@@ -213,20 +260,34 @@ def _ledger_block(text: str) -> str | None:
     return text[text.index(BEGIN) : text.index(END) + len(END)]
 
 
-def write_ledger(folder: str | Path) -> Path:
+def write_ledger(folder: str | Path, recheck: bool = False, only: list[str] | None = None) -> Path:
     """Fill ``commits``, ``stale`` and ``checked_at`` of ``folder/claims.json`` and write the ledger table at the
-    top of ``folder/README.md`` (replacing the one there, else after the title line). Returns the README."""
+    top of ``folder/README.md`` (replacing the one there, else after the title line). Returns the README.
+    ``recheck``: first re-run a cell of each claim's evidence (those in ``only``, default all) with the current
+    source and keep the outcomes in the claims' ``rechecked`` (:mod:`fedsolve.experiments.recheck`)."""
     folder = Path(folder)
     entries = load_claims(folder)
     root = _root(folder)
     head = head_of(root) or "unknown"
     package = (root, "src/fedsolve")  # the package source in the repository that holds the results
+    if only is not None and (unknown := sorted(set(only) - {e["id"] for e in entries})):
+        raise ConfigError(f"ledger --only: {unknown} not in {folder / 'claims.json'}; allowed: its ids")
+    if recheck:
+        code, dirty = pin_source()  # the code this process runs, which the re-check re-runs
+        if dirty:
+            raise ConfigError(
+                "ledger --recheck: the package source has uncommitted changes; allowed: a committed source "
+                "(commit first, so that the re-check names the code it ran)"
+            )
+        recheck_entries(root, entries, code, only)
     added = added_in(root / "results")
     for e in entries:
         e["commits"] = evidence_commits(root, e["evidence"], added)
         flags = [source_changed(c, head, package) for c in e["commits"]]
         e["stale"] = True if any(flags) else None if None in flags or not flags else False  # None: unknown
         e["checked_at"] = head
+        if "rechecked" in e:
+            e["rechecked"]["current"] = source_changed(e["rechecked"]["at"], head, package) is False
     atomic_write_text(folder / "claims.json", json.dumps(entries, indent=2, ensure_ascii=False) + "\n")
     readme = folder / "README.md"
     text = readme.read_text() if readme.exists() else f"# {folder.name}\n"

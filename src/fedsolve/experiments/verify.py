@@ -274,6 +274,11 @@ def _verify_compare(
     path: Path, full: bool, cell: str | None, rounds: int | None, rtol: float, atol: float, out: Verdict
 ) -> None:
     summary = read_json(path / "summary.json")
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(
+            f"verify {path}: no recorded config (config.yaml) beside its summary.json; a compare cannot be re-run "
+            f"without the config it was run with"
+        )
     cfg = _parsed(read_yaml(path / "config.yaml"), path / "config.yaml")
     labels = list(summary.get("algorithms") or {})
     label = cell or (labels[0] if labels else None)
