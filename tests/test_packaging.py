@@ -13,7 +13,7 @@ import torch
 
 import fedsolve
 from fedsolve.cli import main
-from fedsolve.core.cpus import cgroup_cpu_quota, physical_cores
+from fedsolve.core.cpus import cgroup_cpu_quota, cpu_description, physical_cores
 from fedsolve.experiments import runner
 from fedsolve.experiments.examples import example_files, example_path
 
@@ -30,6 +30,19 @@ def _fake_sys(tmp_path, siblings, cpu_max=None):
         (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
         (tmp_path / "sys/fs/cgroup/cpu.max").write_text(cpu_max + "\n")
     return tmp_path
+
+
+def test_the_cpu_a_result_was_computed_on_names_its_model_and_widest_simd(tmp_path):
+    (tmp_path / "proc").mkdir()
+    info = tmp_path / "proc" / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse4_2 avx avx2 "
+                    "avx512f avx512bw\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\n")
+    assert cpu_description(tmp_path) == {"model": "Intel(R) Xeon(R) Processor", "simd": "avx512f"}
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu sse4_2 avx avx2\n")
+    assert cpu_description(tmp_path)["simd"] == "avx2"      # the same name, another rounding of a float32 product
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm\n")                   # an ARM machine
+    assert cpu_description(tmp_path) == {"model": None, "simd": "asimd"}
+    assert cpu_description(tmp_path / "nowhere") == {"model": None, "simd": None}
 
 
 def test_physical_cores_counts_cores_not_hyperthreads_within_affinity_and_quota(tmp_path):

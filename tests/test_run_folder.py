@@ -254,6 +254,7 @@ def test_every_run_folder_records_its_provenance(tmp_path):
     assert {"fedsolve", "torch", "numpy", "python"} <= set(a["versions"])
     assert a["versions"]["torch"] == torch.__version__
     assert a["machine"]["cpu_count"] == os.cpu_count() and a["device"] == "cpu"
+    assert {"cpu", "simd"} <= set(a["machine"])
     assert a["command"].startswith("fedsolve run ") and "--out" in a["command"]
     assert json.loads((tmp_path / "a" / "run.json").read_text())["provenance"]["commit"] == head
     assert main(["compare", p, "--out", str(tmp_path / "cmp"), "--quiet"]) == 0

@@ -54,6 +54,7 @@ from torch import Tensor, nn
 
 from fedsolve.core.allocator import keep_freed_memory
 from fedsolve.core.batched_conv import StackedCNN, cnn_ops
+from fedsolve.core.cpus import cpuinfo_field
 from fedsolve.core.executor import Executor, Plan, on_data_device
 from fedsolve.core.linear import coordinate_pull, kernels_take
 from fedsolve.core.statements import Descend, NotStated, ProbeContext, stated
@@ -657,12 +658,7 @@ def calibration_enabled() -> bool:
 
 
 def _machine() -> str:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpuinfo_field("model name") or platform.processor()
     return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}"
 
 

@@ -48,3 +48,25 @@ def cgroup_cpu_quota(root: str | Path = "/") -> int | None:
         return max(1, math.ceil(int(quota) / int(period)))
     except (ValueError, ZeroDivisionError):
         return None
+
+
+#: instruction-set extensions that decide which BLAS and compiled-kernel paths run, widest first
+SIMD = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
+
+
+def cpuinfo_field(name: str, root: str | Path = "/") -> str:
+    """The value of the first ``name`` line of ``/proc/cpuinfo`` (e.g. ``model name``, ``flags``), "" where there
+    is none (not Linux, or the kernel does not list it)."""
+    try:
+        with open(Path(root) / "proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.split(":", 1)[0].strip() == name), "")
+    except OSError:
+        return ""
+
+
+def cpu_description(root: str | Path = "/") -> dict[str, str | None]:
+    """The CPU a result was computed on, as provenance records it: its ``model`` name and its widest ``simd``
+    extension of :data:`SIMD` (two CPUs sold under one name can differ there, and with it the rounding of a
+    float32 product), None where unknown."""
+    flags = set((cpuinfo_field("flags", root) or cpuinfo_field("Features", root)).split())
+    return {"model": cpuinfo_field("model name", root) or None, "simd": next((s for s in SIMD if s in flags), None)}

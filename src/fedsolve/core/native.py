@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from fedsolve.core.cpus import cpuinfo_field
+
 KERNEL_DIR = Path(__file__).with_name("kernels")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC", "-shared"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -73,12 +75,7 @@ def cache_dir() -> Path:
 
 
 def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
+    return platform.machine() + (cpuinfo_field("flags") or cpuinfo_field("Features"))
 
 
 def _compiler() -> str | None:

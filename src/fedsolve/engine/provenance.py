@@ -10,8 +10,9 @@
   ``commit_source``: ``"recorded"`` (this record was written by the run itself);
 * ``config_hash``: SHA-256 of the resolved config (:func:`config_hash`);
 * ``versions``: fedsolve, torch, numpy, python, and flwr where it is installed;
-* ``machine``: platform, processor architecture, CPU count; ``device``: where the run computed (with the GPU's
-  name for CUDA) and torch's thread count;
+* ``machine``: platform, processor architecture, CPU count, the CPU's model name (``cpu``) and widest SIMD
+  extension (``simd``: two CPUs sold under one name can round a float32 product differently); ``device``: where
+  the run computed (with the GPU's name for CUDA) and torch's thread count;
 * ``command``: the ``fedsolve`` command line, when the run was started by it (:data:`COMMAND`).
 
 :func:`source_changed` tells whether the package source differs between two commits (the ``stale`` rule of
@@ -163,10 +164,19 @@ def provenance(device: Any = None, config: dict[str, Any] | None = None) -> dict
         "commit_source": "recorded",
         "config_hash": config_hash(config) if config is not None else None,
         "versions": versions(),
-        "machine": {"platform": platform.platform(), "arch": platform.machine(), "cpu_count": os.cpu_count()},
+        "machine": {"platform": platform.platform(), "arch": platform.machine(), "cpu_count": os.cpu_count(), **_cpu()},
         **device_info(device),
         "command": COMMAND.get(),
     }
+
+
+@functools.cache
+def _cpu() -> dict[str, str | None]:
+    """The CPU's model name and widest SIMD extension (``cpu``, ``simd``), read once per process."""
+    from fedsolve.core.cpus import cpu_description
+
+    d = cpu_description()
+    return {"cpu": d["model"], "simd": d["simd"]}
 
 
 def command_line(argv: list[str] | None) -> str:
