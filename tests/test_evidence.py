@@ -365,3 +365,17 @@ def test_ledger_only_and_check_with_recheck_are_bad_input(capsys):
     assert main(["ledger", str(fam), "--check", "--recheck"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("--recheck" in line for line in err), err
+
+
+def test_verify_reruns_with_the_torch_threads_the_record_ran_with_unless_the_config_names_them():
+    from fedsolve.experiments.config import parse_config
+    from fedsolve.experiments.verify import _recorded_threads
+
+    raw = yaml.safe_load((EXP / "fedapm" / "table3_digits.yaml").read_text())
+    cfg = parse_config(raw)
+    assert cfg.threads is None
+    assert _recorded_threads(cfg, {"torch_threads": 1}).threads == 1       # a suite worker's one thread
+    assert _recorded_threads(cfg, {}).threads is None and _recorded_threads(cfg, None).threads is None
+    assert _recorded_threads(cfg, {"torch_threads": True}).threads is None
+    named = parse_config({**raw, "threads": 2})
+    assert _recorded_threads(named, {"torch_threads": 1}).threads == 2

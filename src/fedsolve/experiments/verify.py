@@ -241,6 +241,8 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
         raise ConfigError(f"verify {path}: no per-round log (metrics.jsonl) to compare with")
     summary = read_json(path / "summary.json") if (path / "summary.json").exists() else {}
     cfg, seed = _run_config(path)
+    named_threads = cfg.threads is not None  # the config names its threads: nothing to take from the record
+    cfg = _recorded_threads(cfg, summary.get("provenance"))
     done = [r["round"] for r in recorded]
     last = None if full else _reduced(done, rounds)
     out.lines.append(code_line(summary.get("provenance")))
@@ -248,7 +250,9 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
     upto = done[-1] if last is None else last
     out.lines.append(
         f"{path}: re-ran {summary.get('label', cfg.all_algorithms()[0].display)} seed {seed} to round "
-        f"{upto} of {done[-1]}" + ("" if last is None else " (reduced; --full for all)")
+        f"{upto} of {done[-1]}"
+        + ("" if last is None else " (reduced; --full for all)")
+        + (f", {cfg.threads} torch thread(s) as recorded" if cfg.threads and not named_threads else "")
     )
     mine = {r["round"]: r for r in now}
     for rec in recorded:
@@ -261,6 +265,15 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
         for k, v in rec.items():
             if k not in TIMING and k != "round":
                 out.check(f"round {rec['round']} {k}", got.get(k), v, rtol, atol)
+
+
+def _recorded_threads(cfg: ExperimentConfig, recorded: dict[str, Any] | None) -> ExperimentConfig:
+    """``cfg`` with the torch thread count the record ran with where the config leaves it to the machine (a
+    suite's workers run one thread each): a float32 product's rounding depends on how it is split over threads."""
+    n = (recorded or {}).get("torch_threads")
+    if cfg.threads is not None or not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return cfg
+    return cfg.model_copy(update={"threads": n})
 
 
 def _reduced(done: list[int], rounds: int | None) -> int:
