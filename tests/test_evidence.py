@@ -379,3 +379,26 @@ def test_verify_reruns_with_the_torch_threads_the_record_ran_with_unless_the_con
     assert _recorded_threads(cfg, {"torch_threads": True}).threads is None
     named = parse_config({**raw, "threads": 2})
     assert _recorded_threads(named, {"torch_threads": 1}).threads == 2
+
+
+def test_verify_reruns_a_run_with_its_schedule(tmp_path, capsys):
+    """asyncFPFC evaluates on its virtual clock (every 100 s), not every eval_every rounds: a re-run without the
+    recorded schedule evaluates at other rounds and cannot be compared."""
+    out = tmp_path / "async"
+    sets = ["seeds=[0]", "algorithms.0.tune=null", "algorithms.0.schedule.horizon=300.0",
+            "algorithms.0.params.lam=4.0"]
+    args = [x for s in sets for x in ("--set", s)]
+    assert main(["compare", str(EXP / "fpfc" / "async_hbf.yaml"), "--only", "asyncFPFC", "--out", str(out),
+                 "--quiet", *args]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out), "--rounds", "1"]) == 0, capsys.readouterr().out
+    assert main(["verify", str(out), "--full"]) == 0, capsys.readouterr().out
+
+
+def test_verify_does_not_compare_wall_clock_fields():
+    from fedsolve.experiments.verify import _timing
+
+    for key in ("wall_s", "time_s", "wall_time_s", "round_time_s_median", "tuning_wall_s", "eval_time_s"):
+        assert _timing(key), key
+    for key in ("test_accuracy", "virtual_time", "wall", "rounds"):
+        assert not _timing(key), key

@@ -31,8 +31,15 @@ from fedsolve.experiments.config import ConfigError, ExperimentConfig, parse_con
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug
 from fedsolve.experiments.records import folder_kind, read_json, read_yaml
 
-#: record fields that are not results (wall-clock times)
+#: record fields that are not results (wall-clock times); so is any field named ``*_wall_s`` or ``*_time_s``
 TIMING = ("time_s", "wall_s", "wall_time_s", "round_time_s_median")
+
+
+def _timing(key: str) -> bool:
+    """Whether record field ``key`` is a wall-clock time (not compared)."""
+    return key in TIMING or key.endswith(("_wall_s", "_time_s"))
+
+
 REDUCED_ROUND = 10
 
 
@@ -210,7 +217,7 @@ def rerun(cfg: ExperimentConfig, seed: int, last: int | None) -> list[dict[str, 
     """The evaluation records of ``cfg``'s (one) algorithm with ``seed``, up to round ``last`` (None: all), run
     in memory (nothing written) on this machine's device when the recorded one is missing."""
     from fedsolve.engine.loop import DivergenceError, Simulation
-    from fedsolve.experiments.runner import build_algorithm, build_problem, set_threads
+    from fedsolve.experiments.runner import build_algorithm, build_problem, build_schedule, set_threads
 
     sim_cfg = cfg.simulation
     if sim_cfg.device.startswith("cuda"):
@@ -221,12 +228,14 @@ def rerun(cfg: ExperimentConfig, seed: int, last: int | None) -> list[dict[str, 
     set_threads(cfg.threads)
     spec = cfg.all_algorithms()[0]
     problem = build_problem(cfg, seed)
+    algo = build_algorithm(cfg, spec, problem)
     sim = Simulation(
         problem,
-        build_algorithm(cfg, spec, problem),
+        algo,
         sim_cfg,
         seed,
         callbacks=[_StopAt(last)] if last is not None else [],
+        schedule=build_schedule(cfg, spec, algo),  # e.g. asyncFPFC's virtual clock decides when it evaluates
     )
     try:
         sim.run()
@@ -263,7 +272,7 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
             out.differ.append(f"round {rec['round']}: recorded, but the re-run did not evaluate it")
             continue
         for k, v in rec.items():
-            if k not in TIMING and k != "round":
+            if not _timing(k) and k != "round":
                 out.check(f"round {rec['round']} {k}", got.get(k), v, rtol, atol)
 
 
@@ -319,7 +328,7 @@ def _verify_compare(
     sd = statistics.stdev if summary.get("spread") == "sample SD" else statistics.pstdev
     for k, st in (summary["algorithms"][label].get("final") or {}).items():
         vals = [f[k] for f in finals if isinstance(f.get(k), (int, float)) and f[k] == f[k]]
-        if k in TIMING or not vals:
+        if _timing(k) or not vals:
             continue
         out.check(f"{label} final {k} mean", statistics.fmean(vals), st.get("mean"), rtol, atol)
         out.check(f"{label} final {k} sd", sd(vals) if len(vals) > 1 else 0.0, st.get("std"), rtol, max(atol, 1e-12))
@@ -359,5 +368,5 @@ def _verify_suite(
         out.differ.append(f"cell {key}: {len(saved['rows'])} rows recorded, {len(rows)} now")
     for i, (got, rec) in enumerate(zip(rows, saved["rows"])):
         for k, v in rec.items():
-            if k not in TIMING:
+            if not _timing(k):
                 out.check(f"row {i} {k}", got.get(k), v, rtol, atol)
