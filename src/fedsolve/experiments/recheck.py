@@ -51,7 +51,7 @@ def cells_of(path: Path) -> list[tuple[Path, str | None]]:
         return [(path, label) for label in labels[:PER_FOLDER]] or [(path, None)]
     if kind == "suite":
         if _json(path / "suite.json").get("protocol") == "runs":
-            grid = sorted(p.parent for p in path.rglob("run.json") if p.parent != path and folder_kind(p.parent))
+            grid = sorted(p.parent for p in path.rglob("run.json") if folder_kind(p.parent) == "compare")
             if grid:
                 sub = grid[0].relative_to(path)
                 return [(path, f"{sub}:{label}") for _, label in cells_of(grid[0]) if label] or [(path, str(sub))]
