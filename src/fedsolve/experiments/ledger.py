@@ -248,7 +248,7 @@ def render(entries: list[dict[str, Any]]) -> str:
 
 
 def _held(e: dict[str, Any]) -> bool:
-    """Whether a claim's current re-check re-ran at least one cell and every re-run cell agreed."""
+    """Whether a claim's current re-check re-ran at least one cell and every re-run cell agreed (or was close)."""
     r = e.get("rechecked") or {}
     outcomes = [c.get("outcome") for c in r.get("cells", []) if c.get("outcome") != "not re-checked"]
     return bool(outcomes) and r.get("current", True) and all(o in ("agrees", "close") for o in outcomes)
