@@ -306,11 +306,11 @@ def _cmd_verify(args) -> int:
 def _cmd_ledger(args) -> int:
     from fedsolve.experiments.ledger import check_ledger, stamp_commits, write_ledger
 
-    clash = (
-        "--check with --recheck" if args.check and args.recheck else "--only" if args.only and not args.recheck else ""
-    )
-    if clash:
-        print(f"error: ledger {clash}: allowed: --check alone, or --recheck [--only ID ...]", file=sys.stderr)
+    if (args.check and args.recheck) or (args.only and not args.recheck):
+        print(
+            "error: ledger --check, --recheck, --only: allowed: --check alone, or --recheck [--only ID ...]",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     if args.check:
         problems = check_ledger(args.dir)

@@ -31,7 +31,7 @@ from typing import Any
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.provenance import added_in, head_of, pin_source, source_changed
 from fedsolve.experiments.config import ConfigError
-from fedsolve.experiments.recheck import OUTCOMES, recheck_entries, status_phrase
+from fedsolve.experiments.recheck import OUTCOMES, holds, recheck_entries, status_phrase
 from fedsolve.experiments.records import read_json
 
 STATUSES = ("reproduced", "not reproduced", "not attempted")
@@ -193,7 +193,7 @@ def render(entries: list[dict[str, Any]]) -> str:
     """The ledger block of a README: a table of the claims, then each claim's command and tuning."""
     counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
     stale = [e for e in entries if e.get("stale")]
-    held = sum(_held(e) for e in stale)
+    held = sum(holds(e.get("rechecked") or {}) for e in stale)
     lines = [
         BEGIN,
         "",
@@ -245,13 +245,6 @@ def render(entries: list[dict[str, Any]]) -> str:
             )
     lines += ["", END]
     return "\n".join(lines)
-
-
-def _held(e: dict[str, Any]) -> bool:
-    """Whether a claim's current re-check re-ran at least one cell and every re-run cell agreed (or was close)."""
-    r = e.get("rechecked") or {}
-    outcomes = [c.get("outcome") for c in r.get("cells", []) if c.get("outcome") != "not re-checked"]
-    return bool(outcomes) and r.get("current", True) and all(o in ("agrees", "close") for o in outcomes)
 
 
 def _ledger_block(text: str) -> str | None:

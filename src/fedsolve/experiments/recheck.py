@@ -146,11 +146,23 @@ def recheck_entries(root: Path, entries: list[dict[str, Any]], head: str, only: 
             e["rechecked"] = {"at": head, "cells": cells}
 
 
-def status_phrase(rechecked: dict[str, Any]) -> str:
-    """One phrase for the ledger's status column, e.g. ``re-checked at 1a2b3c4: 3 of 4 re-run cells agree``."""
+def _counts(rechecked: dict[str, Any]) -> dict[str, int]:
+    """How many cells of a ``rechecked`` field have each outcome, and ``re-run``: those that were re-run."""
     cells = rechecked.get("cells") or []
     count = {o: sum(c.get("outcome") == o for c in cells) for o in OUTCOMES}
-    runnable = count["agrees"] + count["close"] + count["differs"] + count["error"]
+    return {**count, "re-run": len(cells) - count["not re-checked"]}
+
+
+def holds(rechecked: dict[str, Any]) -> bool:
+    """Whether a current re-check re-ran at least one cell and every re-run cell agreed or was close."""
+    count = _counts(rechecked)
+    return rechecked.get("current", True) and 0 < count["re-run"] == count["agrees"] + count["close"]
+
+
+def status_phrase(rechecked: dict[str, Any]) -> str:
+    """One phrase for the ledger's status column, e.g. ``re-checked at 1a2b3c4: 3 of 4 re-run cells agree``."""
+    count = _counts(rechecked)
+    runnable = count["re-run"]
     if not runnable:
         return f"re-checked at {rechecked.get('at', '?')[:7]}: no cell re-run"
     text = f"re-checked at {rechecked.get('at', '?')[:7]}: {count['agrees']} of {runnable} re-run cells agree"

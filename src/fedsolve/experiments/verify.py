@@ -249,9 +249,8 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
     if not recorded:
         raise ConfigError(f"verify {path}: no per-round log (metrics.jsonl) to compare with")
     summary = read_json(path / "summary.json") if (path / "summary.json").exists() else {}
-    cfg, seed = _run_config(path)
-    named_threads = cfg.threads is not None  # the config names its threads: nothing to take from the record
-    cfg = _recorded_threads(cfg, summary.get("provenance"))
+    named, seed = _run_config(path)
+    cfg = _recorded_threads(named, summary.get("provenance"))
     done = [r["round"] for r in recorded]
     last = None if full else _reduced(done, rounds)
     out.lines.append(code_line(summary.get("provenance")))
@@ -261,7 +260,7 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
         f"{path}: re-ran {summary.get('label', cfg.all_algorithms()[0].display)} seed {seed} to round "
         f"{upto} of {done[-1]}"
         + ("" if last is None else " (reduced; --full for all)")
-        + (f", {cfg.threads} torch thread(s) as recorded" if cfg.threads and not named_threads else "")
+        + (f", {cfg.threads} torch thread(s) as recorded" if cfg is not named else "")
     )
     mine = {r["round"]: r for r in now}
     for rec in recorded:
