@@ -253,6 +253,10 @@ def test_verify_a_compare_without_logs_needs_full_and_compares_mean_sd_and_n(tmp
     assert "keeps no per-round logs" in capsys.readouterr().err
     assert main(["verify", str(out), "--full"]) == 0
     assert "FedAPM for seeds [0]" in capsys.readouterr().out
+    summary["provenance"]["torch_threads"] = 1                    # as a suite worker records it
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert main(["verify", str(out), "--full"]) == 0
+    assert "1 torch thread(s) as recorded" in capsys.readouterr().out
 
 
 def test_verify_a_compare_without_its_config_says_so_in_one_line(tmp_path, capsys):
@@ -264,7 +268,10 @@ def test_verify_a_compare_without_its_config_says_so_in_one_line(tmp_path, capsy
     assert "config.yaml" in err and "Errno" not in err and len(err.splitlines()) == 1, err
 
 
-def test_verify_a_suite_cell(tmp_path, capsys):
+def test_verify_a_suite_cell(tmp_path, capsys, monkeypatch):
+    import torch
+
+    import fedsolve.experiments.suite as suite_mod
     from fedsolve.experiments.suite import main as suite
 
     sets = ["seeds=[0]", "experiment.simulation.rounds=2", "experiment.data.params.size_scale=0.05",
@@ -275,8 +282,18 @@ def test_verify_a_suite_cell(tmp_path, capsys):
     cell = next((out / "cells").glob("*.json"))
     assert json.loads(cell.read_text())["provenance"]["commit"]
     capsys.readouterr()
-    assert main(["verify", str(out)]) == 0
-    assert "re-ran cell" in capsys.readouterr().out
+    assert json.loads(cell.read_text())["provenance"]["torch_threads"] == 1     # the suite's worker
+    before, seen = torch.get_num_threads(), []
+    monkeypatch.setattr(suite_mod, "run_cell", lambda ctx, real=suite_mod.run_cell: seen.append(
+        torch.get_num_threads()) or real(ctx))
+    torch.set_num_threads(2)
+    try:
+        assert main(["verify", str(out)]) == 0
+        # re-run with the recorded worker's thread count, the caller's count restored afterwards
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert "re-ran cell" in (text := capsys.readouterr().out) and "1 torch thread(s) as recorded" in text, text
     assert main(["verify", str(out), "--cell", "nope"]) == 2
 
 

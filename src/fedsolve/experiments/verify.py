@@ -12,7 +12,9 @@ A cell is found from the folder given:
 
 By default a run is re-run up to a reduced round (the first recorded evaluation at or after round 10, or
 ``--rounds R``) with the recorded config unchanged otherwise, so every schedule that depends on the round
-budget is the recorded one; ``--full`` re-runs it to the end. A suite cell is always re-run whole. Numbers agree
+budget is the recorded one; ``--full`` re-runs it to the end. A suite cell is always re-run whole. Every re-run
+uses the torch thread count its record names where its config leaves threads to the machine (a float32 sum's
+rounding depends on how it is split over threads; a suite's workers run one thread each). Numbers agree
 when ``|now - recorded| <= atol + rtol * |recorded|`` (timings excluded). The report says whether the package
 source changed since the recorded commit (:func:`fedsolve.engine.provenance.source_changed`): with the same
 code, a difference is a finding; with changed code it may come from the change.
@@ -278,10 +280,14 @@ def _verify_run(path: Path, full: bool, rounds: int | None, rtol: float, atol: f
 def _recorded_threads(cfg: ExperimentConfig, recorded: dict[str, Any] | None) -> ExperimentConfig:
     """``cfg`` with the torch thread count the record ran with where the config leaves it to the machine (a
     suite's workers run one thread each): a float32 product's rounding depends on how it is split over threads."""
+    n = _threads_of(recorded)
+    return cfg if cfg.threads is not None or n is None else cfg.model_copy(update={"threads": n})
+
+
+def _threads_of(recorded: dict[str, Any] | None) -> int | None:
+    """The torch thread count a record's provenance names (None when it names none)."""
     n = (recorded or {}).get("torch_threads")
-    if cfg.threads is not None or not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        return cfg
-    return cfg.model_copy(update={"threads": n})
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
 
 
 def _reduced(done: list[int], rounds: int | None) -> int:
@@ -321,9 +327,13 @@ def _verify_compare(
             f"{cfg.simulation.rounds} rounds)"
         )
     out.lines.append(code_line(summary.get("provenance")))
-    one = cfg.model_copy(update={"algorithms": [spec], "algorithm": None})
+    named = cfg.model_copy(update={"algorithms": [spec], "algorithm": None})
+    one = _recorded_threads(named, summary.get("provenance"))
     finals = [(rerun(one.model_copy(update={"seeds": [s]}), s, None) or [{}])[-1] for s in seeds]
-    out.lines.append(f"{path}: re-ran {label} for seeds {seeds}, {cfg.simulation.rounds} rounds each (full)")
+    out.lines.append(
+        f"{path}: re-ran {label} for seeds {seeds}, {cfg.simulation.rounds} rounds each (full)"
+        + (f", {one.threads} torch thread(s) as recorded" if one is not named else "")
+    )
     sd = statistics.stdev if summary.get("spread") == "sample SD" else statistics.pstdev
     for k, st in (summary["algorithms"][label].get("final") or {}).items():
         vals = [f[k] for f in finals if isinstance(f.get(k), (int, float)) and f[k] == f[k]]
@@ -338,6 +348,8 @@ def _verify_compare(
 def _verify_suite(
     path: Path, cell: str | None, rtol: float, atol: float, out: Verdict, full: bool = False, rounds: int | None = None
 ) -> None:
+    import torch
+
     from fedsolve.experiments.suite import Context, SuiteConfig, run_cell
 
     settings = read_json(path / "suite.json")
@@ -361,8 +373,17 @@ def _verify_suite(
         **{**raw, "experiment": settings["resolved_experiment"]},
     )
     out.lines.append(code_line(saved.get("provenance")))
-    rows = run_cell(Context(suite, path).for_cell(saved["cell"]))
-    out.lines.append(f"{path}: re-ran cell {key} ({saved['cell']}) of protocol {suite.protocol}")
+    threads = _threads_of(saved.get("provenance"))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads or before)
+        rows = run_cell(Context(suite, path).for_cell(saved["cell"]))
+    finally:
+        torch.set_num_threads(before)
+    out.lines.append(
+        f"{path}: re-ran cell {key} ({saved['cell']}) of protocol {suite.protocol}"
+        + (f", {threads} torch thread(s) as recorded" if threads else "")
+    )
     if len(rows) != len(saved["rows"]):
         out.differ.append(f"cell {key}: {len(saved['rows'])} rows recorded, {len(rows)} now")
     for i, (got, rec) in enumerate(zip(rows, saved["rows"])):
