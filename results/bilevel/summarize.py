@@ -17,17 +17,21 @@ import re
 import statistics
 from pathlib import Path
 
+from fedsolve.experiments.folders import read_jsonl
+
 
 def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def runs(root: Path) -> dict[str, dict[int, dict]]:
+    """label -> seed -> its per-round log (kept plain or gzipped) and timings."""
     out: dict[str, dict[int, dict]] = {}
-    for m in sorted(root.glob("*/seed*/metrics.jsonl")):
-        label, seed = m.parent.parent.name, int(m.parent.name.removeprefix("seed"))
-        t = m.with_name("timings.jsonl")
-        out.setdefault(label, {})[seed] = {"metrics": load(m), "timings": load(t) if t.exists() else []}
+    for d in sorted({m.parent for m in root.glob("*/seed*/metrics.jsonl*")}):
+        label, seed = d.parent.name, int(d.name.removeprefix("seed"))
+        t = d / "timings.jsonl"
+        out.setdefault(label, {})[seed] = {"metrics": read_jsonl(d / "metrics.jsonl"),
+                                           "timings": load(t) if t.exists() else []}
     return out
 
 
@@ -56,7 +60,7 @@ def fig23(res: dict) -> None:
         row = []
         for t in grid:
             accs = []
-            for s, r in res[k].items():
+            for r in res[k].values():
                 rounds_by_time = [x["round"] for x in r["timings"] if x["time_s"] <= t]
                 last = max(rounds_by_time) if rounds_by_time else 0
                 accs.append(next(m["test_accuracy"] for m in r["metrics"] if m["round"] == last))
