@@ -8,15 +8,16 @@ import json
 
 import pytest
 
-from fedsolve.families.personalized.figures import folder_report, main, seed_mean, sweep_report
+from fedsolve.families.personalized.figures import folder_report, main, merged_runs, seed_mean, sweep_report
 
 
-def _compare(root, curves, packed=False):
-    """A compare folder whose method ``label`` has, per seed, the records ``[(round, train_loss, drift), ...]``."""
+def _compare(root, curves, packed=False, first_seed=0):
+    """A compare folder whose method ``label`` has, per seed (from ``first_seed`` on), the records
+    ``[(round, train_loss, drift), ...]``."""
     root.mkdir(parents=True)
     (root / "summary.json").write_text(json.dumps({"algorithms": {k: {} for k in curves}}))
     for label, seeds in curves.items():
-        for k, recs in enumerate(seeds):
+        for k, recs in enumerate(seeds, start=first_seed):
             d = root / label / f"seed{k}"
             d.mkdir(parents=True)
             (d / "summary.json").write_text(json.dumps({"label": label, "seed": k}))
@@ -39,7 +40,39 @@ def test_loss_and_drift_tables_from_known_curves(tmp_path):
     assert "| A | 2.000 | 1.000 | 0.500 | 1.167 | 20 |" in out
     assert "| B | 2.000 | 1.500 | 1.000 | 1.500 | 40 |" in out
     assert "first round <= 1.000 (L*)" in out
-    assert "| A | 0.200 | 0.300 |" in out and "| B | 0.500 | 0.900 |" in out
+    assert "| A | 0.200 | 0.300 | 0.200, 0.200 |" in out and "| B | 0.500 | 0.900 | 0.500, 0.500 |" in out
+
+
+def test_merge_pools_the_seeds_of_folders_that_split_one_comparison(tmp_path, capsys):
+    # seed 0 in one folder, seeds 1 and 2 in another: A's drift 0.1, 0.4, 0.7 in rounds 1-30 -> mean 0.4, each seed
+    # listed; loss 3, 1, 2 at round 10 -> 2.0. B has no drift (a solver that does not report it): dashes.
+    a = _compare(tmp_path / "seed0", {"A": [[(10, 3.0, 0.1)]], "B": [[(10, 1.0, None)]]})
+    b = _compare(tmp_path / "seeds12", {"A": [[(10, 1.0, 0.4)], [(10, 2.0, 0.7)]],
+                                        "B": [[(10, 1.0, None)], [(10, 1.0, None)]]}, first_seed=1)
+    runs = merged_runs([a, b])
+    assert list(runs) == ["A", "B"] and [len(v) for v in runs.values()] == [3, 3]
+    assert main(["--merge", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "### seed0 + seeds12 (seeds per method: 3)" in out
+    assert "| A | 2.000 |" in out and "| A | 0.400 | 0.400 | 0.100, 0.400, 0.700 |" in out
+    assert "| B | - | - | -, -, - |" in out
+
+
+def test_merge_replaces_a_run_redone_in_a_later_folder(tmp_path):
+    # the comparison's seeds 1 and 2 of A were re-run (a re-tuned pick) into a folder of their own: they replace
+    a = _compare(tmp_path / "table", {"A": [[(10, 1.0, 0.1)], [(10, 9.0, 0.9)]], "B": [[(10, 1.0, 0.1)]] * 2})
+    edge = _compare(tmp_path / "edge", {"A": [[(10, 3.0, 0.3)], [(10, 3.0, 0.3)]]}, first_seed=1)
+    runs = merged_runs([a, edge])
+    assert [r[0]["train_loss"] for r in runs["A"]] == [1.0, 3.0, 3.0] and len(runs["B"]) == 2
+    out = folder_report(tmp_path / "table", runs)
+    assert "| A | 0.233 | 0.233 | 0.100, 0.300, 0.300 |" in out
+
+
+def test_merge_refuses_folders_with_other_methods(tmp_path, capsys):
+    a = _compare(tmp_path / "one", {"A": [[(10, 1.0, 0.1)]]})
+    b = _compare(tmp_path / "two", {"C": [[(10, 1.0, 0.1)]]})
+    assert main(["--merge", str(a), str(b)]) == 2
+    assert "method 'C'; allowed with --merge: the methods of" in capsys.readouterr().err
 
 
 def test_seed_mean_keeps_the_rounds_every_seed_evaluated():

@@ -11,8 +11,10 @@ record per evaluated round. From them, per method (or per folder, for a sweep of
   shared block at each client's latest round; FedAvg/FedProx through ``wrap: drift``) averaged over the evaluated
   rounds 1-30 (the paper's bar: the mean of rounds 1-30) and at the last round.
 
-``python -m fedsolve.families.personalized.figures FOLDER...`` prints both tables for each compare folder, and with
-``--sweep`` one training-loss table whose rows are the folders (Fig. 7's participation fractions).
+``python -m fedsolve.families.personalized.figures FOLDER...`` prints both tables for each compare folder; with
+``--merge`` the folders are one comparison kept in pieces (seed 0 in one folder, seeds 1 and 2 in another; or a run
+re-done at a re-tuned pick in a folder of its own, which replaces the same method and seed); with ``--sweep`` one
+training-loss table whose rows are the folders (Fig. 7's participation fractions).
 """
 
 from __future__ import annotations
@@ -41,21 +43,42 @@ def run_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def method_runs(folder: Path) -> dict[str, list[list[dict]]]:
-    """``label -> [records of each seed]`` of a compare folder, in the order of its ``summary.json``."""
+def seed_runs(folder: Path) -> dict[str, dict[int, list[dict]]]:
+    """``label -> {seed: records}`` of a compare folder, in the order of its ``summary.json``."""
     folder = Path(folder)
     labels = list(json.loads((folder / "summary.json").read_text()).get("algorithms") or [])
     if not labels:
         raise ValueError(f"{folder / 'summary.json'}: no algorithms; allowed: a compare folder's summary")
-    out: dict[str, list[list[dict]]] = {}
+    out: dict[str, dict[int, list[dict]]] = {}
     for run in sorted(folder.glob("*/seed*/summary.json")):
-        label = json.loads(run.read_text()).get("label") or run.parent.parent.name
+        meta = json.loads(run.read_text())
+        label = meta.get("label") or run.parent.parent.name
+        seed = meta.get("seed", int(run.parent.name.removeprefix("seed")))
         if label in labels:
-            out.setdefault(label, []).append(run_records(run.parent))
+            out.setdefault(label, {})[int(seed)] = run_records(run.parent)
     missing = [k for k in labels if k not in out]
     if missing:
         raise FileNotFoundError(f"{folder}: no run folder of {missing[0]!r}")
     return {k: out[k] for k in labels}
+
+
+def method_runs(folder: Path) -> dict[str, list[list[dict]]]:
+    """``label -> [records of each seed]`` of a compare folder, in the order of its ``summary.json``."""
+    return {k: [v[s] for s in sorted(v)] for k, v in seed_runs(folder).items()}
+
+
+def merged_runs(folders: Sequence[Path]) -> dict[str, list[list[dict]]]:
+    """``label -> [records of each seed]`` of one comparison kept in several compare folders: the first holds every
+    method; a later folder's run adds a seed or replaces the same method and seed (a re-run at a re-tuned pick)."""
+    base = seed_runs(folders[0])
+    for f in folders[1:]:
+        for label, runs in seed_runs(f).items():
+            if label not in base:
+                raise ValueError(
+                    f"{f}: method {label!r}; allowed with --merge: the methods of {folders[0]} ({', '.join(base)})"
+                )
+            base[label].update(runs)
+    return {k: [v[s] for s in sorted(v)] for k, v in base.items()}
 
 
 def seed_mean(runs: Sequence[list[dict]], key: str) -> dict[int, float]:
@@ -79,14 +102,22 @@ def loss_table(curves: dict[str, dict[int, float]], rounds: Sequence[int]) -> tu
     return rows, level
 
 
-def drift_rows(drifts: dict[str, dict[int, float]]) -> list[str]:
-    """Markdown rows ``| name | mean over the evaluations of rounds 1-30 | last round |``."""
+def early_mean(curve: dict[int, float]) -> float | None:
+    """Mean of a curve's evaluations in rounds 1-30 (Fig. 5's bar), None when it has none there."""
+    early = [v for t, v in curve.items() if 1 <= t <= EARLY]
+    return statistics.fmean(early) if early else None
+
+
+def drift_rows(drifts: dict[str, dict[int, float]], per_seed: dict[str, list[float | None]] | None = None) -> list[str]:
+    """Markdown rows ``| name | mean over the evaluations of rounds 1-30 | last round |`` (and, with ``per_seed``,
+    each seed's own rounds 1-30 mean)."""
     rows = []
     for name, c in drifts.items():
-        early = [v for t, v in c.items() if 1 <= t <= EARLY]
-        rows.append(
-            f"| {name} | {statistics.fmean(early):.3f} | {c[max(c)]:.3f} |" if early and c else f"| {name} | - | - |"
-        )
+        e = early_mean(c)
+        row = f"| {name} | {e:.3f} | {c[max(c)]:.3f} |" if e is not None and c else f"| {name} | - | - |"
+        if per_seed is not None:
+            row += " " + ", ".join("-" if v is None else f"{v:.3f}" for v in per_seed[name]) + " |"
+        rows.append(row)
     return rows
 
 
@@ -110,20 +141,22 @@ def _loss_section(curves: dict[str, dict[int, float]], first: str, what: str) ->
     ]
 
 
-def folder_report(folder: Path) -> str:
-    """Figs. 4 and 5 of one compare folder (module docstring), as markdown."""
-    runs = method_runs(folder)
+def folder_report(folder: Path, runs: dict[str, list[list[dict]]] | None = None) -> str:
+    """Figs. 4 and 5 of one compare folder (module docstring), as markdown; ``runs`` in place of the folder's own
+    (``merged_runs``), ``folder`` then naming the table."""
+    runs = method_runs(folder) if runs is None else runs
     n = {len(v) for v in runs.values()}
     lines = [f"### {Path(folder).name} (seeds per method: {', '.join(map(str, sorted(n)))})", ""]
     lines += _loss_section({k: seed_mean(v, "train_loss") for k, v in runs.items()}, "method", "Fig. 4")
     drifts = {k: seed_mean(v, "local_drift") for k, v in runs.items()}
+    per_seed = {k: [early_mean(seed_mean([recs], "local_drift")) for recs in v] for k, v in runs.items()}
     lines += [
         "Model deviation (Fig. 5; seed-mean local_drift):",
         "",
-        f"| method | mean of the evaluations in rounds 1-{EARLY} | last round |",
-        "|---|---|---|",
+        f"| method | mean of the evaluations in rounds 1-{EARLY} | last round | each seed's rounds 1-{EARLY} mean |",
+        "|---|---|---|---|",
     ]
-    lines += [*drift_rows(drifts), ""]
+    lines += [*drift_rows(drifts, per_seed), ""]
     return "\n".join(lines)
 
 
@@ -143,10 +176,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m fedsolve.families.personalized.figures", description=__doc__.split("\n")[0]
     )
     ap.add_argument("folders", nargs="+", type=Path, help="compare folders")
-    ap.add_argument("--sweep", action="store_true", help="one training-loss table, a row per folder (Fig. 7)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true", help="one training-loss table, a row per folder (Fig. 7)")
+    mode.add_argument(
+        "--merge",
+        action="store_true",
+        help="the folders hold one comparison in pieces: one table (a later folder's run adds a seed or "
+        "replaces the same method and seed)",
+    )
     args = ap.parse_args(argv)
     try:
-        print(sweep_report(args.folders) if args.sweep else "\n".join(folder_report(f) for f in args.folders))
+        if args.sweep:
+            print(sweep_report(args.folders))
+        elif args.merge:
+            print(folder_report(Path(" + ".join(Path(f).name for f in args.folders)), merged_runs(args.folders)))
+        else:
+            print("\n".join(folder_report(f) for f in args.folders))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
