@@ -384,6 +384,18 @@ def test_ledger_only_and_check_with_recheck_are_bad_input(capsys):
     assert len(err) == 2 and all("--recheck" in line for line in err), err
 
 
+def test_ledger_only_repeated_keeps_every_id(tmp_path, monkeypatch, capsys):
+    # `--only A --only B` and `--only A B` name the same claims (argparse's default keeps the last flag only)
+    import fedsolve.experiments.ledger as ledger
+
+    seen = []
+    monkeypatch.setattr(ledger, "stamp_commits", lambda folder: [])
+    monkeypatch.setattr(ledger, "write_ledger", lambda folder, recheck, only: seen.append(only) or tmp_path / "R.md")
+    assert main(["ledger", str(tmp_path), "--recheck", "--only", "a", "--only", "b", "c"]) == 0
+    assert main(["ledger", str(tmp_path), "--recheck", "--only", "a", "b", "c"]) == 0
+    assert seen == [["a", "b", "c"], ["a", "b", "c"]]
+
+
 def test_verify_reruns_with_the_torch_threads_the_record_ran_with_unless_the_config_names_them():
     from fedsolve.experiments.config import parse_config
     from fedsolve.experiments.verify import _recorded_threads

@@ -461,7 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="first re-run a cell of each claim's evidence to its first evaluation with the current (committed) "
         "source and record whether it agrees (docs/fair-reporting.md)",
     )
-    lg.add_argument("--only", nargs="+", metavar="ID", help="with --recheck: only these claims")
+    lg.add_argument(
+        "--only", nargs="+", action="extend", metavar="ID", help="with --recheck: only these claims (repeatable)"
+    )
     lg.set_defaults(fn=_cmd_ledger)
     ex = sub.add_parser("examples", help="the example configs shipped with fedsolve (their paths)")
     ex.add_argument("name", nargs="?", help="print only this example's path (e.g. demo)")
