@@ -5,7 +5,8 @@ Usage: python results/fpfc/robustness_tuned.py [--json OUT.json]
 FPFC: results/fpfc/robustness_full_size (lambda 0.6, its validation pick on every seed, the same runs). IFCA,
 LOCAL (and FedAvg, seed 0 only): results/fpfc/robustness_s1_tuned/seed<k>, one `fedsolve suite
 experiments/fpfc/robustness_synthetic.yaml` per seed at that seed's picks (entry table1-synthetic: IFCA L = 8, 16,
-24; LOCAL lr 0.8, 0.8, 0.4; FedAvg lr 0.2). Prints, per attack and malicious fraction, each method's benign
+24; LOCAL lr 0.8, 0.8, 0.4; FedAvg lr 0.2); seeds 1 and 2 in two suites each (same-value in seed<k>, sign-flip and
+Gaussian in seed<k>_sign_flip_gaussian). Prints, per attack and malicious fraction, each method's benign
 accuracy (%) per seed and mean ± sample SD (n), and the best method on the mean.
 """
 
