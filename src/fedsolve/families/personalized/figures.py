@@ -53,7 +53,7 @@ def seed_runs(folder: Path) -> dict[str, dict[int, list[dict]]]:
     for run in sorted(folder.glob("*/seed*/summary.json")):
         meta = json.loads(run.read_text())
         label = meta.get("label") or run.parent.parent.name
-        seed = meta.get("seed", int(run.parent.name.removeprefix("seed")))
+        seed = meta["seed"] if "seed" in meta else int(run.parent.name.removeprefix("seed"))
         if label in labels:
             out.setdefault(label, {})[int(seed)] = run_records(run.parent)
     missing = [k for k in labels if k not in out]
