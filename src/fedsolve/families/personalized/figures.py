@@ -64,7 +64,7 @@ def seed_runs(folder: Path) -> dict[str, dict[int, list[dict]]]:
 
 def method_runs(folder: Path) -> dict[str, list[list[dict]]]:
     """``label -> [records of each seed]`` of a compare folder, in the order of its ``summary.json``."""
-    return {k: [v[s] for s in sorted(v)] for k, v in seed_runs(folder).items()}
+    return merged_runs([folder])
 
 
 def merged_runs(folders: Sequence[Path]) -> dict[str, list[list[dict]]]:
