@@ -211,6 +211,32 @@ def test_bad_schedules_are_one_line_exit_2(tmp_path, capsys, algorithm, rounds, 
     assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
+BUDGET_TUNED = {"name": "fpfc", "params": {"lam": 0.5, "lr": 0.1, "local_steps": 5},
+                "schedule": {"kind": "local_budget", "total_steps": 30},
+                "tune": {"param": "lam", "grid": [0.25, 0.5, 1.0]}}
+
+
+def test_a_budget_run_tunes_on_validation_runs_of_the_same_budget(tmp_path):
+    """Tuning runs under a local budget spend the same budget (6 rounds of 5 steps) as the run at the pick."""
+    out = tmp_path / "cmp"
+    assert main(["compare", _config(tmp_path, BUDGET_TUNED), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(next(out.rglob("seed0/summary.json")).read_text())
+    tuned = summary["extras"]["tuned"]
+    assert tuned["grid"] == [0.25, 0.5, 1.0] and tuned["value"] in tuned["grid"] and None not in tuned["scores"]
+    for d in (out.rglob("tune/lam_*")):
+        last = json.loads((d / "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["round"] == 6 and last["local_steps"] == 30.0
+
+
+def test_tuning_rounds_that_do_not_fit_a_budget_name_tune_rounds(tmp_path, capsys):
+    algorithm = dict(BUDGET_TUNED, tune=dict(BUDGET_TUNED["tune"], rounds=3))
+    assert main(["compare", _config(tmp_path, algorithm), "--out", str(tmp_path / "cmp"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert ("algorithm.tune.rounds: 3 tuning rounds do not fit algorithm.schedule (3 rounds spend 15 local steps, "
+            "below the budget schedule.total_steps = 30); allowed: null") in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_fedsolve_list_shows_the_schedules_and_the_wrappers(capsys):
     assert main(["list", "schedules"]) == 0
     out = capsys.readouterr().out

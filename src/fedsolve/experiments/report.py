@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -253,9 +254,9 @@ def _clock_curve(histories: list[list[dict]], metric: str, clock: str):
 
 def _draw(ax, k: int, n: int, label: str, x, mat) -> None:
     """Method ``k`` of ``n``: its mean over seeds (the rows of ``mat``) against ``x``, and a ± sample-SD band."""
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():  # a round no seed reached is nan, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(mat, 0)
-        std = np.nanstd(mat, 0, ddof=1)
     # hollow markers at staggered points and a line width that shrinks with the order: two methods with the
     # same curve (FedProx with a small mu on FedAvg) both stay visible
     step = max(1, len(x) // 8)
@@ -270,7 +271,10 @@ def _draw(ax, k: int, n: int, label: str, x, mat) -> None:
         markerfacecolor="none",
         markevery=(k % step, step),
     )
-    if mat.shape[0] > 1:
+    if mat.shape[0] > 1:  # one seed has no SD
+        with warnings.catch_warnings():  # a round one seed reached has none either: nan, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            std = np.nanstd(mat, 0, ddof=1)
         ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.18, linewidth=0)
 
 

@@ -36,7 +36,7 @@ from fedsolve.engine.schedules import make_schedule
 from fedsolve.engine.tracking import close_all, make_trackers
 from fedsolve.engine.transport import Transport
 from fedsolve.engine.wrappers import wrap
-from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, merged_params
+from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentConfig, TuneSpec, merged_params
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug  # noqa: F401  (default_run_dir: cli)
 from fedsolve.experiments.records import RESUME_FREE, RUN_FILES, check_run_folder, config_differences, read_json
 from fedsolve.experiments.report import has_direction, lower_is_better, write_run_report
@@ -859,6 +859,57 @@ def finished_summary(run_dir: Path) -> dict | None:
     return None
 
 
+def _grid_runs(
+    tcfg: ExperimentConfig,
+    spec: AlgorithmSpec,
+    t: TuneSpec,
+    seed: int,
+    val_data,
+    folders: list[Path],
+    todo: list[int],
+    resume: bool,
+    progress: bool,
+    overwrite: bool,
+    batch: bool,
+) -> dict[int, dict]:
+    """The summaries of the tuning runs ``todo`` (indices into ``t.grid``), each in its folder, trained on
+    ``val_data``'s training part (a run that diverges scores nothing)."""
+    param, grid = t.param, t.grid
+    summaries: dict[int, dict] = {}
+    diverged: dict[str, Any] = {"status": "diverged", "metrics": {"final": {}}}
+    if batch and len(todo) > 1:
+        outs = run_together(
+            [
+                (tcfg, spec.with_param(param, grid[i]), seed, folders[i], build_problem(tcfg, seed, data=val_data))
+                for i in todo
+            ],
+            resume=resume,
+            overwrite=overwrite or resume,
+        )
+        for i, o in zip(todo, outs):
+            if isinstance(o, DivergenceError):
+                print(f"[fedsolve] tuning {spec.display} {param}={grid[i]} seed {seed} diverged: {o}")
+            summaries[i] = o if isinstance(o, dict) else diverged
+    for i in todo if not (batch and len(todo) > 1) else ():
+        rd = folders[i]
+        try:
+            summaries[i] = run_one(
+                tcfg,
+                spec.with_param(param, grid[i]),
+                seed,
+                rd,
+                progress=progress,
+                resume=resume and (rd / "checkpoint.pt").exists(),
+                overwrite=overwrite or resume,
+                problem=build_problem(tcfg, seed, data=val_data),
+                write_report=False,
+            )
+        except DivergenceError as e:
+            print(f"[fedsolve] tuning {spec.display} {param}={grid[i]} seed {seed} diverged: {e}")
+            summaries[i] = diverged
+    return summaries
+
+
 def tune_spec(
     cfg: ExperimentConfig,
     spec: AlgorithmSpec,
@@ -894,37 +945,30 @@ def tune_spec(
     folders = [Path(tune_dir) / _slug(f"{t.param}={v}") for v in t.grid]
     summaries = {i: d for i, d in enumerate(map(finished_summary, folders)) if resume and d is not None}
     todo = [i for i in range(len(t.grid)) if i not in summaries]
-    diverged: dict[str, Any] = {"status": "diverged", "metrics": {"final": {}}}
-    if batch and len(todo) > 1:
-        outs = run_together(
-            [
-                (tcfg, spec.with_param(t.param, t.grid[i]), seed, folders[i], build_problem(tcfg, seed, data=val_data))
-                for i in todo
-            ],
-            resume=resume,
-            overwrite=overwrite or resume,
-        )
-        for i, o in zip(todo, outs):
-            if isinstance(o, DivergenceError):
-                print(f"[fedsolve] tuning {spec.display} {t.param}={t.grid[i]} seed {seed} diverged: {o}")
-            summaries[i] = o if isinstance(o, dict) else diverged
-    for i in todo if not (batch and len(todo) > 1) else ():
-        rd = folders[i]
-        try:
-            summaries[i] = run_one(
+    try:
+        summaries.update(
+            _grid_runs(
                 tcfg,
-                spec.with_param(t.param, t.grid[i]),
+                spec,
+                t,
                 seed,
-                rd,
+                val_data,
+                folders,
+                todo,
+                resume=resume,
                 progress=progress,
-                resume=resume and (rd / "checkpoint.pt").exists(),
-                overwrite=overwrite or resume,
-                problem=build_problem(tcfg, seed, data=val_data),
-                write_report=False,
+                overwrite=overwrite,
+                batch=batch,
             )
-        except DivergenceError as e:
-            print(f"[fedsolve] tuning {spec.display} {t.param}={t.grid[i]} seed {seed} diverged: {e}")
-            summaries[i] = diverged
+        )
+    except ConfigError as e:  # the tuning runs' rounds do not fit the schedule (e.g. a local budget): name tune.rounds
+        if rounds == cfg.simulation.rounds or not str(e).startswith("simulation.rounds: "):
+            raise
+        why = str(e).removeprefix("simulation.rounds: ").split("; allowed")[0]
+        raise ConfigError(
+            f"algorithm.tune.rounds: {t.rounds} tuning rounds do not fit algorithm.schedule ({why}); "
+            f"allowed: null (the tuning runs as long as the run)"
+        ) from None
     scores: list[float | None] = []
     for i in range(len(t.grid)):
         summary = summaries[i]
