@@ -221,6 +221,22 @@ def test_table2_suite_gives_the_drivers_numbers(tmp_path):
     assert "| warmup | 3 | 0.50 |" in text and "| warmup | 0.46 h |" in text
 
 
+def test_table2_hbf_tunes_lambda_on_validation_rmse(tmp_path):
+    """The H&BF column of Table 2 (regression): separate picks the lowest validation RMSE of its grid, the warmup
+    path climbs the grid from its first value; both report the test RMSE (no accuracy) and the tuning's time."""
+    rows = _suite("table2_tuning_hbf", tmp_path, "seeds=[0]", "threads=1", "set=[simulation.rounds=30]",
+                  "args.grid=[0.0, 2.0, 4.0]", "args.max_per_lambda=10", "args.eval_every=30")
+    got = {r["strategy"]: r for r in rows}
+    sep, warm = got["separate"], got["warmup"]
+    assert [g["lam"] for g in sep["grid"]] == [0.0, 2.0, 4.0]
+    best = min(sep["grid"], key=lambda g: g["val_rmse"])
+    assert sep["lam"] == best["lam"] and sep["test_rmse"] == best["test_rmse"] > 0
+    assert warm["switches"][0] == [0, 0.0] and warm["lam"] in (0.0, 2.0, 4.0)
+    assert all(v > 0 for _, v in warm["scores"]), "per-lambda validation RMSEs, not their negatives"
+    assert "test_accuracy" not in sep and "test_accuracy" not in warm
+    assert sep["tuning_wall_s"] > 0 and warm["tuning_wall_s"] > 0
+
+
 # tune_baselines.py --smoke (PACFL's threshold over 3, 4, 30 on S3, size_scale 0.05, max n_i 100, tuning runs
 # of 2 rounds, the retrained run 3 rounds, seed 0)
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from fedsolve.engine.metrics import evaluate
 from fedsolve.families.clustered.byzantine import Attack, attack_surface, benign_mask
 from fedsolve.families.clustered.clusters import adjusted_rand
 from fedsolve.families.clustered.protocols.newcomers import newcomer_models, train_losses
-from fedsolve.families.clustered.protocols.path import LambdaGrid, warmup_lambda_path
+from fedsolve.families.clustered.protocols.path import LambdaGrid, val_accuracy, warmup_lambda_path
 
 
 class _Args(BaseModel):
@@ -280,12 +280,14 @@ class FPFCTuningArgs(_Args):
 
 
 def _fpfc_score(sim, algo, problem) -> dict:
+    """Test accuracy (RMSE for regression) of the cluster models and of each device's own w_i, clusters, ARI."""
+    metric = "test_accuracy" if problem.data.task == "classification" else "test_rmse"
     s, _ = evaluate(problem, sim.eval_params(), which=())
     own, _ = evaluate(problem, sim.state()[0]["W"], which=())
     lab = algo.cluster_labels(sim.state()[0])
     return {
-        "test_accuracy": s["test_accuracy"],
-        "test_accuracy_own_w": own["test_accuracy"],
+        metric: s[metric],
+        f"{metric}_own_w": own[metric],
         "num_clusters": int(lab.max() + 1),
         "ari": float(adjusted_rand(lab, problem.data.clusters.numpy())),
         "cluster_sizes": np.bincount(lab).tolist(),
@@ -295,8 +297,8 @@ def _fpfc_score(sim, algo, problem) -> dict:
 def fpfc_tuning(ctx) -> dict:
     """FPFC on one data draw with the cell's ``strategy``: ``fixed`` (one lambda), ``warmup`` (the warmup
     path of Sec. 4.3 over ``grid``, lambda chosen on validation) or ``separate`` (one run per lambda, the best
-    validation accuracy); the chosen lambda, test accuracy (cluster models and own w_i), clusters, ARI and
-    the whole tuning's wall time."""
+    validation accuracy, or RMSE for regression); the chosen lambda, test accuracy or RMSE (cluster models and own
+    w_i), clusters, ARI and the whole tuning's wall time."""
     a, strategy = ctx.args, ctx.cell["strategy"]
     grid = a.grid or ([0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5] if strategy == "warmup" else [0.2, 0.4, 0.6, 0.8, 1.0])
     data = ctx.data(a.data_seed if a.data_seed is not None else ctx.seed)
@@ -312,15 +314,17 @@ def fpfc_tuning(ctx) -> dict:
         algo = ctx.algorithm(problem, {"lam": lam})
         sim, _ = ctx.run(problem, algo, eval_every=a.eval_every)
         out = _fpfc_score(sim, algo, problem)
-        out["val_accuracy"] = evaluate(val, sim.eval_params(), which=())[0]["test_accuracy"]
-        return dict(out, lam=lam)
+        score = val_accuracy(sim, val)  # higher is better: accuracy, or minus the RMSE for regression
+        out["val_accuracy" if data.task == "classification" else "val_rmse"] = abs(score)
+        return dict(out, lam=lam, val_score=score)
 
     if strategy == "fixed":
         out = fixed(a.lam)
     elif strategy == "separate":
         runs = [fixed(lam) for lam in grid]
-        out = dict(max(runs, key=lambda r: r["val_accuracy"]))
-        out["grid"] = [{k: r[k] for k in ("lam", "val_accuracy", "test_accuracy", "num_clusters", "ari")} for r in runs]
+        out = dict(max(runs, key=lambda r: r["val_score"]))  # ties: the first
+        keys = ("lam", "val_accuracy", "test_accuracy", "val_rmse", "test_rmse", "num_clusters", "ari")
+        out["grid"] = [{k: r[k] for k in keys if k in r} for r in runs]
     elif strategy == "warmup":
         r = warmup_lambda_path(
             problem,
@@ -345,7 +349,9 @@ def fpfc_tuning(ctx) -> dict:
             refit.run()
             sim = refit
         out = _fpfc_score(sim, algo, full)
-        out.update(lam=r["best_lambda"], switches=r["switches"], scores=[(float(l), float(s)) for l, s in r["scores"]])
+        # per-lambda validation scores: accuracy, or the RMSE (the path ranks minus the RMSE) for regression
+        scores = [(float(lam), abs(float(v))) for lam, v in r["scores"]]
+        out.update(lam=r["best_lambda"], switches=r["switches"], scores=scores)
     else:
         raise ValueError(f"strategy: unknown {strategy!r}; allowed: fixed, warmup, separate")
     out["tuning_wall_s"] = time.perf_counter() - t0
