@@ -116,6 +116,23 @@ def test_warmup_path_switches_logs_and_goes_back_to_the_best_lambdas_state():
     assert torch.equal(again.schedule.best[2]["W"], path.best[2]["W"])
 
 
+def test_warmup_path_that_runs_out_of_rounds_chooses_a_lambda_it_scored():
+    """The cap of 8 rounds per lambda ends lambda 0.5 exactly at the last round (16): the path scores it there and
+    chooses the better of 0.5 and 0.0 with that lambda's state, never switching to 1.0, which it would not train."""
+    prob = regression()
+    name, params, sched, sim_cfg, _ = SPECS["warmup_path"]
+    algo = get_algorithm(name)(params, prob)
+    cfg = SimulationConfig(metrics=[], executor="sequential", **dict(sim_cfg, rounds=16))
+    sim = Simulation(prob, algo, cfg, seed=2, schedule=make_schedule({"kind": "warmup_path", **sched}, algo, cfg))
+    res = sim.run()
+    path = sim.schedule
+    assert [lam for lam, _ in path.scores] == [0.0, 0.5] and path.stopped
+    best_lam = max(path.scores, key=lambda p: p[1])[0]
+    assert path.lam == best_lam == sim.algo.cfg.lam == res.extras["best_lambda"]
+    assert 1.0 not in [lam for _, lam in path.switches]
+    assert torch.equal(sim.state()[0]["W"], path.best[2]["W"])   # the run ends in the chosen lambda's state
+
+
 def test_async_events_one_device_per_round_on_the_virtual_clock():
     prob = regression()
     sim = _sim(prob, "async_fpfc", None)

@@ -74,7 +74,9 @@ class WarmupPath(Schedule):
     the score changed less than ``tol`` since the last check (after ``min_rounds``) or after
     ``max_rounds_per_lambda``; the score at the switch is that lambda's. As soon as a lambda scores below the
     previous one, go back to the best lambda's saved state and train it until the run's rounds are used up
-    (``stop_at_selection``: end the run there)."""
+    (``stop_at_selection``: end the run there). When the rounds run out first, the lambda in force is scored at the
+    last round and the better of it and the best before it is the choice (its state restored): the path never ends
+    on a lambda it switched to but did not train."""
 
     name = "warmup_path"
     description = (
@@ -116,9 +118,10 @@ class WarmupPath(Schedule):
         self.history.append({"round": t, "lam": lam, "val_accuracy": acc})
         converged = (t - self.since) >= c.min_rounds and abs(acc - self.prev) < c.tol
         budget = c.max_rounds_per_lambda is not None and (t - self.since) >= c.max_rounds_per_lambda
+        last = t >= run.cfg.rounds  # the run's rounds are used up: choose among the lambdas scored, never a new one
         self.prev = acc
         stop = False
-        if not self.stopped and (converged or budget):
+        if not self.stopped and (converged or budget or last):
             self.scores.append((lam, acc))
             if self.best is not None and acc < self.best[0]:
                 # worse than the previous lambda: back to the best one's state, trained to the end
@@ -130,7 +133,7 @@ class WarmupPath(Schedule):
             else:
                 server, clients = run.state()
                 self.best = (acc, lam, copy.deepcopy(server), clients.clone())
-                if self.at + 1 < len(c.grid):
+                if self.at + 1 < len(c.grid) and not last:
                     self.at += 1
                     run.set_hparams(lam=c.grid[self.at])
                     self.switches.append((t, c.grid[self.at]))
