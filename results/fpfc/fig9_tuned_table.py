@@ -12,13 +12,14 @@ mean ± sample SD, and the clusters and ARI at the end.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
 from pathlib import Path
 
 import yaml
+
+from fedsolve.experiments.folders import read_jsonl
 
 ROUND = 62
 
@@ -27,13 +28,6 @@ def fail(msg: str) -> None:
     """Bad input: one line on stderr, exit 2."""
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def records(run: Path) -> list[dict]:
-    """The evaluation records of one run (metrics.jsonl, or its gzipped copy)."""
-    plain, packed = run / "metrics.jsonl", run / "metrics.jsonl.gz"
-    text = plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()).decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def runs(dirs: list[Path]) -> dict[int, Path]:
@@ -59,7 +53,7 @@ def row(name: str, dirs: list[Path]) -> str:
     lams, at62, end, clusters, ari = [], [], [], [], []
     for run in runs(dirs).values():
         lams.append(yaml.safe_load((run / "config.yaml").read_text())["algorithm"]["params"]["lam"])
-        recs = [r for r in records(run) if "test_accuracy" in r]
+        recs = [r for r in read_jsonl(run / "metrics.jsonl") if "test_accuracy" in r]  # or its .gz
         hit = [r for r in recs if r["round"] == ROUND]
         at62.append(100 * hit[0]["test_accuracy"] if hit else None)
         final = json.loads((run / "summary.json").read_text())["metrics"]["final"]

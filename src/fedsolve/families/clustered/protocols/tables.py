@@ -279,9 +279,14 @@ class FPFCTuningArgs(_Args):
     data_seed: int | None = Field(None, description="draw the data once with this seed (null: per seed)")
 
 
+def _measure(data: FederatedData) -> str:
+    """What a split is scored by: ``accuracy``, or ``rmse`` for regression."""
+    return "accuracy" if data.task == "classification" else "rmse"
+
+
 def _fpfc_score(sim, algo, problem) -> dict:
     """Test accuracy (RMSE for regression) of the cluster models and of each device's own w_i, clusters, ARI."""
-    metric = "test_accuracy" if problem.data.task == "classification" else "test_rmse"
+    metric = f"test_{_measure(problem.data)}"
     s, _ = evaluate(problem, sim.eval_params(), which=())
     own, _ = evaluate(problem, sim.state()[0]["W"], which=())
     lab = algo.cluster_labels(sim.state()[0])
@@ -315,7 +320,7 @@ def fpfc_tuning(ctx) -> dict:
         sim, _ = ctx.run(problem, algo, eval_every=a.eval_every)
         out = _fpfc_score(sim, algo, problem)
         score = val_accuracy(sim, val)  # higher is better: accuracy, or minus the RMSE for regression
-        out["val_accuracy" if data.task == "classification" else "val_rmse"] = abs(score)
+        out[f"val_{_measure(data)}"] = abs(score)
         return dict(out, lam=lam, val_score=score)
 
     if strategy == "fixed":
