@@ -15,7 +15,7 @@ import yaml
 from fedsolve.cli import main as cli
 from fedsolve.experiments.config import ConfigError
 from fedsolve.experiments.grid import cell_folder, grid_cells
-from fedsolve.experiments.runner import grid_edge
+from fedsolve.experiments.tuning import grid_edge
 from fedsolve.experiments.suite import load_suite, main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedsolve.engine.loop import SimulationConfig
 from fedsolve.experiments.errors import ConfigError
+from fedsolve.experiments.tuning import is_numeric
 
 
 class TargetSpec(BaseModel):
@@ -258,6 +259,14 @@ class TuneSpec(BaseModel):
         description="validation metric (as reported, `test_*` on the validation "
         "split); null = test_accuracy, or test_rmse for regression",
     )
+    widen: int = Field(
+        0,
+        ge=0,
+        le=5,
+        description="when the pick is the grid's smallest or largest value, tune again on as many new values "
+        "beyond it (the grid's spacing continued, never across zero), up to this many times; the pick is the "
+        "best of every value tried (needs a numeric grid); 0 = never",
+    )
 
     @field_validator("grid")
     @classmethod
@@ -265,6 +274,12 @@ class TuneSpec(BaseModel):
         if len({json.dumps(x, sort_keys=True, default=str) for x in v}) != len(v):
             raise ValueError(f"grid values must be distinct, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _widen_needs_numbers(self) -> TuneSpec:
+        if self.widen and not is_numeric(self.grid):
+            raise ValueError(f"widen: {self.widen} needs a grid of numbers, got {self.grid}; allowed: 0 for this grid")
+        return self
 
 
 class AlgorithmSpec(BaseModel):

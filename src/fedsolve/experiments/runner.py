@@ -40,6 +40,7 @@ from fedsolve.experiments.config import AlgorithmSpec, ConfigError, ExperimentCo
 from fedsolve.experiments.folders import default_run_dir, read_jsonl, slug  # noqa: F401  (default_run_dir: cli)
 from fedsolve.experiments.records import RESUME_FREE, RUN_FILES, check_run_folder, config_differences, read_json
 from fedsolve.experiments.report import has_direction, lower_is_better, write_run_report
+from fedsolve.experiments.tuning import grid_edge, widen_grid
 from fedsolve.families import check_fits, get_algorithm
 from fedsolve.problems import FederatedProblem
 
@@ -924,10 +925,13 @@ def tune_spec(
     """Choose ``spec.tune.param`` from its grid on validation data (:class:`TuneSpec`).
 
     One run per grid value in ``tune_dir/<param>=<value>`` on ``data.split_validation``; the value with the
-    best final validation metric wins (ties and order: the first in the grid). Runs that diverge score
-    nothing. Returns the spec with the chosen value (and no ``tune``) and a record of the choice: the grid, the
-    scores, the value and ``edge`` (:func:`grid_edge`: ``lowest``/``highest`` when the pick is the grid's
-    smallest or largest value, so the grid may not bracket the best one; else null).
+    best final validation metric wins (ties and order: the first tried). Runs that diverge score nothing. With
+    ``tune.widen`` = k, a pick at the grid's smallest or largest value tunes again on as many new values beyond it
+    (:func:`fedsolve.experiments.tuning.widen_grid`; values the algorithm's config refuses are left out), up to k
+    times, and the pick is the best of every value tried. Returns the spec with the chosen value (and no ``tune``)
+    and a record of the choice: every value tried in increasing order (``grid``) with its ``scores``, the value,
+    ``widened`` (the passes made, with ``widen``) and ``edge`` (:func:`grid_edge`: ``lowest``/``highest`` when the
+    pick is still the smallest or largest value tried, so nothing tried brackets it; else null).
     ``resume`` keeps finished tuning runs and continues the others; with it or ``overwrite`` a tuning run
     without a checkpoint starts over in its folder. ``batch``: the missing grid runs train together as one
     sweep (:func:`run_together`) where their executor batches.
@@ -942,15 +946,59 @@ def tune_spec(
         raise ConfigError(f"algorithm.{e}" if str(e).startswith("tune") else f"algorithm.tune: {e}") from None
     rounds = cfg.simulation.rounds if t.rounds is None else min(t.rounds, cfg.simulation.rounds)
     tcfg = cfg.model_copy(update={"simulation": cfg.simulation.model_copy(update={"rounds": rounds})})
-    folders = [Path(tune_dir) / _slug(f"{t.param}={v}") for v in t.grid]
+    tried: list[Any] = []  # every value run, in the order tried
+    scores: list[float | None] = []
+    wall, passes, grid = 0.0, 0, list(t.grid)
+    sign = 1.0 if lower_is_better(metric) else -1.0
+    while True:
+        summaries = _tuning_pass(tcfg, spec, t, grid, seed, val_data, tune_dir, resume, progress, overwrite, batch)
+        for v, summary in zip(grid, summaries):
+            tried.append(v)
+            scores.append(_validation_score(spec, summary, metric))
+            wall += summary.get("wall_time_s") or 0.0
+        scored = {i: sc for i, sc in enumerate(scores) if sc is not None}
+        if not scored:
+            raise DivergenceError(
+                f"{spec.display} seed {seed}: no tuning run of {t.param} over {tried} gave a "
+                f"validation {metric} (every run diverged); "
+                f"the tuning runs are in {tune_dir}"
+            )
+        best = min(scored, key=lambda i: (sign * scored[i], i))
+        edge = grid_edge(tried, best)
+        if passes >= t.widen or edge not in ("lowest", "highest"):
+            break
+        grid = [v for v in widen_grid(tried, edge, len(t.grid)) if _allowed(spec, cfg, t.param, v)]
+        if not grid:  # zero or the parameter's own bound: nothing lies beyond this edge
+            break
+        passes += 1
+    order = sorted(range(len(tried)), key=lambda i: tried[i]) if t.widen else list(range(len(tried)))
+    info = {
+        "param": t.param,
+        "value": tried[best],
+        "metric": metric,
+        "grid": [tried[i] for i in order],
+        "scores": [scores[i] for i in order],
+        "val_fraction": t.val_fraction,
+        "rounds": tcfg.simulation.rounds,
+        "wall_time_s": wall,
+        "edge": edge,
+    }
+    if t.widen:
+        info["widened"] = passes
+    return spec.with_param(t.param, tried[best]), info
+
+
+def _tuning_pass(tcfg, spec, t, grid, seed, val_data, tune_dir, resume, progress, overwrite, batch) -> list[dict]:
+    """The summaries of the tuning runs of ``grid``'s values, in order (finished ones kept with ``resume``)."""
+    folders = [Path(tune_dir) / _slug(f"{t.param}={v}") for v in grid]
     summaries = {i: d for i, d in enumerate(map(finished_summary, folders)) if resume and d is not None}
-    todo = [i for i in range(len(t.grid)) if i not in summaries]
+    todo = [i for i in range(len(grid)) if i not in summaries]
     try:
         summaries.update(
             _grid_runs(
                 tcfg,
                 spec,
-                t,
+                t.model_copy(update={"grid": grid}),
                 seed,
                 val_data,
                 folders,
@@ -962,57 +1010,36 @@ def tune_spec(
             )
         )
     except ConfigError as e:  # the tuning runs' rounds do not fit the schedule (e.g. a local budget): name tune.rounds
-        if rounds == cfg.simulation.rounds or not str(e).startswith("simulation.rounds: "):
+        if t.rounds is None or tcfg.simulation.rounds != t.rounds or not str(e).startswith("simulation.rounds: "):
             raise
         why = str(e).removeprefix("simulation.rounds: ").split("; allowed")[0]
         raise ConfigError(
             f"algorithm.tune.rounds: {t.rounds} tuning rounds do not fit algorithm.schedule ({why}); "
             f"allowed: null (the tuning runs as long as the run)"
         ) from None
-    scores: list[float | None] = []
-    for i in range(len(t.grid)):
-        summary = summaries[i]
-        final = summary["metrics"]["final"]
-        if summary.get("status") == "completed" and metric not in final:
-            raise ConfigError(
-                f"algorithm {spec.name!r} tune.metric: {metric!r} is not reported by this run; "
-                f"allowed: {sorted(k for k, x in final.items() if isinstance(x, (int, float)))}"
-            )
-        val = final.get(metric) if summary.get("status") == "completed" else None
-        scores.append(float(val) if isinstance(val, (int, float)) and val == val else None)
-    wall = sum(summaries[i].get("wall_time_s") or 0.0 for i in range(len(t.grid)))
-    scored = {i: sc for i, sc in enumerate(scores) if sc is not None}
-    ok = list(scored)
-    if not ok:
-        raise DivergenceError(
-            f"{spec.display} seed {seed}: no tuning run of {t.param} over {t.grid} gave a "
-            f"validation {metric} (every run diverged); "
-            f"the tuning runs are in {tune_dir}"
+    return [summaries[i] for i in range(len(grid))]
+
+
+def _validation_score(spec: AlgorithmSpec, summary: dict, metric: str) -> float | None:
+    """A tuning run's validation ``metric`` (None for a run that diverged or scored NaN)."""
+    final = summary["metrics"]["final"]
+    if summary.get("status") == "completed" and metric not in final:
+        raise ConfigError(
+            f"algorithm {spec.name!r} tune.metric: {metric!r} is not reported by this run; "
+            f"allowed: {sorted(k for k, x in final.items() if isinstance(x, (int, float)))}"
         )
-    sign = 1.0 if lower_is_better(metric) else -1.0
-    best = min(ok, key=lambda i: (sign * scored[i], i))
-    info = {
-        "param": t.param,
-        "value": t.grid[best],
-        "metric": metric,
-        "grid": list(t.grid),
-        "scores": scores,
-        "val_fraction": t.val_fraction,
-        "rounds": tcfg.simulation.rounds,
-        "wall_time_s": wall,
-        "edge": grid_edge(t.grid, best),
-    }
-    return spec.with_param(t.param, t.grid[best]), info
+    val = final.get(metric) if summary.get("status") == "completed" else None
+    return float(val) if isinstance(val, (int, float)) and val == val else None
 
 
-def grid_edge(grid: Sequence[Any], pick: int) -> str | None:
-    """``lowest`` or ``highest`` when ``grid[pick]`` is the smallest or largest number of a numeric grid (the grid
-    may not bracket the best value: widen it on that side), ``first``/``last`` for the ends of a grid of other
-    values, else None."""
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid):
-        v = grid[pick]
-        return "lowest" if v == min(grid) else "highest" if v == max(grid) else None
-    return "first" if pick == 0 else "last" if pick == len(grid) - 1 else None
+def _allowed(spec: AlgorithmSpec, cfg: ExperimentConfig, param: str, value: Any) -> bool:
+    """Whether the algorithm's config takes ``param = value`` (a widened value beyond a bound is left out)."""
+    cls = get_algorithm(spec.name)
+    try:
+        cls.Config(**{**merged_params(cls, cfg.defaults, spec.params), param: value})
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return False
+    return True
 
 
 def run_spec(
