@@ -151,6 +151,10 @@ def test_render_marks_stale_claims_with_their_commits():
     block = render([e])
     assert block.startswith(BEGIN) and block.endswith(END)
     assert "not reproduced (stale: code changed since 0123456)" in block and "1 rest on numbers made" in block
+    # of several commits, the table names those whose code differs from the current one (written by write_ledger)
+    fresh = "fedcba9876543210fedcba9876543210fedcba98"
+    block = render([{**e, "commits": [fresh, e["commits"][0]], "stale_since": e["commits"]}])
+    assert "(stale: code changed since 0123456)" in block and "fedcba9" not in block
 
 
 def _git(cwd, *args):
@@ -431,3 +435,33 @@ def test_verify_does_not_compare_wall_clock_fields():
         assert _timing(key), key
     for key in ("test_accuracy", "virtual_time", "wall", "rounds"):
         assert not _timing(key), key
+
+
+def test_the_ledger_names_only_the_commits_whose_code_changed(tmp_path):
+    """Evidence made at two commits, the package changed after the first: the entry is stale and its table names
+    the first commit only (the second holds the current code)."""
+    root = tmp_path
+    _git(root, "init", "-q")
+    pkg, folder = root / "src" / "fedsolve", root / "results" / "fam"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (folder / "old").mkdir(parents=True)
+    (folder / "old" / "summary.json").write_text("{}")
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "one")
+    (pkg / "a.py").write_text("x = 2\n")
+    (folder / "new").mkdir()
+    (folder / "new" / "summary.json").write_text("{}")
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "two")
+    c1, c2 = (subprocess.run(["git", "rev-parse", rev], cwd=root, capture_output=True, text=True).stdout.strip()
+              for rev in ("HEAD~1", "HEAD"))
+    (folder / "claims.json").write_text(json.dumps([{
+        "id": "x", "claim": "c", "status": "reproduced", "paper": None, "ours": "o",
+        "evidence": ["results/fam/old", "results/fam/new"], "command": "fedsolve suite x.yaml"}]))
+    (folder / "README.md").write_text("# Fam\n")
+    write_ledger(folder)
+    [e] = json.loads((folder / "claims.json").read_text())
+    assert sorted(e["commits"]) == sorted([c1, c2]) and e["stale"] is True and e["stale_since"] == [c1]
+    text = (folder / "README.md").read_text()
+    assert f"reproduced (stale: code changed since {c1[:7]})" in text and c2[:7] not in text

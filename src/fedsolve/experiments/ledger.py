@@ -13,7 +13,8 @@
 * written by :func:`write_ledger`: ``commits`` (the commits that made the evidence: the ``provenance.commit`` of
   every summary, run marker or suite cell under the evidence paths, else the commit that added the file) and
   ``stale`` (true when the package source at one of those commits differs from the source at ``checked_at``,
-  the commit the ledger was written at: the numbers were made by other code than the current one).
+  the commit the ledger was written at: the numbers were made by other code than the current one) and
+  ``stale_since`` (those commits, the ones the table names).
 
 :func:`write_ledger` (``fedsolve ledger results/<family>``) fills the computed fields and writes the table at
 the top of the folder's README, between :data:`BEGIN` and :data:`END`; :func:`check_ledger` lists what
@@ -40,6 +41,7 @@ OPTIONAL = (
     "tuning",
     "commits",
     "stale",
+    "stale_since",
     "checked_at",
     "note",
     "reference_same_run",
@@ -217,7 +219,9 @@ def render(entries: list[dict[str, Any]]) -> str:
     ]
     for e in entries:
         status = e["status"] + (
-            f" (stale: code changed since {', '.join(c[:7] for c in e.get('commits') or [])})" if e.get("stale") else ""
+            f" (stale: code changed since {', '.join(c[:7] for c in e.get('stale_since', e.get('commits')) or [])})"
+            if e.get("stale")
+            else ""
         )
         if "rechecked" in e:
             status += f"; {status_phrase(e['rechecked'])}" + (
@@ -278,6 +282,7 @@ def write_ledger(folder: str | Path, recheck: bool = False, only: list[str] | No
         e["commits"] = evidence_commits(root, e["evidence"], added)
         flags = [source_changed(c, head, package) for c in e["commits"]]
         e["stale"] = True if any(flags) else None if None in flags or not flags else False  # None: unknown
+        e["stale_since"] = [c for c, changed in zip(e["commits"], flags) if changed]
         e["checked_at"] = head
         if "rechecked" in e:
             e["rechecked"]["current"] = source_changed(e["rechecked"]["at"], head, package) is False
