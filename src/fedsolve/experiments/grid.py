@@ -297,7 +297,7 @@ def tuning_lines(rows: list[dict[str, Any]]) -> list[str]:
         "split (the rows above). "
         + (
             f"**{len(at_edge)} of {len(tuned)} picks are at the grid's edge**: the grid does not bracket them, "
-            "so a value beyond it may be better."
+            "so a value beyond it may be better (`tune: {widen: 1}` tunes again beyond the edge)."
             if at_edge
             else f"Every pick ({len(tuned)}) is inside its grid."
         ),

@@ -482,7 +482,8 @@ def _tuned_section(agg: dict[str, Any]) -> list[str]:
         "Each tuned algorithm ran once per grid value on its clients' training data less a held-out "
         "validation share, scored on that share at the last round; the best value was then trained on the "
         "whole training split (the rows above). A pick at the grid's lowest or highest value is marked: the "
-        "grid does not bracket it, so a value beyond the grid may be better.",
+        "grid does not bracket it, so a value beyond the grid may be better (`tune: {widen: 1}` tunes again "
+        "beyond it).",
         "",
         "| algorithm | seed | chosen | validation metric per grid value | tuning rounds | tuning wall s |",
         "|---|---|---|---|---|---|",
