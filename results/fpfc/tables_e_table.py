@@ -34,7 +34,7 @@ def fail(msg: str) -> None:
 def candidates(dirs: list[Path]) -> dict[tuple[str, int], list[dict]]:
     """(method, seed) -> the summaries of its runs in every folder, in the folders' order."""
     out: dict[tuple[str, int], list[dict]] = {}
-    for d in dirs:
+    for i, d in enumerate(dirs):
         found = sorted(d.glob("*/seed*/summary.json"))
         if not found:
             fail(f"{d}: no <method>/seed<k>/summary.json under it")
@@ -42,7 +42,7 @@ def candidates(dirs: list[Path]) -> dict[tuple[str, int], list[dict]]:
             s = json.loads(p.read_text())
             if "tuned" not in s.get("extras", {}):
                 fail(f"{p.parent}: the run was not tuned (no extras.tuned in its summary)")
-            s["_path"] = p.parent.as_posix()
+            s["_path"], s["_folder"] = p.parent.as_posix(), i + 1
             out.setdefault((s["label"], int(s["seed"])), []).append(s)
     return out
 
@@ -91,7 +91,7 @@ def table(scenario: str, dirs: list[Path]) -> str:
             accs.append(100 * final["test_accuracy"])
             clusters.append("-" if "num_clusters" not in final else f"{final['num_clusters']:g}")
             ari.append("-" if "ari" not in final else f"{final['ari']:.2f}")
-            where.append(str(1 + next(i for i, d in enumerate(dirs) if run["_path"].startswith(d.as_posix()))))
+            where.append(str(run["_folder"]))
         means[label] = statistics.fmean(accs)
         lines.append(
             f"| {label} | {', '.join(picks)} | {', '.join(f'{a:.2f}' for a in accs)} | {mean_sd(accs)} "

@@ -951,7 +951,16 @@ def tune_spec(
     wall, passes, grid = 0.0, 0, list(t.grid)
     sign = 1.0 if lower_is_better(metric) else -1.0
     while True:
-        summaries = _tuning_pass(tcfg, spec, t, grid, seed, val_data, tune_dir, resume, progress, overwrite, batch)
+        try:
+            summaries = _tuning_pass(tcfg, spec, t, grid, seed, val_data, tune_dir, resume, progress, overwrite, batch)
+        except ConfigError as e:  # the tuning rounds do not fit the schedule (e.g. a local budget): name tune.rounds
+            if rounds == cfg.simulation.rounds or not str(e).startswith("simulation.rounds: "):
+                raise
+            why = str(e).removeprefix("simulation.rounds: ").split("; allowed")[0]
+            raise ConfigError(
+                f"algorithm.tune.rounds: {t.rounds} tuning rounds do not fit algorithm.schedule ({why}); "
+                f"allowed: null (the tuning runs as long as the run)"
+            ) from None
         for v, summary in zip(grid, summaries):
             tried.append(v)
             scores.append(_validation_score(spec, summary, metric))
@@ -993,30 +1002,21 @@ def _tuning_pass(tcfg, spec, t, grid, seed, val_data, tune_dir, resume, progress
     folders = [Path(tune_dir) / _slug(f"{t.param}={v}") for v in grid]
     summaries = {i: d for i, d in enumerate(map(finished_summary, folders)) if resume and d is not None}
     todo = [i for i in range(len(grid)) if i not in summaries]
-    try:
-        summaries.update(
-            _grid_runs(
-                tcfg,
-                spec,
-                t.model_copy(update={"grid": grid}),
-                seed,
-                val_data,
-                folders,
-                todo,
-                resume=resume,
-                progress=progress,
-                overwrite=overwrite,
-                batch=batch,
-            )
+    summaries.update(
+        _grid_runs(
+            tcfg,
+            spec,
+            t.model_copy(update={"grid": grid}),
+            seed,
+            val_data,
+            folders,
+            todo,
+            resume=resume,
+            progress=progress,
+            overwrite=overwrite,
+            batch=batch,
         )
-    except ConfigError as e:  # the tuning runs' rounds do not fit the schedule (e.g. a local budget): name tune.rounds
-        if t.rounds is None or tcfg.simulation.rounds != t.rounds or not str(e).startswith("simulation.rounds: "):
-            raise
-        why = str(e).removeprefix("simulation.rounds: ").split("; allowed")[0]
-        raise ConfigError(
-            f"algorithm.tune.rounds: {t.rounds} tuning rounds do not fit algorithm.schedule ({why}); "
-            f"allowed: null (the tuning runs as long as the run)"
-        ) from None
+    )
     return [summaries[i] for i in range(len(grid))]
 
 

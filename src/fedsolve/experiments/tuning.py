@@ -73,6 +73,6 @@ def widen_grid(grid: Sequence[float], side: str, count: int | None = None) -> li
         v = float(round(v)) if integer else float(f"{v:.12g}")
         if edge == 0.0 or (edge > 0 and v <= 0) or (edge < 0 and v >= 0):
             break  # zero is a domain's edge: nothing beyond it
-        if v != edge and v not in out and (v - edge) * direction > 0 and math.isfinite(v):
+        if v not in out and (v - edge) * direction > 0 and math.isfinite(v):
             out.append(v)
     return [int(v) for v in out] if integer else out
