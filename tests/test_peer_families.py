@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "peers" / "families.py"
@@ -72,3 +73,21 @@ def test_op_counts_prints_ops_a_round_for_every_contender():
     q = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers" / "op_counts.py"), "--families", "nope"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert q.returncode == 2 and "--families" in q.stderr
+
+
+def test_sequential_ratio_and_device_option():
+    """``--executors vectorized,sequential`` prints the headline executor against fedsolve's client-by-client one
+    (issue 48, item 2: ``ratio <family> sequential``); ``--device`` takes cpu or cuda[:N], and cuda only where CUDA
+    is (one line naming the option, exit 2)."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--repeats", "1", "--families", "simfbo",
+                        "--executors", "vectorized,sequential", "--device", "cpu"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert re.search(r"^ratio simfbo sequential \d+\.\d+$", out, re.M), out
+    assert re.search(r"^ratio simfbo plain \d+\.\d+$", out, re.M), out
+    bad = ["gpu", "cuda:x"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for dev in bad:
+        q = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--device", dev], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120)
+        assert q.returncode == 2 and "--device" in q.stderr and "Traceback" not in q.stderr, (dev, q.stderr)

@@ -27,11 +27,18 @@ fedsolve's with the first of ``--executors`` (default ``auto``; x > 1: fedsolve 
 ``ratio <family>:<executor> <reference> <x>`` the same against another fedsolve executor timed in the run (e.g.
 ``vectorized``), the load average at the start and the end, and a machine line (the CPU's model, the cost of one
 small torch op, a 512 x 512 product's rate: ``family_common.machine_profile``; ratios move between machines with
-the first). The exit status is 1 when any check failed.
+the first), and ``ratio <family> sequential <x>`` when ``sequential`` is one of the other executors (its seconds /
+the headline executor's). The exit status is 1 when any check failed.
+
+``--device cuda`` (issue 48, item 2) runs every contender on the GPU: fedsolve's simulation with
+``simulation.device`` set, the references with their data placed there and the tensors they create made there
+(``family_common.on``), every round timed after ``torch.cuda.synchronize`` (``family_common.clock``), all in plain
+float32 (TF32 off, fedsolve's default). The issue's figures: ``--device cuda --executors vectorized,sequential``
+(``ratio <family> sequential`` >= 10, ``ratio <family> plain`` >= 5).
 
 Usage: python benchmarks/peers/families.py [--families fedapm,fpfc,constrained,simfbo,fedmm] [--repeats 3]
        [--smoke] [--threads 1 | 1,2] [--executors auto,vectorized] [--json results/perf/families.json]
-       [--perturb fedapm:plain] [--qp 300,3,3]
+       [--perturb fedapm:plain] [--qp 300,3,3] [--device cpu | cuda[:N]]
 (``--perturb <family>:<contender>`` changes that reference's step size by 1%: its check must then fail; the
 test of this benchmark uses it.)
 """
@@ -105,6 +112,8 @@ def main(argv=None) -> int:
                     help="fedsolve executors to time (the first gives the headline ratios; one that is auto's pick "
                          "is left out)")
     ap.add_argument("--qp", default=None, help="the constrained family's Table-4 instance d,n,m (default 100,5,1)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu or cuda[:N]: where fedsolve's run, the references and their data live (issue 48, item 2)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--perturb", default="", help="comma-separated family:contender whose step size is changed "
                                                   "by 1%% (its agreement check must fail)")
@@ -140,6 +149,15 @@ def main(argv=None) -> int:
         ap.error(f"--threads: expected a count or a comma-separated list of counts, got {a.threads!r}")
     if not threads or min(threads) < 1:
         ap.error(f"--threads: counts must be >= 1, got {a.threads!r}")
+    if a.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", a.device):
+        ap.error(f"--device: expected cpu, cuda or cuda:N, got {a.device!r}")
+    if a.device != "cpu":
+        if not torch.cuda.is_available():
+            ap.error(f"--device: {a.device!r} asked for, but CUDA is not available here; use --device cpu")
+        # plain float32 for every contender (fedsolve's default, simulation.tf32 off): cuDNN's convolutions would
+        # otherwise run in TF32 for the references only
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.set_num_threads(threads[0])
     load0 = os.getloadavg()
     prof = machine_profile()
@@ -147,13 +165,17 @@ def main(argv=None) -> int:
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
           f"{os.cpu_count()} CPUs, {a.repeats} interleaved repeat(s){' (SMOKE sizes)' if a.smoke else ''}; "
           f"load average {load0[0]:.2f}", flush=True)
+    if a.device != "cpu":
+        print(f"device: {a.device} ({torch.cuda.get_device_name(torch.device(a.device))}), float32 (TF32 off)",
+              flush=True)
     print(f"machine: {prof['cpu_model']}; one small torch op {prof['small_op_us']} us, a 512 x 512 float32 product "
           f"{prof['matmul512_gflops']} GFLOP/s (1 thread)", flush=True)
     report: dict = {"families": {}, "ratios": {}}
     failed = False
     for name in names:
         mod = importlib.import_module(f"family_{name}")
-        fam: Family = mod.build(a.smoke, perturb.get(name, set()), executors, **options.get(name, {}))
+        fam: Family = mod.build(a.smoke, perturb.get(name, set()), executors, device=a.device,
+                                **options.get(name, {}))
         res = run_family(fam, a.repeats, threads)
         report["families"][name] = res
         print(f"\n[{name}] {fam.workload}; {'median round after the first' if fam.unit == 'round' else 'whole run'}"
@@ -169,6 +191,10 @@ def main(argv=None) -> int:
             print("  CHECK FAILED: fedsolve's executors disagree: no ratio")
             continue
         others = [k for k in cs if k.startswith("fedsolve") and k != ours_name]
+        seq = cs.get("fedsolve[sequential]")
+        if seq is not None and ours_name != "fedsolve[sequential]":   # the headline executor against client by client
+            report["ratios"][f"{name} sequential"] = seq["seconds"] / ours
+            print(f"ratio {name} sequential {seq['seconds'] / ours:.2f}", flush=True)
         for ref in ("plain", "fastest"):
             c = cs.get(ref)
             if c is None:
@@ -194,7 +220,8 @@ def main(argv=None) -> int:
                                "load_average_start": load0, "load_average_end": load1, **prof},
                       versions={"python": platform.python_version(), "torch": torch.__version__,
                                 "numpy": np.__version__},
-                      threads=list(threads), repeats=a.repeats, smoke=a.smoke)
+                      threads=list(threads), repeats=a.repeats, smoke=a.smoke, device=a.device,
+                      gpu=torch.cuda.get_device_name(torch.device(a.device)) if a.device != "cpu" else None)
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}")

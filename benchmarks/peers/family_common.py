@@ -59,6 +59,25 @@ class Round:
 Schedule = list[Round]
 
 
+def clock() -> float:
+    """``time.perf_counter()`` once the GPU's queued work has finished (a GPU runs asynchronously: without the
+    synchronization a round's time would be the time to queue it); on a CPU just ``perf_counter()``."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def on(device: str, fn: Callable[[], Result]) -> Callable[[], Result]:
+    """``fn`` run with the tensors it creates placed on ``device`` (the reference loops are written without device
+    arguments: ``torch.zeros(m, d)``, ``nn.Linear(...)``; their data come already placed)."""
+
+    def run() -> Result:
+        with torch.device(device):
+            return fn()
+
+    return run
+
+
 def perturbed(value: float, perturb) -> dict[str, float]:
     """``value`` for each reference loop (``plain``, ``fastest``), 1% larger for those named in ``perturb``: the
     ``--perturb`` check that a reference which computes something else is refused its ratio."""
@@ -69,6 +88,7 @@ def schedule(sim: Simulation, rounds: int) -> Schedule:
     """The clients and minibatches of rounds ``0..rounds-1`` of ``sim`` (drawn from its random streams exactly as
     ``Simulation.run_round`` draws them; the streams are keyed, so nothing of ``sim`` changes)."""
     data, m = sim.problem.data, sim.problem.num_clients
+    dev = data.train_x.device  # the minibatches where the data are (a GPU's index_select wants its indices there)
     out = []
     for t in range(rounds):
         ids = sample_clients(sim.cfg.sampling, m, data.weights, sim.rngs.numpy("sampling", t))
@@ -79,7 +99,7 @@ def schedule(sim: Simulation, rounds: int) -> Schedule:
             for k in range(ids.numel()):
                 row = plan.row(k)
                 steps = int(row.active.sum())
-                per.append([row.idx[s][:max(row.length(s), 1)].clone() for s in range(steps)])
+                per.append([row.idx[s][:max(row.length(s), 1)].clone().to(dev) for s in range(steps)])
             batches[phase] = per
         out.append(Round(ids.tolist(), batches))
     return out
@@ -97,9 +117,9 @@ def run_simulation(make: Callable[[], Simulation], rounds: int, executor: str,
     times, path = [], []
     with torch.enable_grad():
         for t in range(rounds):
-            t0 = time.perf_counter()
+            t0 = clock()
             sim.run_round(t)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
             if trace is not None:
                 path.append(trace(sim).detach().clone())
     chosen = getattr(sim.executor, "name", executor)
@@ -146,7 +166,7 @@ def rel_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
         y = b.get(k)
         if y is None or tuple(y.shape) != tuple(x.shape):
             return float("inf")
-        x, y = x.double(), y.double()
+        x, y = x.double().cpu(), y.double().cpu()
         if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
             return float("inf")
         scale = max(1.0, float(x.abs().max())) if x.numel() else 1.0

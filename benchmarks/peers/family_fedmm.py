@@ -21,13 +21,12 @@ fastest: the network's forward and backward passes written out on one flat param
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
+from family_common import Family, Result, clock, on, fedsolve_contenders, flat, load_flat, perturbed, schedule
 
 from fedsolve.families import get_algorithm
 from fedsolve.data.federated import FederatedData
@@ -81,18 +80,18 @@ def dann_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return (ce - NU * dom).mean()
 
 
-def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
-          ) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0,
+          device: str = "cpu") -> Family:
     n, rounds = (500, 3) if smoke else (5000, 5)
-    data = domain_data(n, seed)
+    data = domain_data(n, seed).to(device)
     problem = adversarial_problem(data, "dann", NU, features="mlp", feature_dim=FEAT, hidden=HIDDEN,
                                   domain_hidden=DOM)
     cfg = dict(CFG, local_steps=5 if smoke else CFG["local_steps"])
 
     def make() -> Simulation:
         algo = get_algorithm("fedmm")(cfg, problem)
-        return Simulation(problem, algo, SimulationConfig(rounds=rounds, executor="sequential", metrics=[]),
-                          seed=seed)
+        return Simulation(problem, algo, SimulationConfig(rounds=rounds, executor="sequential", metrics=[],
+                                                          device=device), seed=seed)
 
     sim0 = make()
     w0 = sim0.server["w"].clone()
@@ -107,8 +106,8 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
                  f"{FEAT}, classifier {'-'.join(map(str, HIDDEN))}, M = {cfg['local_steps']} steps of batch 64, "
                  f"{rounds} rounds", {}, tol=1e-4)
     fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
-    fam.contenders["plain"] = lambda: plain(w0, data, sched, n_omega, cfg, lr["plain"])
-    fam.contenders["fastest"] = lambda: fastest(w0, data, sched, n_omega, cfg, lr["fastest"])
+    fam.contenders["plain"] = on(device, lambda: plain(w0, data, sched, n_omega, cfg, lr["plain"]))
+    fam.contenders["fastest"] = on(device, lambda: fastest(w0, data, sched, n_omega, cfg, lr["fastest"]))
     return fam
 
 
@@ -154,12 +153,12 @@ def plain(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
     x, y = data.train_x, data.train_y
     times = []
     for t, rnd in enumerate(sched):
-        t0 = time.perf_counter()
+        t0 = clock()
         ups = [clients[i].train(glob, x, y, rnd.batches["train"][k], t) for k, i in enumerate(rnd.ids)]
         with torch.no_grad():
             for j, p in enumerate(glob.parameters()):
                 p.copy_(sum(u[j] for u in ups) / len(ups))
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return Result(times, {"w": flat(glob.parameters()),
                           "dual": torch.stack([flat(c.dual) for c in clients])}, f"{torch.get_num_threads()} thread(s)")
 
@@ -225,7 +224,7 @@ def fastest(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
     Po, Pp, Go, Gp = P[:d_om], P[d_om:], G[:d_om], G[d_om:]
     times = []
     for t, rnd in enumerate(sched):
-        t0 = time.perf_counter()
+        t0 = clock()
         acc = torch.zeros_like(glob)
         for k, i in enumerate(rnd.ids):
             P.copy_(glob)
@@ -238,5 +237,5 @@ def fastest(w0, data, sched, n_omega: int, cfg: dict, lr: float) -> Result:
             dual[i] += mu_vec * (P - glob)
             acc += P + (c["eta3"] ** t) * dual[i] / mu_vec
         glob = acc / len(rnd.ids)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return Result(times, {"w": glob, "dual": dual}, f"{torch.get_num_threads()} thread(s)")

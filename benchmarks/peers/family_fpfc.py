@@ -24,13 +24,12 @@ over all touched pairs at once on a dense ``[m, m, d_f]`` store.
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
+from family_common import Family, Result, clock, on, fedsolve_contenders, flat, load_flat, perturbed, schedule
 from round_time import WORKLOADS, make_data
 
 from fedsolve.families import get_algorithm
@@ -67,20 +66,20 @@ def lr_at(t: int, lr: float) -> float:
     return lr * CFG["lr_decay"] ** (t // CFG["lr_decay_every"])
 
 
-def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
-          ) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0,
+          device: str = "cpu") -> Family:
     w = dict(WORKLOADS["lenet"])
     if smoke:
         w.update(clients=6, sizes=w["sizes"][:6])
     rounds = 3 if smoke else 4
-    data = make_data(w, seed)
+    data = make_data(w, seed).to(device)
     problem = FederatedProblem(data, build_model_fn("lenet", data.input_shape, 10, fc_hidden=0),
                                blocks={"fused": ["fc2.*"]})
 
     def make() -> Simulation:
         algo = get_algorithm("fpfc")(CFG, problem)
         return Simulation(problem, algo, SimulationConfig(rounds=rounds, executor="sequential", metrics=[],
-                                                          sampling={"fraction": FRACTION}), seed=seed)
+                                                          device=device, sampling={"fraction": FRACTION}), seed=seed)
 
     sim0 = make()
     d = problem.layout.dim
@@ -97,8 +96,8 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
                  f"MNIST-shaped images, {int(FRACTION * 100)}% a round, 2 epochs of batch 100, SCAD lambda 0.4, "
                  f"{rounds} rounds", {}, tol=1e-5)
     fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
-    fam.contenders["plain"] = lambda: plain(W0, data, sched, lr["plain"])
-    fam.contenders["fastest"] = lambda: fastest(W0, data, sched, lr["fastest"])
+    fam.contenders["plain"] = on(device, lambda: plain(W0, data, sched, lr["plain"]))
+    fam.contenders["fastest"] = on(device, lambda: fastest(W0, data, sched, lr["fastest"]))
     return fam
 
 
@@ -131,7 +130,7 @@ def plain(W0: Tensor, data, sched, lr: float) -> Result:
     x, y = data.train_x, data.train_y
     times = []
     for t, rnd in enumerate(sched):
-        t0 = time.perf_counter()
+        t0 = clock()
         ups = []
         for k, i in enumerate(rnd.ids):
             zeta = (W[:, -df:] + theta[i] - V[i] / rho).mean(0)
@@ -151,7 +150,7 @@ def plain(W0: Tensor, data, sched, lr: float) -> Result:
                 theta[i, j] = s * delta
                 V[i, j] = V[i, j] + rho * (W[i, -df:] - W[j, -df:] - theta[i, j])
                 theta[j, i], V[j, i] = -theta[i, j], -V[i, j]
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     R = (theta - V / rho).sum(1)
     return Result(times, {"W": W, "R": R}, f"{torch.get_num_threads()} thread(s)")
 
@@ -168,7 +167,7 @@ def fastest(W0: Tensor, data, sched, lr0: float) -> Result:
     x, y = data.train_x.contiguous(memory_format=torch.channels_last), data.train_y
     times = []
     for t, rnd in enumerate(sched):
-        t0 = time.perf_counter()
+        t0 = clock()
         lr = lr_at(t, lr0)
         ids = torch.tensor(rnd.ids)
         R = ((2 * S - 1).unsqueeze(-1) * D).sum(1)          # sum_j (theta_ij - v_ij / rho)
@@ -204,6 +203,6 @@ def fastest(W0: Tensor, data, sched, lr0: float) -> Result:
         Sn = prox(Dn.norm(dim=-1))
         D[I, J], D[J, I] = Dn, -Dn
         S[I, J], S[J, I] = Sn, Sn
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     R = ((2 * S - 1).unsqueeze(-1) * D).sum(1)
     return Result(times, {"W": W, "R": R}, f"{torch.get_num_threads()} thread(s)")

@@ -19,14 +19,13 @@ matrix product over both minibatches), no autograd.
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bilevel_hvp import make_problem
-from family_common import Family, Result, fedsolve_contenders, flat, load_flat, perturbed, schedule
+from family_common import Family, Result, clock, on, fedsolve_contenders, flat, load_flat, perturbed, schedule
 
 from fedsolve.families import get_algorithm
 from fedsolve.engine import Simulation, SimulationConfig
@@ -36,8 +35,8 @@ STEPS = dict(eta_y=0.2, eta_v=0.1, eta_x=0.05, gamma_y=0.2, gamma_v=0.1, gamma_x
 PHASES = ("lower_y", "lower_v", "upper_v", "upper_x", "lower_x")
 
 
-def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0
-          ) -> Family:
+def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", "vectorized"), seed: int = 0,
+          device: str = "cpu") -> Family:
     m, n, per, rounds = (10, 100, 4, 3) if smoke else (100, 600, PER_ROUND, 6)
     problem = make_problem(clients=m, n=n, seed=seed)
     cfg = {"batch_size": BATCH, "tau": 1, **STEPS}
@@ -45,7 +44,8 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
     def make() -> Simulation:
         algo = get_algorithm("simfbo")(cfg, problem)
         return Simulation(problem, algo, SimulationConfig(rounds=rounds, executor="sequential", metrics=[],
-                                                          sampling={"clients_per_round": per}), seed=seed)
+                                                          device=device, sampling={"clients_per_round": per}),
+                          seed=seed)
 
     sim0 = make()
     start = {k: sim0.server[k].clone() for k in ("x", "y", "v")}
@@ -61,8 +61,9 @@ def build(smoke: bool, perturb: set[str], executors: tuple[str, ...] = ("auto", 
                  f"synthetic MNIST-shaped rows (lower/upper halves), {per} clients a round, tau = 1, batch {BATCH}, "
                  f"{rounds} rounds", {}, tol=1e-6)
     fam.contenders.update(fedsolve_contenders(make, rounds, state, executors=executors))
-    fam.contenders["plain"] = lambda: plain(problem.model_fn(), start, xs, data.train_y, sched, gx["plain"])
-    fam.contenders["fastest"] = lambda: fastest(start, xs, data.train_y, sched, gx["fastest"])
+    fam.contenders["plain"] = on(device, lambda: plain(problem.model_fn(), start, xs, data.train_y, sched,
+                                                       gx["plain"]))
+    fam.contenders["fastest"] = on(device, lambda: fastest(start, xs, data.train_y, sched, gx["fastest"]))
     return fam
 
 
@@ -108,7 +109,7 @@ def plain(model: nn.Module, start: dict[str, Tensor], X, Y, sched, gamma_x: floa
     shapes = [p.shape for p in client.head]
     times = []
     for rnd in sched:
-        t0 = time.perf_counter()
+        t0 = clock()
         sums = {z: torch.zeros_like(srv[z]) for z in srv}
         v = [t.view(s) for t, s in zip(srv["v"].split([s.numel() for s in shapes]), shapes)]
         for k, _ in enumerate(rnd.ids):
@@ -118,7 +119,7 @@ def plain(model: nn.Module, start: dict[str, Tensor], X, Y, sched, gamma_x: floa
             sums["y"] += dy
             sums["v"] += dv
         srv = _server_step(srv, sums, len(rnd.ids), gamma_x)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return Result(times, srv, f"{torch.get_num_threads()} thread(s)")
 
 
@@ -147,7 +148,7 @@ def fastest(start: dict[str, Tensor], X, Y, sched, gamma_x: float) -> Result:
         return dp.div_(B)                             # w dp
 
     for rnd in sched:
-        t0 = time.perf_counter()
+        t0 = clock()
         x, y, v = srv["x"], srv["y"], srv["v"]
         W1, b1 = x[:hid * d_in].view(hid, d_in), x[hid * d_in:]
         W2, b2 = y[:n_out * hid].view(n_out, hid), y[n_out * hid:]
@@ -180,5 +181,5 @@ def fastest(start: dict[str, Tensor], X, Y, sched, gamma_x: float) -> Result:
             sxW.addmm_(dpre.t(), torch.cat([xu, xl]))
             sxb.add_(dpre.sum(0))
         srv = _server_step(srv, {"x": sx, "y": sy, "v": sv}, len(rnd.ids), gamma_x)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return Result(times, srv, f"{torch.get_num_threads()} thread(s)")
