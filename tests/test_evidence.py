@@ -361,6 +361,39 @@ def test_recheck_reruns_a_cell_of_each_evidence_and_tells_agree_close_differ_and
     assert f"re-check: `{rel}` ({label}): not re-checked" in text
 
 
+def test_recheck_runs_the_tests_of_a_claim_whose_command_runs_tests(tmp_path):
+    """A theorem check's evidence is the saved output of tests: the re-check runs the claim's tests (its command's
+    selection) with the current code; a passing selection agrees, a failing one differs, an empty one is an error;
+    any other command (a suite, a script, a shell chain) is not run."""
+    from fedsolve.experiments.recheck import holds, pytest_args, recheck_entries
+
+    assert pytest_args(".venv/bin/python -m pytest -v -s tests/test_x.py -k 'a or b'") == ["tests/test_x.py", "-k",
+                                                                                            "a or b"]
+    for other in ("fedsolve suite x.yaml", "python benchmarks/b.py", "python -m pytest tests/t.py && rm -rf x",
+                  "python -m pytest -k a", "python -m pytest 'unclosed", None):
+        assert pytest_args(other) is None, other
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_claim.py").write_text(
+        "def test_theorem_holds():\n    assert 1 + 1 == 2\n\n\ndef test_theorem_broken():\n    assert 1 + 1 == 3\n")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "checks.txt").write_text("1 passed\n")
+
+    def entry(i, k):
+        return {"id": i, "claim": "c", "status": "reproduced", "paper": None, "ours": "o",
+                "evidence": ["results/checks.txt"], "command": f"python -m pytest -v tests/test_claim.py -k {k}"}
+
+    entries = [entry("holds", "holds"), entry("broken", "broken"), entry("none", "nothing_matches")]
+    recheck_entries(tmp_path, entries, "0123456789abcdef")
+    [(f0, good), (f1, bad), (f2, empty)] = [e["rechecked"]["cells"] for e in entries]
+    assert f0["outcome"] == "not re-checked" and f1 == f0 and f2 == f0      # the text file itself is not re-run
+    assert (good["path"], good["cell"], good["outcome"]) == ("tests/test_claim.py", "holds", "agrees"), good
+    assert "1 passed" in good["detail"] and " in " not in good["detail"], good   # counts, no timing
+    assert bad["outcome"] == "differs" and "test_theorem_broken" in bad["detail"], bad
+    assert empty["outcome"] == "error" and "exit 5" in empty["detail"], empty
+    assert holds(entries[0]["rechecked"]) and not holds(entries[1]["rechecked"])
+    assert "re-checked at 0123456: 1 of 1 re-run cells agree" in render(entries[:1])
+
+
 def test_a_rechecked_field_is_the_shape_the_recheck_writes(tmp_path):
     from fedsolve.experiments.recheck import status_phrase
 

@@ -14,11 +14,18 @@ evaluation is a finding; an agreement there is evidence, not proof, that the res
 The outcome of each cell is one of :data:`OUTCOMES`, kept in the entry's ``rechecked`` field
 (``{"at": commit, "cells": [{"path", "cell", "outcome", "detail"}, ...]}``) and shown in the ledger table.
 Evidence that is a file (a table, a plot, a text) or a folder this fedsolve cannot re-run (no recorded config,
-summaries without per-round logs) is listed as ``not re-checked`` with the reason.
+summaries without per-round logs) is listed as ``not re-checked`` with the reason. A claim whose command runs the
+repository's tests (``python -m pytest tests/... -k ...``: the theorem checks, whose evidence is the tests' saved
+output) is re-checked by running those tests with the current code (:func:`recheck_tests`): ``agrees`` when every
+selected test passes, ``differs`` when one fails, ``error`` when none ran.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,8 @@ CLOSE_RTOL = 1e-3
 PER_FOLDER = 4
 #: a suite cell that took longer than this when it was recorded is not re-run whole (seconds)
 MAX_WHOLE_CELL_S = 120.0
+#: the longest a claim's tests may run when re-checked (seconds)
+TESTS_TIMEOUT_S = 1800
 
 
 def cells_of(path: Path) -> list[tuple[Path, str | None]]:
@@ -130,9 +139,50 @@ def _record(root: Path, path: str, cell: str | None, outcome: str, detail: str) 
     return {"path": path, "cell": cell, "outcome": outcome, "detail": detail}
 
 
+def pytest_args(command: str | None) -> list[str] | None:
+    """The pytest arguments of ``command`` when it only runs the repository's tests (``[path/]python -m pytest
+    [options] tests/... [-k EXPR]``), without the options that change what is printed (``-v``, ``-s``); None for any
+    other command (a shell pipeline, a script, a suite)."""
+    try:
+        argv = shlex.split(command or "")
+    except ValueError:
+        return None
+    if len(argv) < 4 or not re.fullmatch(r"python3?", Path(argv[0]).name) or argv[1:3] != ["-m", "pytest"]:
+        return None
+    rest = argv[3:]
+    if any(a in ("&&", "||", ";", "|", ">", "<") for a in rest) or not any(a.startswith("tests/") for a in rest):
+        return None
+    return [a for a in rest if a not in ("-v", "-s", "-q")]
+
+
+def recheck_tests(root: Path, args: list[str]) -> dict[str, Any]:
+    """Run the tests ``args`` (:func:`pytest_args`) with this interpreter in ``root`` and record the outcome."""
+    where = " ".join(a for a in args if a.startswith("tests/"))
+    cell = args[args.index("-k") + 1] if "-k" in args[:-1] else None
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=TESTS_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return _record(root, where, cell, "error", f"the claim's tests ran past {TESTS_TIMEOUT_S} s")
+    tail = (p.stdout.strip().splitlines() or [""])[-1].strip("= ")
+    tail = re.sub(r"(, \d+ warnings?)? in [\d.]+s.*$", "", tail)  # the counts, not the time or the warnings
+    passed = re.search(r"(\d+) passed", tail)
+    if p.returncode == 0 and passed:
+        return _record(root, where, cell, "agrees", f"re-ran the claim's tests: {tail}")
+    if p.returncode == 1:
+        failed = re.findall(r"^FAILED (\S+)", p.stdout, re.M)
+        return _record(root, where, cell, "differs", f"re-ran the claim's tests: {tail}; failed: {', '.join(failed)}")
+    return _record(root, where, cell, "error", f"the claim's tests did not run (pytest exit {p.returncode}): {tail}")
+
+
 def recheck_entries(root: Path, entries: list[dict[str, Any]], head: str, only: list[str] | None = None) -> None:
     """Set ``rechecked`` of ``entries`` (those whose id is in ``only``, default all with evidence), re-running each
-    evidence path once even when several claims cite it."""
+    evidence path once even when several claims cite it, and the tests of a claim whose command runs tests."""
     done: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         if only is not None and e["id"] not in only:
@@ -142,6 +192,8 @@ def recheck_entries(root: Path, entries: list[dict[str, Any]], head: str, only: 
             if rel not in done:
                 done[rel] = recheck_path(root, rel)
             cells += done[rel]
+        if (args := pytest_args(e.get("command"))) is not None:
+            cells.append(recheck_tests(root, args))
         if cells:
             e["rechecked"] = {"at": head, "cells": cells}
 
