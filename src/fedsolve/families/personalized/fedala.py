@@ -19,6 +19,8 @@ Each client is scored with its latest local model theta_i, as every personalized
 Departures from the official code (stated, not hidden): the start phase checks the SD after every step rather than
 after every pass and stops at ``start_passes`` passes (the official loop has no cap); every ALA pass draws its own
 minibatches from the client's data (the official code draws one random subset a round and passes over it).
+Cost: the ALA phase is planned at its longest (``start_passes`` passes) for every client of a round, the steps a
+client does not take masked, so every round pays for that many passes; a smaller ``start_passes`` is cheaper.
 """
 
 from __future__ import annotations
