@@ -149,15 +149,17 @@ def main(argv=None) -> int:
         ap.error(f"--threads: expected a count or a comma-separated list of counts, got {a.threads!r}")
     if not threads or min(threads) < 1:
         ap.error(f"--threads: counts must be >= 1, got {a.threads!r}")
-    if a.device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", a.device):
-        ap.error(f"--device: expected cpu, cuda or cuda:N, got {a.device!r}")
+    gpu = None
     if a.device != "cpu":
+        if not re.fullmatch(r"cuda(:\d+)?", a.device):
+            ap.error(f"--device: expected cpu, cuda or cuda:N, got {a.device!r}")
         if not torch.cuda.is_available():
             ap.error(f"--device: {a.device!r} asked for, but CUDA is not available here; use --device cpu")
         # plain float32 for every contender (fedsolve's default, simulation.tf32 off): cuDNN's convolutions would
         # otherwise run in TF32 for the references only
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        gpu = torch.cuda.get_device_name(torch.device(a.device))
     torch.set_num_threads(threads[0])
     load0 = os.getloadavg()
     prof = machine_profile()
@@ -165,9 +167,8 @@ def main(argv=None) -> int:
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
           f"{os.cpu_count()} CPUs, {a.repeats} interleaved repeat(s){' (SMOKE sizes)' if a.smoke else ''}; "
           f"load average {load0[0]:.2f}", flush=True)
-    if a.device != "cpu":
-        print(f"device: {a.device} ({torch.cuda.get_device_name(torch.device(a.device))}), float32 (TF32 off)",
-              flush=True)
+    if gpu is not None:
+        print(f"device: {a.device} ({gpu}), float32 (TF32 off)", flush=True)
     print(f"machine: {prof['cpu_model']}; one small torch op {prof['small_op_us']} us, a 512 x 512 float32 product "
           f"{prof['matmul512_gflops']} GFLOP/s (1 thread)", flush=True)
     report: dict = {"families": {}, "ratios": {}}
@@ -220,8 +221,7 @@ def main(argv=None) -> int:
                                "load_average_start": load0, "load_average_end": load1, **prof},
                       versions={"python": platform.python_version(), "torch": torch.__version__,
                                 "numpy": np.__version__},
-                      threads=list(threads), repeats=a.repeats, smoke=a.smoke, device=a.device,
-                      gpu=torch.cuda.get_device_name(torch.device(a.device)) if a.device != "cpu" else None)
+                      threads=list(threads), repeats=a.repeats, smoke=a.smoke, device=a.device, gpu=gpu)
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}")

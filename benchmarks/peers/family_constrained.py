@@ -26,7 +26,6 @@ the unique optimum, so the final state alone would hide a wrong round).
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
