@@ -21,7 +21,7 @@ from fedsolve.families.personalized.blocks import personal_mask, personalization
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine import Simulation, SimulationConfig
 
-NEW = ["fedapm", "fedalt", "fedsim", "fedper", "lgfedavg", "fedrep", "ditto", "pfedme", "fedala", "fedrod"]
+NEW = ["fedapm", "fedalt", "fedsim", "fedper", "lgfedavg", "fedrep", "ditto", "pfedme", "fedala", "fedrod", "lpproj"]
 
 
 def blobs(m=4, d=10, k=3, seed=0, sizes=None, double=True, shape=None):
