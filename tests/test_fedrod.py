@@ -121,6 +121,17 @@ def test_fedrod_uses_lenets_last_layer_as_the_head():
     assert prob.layout.entries[-2].name == "fc2.weight" and algo.head.size == 3 * 120 + 3 and algo.num_classes == 3
 
 
+def test_the_har_models_last_group_is_its_output_layer():
+    import fnmatch
+
+    from fedsolve.models.multimodal import HARClassifier
+
+    model = HARClassifier()
+    names = [n for n, _ in model.named_parameters()]
+    last = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in model.GROUPS["last"])]
+    assert last == names[-2:] == ["head.2.weight", "head.2.bias"]
+
+
 def test_fedrod_refuses_regression_and_a_head_that_is_not_the_last_layer():
     g = np.random.default_rng(0)
     tr = [(g.normal(size=(8, 4)), g.normal(size=8)) for _ in range(2)]

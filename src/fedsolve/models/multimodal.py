@@ -94,6 +94,7 @@ class HARClassifier(nn.Module):
         "gyro_rnn": ["gyro_rnn.*"],
         "fusion": ["fusion.*"],
         "head": ["head.*"],
+        "last": ["head.2.*"],  # the classifier's output layer (FedRoD's head)
         "body": ["acc_conv.*", "gyro_conv.*", "acc_rnn.*", "gyro_rnn.*", "fusion.*"],
     }
     PERSONALIZATION: ClassVar[dict[str, list[str]]] = {
