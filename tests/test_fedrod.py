@@ -5,6 +5,8 @@ every client with balanced labels), and bad input."""
 
 from __future__ import annotations
 
+import fnmatch
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from fedsolve.data.federated import FederatedData
 from fedsolve.families.classic.fedavg import FedAvg
 from fedsolve.families.personalized.fedrod import FedRoD
 from fedsolve.models import MLP, LeNet
+from fedsolve.models.multimodal import HARClassifier
 from fedsolve.problems import FederatedProblem
 from test_personalized import blobs, mlp_problem, run, sim_for
 
@@ -122,10 +125,6 @@ def test_fedrod_uses_lenets_last_layer_as_the_head():
 
 
 def test_the_har_models_last_group_is_its_output_layer():
-    import fnmatch
-
-    from fedsolve.models.multimodal import HARClassifier
-
     model = HARClassifier()
     names = [n for n, _ in model.named_parameters()]
     last = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in model.GROUPS["last"])]

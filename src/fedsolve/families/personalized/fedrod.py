@@ -62,18 +62,15 @@ class FedRoD(FedAvg):
         if getattr(data, "task", "classification") != "classification" or not data.num_classes:
             raise ValueError("fedrod: needs a classification problem (labels 0..C-1; its loss is a softmax's)")
         groups = getattr(self.problem.model, "GROUPS", {})
-        pats = groups.get("last") or groups.get("head")
-        entries = self.layout.entries
-        mask = mask_from_patterns(self.layout, pats or [])
-        names = [e.name for e in entries if bool(mask[e.start : e.start + e.numel].any())]
-        tail = [e.name for e in entries[-len(names) :]] if names else []
-        shapes = [e.shape for e in entries if e.name in names]
-        if not names or names != tail or len(shapes[0]) != 2 or any(len(s) != 1 for s in shapes[1:]):
+        self.head = ParamBlock(
+            self.layout, mask_from_patterns(self.layout, groups.get("last") or groups.get("head") or [])
+        )
+        names, shapes = self.head.names, [e[1] for e in self.head.entries]
+        if not names or names != self.layout.names[-len(names) :] or [len(s) for s in shapes] not in ([2], [2, 1]):
             raise ValueError(
                 f"fedrod: the model's head (group 'last', else 'head') must be its final linear layer (a weight "
                 f"[C, h] and a bias [C], the last parameter tensors); got {names or 'no such group'}"
             )
-        self.head = ParamBlock(self.layout, mask)
         self.num_classes = shapes[0][0]
 
     def init(self, x0, rngs):
