@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsolve.engine.algorithm import ALGORITHMS
+from fedsolve.engine.algorithm import ALGORITHMS, fitted_problem
 from fedsolve.families.personalized.fedapm import FedAPM
 from fedsolve.families.classic.fedavg import FedAvg
 from fedsolve.families.personalized.baselines import (Ditto, FedAlt, FedPer, FedRep, FedSim, LGFedAvg, PartialAlgorithm,
@@ -21,7 +21,7 @@ from fedsolve.families.personalized.blocks import personal_mask, personalization
 from fedsolve.problems import FederatedProblem
 from fedsolve.engine import Simulation, SimulationConfig
 
-NEW = ["fedapm", "fedalt", "fedsim", "fedper", "lgfedavg", "fedrep", "ditto", "pfedme", "fedala", "fedrod", "lpproj"]
+NEW = ["fedapm", "fedalt", "fedsim", "fedper", "lgfedavg", "fedrep", "ditto", "pfedme", "fedala", "fedcp", "fedrod", "lpproj"]
 
 
 def blobs(m=4, d=10, k=3, seed=0, sizes=None, double=True, shape=None):
@@ -97,7 +97,7 @@ def test_algorithm_preset_mask_matches_problem_block():
 # ------------------------------------------------------------------ executors and invariance
 @pytest.mark.parametrize("name", NEW)
 def test_sequential_equals_vectorized(name):
-    prob = mlp_problem(sizes=[16, 24, 20, 32])
+    prob = fitted_problem(ALGORITHMS[name], mlp_problem(sizes=[16, 24, 20, 32]))  # FedCP: its network
     out = []
     for ex in ("sequential", "vectorized"):
         algo = ALGORITHMS[name](dict(lr=0.05, batch_size=8), prob)
@@ -112,7 +112,7 @@ def test_sequential_equals_vectorized(name):
 
 @pytest.mark.parametrize("name", NEW)
 def test_non_selected_clients_bit_identical(name):
-    prob = mlp_problem()
+    prob = fitted_problem(ALGORITHMS[name], mlp_problem())
     algo = ALGORITHMS[name](dict(lr=0.05, batch_size=8), prob)
     sim = sim_for(prob, algo, clients_per_round=2)
     for t in range(3):

@@ -15,7 +15,8 @@ mod 2^128) runs on Python integers, and one generator is re-seeded per key by se
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -139,3 +140,37 @@ class RngStreams:
 
     def seed_for(self, stream: str, *keys: object) -> int:
         return int(self._seq(stream, *keys).generate_state(1, np.uint32)[0])
+
+
+# ------------------------------------------------------------------ counter-based draws inside local updates
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
+    """``x * m mod 2^32`` for int64 ``x`` in [0, 2^32): the constant split in 16-bit halves, so no product leaves
+    int64's range."""
+    lo, hi = m & 0xFFFF, m >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply, the ``lowbias32`` constants) of int64 values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def counter_uniform(keys: Sequence[torch.Tensor | int], shape: Sequence[int], dtype=torch.float32) -> torch.Tensor:
+    """Uniform numbers in (0, 1) of ``shape``, a pure function of the integer ``keys`` (e.g. the run's salt, the
+    round, the client, the local step) and the position: no generator state, so a ``local_update`` may draw them
+    (e.g. FedCP's Gumbel noise) and every client, executor and resumed run gets the same numbers. The keys may be
+    0-dimensional tensors (a client's id inside a local update) or ints; 32 bits of resolution."""
+    device = next((k.device for k in keys if isinstance(k, torch.Tensor)), None)
+    k = torch.zeros((), dtype=torch.int64, device=device)
+    for key in keys:
+        k = _mix32(k ^ (torch.as_tensor(key, device=device).to(torch.int64) & _M32) ^ 0x9E3779B9)
+    pos = torch.arange(math.prod(shape), dtype=torch.int64, device=device)
+    h = _mix32(_mix32(pos ^ 0x85EBCA6B) ^ k)
+    return ((h.to(torch.float64) + 0.5) / 2.0**32).to(dtype).reshape(tuple(shape))

@@ -44,6 +44,7 @@ from fedsolve.core.rng import RngStreams
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.phases import PhaseTable
+from fedsolve.problems import FederatedProblem
 
 Record = dict[str, Tensor]
 
@@ -97,6 +98,9 @@ class Algorithm:
     phases: PhaseTable | None = None
     #: the run's choice of compiled kernels (``simulation.linear_kernel``: auto, native or torch), set by the engine
     kernel: str = "auto"
+    #: a solver whose clients run a larger network around the problem's model (FedCP): ``wrapper(model) -> module``,
+    #: put around the problem's model by :func:`fitted_problem` before the solver is built (None: the model as is)
+    model_wrapper: ClassVar[Any] = None
     #: the run's client sampling (``simulation.sampling``), set by the engine before ``init``: a solver whose server
     #: weights depend on how clients are drawn reads it (None: outside a run)
     sampling: Any = None
@@ -146,6 +150,20 @@ class Algorithm:
         """Per-evaluation scalars (e.g. model deviation, clusters found; a ``[m, d]`` tensor is a set of models the
         engine scores as well); ``final``: what goes into summary.json at the end (e.g. cluster assignments)."""
         return {}
+
+
+def fitted_problem(cls: type[Algorithm], problem: FederatedProblem) -> FederatedProblem:
+    """The problem solver class ``cls`` runs on: ``problem`` itself, or, where ``cls.model_wrapper`` is set, a copy
+    whose model is the wrapper around a fresh model of ``problem`` (its named blocks dropped: they name the inner
+    model's tensors; a problem whose model is already the wrapper stays as it is). A problem that carries a family's
+    pieces (``extras``) cannot be rewrapped: ``ValueError``."""
+    wrapper = cls.model_wrapper
+    if wrapper is None or (isinstance(wrapper, type) and isinstance(problem.model, wrapper)):
+        return problem
+    if not isinstance(problem, FederatedProblem) or problem.extras:
+        raise ValueError(f"{cls.name}: needs a plain empirical-risk problem (data and a model, no problem: section)")
+    inner = problem.model_fn
+    return replace(problem, model_fn=lambda: wrapper(inner()), blocks={})
 
 
 def expand(vec: Tensor, ids: Tensor) -> Tensor:

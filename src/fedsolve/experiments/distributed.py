@@ -91,7 +91,7 @@ def _worker(
     from fedsolve.experiments.runner import build_algorithm, build_problem, set_threads
 
     set_threads(cfg.threads)
-    problem = build_problem(cfg, seed)
+    problem = build_problem(cfg, seed, spec=spec)
     algo = build_algorithm(cfg, spec, problem)
     try:
         sim = Simulation(problem, algo, cfg.simulation, seed, transport=transport)

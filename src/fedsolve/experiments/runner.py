@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import yaml
 
-from fedsolve.engine.algorithm import finished as algorithm_finished
+from fedsolve.engine.algorithm import finished as algorithm_finished, fitted_problem
 from fedsolve.engine.buffers import with_buffers
 from fedsolve.engine.io import atomic_write_text
 from fedsolve.engine.loop import DivergenceError, JsonlLogger, ProgressBar, RunResult, Simulation
@@ -202,7 +202,9 @@ def _target_model_fn(m, data, out_dim: int):
     return build
 
 
-def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProblem:
+def build_problem(cfg: ExperimentConfig, seed: int, data=None, spec: AlgorithmSpec | None = None) -> FederatedProblem:
+    """The problem of ``cfg`` at ``seed`` (on ``data`` where given); with ``spec``, the one its solver runs on (FedCP's
+    clients run a network around the model: ``fitted_problem``)."""
     data = data if data is not None else build_data(cfg, seed)
     model_fn = model_factory(cfg, data)
     blocks = {k: list(v) for k, v in cfg.model.blocks.items()}
@@ -228,7 +230,16 @@ def build_problem(cfg: ExperimentConfig, seed: int, data=None) -> FederatedProbl
         except ValueError as e:  # a message that names its field (data..., problem...) keeps it
             msg = str(e)
             raise ConfigError(msg if msg.startswith(("data", "problem")) else f"problem.params: {msg}") from None
-    return problem
+    return problem if spec is None else problem_for(spec, problem)
+
+
+def problem_for(spec: AlgorithmSpec, problem: FederatedProblem) -> FederatedProblem:
+    """The problem ``spec``'s solver runs on (``fitted_problem``: FedCP's network around the model; the same
+    problem for every other solver, and for one already fitted)."""
+    try:
+        return fitted_problem(get_algorithm(spec.name), problem)
+    except ValueError as e:  # e.g. a model without a final linear layer for FedCP's heads
+        raise ConfigError(f"algorithms: {spec.name}: {str(e).removeprefix(spec.name + ': ')}") from None
 
 
 def recorded_dataset(cfg: ExperimentConfig, problem: FederatedProblem) -> str:
@@ -251,7 +262,9 @@ def build_algorithm(cfg: ExperimentConfig, spec: AlgorithmSpec, problem: Federat
     except ValueError as e:  # the problem does not fit the solver, e.g. a family's solver with no problem: section
         msg = str(e)
         raise ConfigError(
-            msg if msg.startswith(("data", "problem", "algorithm.")) else f"algorithms: {spec.name}: {msg}"
+            msg
+            if msg.startswith(("data", "problem", "algorithm."))
+            else f"algorithms: {spec.name}: {msg.removeprefix(spec.name + ': ')}"
         ) from None
     algo.sampling = cfg.simulation.sampling  # the run's client sampling: unbiased server weights depend on it
     try:
@@ -554,7 +567,7 @@ def _prepare(
     resolved = resolved_config(cfg, spec, seed)
     if resume:
         check_resume(run_dir, resolved)
-    problem = problem if problem is not None else build_problem(cfg, seed)
+    problem = problem_for(spec, problem) if problem is not None else build_problem(cfg, seed, spec=spec)
     _check_sampling(cfg, problem.num_clients)
     algo = build_algorithm(cfg, spec, problem)
     watch = _Participation()
@@ -773,7 +786,7 @@ def run_config(
     clients are scored with. Bad arguments are a ``ConfigError`` (a ValueError) naming the argument."""
     cfg, spec, seed = _api_run(config, algorithm, seed, overrides, callbacks)
     set_threads(cfg.threads)
-    problem = build_problem(cfg, seed)
+    problem = build_problem(cfg, seed, spec=spec)
     _check_sampling(cfg, problem.num_clients)
     algo = build_algorithm(cfg, spec, problem)
     schedule = build_schedule(cfg, spec, algo)

@@ -229,7 +229,7 @@ def rerun(cfg: ExperimentConfig, seed: int, last: int | None) -> list[dict[str, 
             sim_cfg = sim_cfg.model_copy(update={"device": "cpu"})
     set_threads(cfg.threads)
     spec = cfg.all_algorithms()[0]
-    problem = build_problem(cfg, seed)
+    problem = build_problem(cfg, seed, spec=spec)
     algo = build_algorithm(cfg, spec, problem)
     sim = Simulation(
         problem,

@@ -135,7 +135,7 @@ def _from_experiment(path: str, algorithm: str, seed: int, overrides: str) -> De
             f"deployment, e.g. override algorithms.<i>.tune=null"
         )
     s = cfg.seeds[0] if seed is None or int(seed) < 0 else int(seed)
-    problem = build_problem(cfg, s)
+    problem = build_problem(cfg, s, spec=spec)
     algo = build_algorithm(cfg, spec, problem)
     return DeploymentTask(problem, algo, cfg.simulation, s, name=f"{cfg.name}/{spec.display}", threads=cfg.threads)
 

@@ -6,6 +6,7 @@ blocks of the flat parameter vector (e.g. ``personal = head`` for output persona
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -185,3 +186,26 @@ def build_model_fn(name: str, input_shape: Sequence[int], out_dim: int | None, *
 
 def model_groups(model: nn.Module) -> dict[str, list[str]]:
     return {k: list(v) for k, v in getattr(model, "GROUPS", {}).items()}
+
+
+def output_layer(model: nn.Module, who: str) -> str:
+    """The name of the model's output layer: the module of its group ``last`` (else ``head``), which must be one
+    linear layer holding the model's last parameter tensors (a weight ``[C, h]`` and a bias ``[C]``); a
+    ``ValueError`` naming ``who`` (the solver) otherwise. FedRoD's heads and FedCP's are this layer."""
+    groups = getattr(model, "GROUPS", {})
+    patterns = groups.get("last") or groups.get("head") or []
+    names = [n for n, _ in model.named_parameters()]
+    mine = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    path = mine[0].rsplit(".", 1)[0] if mine else ""
+    layer = model.get_submodule(path) if mine else None
+    if (
+        not isinstance(layer, nn.Linear)
+        or layer.bias is None
+        or mine != [f"{path}.weight", f"{path}.bias"]
+        or mine != names[-2:]
+    ):
+        raise ValueError(
+            f"{who}: the model's head (group 'last', else 'head') must be its final linear layer (a weight "
+            f"[C, h] and a bias [C], the last parameter tensors); got {mine or 'no such group'}"
+        )
+    return path

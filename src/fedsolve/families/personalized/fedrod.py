@@ -36,6 +36,7 @@ from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
 from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig
 from fedsolve.families.personalized.blocks import mask_from_patterns
+from fedsolve.models import output_layer
 
 #: a class the client has no image of: its prior count (log 1e-8 = -18.4 instead of -inf)
 ABSENT = 1e-8
@@ -61,16 +62,9 @@ class FedRoD(FedAvg):
         data = self.problem.data
         if getattr(data, "task", "classification") != "classification" or not data.num_classes:
             raise ValueError("fedrod: needs a classification problem (labels 0..C-1; its loss is a softmax's)")
-        groups = getattr(self.problem.model, "GROUPS", {})
-        self.head = ParamBlock(
-            self.layout, mask_from_patterns(self.layout, groups.get("last") or groups.get("head") or [])
-        )
-        names, shapes = self.head.names, [e[1] for e in self.head.entries]
-        if not names or names != self.layout.names[-len(names) :] or [len(s) for s in shapes] not in ([2], [2, 1]):
-            raise ValueError(
-                f"fedrod: the model's head (group 'last', else 'head') must be its final linear layer (a weight "
-                f"[C, h] and a bias [C], the last parameter tensors); got {names or 'no such group'}"
-            )
+        path = output_layer(self.problem.model, "fedrod")
+        self.head = ParamBlock(self.layout, mask_from_patterns(self.layout, [f"{path}.*"]))
+        shapes = [e[1] for e in self.head.entries]
         self.num_classes = shapes[0][0]
 
     def init(self, x0, rngs):
