@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedsolve.core.rng import counter_uniform
+from fedsolve.core.rng import counter_uniform, open_unit
 from fedsolve.engine.algorithm import fitted_problem
 from fedsolve.families.personalized.fedcp import MMD_BANDWIDTHS, FedCP, gumbel, rbf_mmd
 from fedsolve.models import MLP
@@ -147,6 +147,16 @@ def test_noise_is_a_pure_function_of_its_keys():
     torch.testing.assert_close(rows[:4], counter_uniform([7, 3, 2, 1], (4, 2, 5)))
     f = lambda c: counter_uniform([7, 3, c], (5,))
     torch.testing.assert_close(torch.func.vmap(f)(torch.arange(3)), torch.stack([f(torch.tensor(i)) for i in range(3)]))
+
+
+def test_noise_stays_finite_in_float32():
+    """The largest 32-bit values would round to 1.0 in float32 (Gumbel noise +inf, NaN in the softmax): they stay
+    below 1 (a run diverged at round 18 before this)."""
+    h = torch.tensor([0, 2**31, 2**32 - 1], dtype=torch.int64)
+    for dtype in (torch.float32, torch.float64):
+        u = open_unit(h, dtype)
+        assert bool(((u > 0) & (u < 1)).all()) and bool(torch.isfinite(gumbel(u)).all())
+    assert float(open_unit(h[2:], torch.float64)) == (2**32 - 0.5) / 2**32
 
 
 def test_executors_agree():

@@ -172,5 +172,12 @@ def counter_uniform(keys: Sequence[torch.Tensor | int], shape: Sequence[int], dt
     for key in keys:
         k = _mix32(k ^ (torch.as_tensor(key, device=device).to(torch.int64) & _M32) ^ 0x9E3779B9)
     pos = torch.arange(math.prod(shape), dtype=torch.int64, device=device)
-    h = _mix32(_mix32(pos ^ 0x85EBCA6B) ^ k)
-    return ((h.to(torch.float64) + 0.5) / 2.0**32).to(dtype).reshape(tuple(shape))
+    return open_unit(_mix32(_mix32(pos ^ 0x85EBCA6B) ^ k), dtype).reshape(tuple(shape))
+
+
+def open_unit(h: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """32-bit integers ``h`` as numbers strictly inside (0, 1) in ``dtype``: ``(h + 1/2) / 2^32``, the top values
+    kept below 1 where ``dtype`` would round them to 1 (float32 above 1 - 2^-25), so that ``log(1 - u)`` and
+    ``log(-log u)`` stay finite."""
+    u = (h.to(torch.float64) + 0.5) / 2.0**32
+    return u.clamp(max=1.0 - torch.finfo(dtype).eps / 2).to(dtype)
