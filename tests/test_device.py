@@ -28,7 +28,7 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
 
 #: the algorithms checked on the GPU besides the newer families' (FAMILY_CASES)
-CORE = ["fedavg", "scaffold", "fedadmm", "fedapm", "fpfc"]
+CORE = ["fedavg", "scaffold", "fedadmm", "fedapm", "fpfc", "fedcp"]  # fedcp: its network, its noise keys on the device
 
 
 def mlp_problem(personal: bool = False, seed: int = 0) -> FederatedProblem:
@@ -40,7 +40,9 @@ def mlp_problem(personal: bool = False, seed: int = 0) -> FederatedProblem:
 
 
 def _problem_for(name: str, seed: int = 0) -> FederatedProblem:
-    return mlp_problem(personal=name in ("fedapm",), seed=seed)
+    from fedsolve.engine.algorithm import fitted_problem
+
+    return fitted_problem(get_algorithm(name), mlp_problem(personal=name in ("fedapm",), seed=seed))
 
 
 def _run(problem, name, device="auto", executor="sequential", rounds=3, params=None, out_dir=None, resume=False,

@@ -101,10 +101,11 @@ class FedCP(FedAvg):
         self.trainable = (~frozen).to(torch.float32)
         self.kept = mask_from_patterns(self.layout, ["p.*", "context"])  # the server's copy of these never moves
         self.num_classes, self.width = net.g.weight.shape
-        x = data.train_x[:8]
-        if x.device == net.g.weight.device and x.dtype == net.g.weight.dtype:
+        x, base = data.train_x[:8], net.base_model[0]
+        like = {(t.device, t.dtype) for t in (x, net.g.weight, *base.parameters())}
+        if len(like) == 1:  # once, where the problem is built (the model, not the run's copy on a device)
             with torch.no_grad():
-                same = torch.allclose(net.base_model[0](x), net.p(net.body(x)), rtol=1e-4, atol=1e-5)
+                same = torch.allclose(base(x), net.p(net.body(x)), rtol=1e-4, atol=1e-5)
             if not same:
                 raise ValueError(
                     "fedcp: the model's output is not its output layer applied to the layer's input (a step after "
