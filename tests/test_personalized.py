@@ -295,3 +295,35 @@ def test_drift_wrapper_refuses_parameters_and_solvers_without_a_global_model():
         wrap(FedAvg({}, prob), [{"kind": "drift", "clip": 1.0}])
     with pytest.raises(ValueError, match="averages one global model"):
         wrap(FedAlt({}, prob), [{"kind": "drift"}])
+
+
+def test_shared_only_is_honoured_or_refused_by_every_solver_that_takes_it():
+    """``shared_only`` (FedAPM's baseline mode: only the shared block trains) is a field of every FedAvg-based config;
+    a solver that picks its own trained parts must refuse it (one line), never run as if it were false."""
+    import importlib
+    import pkgutil
+
+    from pydantic import ValidationError
+
+    import fedsolve.families as fams
+
+    for m in pkgutil.iter_modules(fams.__path__):
+        importlib.import_module(f"fedsolve.families.{m.name}")
+    checked = []
+    for name, cls in sorted(ALGORITHMS.items()):
+        if "shared_only" not in cls.Config.model_fields or not cls.__module__.startswith(
+                ("fedsolve.families.classic", "fedsolve.families.personalized")):
+            continue
+        try:
+            cls.Config(shared_only=True)
+        except ValidationError as e:
+            assert "shared_only" in str(e) and "allowed: false" in str(e), name
+            checked.append(name)
+            continue
+        runs = []
+        for so in (False, True):
+            prob = fitted_problem(cls, mlp_problem())
+            runs.append(run(prob, cls(dict(lr=0.05, batch_size=8, shared_only=so), prob), 1).eval_params())
+        assert not torch.equal(runs[0], runs[1]), f"{name}: shared_only=true is silently ignored"
+        checked.append(name)
+    assert {"fedavg", "fedprox", "ditto", "fedala", "fedrod", "fedcp", "pfedme"} <= set(checked), checked

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates
@@ -22,6 +22,21 @@ class FedAvgConfig(AlgorithmConfig):
         description="only the 'shared' block is averaged/trained when the problem "
         "defines one (FedAPM paper's baseline behaviour)",
     )
+
+
+class OwnPartsConfig(FedAvgConfig):
+    """FedAvg's config for a solver built on FedAvg that decides itself which parts it trains and averages (FedALA,
+    FedRoD, FedCP, pFedMe): ``shared_only`` is refused rather than silently ignored."""
+
+    @field_validator("shared_only")
+    @classmethod
+    def _not_shared_only(cls, v: bool) -> bool:
+        if v:
+            raise ValueError(
+                "this solver chooses its own trained parts, so the FedAPM baselines' shared-only mode does not "
+                "apply; allowed: false"
+            )
+        return v
 
 
 @register

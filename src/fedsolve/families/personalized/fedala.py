@@ -32,10 +32,10 @@ from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
-from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig
+from fedsolve.families.classic.fedavg import FedAvg, OwnPartsConfig
 
 
-class FedALAConfig(FedAvgConfig):
+class FedALAConfig(OwnPartsConfig):
     eta: float = Field(1.0, gt=0, description="step size of the aggregation weights W (the official eta)")
     rand_fraction: float = Field(
         0.8, gt=0, le=1, description="s: one ALA pass uses this fraction of the client's data (the official 80%)"

@@ -34,7 +34,7 @@ from fedsolve.core.context import ParamBlock, TensorLoss
 from fedsolve.core.rng import counter_uniform
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import expand, register
-from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig
+from fedsolve.families.classic.fedavg import FedAvg, OwnPartsConfig
 from fedsolve.families.personalized.blocks import mask_from_patterns
 from fedsolve.models.policy import ConditionalPolicyNet
 
@@ -61,7 +61,7 @@ def gumbel(u: Tensor) -> Tensor:
     return -torch.log(-torch.log(u))
 
 
-class FedCPConfig(FedAvgConfig):
+class FedCPConfig(OwnPartsConfig):
     lamda: float = Field(
         5.0, ge=0, description="weight of the MMD between the trained and the received body's features"
     )

@@ -34,7 +34,7 @@ from fedsolve.core.context import ParamBlock, TensorLoss
 from fedsolve.core.plans import Work
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register
-from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig
+from fedsolve.families.classic.fedavg import FedAvg, OwnPartsConfig
 from fedsolve.families.personalized.blocks import mask_from_patterns
 from fedsolve.models import output_layer
 
@@ -42,7 +42,7 @@ from fedsolve.models import output_layer
 ABSENT = 1e-8
 
 
-class FedRoDConfig(FedAvgConfig):
+class FedRoDConfig(OwnPartsConfig):
     gamma: float = Field(1.0, ge=0, description="Balanced Softmax exponent: the prior is log n_c^gamma (0: plain CE)")
     personal_lr: float | None = Field(None, gt=0, description="step of the personal head (null: lr)")
     eval_model: Literal["personal", "global"] = Field(

@@ -22,7 +22,7 @@ from fedsolve.core.plans import Work
 from fedsolve.core.statements import Descend
 from fedsolve.core.states import ClientStates
 from fedsolve.engine.algorithm import register, shared_mask
-from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig
+from fedsolve.families.classic.fedavg import FedAvg, FedAvgConfig, OwnPartsConfig
 
 
 class DittoConfig(FedAvgConfig):
@@ -75,7 +75,7 @@ class Ditto(FedAvg):
         return state["v"] if self.cfg.eval_model == "personal" else msg["w"]
 
 
-class PFedMeConfig(FedAvgConfig):
+class PFedMeConfig(OwnPartsConfig):
     lr: float = Field(0.005, gt=0, description="local step size eta for the local model w")
     personal_lr: float = Field(0.01, gt=0, description="step size of the K inner steps on theta")
     lam: float = Field(15.0, gt=0, description="Moreau-envelope coefficient lambda")
