@@ -133,11 +133,14 @@ class FedCP(FedAvg):
         v = self.personal.scatter(state["p"], self.personal.rest.gather(w))
         return self.context.scatter(context, self.context.rest.gather(v))
 
-    def objective(self, w, noise) -> TensorLoss:
+    def received_body(self, w) -> dict[str, Tensor]:
+        """The body's tensors of the received model ``w``, named as in the body module (once per local update)."""
+        return {k.removeprefix("body."): t for k, t in self.layout.unflatten(w).items() if k.startswith("body.")}
+
+    def objective(self, received, noise) -> TensorLoss:
         """CE of the network with the policy's noise ``noise``, plus lambda x the MMD of its features from those
-        of the received body (``w``'s)."""
+        of the received body ``received``."""
         net, lossf, lam = self.problem.model, self.problem.loss_fn, self.cfg.lamda
-        received = {k.removeprefix("body."): t for k, t in self.layout.unflatten(w).items() if k.startswith("body.")}
 
         def fedcp_loss(params, x, y, wts):
             out, z = functional_call(net, params, (x,), {"noise": noise, "features": True})
@@ -150,13 +153,13 @@ class FedCP(FedAvg):
 
     def local_update(self, state, msg, ctx):
         c, w = self.cfg, msg["w"]
-        v = self.client_model(state, w)
+        v, received = self.client_model(state, w), self.received_body(w)
         step_mask = self.trainable.to(w)
         for s in range(ctx.max_steps("train")):
             live = ctx.is_active("train", s)
             rows = ctx.batch("train", s)[0].shape[0]
             u = counter_uniform([msg["salt"], ctx.round, ctx.client, s], (rows, 2, self.width), w.dtype)
-            loss, g = ctx.loss_grad(v, "train", s, loss=self.objective(w, gumbel(u)))
+            loss, g = ctx.loss_grad(v, "train", s, loss=self.objective(received, gumbel(u)))
             ctx.record_loss(loss, live)
             v = torch.where(live, v - c.lr * step_mask * (g + c.weight_decay * v), v)
         p = self.personal.gather(v)
