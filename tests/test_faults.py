@@ -306,6 +306,31 @@ def test_two_runs_started_on_one_new_folder_one_wins_and_the_folder_is_its(tmp_p
     assert folder_status(out) == "completed" and _no_temp_files(out)
 
 
+def test_runs_started_at_once_never_trip_over_each_others_write_probe(tmp_path):
+    """The check that --out is writable leaves a probe there and removes it: a shared probe name let one run remove
+    the other's probe first, and that run stopped with "cannot write there (No such file or directory)"."""
+    import threading
+
+    from fedsolve import cli
+
+    out, errors, start = tmp_path / "shared", [], threading.Barrier(8)
+
+    def probe():
+        start.wait()
+        for _ in range(200):
+            try:
+                cli._out_dir(out)
+            except Exception as e:  # noqa: BLE001 - any failure is the finding
+                errors.append(str(e))
+
+    threads = [threading.Thread(target=probe) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and list(out.iterdir()) == []
+
+
 # ------------------------------------------------------------------ broken records, a moved folder
 def test_a_broken_summary_or_log_is_repaired_by_resume_and_never_overwritten(tmp_path, capsys):
     p = _write(tmp_path, {**BASE, "seeds": [0]})

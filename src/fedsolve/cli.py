@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 EXIT_DIFFERS, EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -38,9 +39,10 @@ def _out_dir(path: Path) -> Path:
 
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".fedsolve-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a probe of its own (two runs started on one folder at once must not unlink each other's)
+        fd, probe = tempfile.mkstemp(prefix=".fedsolve-write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         why = "it is a file" if path.is_file() else (e.strerror or str(e))
         raise ConfigError(
