@@ -360,6 +360,32 @@ def test_table3_tuned_suite_sets_each_seeds_pick_as_an_explicit_override_would(t
     assert plain["FedAvg"]["newcomer_accuracy"] != tuned["FedAvg"]["newcomer_accuracy"]  # the pick matters here
 
 
+def test_attack_grid_picks_set_each_seeds_pick_as_an_explicit_override_would(tmp_path):
+    """``args.picks`` (attack_grid protocol): seed 1's FedAvg lr pick gives, in every attacked and unattacked cell,
+    the numbers of the same grid with that lr set by hand, and each row names the value it used; the fraction-0 run
+    is still shared by the attacks."""
+    small = [*SYN_SMALL, "seeds=[1]", "experiment.simulation.rounds=2", "sweep.fraction=[0.0, 0.4]",
+             "sweep.attack=[sign_flip, gaussian]", "algorithms=[FedAvg]"]
+    tuned = _suite("robustness_synthetic", tmp_path / "tuned", *small, "args.picks.FedAvg={lr: {0: 0.9, 1: 0.4}}")
+    by_hand = _suite("robustness_synthetic", tmp_path / "hand", *small, "experiment.algorithms.6.params.lr=0.4")
+    plain = _suite("robustness_synthetic", tmp_path / "plain", *small)
+    key = ("attack", "fraction")
+    tuned, by_hand, plain = _by(tuned, *key), _by(by_hand, *key), _by(plain, *key)
+    assert set(tuned) == set(by_hand) and len(tuned) == 4
+    for cell, row in tuned.items():
+        assert row["pick_lr"] == 0.4 and row["benign_accuracy"] == by_hand[cell]["benign_accuracy"], cell
+    assert any(tuned[c]["benign_accuracy"] != plain[c]["benign_accuracy"] for c in tuned)  # the pick matters here
+    assert len(list((tmp_path / "tuned" / "robustness_synthetic" / "cells").glob("*.json"))) == 1 + 2
+
+
+def test_attack_grid_picks_refused_before_any_run(tmp_path):
+    from fedsolve.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape("args.picks.FedAvg.lr: no pick for seed 0")):
+        _suite("robustness_synthetic", tmp_path, *SYN_SMALL, "algorithms=[FedAvg]", "args.picks.FedAvg={lr: {1: 0.1}}")
+    assert not list((tmp_path / "robustness_synthetic").glob("cells/*.json"))  # nothing ran
+
+
 @pytest.mark.parametrize("pick, message", [
     ("args.picks.FedAvgX={lr: {0: 0.1}}", "args.picks: ['FedAvgX'] not in the experiment"),
     ("args.picks.FedAvg={lrr: {0: 0.1}}", "args.picks.FedAvg: fedavg has no field 'lrr'"),

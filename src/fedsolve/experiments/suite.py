@@ -297,9 +297,12 @@ def builtin_protocols() -> dict[str, Protocol]:
 
         register_protocol("lambda_path", Protocol(t.lambda_path, t.LambdaPathArgs))
         register_protocol(
-            "attack_grid", Protocol(t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"), key=t.attack_grid_key)
+            "attack_grid",
+            Protocol(
+                t.attack_grid, t.AttackGridArgs, axes=("attack", "fraction"), key=t.attack_grid_key, check=t.picks_check
+            ),
         )
-        register_protocol("newcomers", Protocol(t.newcomers, t.NewcomersArgs, check=t.newcomers_check))
+        register_protocol("newcomers", Protocol(t.newcomers, t.NewcomersArgs, check=t.picks_check))
         register_protocol("fpfc_tuning", Protocol(t.fpfc_tuning, t.FPFCTuningArgs, axes=("strategy",)))
         register_protocol("tuning", Protocol(t.tuning, t.TuningArgs, check=t.tuning_check))
         register_protocol("oracle_gap", Protocol(t.oracle_gap, t.OracleGapArgs, algorithms=False))

@@ -36,6 +36,14 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _PicksArgs(_Args):
+    picks: dict[str, dict[str, dict[int, Any]]] = Field(
+        default_factory=dict,
+        description="per algorithm label, {parameter: {seed: value}}: each seed's pick of a tuning made on validation "
+        "elsewhere (e.g. Table 1's), set on that seed's run; a seed a pick lacks is an error",
+    )
+
+
 def test_accuracy(problem, params) -> float:
     """Mean test accuracy over the clients of ``problem`` with the flat parameters ``params`` ``[m, d]``."""
     return float(evaluate(problem, params, which=())[0]["test_accuracy"])
@@ -132,8 +140,37 @@ def lambda_path(ctx) -> list[dict]:
     return rec.rows
 
 
+def _check_field(ctx, param: str, where: str) -> None:
+    """``param`` is a field of the cell's method's config (else a ValueError naming ``where`` and the fields)."""
+    from fedsolve.families import get_algorithm
+
+    fields = get_algorithm(ctx.spec.name).Config.model_fields
+    if param not in fields:
+        raise ValueError(f"{where}: {ctx.spec.name} has no field {param!r}; allowed: {sorted(fields)}")
+
+
+def _seed_picks(ctx, picks: dict[str, dict[str, dict[int, Any]]]) -> dict[str, Any]:
+    """The cell's method's picks for the cell's seed (``NewcomersArgs.picks``), every label and field checked."""
+    labels = [s.display for s in ctx.experiment().all_algorithms()]
+    unknown = sorted(set(picks) - set(labels))
+    if unknown:
+        raise ValueError(f"args.picks: {unknown} not in the experiment; allowed: {labels}")
+    label, out = ctx.spec.display, {}
+    for param, by_seed in picks.get(label, {}).items():
+        _check_field(ctx, param, f"args.picks.{label}")
+        if ctx.seed not in by_seed:
+            raise ValueError(f"args.picks.{label}.{param}: no pick for seed {ctx.seed}; given seeds {sorted(by_seed)}")
+        out[param] = by_seed[ctx.seed]
+    return out
+
+
+def picks_check(ctx) -> None:
+    """The cell's picks can be applied (``args.picks``: known labels and fields, a pick for the cell's seed)."""
+    _seed_picks(ctx, ctx.args.picks)
+
+
 # ------------------------------------------------------------------ Fig. 7 / E.2 / E.3
-class AttackGridArgs(_Args):
+class AttackGridArgs(_PicksArgs):
     attacker_view: Literal["own", "server"] = Field("own", description="what a malicious device trains from")
     attack_block: str | None = Field(None, description="corrupt only this block of each upload (null: all)")
 
@@ -165,8 +202,9 @@ def attack_grid(ctx) -> dict:
     surface = attack_surface(get_algorithm(ctx.spec.name))
     assert surface is not None, "the attack grid runs solvers that declare an attack surface (Attack needs one)"
     view = a.attacker_view if surface.view is not None or surface.model is None else "server"
+    picks = _seed_picks(ctx, a.picks)
     algo = Attack(
-        ctx.algorithm(problem),
+        ctx.algorithm(problem, picks or None),
         attack=c["attack"],
         malicious_fraction=c["fraction"],
         attack_seed=ctx.seed,
@@ -175,19 +213,16 @@ def attack_grid(ctx) -> dict:
     )
     _, res = ctx.run(problem, algo)
     acc = np.array([d.get("accuracy", np.nan) for d in res.per_client], dtype=np.float64)
-    return {"benign_accuracy": float(np.nanmean(acc[benign_mask(algo).numpy()]))}
+    row: dict[str, Any] = {"benign_accuracy": float(np.nanmean(acc[benign_mask(algo).numpy()]))}
+    row.update({f"pick_{k}": v for k, v in picks.items()})  # the value each run used, in its row
+    return row
 
 
 # ------------------------------------------------------------------ Table 3
-class NewcomersArgs(_Args):
+class NewcomersArgs(_PicksArgs):
     newcomer_rounds: int = Field(100, ge=1, description="rounds of newcomer training")
     share: float = Field(0.2, gt=0, lt=1, description="share of each true cluster that joins late")
     lam: float | None = Field(None, description="FPFC's lambda (null: the experiment's)")
-    picks: dict[str, dict[str, dict[int, Any]]] = Field(
-        default_factory=dict,
-        description="per algorithm label, {parameter: {seed: value}}: each seed's pick of a tuning made on validation "
-        "elsewhere (e.g. Table 1's), set on that seed's run; a seed a pick lacks is an error",
-    )
 
 
 def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[int]]:
@@ -201,35 +236,6 @@ def split_old_new(data, seed: int, share: float = 0.2) -> tuple[list[int], list[
     new = sorted(new)
     old = [i for i in range(data.num_clients) if i not in set(new)]
     return old, new
-
-
-def _check_field(ctx, param: str, where: str) -> None:
-    """``param`` is a field of the cell's method's config (else a ValueError naming ``where`` and the fields)."""
-    from fedsolve.families import get_algorithm
-
-    fields = get_algorithm(ctx.spec.name).Config.model_fields
-    if param not in fields:
-        raise ValueError(f"{where}: {ctx.spec.name} has no field {param!r}; allowed: {sorted(fields)}")
-
-
-def _seed_picks(ctx, picks: dict[str, dict[str, dict[int, Any]]]) -> dict[str, Any]:
-    """The cell's method's picks for the cell's seed (``NewcomersArgs.picks``), every label and field checked."""
-    labels = [s.display for s in ctx.experiment().all_algorithms()]
-    unknown = sorted(set(picks) - set(labels))
-    if unknown:
-        raise ValueError(f"args.picks: {unknown} not in the experiment; allowed: {labels}")
-    label, out = ctx.spec.display, {}
-    for param, by_seed in picks.get(label, {}).items():
-        _check_field(ctx, param, f"args.picks.{label}")
-        if ctx.seed not in by_seed:
-            raise ValueError(f"args.picks.{label}.{param}: no pick for seed {ctx.seed}; given seeds {sorted(by_seed)}")
-        out[param] = by_seed[ctx.seed]
-    return out
-
-
-def newcomers_check(ctx) -> None:
-    """The cell's picks can be applied (``args.picks``: known labels and fields, a pick for the cell's seed)."""
-    _seed_picks(ctx, ctx.args.picks)
 
 
 def newcomers(ctx) -> dict:
