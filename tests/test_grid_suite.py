@@ -105,6 +105,19 @@ def test_fedsolve_suite_of_an_experiment_is_fedsolve_compare(tmp_path, capsys):
     assert "pass --resume" in capsys.readouterr().err
 
 
+def test_a_grid_suites_threads_are_each_runs_threads(tmp_path):
+    """`fedsolve suite ... --set threads=N` on a grid of plain runs sets every run's torch threads (it used to set only
+    the suite's own field, which a grid never read: the runs kept the experiment's default, the machine's cores)."""
+    path = _write(tmp_path, {"seeds": [0]})
+    main(str(path), out=str(tmp_path / "t"), sets=["threads=3"], progress=False)
+    main(str(path), out=str(tmp_path / "d"), progress=False)
+    for label in ("FedAvg", "FedProx"):
+        run = tmp_path / "t" / "all" / label / "seed0"
+        assert json.loads((run / "run.json").read_text())["provenance"]["torch_threads"] == 3
+        assert yaml.safe_load((run / "config.yaml").read_text())["threads"] == 3
+        assert yaml.safe_load((tmp_path / "d" / "all" / label / "seed0" / "config.yaml").read_text())["threads"] is None
+
+
 # ------------------------------------------------------------------ sweeps as one batch
 def test_runs_differing_in_seed_and_step_size_train_as_one_batch_with_their_separate_numbers(tmp_path,
                                                                                                 monkeypatch):

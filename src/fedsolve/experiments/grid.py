@@ -216,8 +216,10 @@ def grid_configs(suite, base: Path) -> list[GridCell]:
             keep_seeds=own,
         )
         cfg = only_algorithms(with_params(cfg, cell_params(cell)), suite.algorithms)
-        seeds = {"seeds": cfg.seeds if own else list(suite.seeds)}
-        out.append(GridCell(cell, cfg.model_copy(update=seeds), folder))
+        update: dict[str, Any] = {"seeds": cfg.seeds if own else list(suite.seeds)}
+        if suite.threads is not None:  # the suite's `threads` is each run's (else `--set threads=N` did nothing)
+            update["threads"] = suite.threads
+        out.append(GridCell(cell, cfg.model_copy(update=update), folder))
         for i, ref in enumerate(suite.references):
             mine = {k: v for k, v in cell.items() if k not in ref.skip and k != "experiment"}
             rcfg = load_experiment(
@@ -226,7 +228,7 @@ def grid_configs(suite, base: Path) -> list[GridCell]:
             fields = {f for s in rcfg.all_algorithms() for f in get_algorithm(s.name).Config.model_fields}
             rcfg = with_params(rcfg, {p: v for p, v in cell_params(mine).items() if p in fields})
             rcfg = relabel(only_algorithms(rcfg, ref.algorithms, f"references.{i}.algorithms"), ref.label)
-            out.append(GridCell(cell, rcfg.model_copy(update=seeds), f"{folder}/{ref.folder}", ref.folder))
+            out.append(GridCell(cell, rcfg.model_copy(update=update), f"{folder}/{ref.folder}", ref.folder))
     return out
 
 

@@ -105,7 +105,12 @@ class SuiteConfig(BaseModel):
     tables: list[TableSpec] = Field(default_factory=list, description="the report's tables")
     plot: str | None = Field(None, description="registered figure drawn from the rows (null: none)")
     paper: dict[str, Any] = Field(default_factory=dict, description="the paper's source and notes")
-    threads: int = Field(1, ge=1, description="torch threads of a run in this process (workers use 1)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads of each run: protocol runs, every run's `threads` (as the experiment's own, split "
+        "over --jobs; null: the experiment's); other protocols, the runs in this process (null: 1; workers use 1)",
+    )
 
     @field_validator("protocol")
     @classmethod
@@ -592,7 +597,7 @@ def _run_cells(suite: SuiteConfig, base: Path, out: Path, settings: dict, jobs: 
     ctx = Context(suite, base)
     (out / "cells").mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "suite.json", json.dumps(settings, indent=1, sort_keys=True))
-    _set_threads(suite.threads)
+    _set_threads(suite.threads or 1)
     t0 = time.perf_counter()
     all_cells = cells(suite, base)
     check = PROTOCOLS[suite.protocol].check
