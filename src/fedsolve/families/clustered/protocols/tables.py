@@ -150,7 +150,8 @@ def _check_field(ctx, param: str, where: str) -> None:
 
 
 def _seed_picks(ctx, picks: dict[str, dict[str, dict[int, Any]]]) -> dict[str, Any]:
-    """The cell's method's picks for the cell's seed (``NewcomersArgs.picks``), every label and field checked."""
+    """The cell's method's picks for the cell's seed (``args.picks`` of newcomers and attack_grid), every label and
+    field checked."""
     labels = [s.display for s in ctx.experiment().all_algorithms()]
     unknown = sorted(set(picks) - set(labels))
     if unknown:
