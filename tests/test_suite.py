@@ -29,7 +29,7 @@ def _write(tmp_path, **changes) -> Path:
 
 @pytest.mark.parametrize("change, match", [
     ({"protocol": "lamda_path"}, "unknown protocol 'lamda_path'; allowed: .*'lambda_path'"),
-    ({"args": {"attacker_view": "both"}}, "args.attacker_view: .*allowed: \\['attack_block', 'attacker_view'\\]"),
+    ({"args": {"attacker_view": "both"}}, "args.attacker_view: .*allowed: \\['attack_block', 'attacker_view', 'picks'\\]"),
     ({"args": {"attack_blok": "fused"}}, "args.attack_blok: Extra inputs"),
     ({"sweep": {"attack": ["gaussian"]}}, "sweep: protocol 'attack_grid' needs the axes \\['fraction'\\]"),
     ({"plot": "bars"}, "plot: unknown 'bars'"),
