@@ -217,7 +217,7 @@ def grid_configs(suite, base: Path) -> list[GridCell]:
         )
         cfg = only_algorithms(with_params(cfg, cell_params(cell)), suite.algorithms)
         update: dict[str, Any] = {"seeds": cfg.seeds if own else list(suite.seeds)}
-        if suite.threads is not None:  # the suite's `threads` is each run's (else `--set threads=N` did nothing)
+        if suite.threads is not None:  # the suite's `threads` is every run's (null: the experiment's own)
             update["threads"] = suite.threads
         out.append(GridCell(cell, cfg.model_copy(update=update), folder))
         for i, ref in enumerate(suite.references):
