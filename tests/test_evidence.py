@@ -102,7 +102,8 @@ def test_issue47_acceptance_holds_in_the_committed_ledgers():
     gain = ids["minimax"]["adaptation_gain"]
     so, ce = gain["source_only"], gain["centralized"]
     assert so["n"] == ce["n"] == 3 and ce["mean"] - so["mean"] >= 10
-    for eid in ("fig5-mnistm16-dann", "fig5-mnistm16-cdan", "fig5-mnistm16-mdd", "fig2-p-sweep-mnistm16"):
+    for eid in ("fig5-mnistm16-dann", "fig5-mnistm16-cdan", "fig5-mnistm16-mdd", "fig2-p-sweep-mnistm16",
+                "fig4-vs-fedsgda"):
         assert {"source_only", "centralized"} <= set(ids["minimax"][eid]), eid
     # bilevel: Fig. 4 in the regime the quadratic shows, FedNest and LFedNest tuned on validation
     regime = ids["bilevel"]["fig4-regime"]
