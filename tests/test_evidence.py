@@ -17,6 +17,7 @@ from fedsolve.cli import main
 from fedsolve.experiments.config import ConfigError
 from fedsolve.experiments.ledger import (BEGIN, END, STATUSES, check_ledger, load_claims, render, stamp_commits,
                                          write_ledger)
+from fedsolve.experiments.tuning import grid_edge
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -90,7 +91,7 @@ def test_every_structured_pick_is_chosen_on_validation_and_bracketed():
         picks = pick.items() if isinstance(pick, dict) else [(None, pick)]
         for key, value in picks:
             values = grid.get(key) if isinstance(grid, dict) and key is not None else grid
-            if isinstance(values, list) and len(values) > 2 and value in (values[0], values[-1]):
+            if isinstance(values, list) and value in values and grid_edge(values, values.index(value)):
                 assert how.get("bracketed") is False, (fam, eid, method, key, value)
     assert seen >= 100                                       # the ledgers' comparisons are recorded this way
 
